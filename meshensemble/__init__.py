@@ -1,0 +1,54 @@
+"""meshensemble: deep ensembles on a JAX device mesh.
+
+Members' parameters and optimizer state are stacked on a leading axis and sharded over
+the mesh axis ``ensemble``; batches are split over ``data``; steps run under
+``jax.shard_map`` (or the legacy ``jax.pmap`` backend).
+"""
+
+from meshensemble import models as models
+from meshensemble.backends import BACKENDS as BACKENDS
+from meshensemble.ensemble import STRATEGIES as STRATEGIES
+from meshensemble.ensemble import Ensemble as Ensemble
+from meshensemble.ensemble import default_strategy as default_strategy
+from meshensemble.mesh import AXES as AXES
+from meshensemble.mesh import DATA as DATA
+from meshensemble.mesh import ENSEMBLE as ENSEMBLE
+from meshensemble.mesh import batch_sharding as batch_sharding
+from meshensemble.mesh import make_mesh as make_mesh
+from meshensemble.mesh import member_sharding as member_sharding
+from meshensemble.mesh import members_per_device as members_per_device
+from meshensemble.mesh import parse_mesh as parse_mesh
+from meshensemble.mesh import replicated_sharding as replicated_sharding
+from meshensemble.mesh import use_fake_cpu_devices as use_fake_cpu_devices
+from meshensemble.model import FunctionModel as FunctionModel
+from meshensemble.model import LinenModel as LinenModel
+from meshensemble.model import Model as Model
+from meshensemble.model import as_model as as_model
+from meshensemble.steps import EnsembleState as EnsembleState
+from meshensemble.steps import softmax_cross_entropy as softmax_cross_entropy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AXES",
+    "BACKENDS",
+    "DATA",
+    "ENSEMBLE",
+    "STRATEGIES",
+    "Ensemble",
+    "EnsembleState",
+    "FunctionModel",
+    "LinenModel",
+    "Model",
+    "as_model",
+    "batch_sharding",
+    "default_strategy",
+    "make_mesh",
+    "member_sharding",
+    "members_per_device",
+    "models",
+    "parse_mesh",
+    "replicated_sharding",
+    "softmax_cross_entropy",
+    "use_fake_cpu_devices",
+]

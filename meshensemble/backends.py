@@ -1,0 +1,227 @@
+"""Backends: turn a per-device function into a global one over the mesh.
+
+Both backends take the same per-device function (from :mod:`meshensemble.steps`) and
+the same ``PartitionSpec`` of each argument and result, and return a callable on global
+arrays laid out as the specs say. They differ only in the machinery:
+
+* :class:`ShardMapBackend`: ``jax.jit(jax.shard_map(...))``, the modern path, any 2-D mesh.
+* :class:`PmapBackend`: ``jax.pmap`` over the devices, the legacy path kept for parity
+  tests; meshes ``ensemble=N, data=1`` or ``ensemble=1, data=N``. The mesh axis that
+  ``pmap`` does not map is bound by a size-1 ``vmap`` so both axis names exist.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from meshensemble.mesh import DATA, ENSEMBLE
+
+BACKENDS = ("shard_map", "pmap")
+"""Backend names accepted by :class:`meshensemble.Ensemble`."""
+
+
+def put(x: Any, mesh: Mesh, spec: P) -> jax.Array:
+    """Places ``x`` on ``mesh`` as ``spec`` says, without copying what is already there.
+
+    Every process passes the same global value (numpy or ``jax.Array``); a
+    ``jax.Array`` already laid out as ``spec`` is returned as is.
+    """
+    sharding = NamedSharding(mesh, spec)
+    if isinstance(x, jax.Array):
+        if x.sharding.is_equivalent_to(sharding, x.ndim):
+            return x
+        if x.is_fully_addressable or not sharding.is_fully_addressable:
+            return jax.device_put(x, sharding)
+    x = np.asarray(x)
+    if jax.process_count() > 1:
+        return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+    return jax.device_put(x, sharding)
+
+
+class ShardMapBackend:
+    """The modern backend: ``jax.jit`` of ``jax.shard_map`` over the 2-D mesh.
+
+    Args:
+      mesh: a mesh with axes ``("ensemble", "data")``.
+    """
+
+    name = "shard_map"
+    grad_mode = "vma"
+
+    def __init__(self, mesh: Mesh):
+        self.mesh = mesh
+
+    def build(
+        self,
+        fn: Callable[..., Any],
+        in_specs: Sequence[Any],
+        out_specs: Any,
+        donate_argnums: tuple[int, ...] = (),
+    ) -> Callable[..., Any]:
+        """Returns ``jit(shard_map(fn))`` taking and returning global arrays."""
+        mapped = jax.shard_map(fn, mesh=self.mesh, in_specs=tuple(in_specs), out_specs=out_specs)
+        jitted = jax.jit(mapped, donate_argnums=donate_argnums)
+        specs = tuple(in_specs)
+
+        def call(*args: Any) -> Any:
+            return jitted(*_put_all(args, specs, self.mesh))
+
+        call.jitted = jitted  # type: ignore[attr-defined]
+        return call
+
+
+class PmapBackend:
+    """The legacy backend: ``jax.pmap`` over the mesh's devices, for parity tests.
+
+    Inputs are laid out for ``pmap`` by stacking each device's local shard (what the
+    per-device function sees under ``shard_map`` too); outputs are put back on the mesh
+    from the per-device results, so users see the same global arrays as with
+    ``shard_map``.
+
+    Args:
+      mesh: a mesh with ``ensemble == 1`` or ``data == 1``.
+
+    Raises:
+      ValueError: both mesh axes are larger than 1.
+    """
+
+    name = "pmap"
+    grad_mode = "pmean"
+
+    def __init__(self, mesh: Mesh):
+        e, d = mesh.shape[ENSEMBLE], mesh.shape[DATA]
+        if e > 1 and d > 1:
+            raise ValueError(
+                f"backend='pmap' maps one axis, but the mesh is ensemble={e} x data={d}; "
+                f"use backend='shard_map' for 2-D meshes, or a mesh with ensemble=1 or data=1"
+            )
+        self.mesh = mesh
+        self.axis = DATA if d > 1 else ENSEMBLE
+        self.other = ENSEMBLE if self.axis == DATA else DATA
+        self.devices = list(mesh.devices.flat)
+        self._line = NamedSharding(Mesh(np.asarray(self.devices), ("_pmap",)), P("_pmap"))
+        self._stack = jax.jit(lambda leaves: [v[None] for v in leaves])
+        self._unstack = jax.jit(lambda leaves: [v[0] for v in leaves])
+        self._cache: dict[int, tuple[Any, Any]] = {}
+
+    def build(
+        self,
+        fn: Callable[..., Any],
+        in_specs: Sequence[Any],
+        out_specs: Any,
+        donate_argnums: tuple[int, ...] = (),
+    ) -> Callable[..., Any]:
+        """Returns a callable on global arrays that runs ``fn`` under ``jax.pmap``."""
+        other = self.other
+
+        def per_device(*args: Any) -> Any:
+            # Bind the unmapped mesh axis with size 1, so collectives over it are no-ops.
+            out = jax.vmap(lambda *a: fn(*a), in_axes=None, axis_name=other, axis_size=1)(*args)
+            return jax.tree.map(lambda v: v[0], out)
+
+        pmapped = jax.pmap(
+            per_device, axis_name=self.axis, devices=self.devices, donate_argnums=donate_argnums
+        )
+        specs = tuple(in_specs)
+
+        def call(*args: Any) -> Any:
+            placed = _put_all(args, specs, self.mesh)
+            local = [self._to_pmap(a, s) for a, s in zip(placed, specs)]
+            return self._from_pmap(pmapped(*local), out_specs)
+
+        return call
+
+    def _to_pmap(self, tree: Any, spec: Any) -> Any:
+        leaves, treedef = jax.tree.flatten(tree)
+        if spec == P() and len(leaves) == 1 and id(leaves[0]) in self._cache:
+            src, out = self._cache[id(leaves[0])]
+            if src is leaves[0]:
+                return out
+        per_device = [self._shards(v) for v in leaves]
+        pieces = [self._stack(list(col)) for col in zip(*per_device)]
+        stacked = [
+            jax.make_array_from_single_device_arrays(
+                (len(self.devices), *per_device[i][0].shape), self._line, [p[i] for p in pieces]
+            )
+            for i in range(len(leaves))
+        ]
+        out = jax.tree.unflatten(treedef, stacked)
+        if spec == P() and len(leaves) == 1:
+            self._cache = {id(leaves[0]): (leaves[0], out)}
+        return out
+
+    def _shards(self, x: jax.Array) -> list[jax.Array]:
+        by_device = {s.device: s.data for s in x.addressable_shards}
+        return [by_device[d] for d in self.devices]
+
+    def _from_pmap(self, out: Any, specs: Any) -> Any:
+        flat_specs = _broadcast_specs(specs, out)
+        leaves, treedef = jax.tree.flatten(out)
+        per_device = [self._shards(v) for v in leaves]
+        pieces = [self._unstack(list(col)) for col in zip(*per_device)]
+        result = []
+        for i, (leaf, spec) in enumerate(zip(leaves, flat_specs)):
+            local = leaf.shape[1:]
+            shape = tuple(n * _spec_size(self.mesh, spec, k) for k, n in enumerate(local))
+            result.append(
+                jax.make_array_from_single_device_arrays(
+                    shape, NamedSharding(self.mesh, spec), [p[i] for p in pieces]
+                )
+            )
+        return jax.tree.unflatten(treedef, result)
+
+
+def _spec_size(mesh: Mesh, spec: P, dim: int) -> int:
+    if dim >= len(spec) or spec[dim] is None:
+        return 1
+    names = spec[dim] if isinstance(spec[dim], tuple) else (spec[dim],)
+    return math.prod(mesh.shape[n] for n in names)
+
+
+def _broadcast_specs(specs: Any, tree: Any) -> list[P]:
+    """One spec per leaf of ``tree`` from a spec tree that is a prefix of it."""
+    is_spec = lambda s: isinstance(s, P)
+    out: list[P] = []
+    jax.tree.map(
+        lambda spec, sub: out.extend([spec] * len(jax.tree.leaves(sub))),
+        specs,
+        tree,
+        is_leaf=is_spec,
+    )
+    return out
+
+
+def _put_all(args: Sequence[Any], specs: Sequence[Any], mesh: Mesh) -> list[Any]:
+    out = []
+    for arg, spec in zip(args, specs):
+        flat = _broadcast_specs(spec, arg)
+        leaves, treedef = jax.tree.flatten(arg)
+        out.append(jax.tree.unflatten(treedef, [put(v, mesh, s) for v, s in zip(leaves, flat)]))
+    return out
+
+
+def make_backend(name: str, mesh: Mesh) -> ShardMapBackend | PmapBackend:
+    """Returns the backend called ``name`` for ``mesh``.
+
+    Args:
+      name: ``"shard_map"`` or ``"pmap"``.
+      mesh: the ensemble mesh.
+
+    Returns:
+      The backend.
+
+    Raises:
+      ValueError: an unknown name, or ``"pmap"`` on a 2-D mesh.
+    """
+    if name == "shard_map":
+        return ShardMapBackend(mesh)
+    if name == "pmap":
+        return PmapBackend(mesh)
+    raise ValueError(f"backend={name!r} is unknown; choose one of {', '.join(BACKENDS)}")

@@ -1,0 +1,383 @@
+"""The Ensemble: N members stacked on a leading axis, sharded over the mesh's ``ensemble`` axis."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh
+
+from meshensemble import steps
+from meshensemble.backends import make_backend, put
+from meshensemble.mesh import (
+    AXES,
+    BATCH,
+    DATA,
+    ENSEMBLE,
+    MEMBER_BATCH,
+    MEMBERS,
+    REPLICATED,
+    make_mesh,
+    member_sharding,
+    members_per_device,
+)
+from meshensemble.model import as_model
+from meshensemble.steps import EnsembleState, StepConfig
+
+STRATEGIES = ("auto", "vmap", "loop")
+"""Ways to compute the members a device holds (see :func:`default_strategy`)."""
+
+
+def default_strategy(platform: str) -> str:
+    """The member strategy measured fastest on ``platform``.
+
+    On CPU an unrolled loop over local members beats ``vmap`` (which turns each
+    convolution into a slow grouped convolution); on accelerators ``vmap`` batches the
+    members into one kernel.
+
+    Args:
+      platform: ``"cpu"``, ``"gpu"``, ``"tpu"`` ...
+
+    Returns:
+      ``"loop"`` or ``"vmap"``.
+
+    Example:
+      >>> me.default_strategy("cpu")
+      'loop'
+    """
+    return "loop" if platform == "cpu" else "vmap"
+
+
+class Ensemble:
+    """Trains ``num_members`` copies of a model as one program over a device mesh.
+
+    Parameters and optimizer state are stacked on a leading member axis and sharded
+    over the mesh axis ``ensemble``; batches are copied over ``ensemble`` and split
+    over ``data``. Steps run under ``jax.shard_map`` (or ``jax.pmap`` for the legacy
+    backend); gradients are averaged over ``data``; the ensemble prediction is the
+    mean of the members' softmax (``lax.pmean`` over ``ensemble``).
+
+    Args:
+      model: a Flax Linen module, an ``(init_fn, apply_fn)`` pair or a
+        :class:`meshensemble.Model`.
+      optimizer: an optax optimizer for one member (each member gets its own state).
+      num_members: number of members, a positive multiple of ``mesh.shape["ensemble"]``.
+      mesh: a mesh with axes ``("ensemble", "data")``; default ``make_mesh()`` (all
+        devices on ``ensemble``).
+      backend: ``"shard_map"`` (default) or ``"pmap"`` (legacy; 1-D meshes only).
+      loss_fn: per-example loss ``loss_fn(logits [B, C], labels [B]) -> [B]``; default
+        softmax cross-entropy with integer labels.
+      member_strategy: ``"auto"`` (fastest measured for the platform), ``"vmap"`` or
+        ``"loop"``.
+      input_transform: applied on device to images before the model, e.g.
+        :func:`meshensemble.data.normalize` for uint8 images; default none.
+
+    Raises:
+      ValueError: the mesh lacks the axes, ``num_members`` is not a multiple of the
+        ``ensemble`` axis, an unknown backend or strategy, or ``pmap`` on a 2-D mesh.
+
+    Example:
+      >>> mesh = me.make_mesh(ensemble=4, data=2)
+      >>> ens = me.Ensemble(me.models.CNN(), optax.sgd(0.1, 0.9), num_members=8, mesh=mesh)
+      >>> state = ens.init(jax.random.key(0), images[:1])
+      >>> state, metrics = ens.train_step(state, images, labels)
+      >>> probs = ens.predict(state, images)  # [N, 10]
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: optax.GradientTransformation,
+        num_members: int,
+        mesh: Mesh | None = None,
+        *,
+        backend: str = "shard_map",
+        loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+        member_strategy: str = "auto",
+        input_transform: Callable[[jax.Array], jax.Array] | None = None,
+    ):
+        mesh = make_mesh() if mesh is None else mesh
+        if tuple(mesh.axis_names) != AXES:
+            raise ValueError(
+                f"mesh axes {tuple(mesh.axis_names)} are not {AXES}; build it with "
+                "me.make_mesh(ensemble=..., data=...)"
+            )
+        self.members_per_device = members_per_device(mesh, num_members)
+        if member_strategy not in STRATEGIES:
+            raise ValueError(
+                f"member_strategy={member_strategy!r} is unknown; choose one of "
+                f"{', '.join(STRATEGIES)}"
+            )
+        self.mesh = mesh
+        self.num_members = int(num_members)
+        self.backend = make_backend(backend, mesh)
+        if member_strategy == "auto":
+            member_strategy = default_strategy(mesh.devices.flat[0].platform)
+        self.member_strategy = member_strategy
+        self.model = as_model(model)
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn or steps.softmax_cross_entropy
+        self.input_transform = input_transform
+        self._rng_impl: Any = None
+        self._compiled: dict[Any, Callable[..., Any]] = {}
+
+    # ------------------------------------------------------------------ building
+    @property
+    def data_size(self) -> int:
+        """Size of the mesh's ``data`` axis."""
+        return int(self.mesh.shape[DATA])
+
+    def _cfg(self) -> StepConfig:
+        return StepConfig(
+            model=self.model,
+            tx=self.optimizer,
+            loss_fn=self.loss_fn,
+            strategy=self.member_strategy,
+            grad_mode=self.backend.grad_mode,
+            rng_impl=self._rng_impl,
+            input_transform=self.input_transform,
+        )
+
+    def _fn(self, key: Any, make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+        """Builds each global function once per Ensemble (jit caches shapes below that)."""
+        key = (key, self._rng_impl)
+        if key not in self._compiled:
+            self._compiled[key] = make()
+        return self._compiled[key]
+
+    def _train_fn(self, per_member: bool) -> Callable[..., Any]:
+        spec = MEMBER_BATCH if per_member else BATCH
+        metric_specs = {
+            "loss": MEMBERS,
+            "accuracy": MEMBERS,
+            "ensemble_accuracy": REPLICATED,
+            "ensemble_nll": REPLICATED,
+        }
+        return self._fn(
+            ("train", per_member),
+            lambda: self.backend.build(
+                functools.partial(steps.train_step, self._cfg()),
+                (MEMBERS, spec, spec),
+                (MEMBERS, metric_specs),
+                donate_argnums=(0,),
+            ),
+        )
+
+    # ------------------------------------------------------------------ API
+    def init(self, key: jax.Array, sample: Any) -> EnsembleState:
+        """Initialises all members; member ``i`` uses ``jax.random.split(key, M)[i]``.
+
+        As in the Flax HOWTO, member ``i``'s parameters equal
+        ``model.init(jax.random.split(key, num_members)[i], sample)["params"]``.
+
+        Args:
+          key: a legacy ``jax.random.PRNGKey`` or a typed ``jax.random.key``.
+          sample: an input batch with the model's input shape, e.g. ``images[:1]``.
+
+        Returns:
+          An :class:`EnsembleState` whose leaves have leading axis ``num_members`` and
+          sharding ``NamedSharding(mesh, P("ensemble"))``.
+
+        Raises:
+          ValueError: ``key`` is not a single PRNG key.
+
+        Example:
+          >>> state = ens.init(jax.random.PRNGKey(0), images[:1])
+        """
+        key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+        typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+        if (typed and key.shape != ()) or (not typed and key.shape != (2,)):
+            raise ValueError(
+                f"key of shape {key.shape} and dtype {key.dtype} is not one PRNG key; "
+                "pass jax.random.key(seed) or jax.random.PRNGKey(seed)"
+            )
+        self._rng_impl = jax.random.key_impl(key) if typed else None
+        sample = np.asarray(sample) if not isinstance(sample, jax.Array) else sample
+        init = self._fn(("init", sample.shape, str(sample.dtype)), lambda: self._build_init(typed))
+        return init(key, sample)
+
+    def _build_init(self, typed: bool) -> Callable[..., Any]:
+        model, tx, m = self.model, self.optimizer, self.num_members
+        transform = self.input_transform or (lambda x: x)
+
+        def init(key: jax.Array, sample: jax.Array) -> EnsembleState:
+            keys = jax.random.split(key, m)
+            x = transform(sample)
+            params, model_state = jax.vmap(model.init, in_axes=(0, None))(keys, x)
+            opt_state = jax.vmap(tx.init)(params)
+            stream = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
+            raw = jax.random.key_data(stream) if typed else stream
+            return EnsembleState(
+                step=jnp.zeros((m,), jnp.int32),
+                params=params,
+                opt_state=opt_state,
+                model_state=model_state,
+                rng=raw,
+            )
+
+        sharding = member_sharding(self.mesh)
+        return jax.jit(init, out_shardings=sharding)
+
+    def train_step(
+        self, state: EnsembleState, images: Any, labels: Any
+    ) -> tuple[EnsembleState, dict[str, jax.Array]]:
+        """One optimizer step of every member (jitted; ``state`` is donated).
+
+        Args:
+          state: from :meth:`init` or a previous step.
+          images: ``[B, ...]`` shared by all members, or ``[members, B, ...]`` (each
+            member its own examples). Numpy or ``jax.Array``, sharded or not.
+          labels: ``[B]`` or ``[members, B]`` integer class indices.
+
+        Returns:
+          ``(state, metrics)``: ``metrics["loss"]`` and ``metrics["accuracy"]`` are
+          ``[members]``; ``metrics["ensemble_accuracy"]`` and ``metrics["ensemble_nll"]``
+          are scalars from the averaged softmax (NaN for per-member batches).
+
+        Raises:
+          ValueError: images and labels disagree in length, the batch is not divisible
+            by the ``data`` axis, a per-member batch has the wrong member count, or the
+            state belongs to another ensemble size. Nothing is changed then.
+
+        Example:
+          >>> state, metrics = ens.train_step(state, images, labels)
+          >>> metrics["loss"].shape
+          (8,)
+        """
+        self._check_state(state)
+        per_member = self._check_batch(images, labels)
+        return self._train_fn(per_member)(state, images, labels)
+
+    def predict_members(self, state: EnsembleState, images: Any) -> jax.Array:
+        """Every member's softmax prediction.
+
+        Args:
+          state: the ensemble state.
+          images: ``[N, ...]``, any ``N`` (padded to the ``data`` axis internally).
+
+        Returns:
+          ``[members, N, classes]`` probabilities, sharded over ``ensemble`` and ``data``.
+
+        Raises:
+          ValueError: the state belongs to another ensemble size.
+
+        Example:
+          >>> ens.predict_members(state, images).shape  # (8, N, 10)
+        """
+        return self._predict(state, images, members=True)
+
+    def predict(self, state: EnsembleState, images: Any) -> jax.Array:
+        """The ensemble's prediction: the mean of the members' softmax.
+
+        Computed on the mesh: each device averages its local members, then
+        ``lax.pmean`` over ``ensemble``.
+
+        Args:
+          state: the ensemble state.
+          images: ``[N, ...]``, any ``N``.
+
+        Returns:
+          ``[N, classes]`` probabilities.
+
+        Raises:
+          ValueError: the state belongs to another ensemble size.
+
+        Example:
+          >>> ens.predict(state, images).argmax(-1)  # the ensemble's classes, [N]
+        """
+        return self._predict(state, images, members=False)
+
+    def _predict(self, state: EnsembleState, images: Any, members: bool) -> jax.Array:
+        self._check_state(state)
+        n = int(np.shape(images)[0])
+        padded = _pad(images, self.data_size)
+        fn = self._fn(
+            ("predict", members),
+            lambda: self.backend.build(
+                functools.partial(
+                    steps.member_probs if members else steps.ensemble_probs, self._cfg()
+                ),
+                (MEMBERS, BATCH),
+                MEMBER_BATCH if members else BATCH,
+            ),
+        )
+        out = fn(state, padded)
+        if out.shape[-2] == n:
+            return out
+        return out[:, :n] if members else out[:n]
+
+    def place(self, x: Any, per_member: bool = False) -> jax.Array:
+        """Puts a batch on the mesh: split over ``data`` (and ``ensemble`` per member).
+
+        Args:
+          x: ``[B, ...]`` (or ``[members, B, ...]`` with ``per_member``), the same
+            global value in every process.
+          per_member: whether ``x`` has a leading member axis.
+
+        Returns:
+          A ``jax.Array`` sharded as the steps expect (no copy if it already is).
+
+        Example:
+          >>> images = ens.place(images)
+        """
+        return put(x, self.mesh, MEMBER_BATCH if per_member else BATCH)
+
+    # ------------------------------------------------------------------ checks
+    def _check_state(self, state: EnsembleState) -> None:
+        if not isinstance(state, EnsembleState):
+            raise ValueError(
+                f"state is a {type(state).__name__}, not an EnsembleState; make it with ens.init"
+            )
+        if state.num_members != self.num_members:
+            raise ValueError(
+                f"state has {state.num_members} members but this Ensemble has "
+                f"{self.num_members}; use the state made by this ensemble's init"
+            )
+
+    def _check_batch(self, images: Any, labels: Any) -> bool:
+        ishape, lshape = np.shape(images), np.shape(labels)
+        if len(lshape) not in (1, 2):
+            raise ValueError(
+                f"labels of shape {lshape} must be [B] or per-member [members, B] integers"
+            )
+        per_member = len(lshape) == 2
+        if per_member and lshape[0] != self.num_members:
+            raise ValueError(
+                f"per-member labels of shape {lshape} have {lshape[0]} members, the "
+                f"ensemble has {self.num_members}; give [{self.num_members}, B] or shared [B]"
+            )
+        if tuple(ishape[: len(lshape)]) != tuple(lshape):
+            raise ValueError(
+                f"images of shape {ishape} and labels of shape {lshape} differ in length; "
+                "give one label per image"
+            )
+        batch = lshape[-1]
+        if batch == 0 or batch % self.data_size:
+            raise ValueError(
+                f"batch size {batch} is not a positive multiple of the mesh's data axis "
+                f"({self.data_size}); use a batch size divisible by {self.data_size}"
+            )
+        if not jnp.issubdtype(np.result_type(labels), jnp.integer):
+            raise ValueError(
+                f"labels have dtype {np.result_type(labels)}; give integer class indices"
+            )
+        return per_member
+
+
+def _pad(x: Any, multiple: int) -> Any:
+    """Pads the leading axis of ``x`` up to a multiple of ``multiple`` (repeating row 0)."""
+    n = int(np.shape(x)[0])
+    extra = -n % multiple
+    if not extra:
+        return x
+    if isinstance(x, jax.Array):
+        return jnp.concatenate([x, jnp.repeat(x[:1], extra, axis=0)])
+    x = np.asarray(x)
+    return np.concatenate([x, np.repeat(x[:1], extra, axis=0)])
+
+

@@ -1,0 +1,261 @@
+"""The device mesh: axis names, mesh construction and the shardings users need.
+
+The mesh has two named axes:
+
+* ``ensemble`` (outer): members are split over it. Members talk only when their
+  predictions are averaged, so this axis may span hosts or slices.
+* ``data`` (inner, fastest interconnect): the batch is split over it and the
+  gradients are all-reduced over it every step.
+
+The Flax HOWTO "Ensembling on multiple devices" is the mesh ``ensemble=N, data=1``;
+data-parallel training of one model is ``ensemble=1, data=N``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+ENSEMBLE = "ensemble"
+"""Name of the mesh axis that members are split over."""
+DATA = "data"
+"""Name of the mesh axis that the batch is split over."""
+AXES = (ENSEMBLE, DATA)
+"""Mesh axis names, outer to inner."""
+
+# Partition specs, built from the axis names in one place.
+MEMBERS = P(ENSEMBLE)
+"""Spec of stacked member leaves ``[members, ...]``: split over ``ensemble``, copied over ``data``."""
+BATCH = P(DATA)
+"""Spec of a batch ``[N, ...]``: split over ``data``, copied over ``ensemble``."""
+MEMBER_BATCH = P(ENSEMBLE, DATA)
+"""Spec of per-member batches ``[members, N, ...]``."""
+REPLICATED = P()
+"""Spec of a value every device holds whole."""
+
+
+def make_mesh(
+    ensemble: int | None = None,
+    data: int = 1,
+    *,
+    devices: Sequence[jax.Device] | None = None,
+    axis_types: str | AxisType | tuple[AxisType, AxisType] = "explicit",
+) -> Mesh:
+    """Builds a ``jax.sharding.Mesh`` with axes ``("ensemble", "data")``.
+
+    ``data`` is the inner axis: devices that share a ``data`` group are neighbours in
+    the device order (the same host, the fastest links), because gradients are
+    all-reduced over ``data`` every step while ``ensemble`` talks only to average
+    predictions.
+
+    Args:
+      ensemble: size of the ``ensemble`` axis. Default: all devices not used by ``data``.
+      data: size of the ``data`` axis. Default 1.
+      devices: the devices to use, in order. Default: ``jax.devices()`` (all processes).
+      axis_types: ``"explicit"`` (the default of ``jax.make_mesh``), ``"auto"``, a
+        ``jax.sharding.AxisType`` or a pair of them.
+
+    Returns:
+      A ``Mesh`` of shape ``{"ensemble": ensemble, "data": data}``.
+
+    Raises:
+      ValueError: a size is not a positive whole number, the mesh needs more devices
+        than exist, or the device count is not divisible by ``data``.
+
+    Example:
+      >>> mesh = me.make_mesh(ensemble=4, data=2)
+      >>> dict(mesh.shape)
+      {'ensemble': 4, 'data': 2}
+    """
+    devs = list(jax.devices() if devices is None else devices)
+    _check_size("data", data)
+    if ensemble is None:
+        if len(devs) % data:
+            raise ValueError(
+                f"data={data} does not divide the {len(devs)} devices; "
+                f"pass ensemble= explicitly or pick data from the divisors of {len(devs)}"
+            )
+        ensemble = len(devs) // data
+    _check_size("ensemble", ensemble)
+    need = ensemble * data
+    if need > len(devs):
+        raise ValueError(
+            f"mesh ensemble={ensemble} x data={data} needs {need} devices but only "
+            f"{len(devs)} exist; use a smaller mesh (or more fake CPU devices: "
+            f"me.use_fake_cpu_devices({need}) before JAX starts)"
+        )
+    types = _axis_types(axis_types)
+    if devices is None and need == len(devs):
+        return jax.make_mesh((ensemble, data), AXES, axis_types=types)
+    grid = np.asarray(devs[:need], dtype=object).reshape(ensemble, data)
+    return Mesh(grid, AXES, axis_types=types)
+
+
+def _check_size(name: str, value: object) -> None:
+    if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r} is not a positive whole number; give e.g. {name}=1")
+
+
+def _axis_types(axis_types: str | AxisType | tuple[AxisType, ...]) -> tuple[AxisType, ...]:
+    if isinstance(axis_types, tuple):
+        if len(axis_types) != 2:
+            raise ValueError(f"axis_types={axis_types!r} needs one type per axis {AXES}")
+        return axis_types
+    if isinstance(axis_types, AxisType):
+        return (axis_types, axis_types)
+    table = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}
+    if axis_types not in table:
+        raise ValueError(f"axis_types={axis_types!r} is unknown; use 'explicit' or 'auto'")
+    return (table[axis_types],) * 2
+
+
+def parse_mesh(spec: str) -> dict[str, int]:
+    """Parses a mesh description such as ``"ensemble=4,data=2"``.
+
+    Args:
+      spec: comma-separated ``axis=size`` pairs over the axes ``ensemble`` and ``data``;
+        a missing axis is left out of the result.
+
+    Returns:
+      A dict such as ``{"ensemble": 4, "data": 2}``, ready for ``make_mesh(**d)``.
+
+    Raises:
+      ValueError: an unknown axis, a repeated axis or a size that is not a positive integer.
+
+    Example:
+      >>> me.parse_mesh("ensemble=4,data=2")
+      {'ensemble': 4, 'data': 2}
+    """
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in AXES or name in out:
+            raise ValueError(
+                f"mesh {spec!r}: bad part {part!r}; write e.g. 'ensemble=4,data=2' "
+                f"(axes {', '.join(AXES)}, each once)"
+            )
+        try:
+            size = int(value)
+        except ValueError:
+            size = 0
+        if size < 1:
+            raise ValueError(f"mesh {spec!r}: {name}={value.strip()!r} is not a positive integer")
+        out[name] = size
+    return out
+
+
+def members_per_device(mesh: Mesh, num_members: int) -> int:
+    """Number of members each device holds: ``num_members / mesh.shape["ensemble"]``.
+
+    Args:
+      mesh: a mesh with an ``ensemble`` axis.
+      num_members: total members.
+
+    Returns:
+      The positive whole number of members per device.
+
+    Raises:
+      ValueError: ``num_members`` is not a positive multiple of the ``ensemble`` axis.
+
+    Example:
+      >>> me.members_per_device(me.make_mesh(ensemble=4, data=2), 8)
+      2
+    """
+    e = mesh.shape[ENSEMBLE]
+    if (
+        not isinstance(num_members, int | np.integer)
+        or isinstance(num_members, bool)
+        or num_members < 1
+        or num_members % e
+    ):
+        raise ValueError(
+            f"num_members={num_members!r} is not a positive multiple of the mesh's "
+            f"ensemble axis ({e}); use num_members={e}, {2 * e}, ... or a mesh with "
+            f"ensemble dividing {num_members}"
+        )
+    return int(num_members) // e
+
+
+def member_sharding(mesh: Mesh) -> NamedSharding:
+    """Sharding of stacked member leaves ``[members, ...]``: split over ``ensemble``.
+
+    Args:
+      mesh: the ensemble mesh.
+
+    Returns:
+      ``NamedSharding(mesh, P("ensemble"))``.
+
+    Example:
+      >>> me.member_sharding(me.make_mesh()).spec
+      PartitionSpec('ensemble',)
+    """
+    return NamedSharding(mesh, MEMBERS)
+
+
+def batch_sharding(mesh: Mesh, per_member: bool = False) -> NamedSharding:
+    """Sharding of a batch: split over ``data`` (and over ``ensemble`` when per member).
+
+    Args:
+      mesh: the ensemble mesh.
+      per_member: True for per-member batches ``[members, B, ...]``.
+
+    Returns:
+      ``NamedSharding(mesh, P("data"))`` for ``[B, ...]``, or
+      ``NamedSharding(mesh, P("ensemble", "data"))`` for ``[members, B, ...]``.
+
+    Example:
+      >>> me.batch_sharding(me.make_mesh()).spec
+      PartitionSpec('data',)
+    """
+    return NamedSharding(mesh, MEMBER_BATCH if per_member else BATCH)
+
+
+def replicated_sharding(mesh: Mesh) -> NamedSharding:
+    """Sharding of a value copied whole to every device of ``mesh``.
+
+    Args:
+      mesh: the ensemble mesh.
+
+    Returns:
+      ``NamedSharding(mesh, P())``.
+
+    Example:
+      >>> me.replicated_sharding(me.make_mesh()).spec
+      PartitionSpec()
+    """
+    return NamedSharding(mesh, REPLICATED)
+
+
+def use_fake_cpu_devices(n: int) -> None:
+    """Makes JAX run on ``n`` simulated CPU devices; call before JAX starts its backends.
+
+    Sets ``JAX_PLATFORMS=cpu`` and the number of CPU devices (``jax_num_cpu_devices``),
+    the modern form of ``--xla_force_host_platform_device_count``.
+
+    Args:
+      n: number of CPU devices, at least 1.
+
+    Raises:
+      ValueError: ``n`` is not a positive integer.
+      RuntimeError: JAX's backends already started with a different device count.
+
+    Example:
+      >>> me.use_fake_cpu_devices(8)  # first thing in a script or conftest.py
+    """
+    _check_size("fake devices", n)
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    jax.config.update("jax_platforms", "cpu")
+    try:
+        jax.config.update("jax_num_cpu_devices", int(n))
+    except RuntimeError as err:
+        if jax.device_count() != n:
+            raise RuntimeError(
+                f"JAX already started with {jax.device_count()} devices, cannot switch to "
+                f"{n} fake CPU devices; call use_fake_cpu_devices before any JAX computation"
+            ) from err
