@@ -5,6 +5,7 @@ the mesh axis ``ensemble``; batches are split over ``data``; steps run under
 ``jax.shard_map`` (or the legacy ``jax.pmap`` backend).
 """
 
+from meshensemble import metrics as metrics
 from meshensemble import models as models
 from meshensemble.backends import BACKENDS as BACKENDS
 from meshensemble.ensemble import STRATEGIES as STRATEGIES
@@ -46,6 +47,7 @@ __all__ = [
     "make_mesh",
     "member_sharding",
     "members_per_device",
+    "metrics",
     "models",
     "parse_mesh",
     "replicated_sharding",

@@ -35,7 +35,7 @@ def put(x: Any, mesh: Mesh, spec: P) -> jax.Array:
     """
     sharding = NamedSharding(mesh, spec)
     if isinstance(x, jax.Array):
-        if x.sharding.is_equivalent_to(sharding, x.ndim):
+        if _same_layout(x.sharding, sharding):
             return x
         if x.is_fully_addressable or not sharding.is_fully_addressable:
             return jax.device_put(x, sharding)
@@ -43,6 +43,14 @@ def put(x: Any, mesh: Mesh, spec: P) -> jax.Array:
     if jax.process_count() > 1:
         return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
     return jax.device_put(x, sharding)
+
+
+def _same_layout(have: Any, want: NamedSharding) -> bool:
+    """Equal mesh and spec: with Explicit axes shard_map checks specs, not only layouts."""
+    if not isinstance(have, NamedSharding) or have.mesh != want.mesh:
+        return False
+    trim = lambda spec: tuple(spec)[: max((i + 1 for i, a in enumerate(spec) if a), default=0)]
+    return trim(have.spec) == trim(want.spec)
 
 
 class ShardMapBackend:

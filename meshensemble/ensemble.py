@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from meshensemble import steps
 from meshensemble.backends import make_backend, put
@@ -309,7 +310,79 @@ class Ensemble:
         out = fn(state, padded)
         if out.shape[-2] == n:
             return out
+        # Drop the padding: the result is no longer divisible over `data`, so keep it
+        # whole on every device (members stay split over `ensemble`).
+        spec = P(ENSEMBLE) if members else P()
+        out = jax.device_put(out, NamedSharding(self.mesh, spec))
         return out[:, :n] if members else out[:n]
+
+    def evaluate(
+        self,
+        state: EnsembleState,
+        images: Any,
+        labels: Any,
+        batch_size: int = 1000,
+        num_bins: int = 15,
+    ) -> dict[str, Any]:
+        """Ensemble and per-member metrics over a whole set, computed on the mesh.
+
+        Streams over ``images`` in padded, masked batches; each batch's sums are reduced
+        with collectives over ``data`` (and the softmax averaged over ``ensemble``), then
+        added up on device. Only the sums reach the host, never
+        ``[members, N, classes]``.
+
+        Args:
+          state: the ensemble state.
+          images: ``[N, ...]``, any ``N``.
+          labels: ``[N]`` integer class indices.
+          batch_size: examples per compiled call (rounded up to a multiple of ``data``).
+          num_bins: bins of the expected calibration error.
+
+        Returns:
+          The dict of :func:`meshensemble.metrics.ensemble_metrics`: ``accuracy``,
+          ``nll``, ``brier``, ``ece``, ``entropy``, ``expected_entropy``,
+          ``mutual_information``, ``disagreement`` (floats, for the ensemble),
+          ``member_*`` (lists of length members) and ``mean_member_*`` (floats).
+
+        Raises:
+          ValueError: images and labels differ in length, no examples, or labels out of
+            range.
+
+        Example:
+          >>> ens.evaluate(state, test_images, test_labels)["accuracy"]
+        """
+        from meshensemble import metrics
+
+        self._check_state(state)
+        labels = np.asarray(labels)
+        n = int(np.shape(images)[0])
+        if labels.shape != (n,) or n == 0:
+            raise ValueError(
+                f"images of shape {np.shape(images)} and labels of shape {labels.shape}: "
+                "give one integer label per image and at least one image"
+            )
+        if not jnp.issubdtype(labels.dtype, jnp.integer):
+            raise ValueError(f"labels have dtype {labels.dtype}; give integer class indices")
+        fn = self._fn(
+            ("evaluate", num_bins),
+            lambda: self.backend.build(
+                functools.partial(steps.eval_stats, self._cfg(), num_bins),
+                (MEMBERS, BATCH, BATCH, BATCH),
+                _eval_specs(),
+            ),
+        )
+        b = min(batch_size, n)
+        b += -b % self.data_size
+        total = None
+        for start in range(0, n, b):
+            x, y = images[start : start + b], labels[start : start + b]
+            k = len(y)
+            mask = np.arange(b) < k
+            if k < b:
+                x, y = _pad_to(x, b), np.concatenate([y, np.zeros(b - k, y.dtype)])
+            stats = fn(state, x, y, mask)
+            total = stats if total is None else jax.tree.map(jnp.add, total, stats)
+        return metrics.finalize_stats(jax.device_get(total), num_bins)
 
     def place(self, x: Any, per_member: bool = False) -> jax.Array:
         """Puts a batch on the mesh: split over ``data`` (and ``ensemble`` per member).
@@ -370,14 +443,26 @@ class Ensemble:
 
 
 def _pad(x: Any, multiple: int) -> Any:
-    """Pads the leading axis of ``x`` up to a multiple of ``multiple`` (repeating row 0)."""
+    """Pads the leading axis of ``x`` up to a multiple of ``multiple``."""
     n = int(np.shape(x)[0])
-    extra = -n % multiple
+    return _pad_to(x, n + (-n % multiple))
+
+
+def _pad_to(x: Any, size: int) -> Any:
+    """Pads the leading axis of ``x`` to ``size`` rows by repeating row 0."""
+    extra = size - int(np.shape(x)[0])
     if not extra:
         return x
     if isinstance(x, jax.Array):
+        if isinstance(x.sharding, NamedSharding):  # concatenate along a whole axis
+            x = jax.device_put(x, NamedSharding(x.sharding.mesh, P()))
         return jnp.concatenate([x, jnp.repeat(x[:1], extra, axis=0)])
     x = np.asarray(x)
     return np.concatenate([x, np.repeat(x[:1], extra, axis=0)])
 
 
+def _eval_specs() -> dict[str, P]:
+    from meshensemble import metrics
+
+    names = metrics.MEMBER_STAT_KEYS + metrics.ENSEMBLE_STAT_KEYS
+    return {k: (MEMBERS if k.startswith("member_") else REPLICATED) for k in names}

@@ -30,7 +30,7 @@ AXES = (ENSEMBLE, DATA)
 
 # Partition specs, built from the axis names in one place.
 MEMBERS = P(ENSEMBLE)
-"""Spec of stacked member leaves ``[members, ...]``: split over ``ensemble``, copied over ``data``."""
+"""Spec of stacked member leaves ``[members, ...]``: split over ``ensemble``."""
 BATCH = P(DATA)
 """Spec of a batch ``[N, ...]``: split over ``data``, copied over ``ensemble``."""
 MEMBER_BATCH = P(ENSEMBLE, DATA)

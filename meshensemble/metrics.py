@@ -24,8 +24,9 @@ Conventions used throughout:
 
 Everything except :func:`auroc`, :func:`aupr`, :func:`reliability_diagram_data`,
 :func:`ensemble_metrics` and :func:`finalize_stats` is written with ``jax.numpy`` and works on
-numpy or jax input, under ``jit`` and inside ``shard_map``; those five are host functions that
-return numpy arrays or python floats.
+numpy or jax input, under ``jit`` and inside ``shard_map`` (shape checks run at trace time; each
+is jitted internally, so an eager call compiles once per input shape); those five are host
+functions that return numpy arrays or python floats.
 
 The streaming pair :func:`streaming_stats` / :func:`finalize_stats` lets a sharded evaluation
 reduce per-shard SUMS with collectives (``psum`` over ``data``; the ``member_`` sums are
@@ -34,12 +35,14 @@ concatenated over ``ensemble``) and never gather ``[members, N, classes]`` to on
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 __all__ = [
     "EPS",
@@ -69,7 +72,7 @@ EPS = 1e-12
 OOD_KINDS = ("max_prob", "entropy", "mutual_information")
 """The ``kind`` values that :func:`ood_score` accepts."""
 
-_MEMBER_KEYS = (
+MEMBER_STAT_KEYS = (
     "member_correct",
     "member_nll",
     "member_brier",
@@ -79,7 +82,7 @@ _MEMBER_KEYS = (
     "member_bin_conf",
     "member_bin_correct",
 )
-_ENSEMBLE_KEYS = (
+ENSEMBLE_STAT_KEYS = (
     "ensemble_correct",
     "ensemble_nll",
     "ensemble_brier",
@@ -107,9 +110,18 @@ def _eps(dtype: Any) -> float:
     return max(EPS, float(jnp.finfo(dtype).tiny))
 
 
-def _check_probs(probs: Any, ndim: int, name: str) -> jax.Array:
-    """Returns ``probs`` as a float array after checking its rank."""
-    probs = _as_float(probs)
+def _arr(x: Any) -> Any:
+    """``x`` itself if it is an array (numpy, jax or tracer), else ``np.asarray(x)``.
+
+    No device op runs here: conversion and casting happen inside the jitted cores, so eager
+    calls compile once per shape instead of once per primitive.
+    """
+    return x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
+
+
+def _check_probs(probs: Any, ndim: int, name: str) -> Any:
+    """Returns ``probs`` as an array after checking its rank."""
+    probs = _arr(probs)
     if probs.ndim != ndim:
         want = "[N, classes]" if ndim == 2 else "[members, N, classes]"
         raise ValueError(
@@ -119,9 +131,9 @@ def _check_probs(probs: Any, ndim: int, name: str) -> jax.Array:
     return probs
 
 
-def _check_labels(labels: Any, n: int) -> jax.Array:
+def _check_labels(labels: Any, n: int) -> Any:
     """Returns ``labels`` as an array after checking it is ``[n]``."""
-    labels = jnp.asarray(labels)
+    labels = _arr(labels)
     if labels.ndim != 1 or labels.shape[0] != n:
         raise ValueError(
             f"`labels` must be 1-D of length N={n} (integer class indices), "
@@ -130,17 +142,31 @@ def _check_labels(labels: Any, n: int) -> jax.Array:
     return labels
 
 
-def _weights(mask: Any, n: int, dtype: Any) -> jax.Array:
-    """The ``[n]`` weights of ``mask`` (all ones when ``mask`` is None)."""
+def _check_mask(mask: Any, n: int) -> Any:
+    """Returns ``mask`` (None or an array) after checking it is ``[n]``."""
     if mask is None:
-        return jnp.ones((n,), dtype)
-    w = jnp.asarray(mask)
-    if w.ndim != 1 or w.shape[0] != n:
+        return None
+    mask = _arr(mask)
+    if mask.ndim != 1 or mask.shape[0] != n:
         raise ValueError(
             f"`mask` must be 1-D of length N={n} (bools or 0/1 weights), "
-            f"got shape {tuple(w.shape)}; pass one weight per example."
+            f"got shape {tuple(mask.shape)}; pass one weight per example."
         )
-    return w.astype(dtype)
+    return mask
+
+
+def _check_basic(probs: Any, labels: Any, mask: Any) -> tuple[Any, Any, Any]:
+    """Checks ``probs`` `[N, C]`, ``labels`` `[N]` and ``mask`` `[N]` or None."""
+    probs = _check_probs(probs, 2, "probs")
+    n = probs.shape[0]
+    return probs, _check_labels(labels, n), _check_mask(mask, n)
+
+
+def _weights(mask: Any, n: int, dtype: Any) -> jax.Array:
+    """The ``[n]`` float weights of a checked ``mask`` (all ones when ``mask`` is None)."""
+    if mask is None:
+        return jnp.ones((n,), dtype)
+    return jnp.asarray(mask).astype(dtype)
 
 
 def _onehot(labels: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
@@ -164,7 +190,7 @@ def _per_example(probs: jax.Array, labels: jax.Array, num_bins: int) -> dict[str
         "correct": correct,
         "nll": -jnp.log(jnp.maximum(true_p, _eps(dtype))),
         "brier": jnp.sum(jnp.square(probs - onehot), axis=-1),
-        "entropy": entropy(probs),
+        "entropy": _entropy(probs),
         "conf": conf,
         "bin": _bin_index(conf, num_bins),
     }
@@ -194,9 +220,11 @@ def _bin_sums(
     return count, conf_sum, correct_sum
 
 
-def _check_num_bins(num_bins: int) -> None:
-    if int(num_bins) != num_bins or num_bins < 1:
+def _check_num_bins(num_bins: int) -> int:
+    """Returns ``num_bins`` as an int after checking it is a positive integer."""
+    if isinstance(num_bins, bool) or not isinstance(num_bins, int | np.integer) or num_bins < 1:
         raise ValueError(f"`num_bins` must be a positive int, got {num_bins!r}.")
+    return int(num_bins)
 
 
 def _wsum(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -216,7 +244,7 @@ def _wmean(x: jax.Array, w: jax.Array) -> jax.Array:
 # --------------------------------------------------------------------------- basic metrics
 
 
-def accuracy(probs: Any, labels: Any, mask: Any = None) -> jax.Array:
+def accuracy(probs: ArrayLike, labels: ArrayLike, mask: ArrayLike | None = None) -> jax.Array:
     """Fraction of (masked-in) examples whose argmax class equals the label.
 
     ``accuracy = sum_i w_i 1[argmax_c p_ic == y_i] / sum_i w_i``; ties in the argmax go to the
@@ -237,14 +265,18 @@ def accuracy(probs: Any, labels: Any, mask: Any = None) -> jax.Array:
       >>> float(accuracy([[0.9, 0.1], [0.3, 0.7]], [0, 0]))
       0.5
     """
-    probs = _check_probs(probs, 2, "probs")
-    labels = _check_labels(labels, probs.shape[0])
+    return _accuracy_core(*_check_basic(probs, labels, mask))
+
+
+@jax.jit
+def _accuracy_core(probs: Any, labels: Any, mask: Any) -> jax.Array:
+    probs = _as_float(probs)
     w = _weights(mask, probs.shape[0], probs.dtype)
     pred = jnp.argmax(probs, axis=-1)
     return _wmean((pred == labels).astype(probs.dtype), w)
 
 
-def nll(probs: Any, labels: Any, mask: Any = None) -> jax.Array:
+def nll(probs: ArrayLike, labels: ArrayLike, mask: ArrayLike | None = None) -> jax.Array:
     """Mean negative log-likelihood of the labels.
 
     ``nll = sum_i w_i * -log(max(p_{i, y_i}, eps)) / sum_i w_i`` with ``eps = EPS = 1e-12``
@@ -266,14 +298,18 @@ def nll(probs: Any, labels: Any, mask: Any = None) -> jax.Array:
       >>> round(float(nll([[0.5, 0.5], [1.0, 0.0]], [0, 0])), 4)
       0.3466
     """
-    probs = _check_probs(probs, 2, "probs")
-    labels = _check_labels(labels, probs.shape[0])
+    return _nll_core(*_check_basic(probs, labels, mask))
+
+
+@jax.jit
+def _nll_core(probs: Any, labels: Any, mask: Any) -> jax.Array:
+    probs = _as_float(probs)
     w = _weights(mask, probs.shape[0], probs.dtype)
     true_p = jnp.sum(probs * _onehot(labels, probs.shape, probs.dtype), axis=-1)
     return _wmean(-jnp.log(jnp.maximum(true_p, _eps(probs.dtype))), w)
 
 
-def brier(probs: Any, labels: Any, mask: Any = None) -> jax.Array:
+def brier(probs: ArrayLike, labels: ArrayLike, mask: ArrayLike | None = None) -> jax.Array:
     """Mean Brier score, summed over classes (not divided by the number of classes).
 
     ``brier = sum_i w_i * sum_c (p_ic - 1[c == y_i])^2 / sum_i w_i``, in ``[0, 2]``.
@@ -293,8 +329,12 @@ def brier(probs: Any, labels: Any, mask: Any = None) -> jax.Array:
       >>> round(float(brier([[0.5, 0.5], [1.0, 0.0]], [0, 0])), 4)
       0.25
     """
-    probs = _check_probs(probs, 2, "probs")
-    labels = _check_labels(labels, probs.shape[0])
+    return _brier_core(*_check_basic(probs, labels, mask))
+
+
+@jax.jit
+def _brier_core(probs: Any, labels: Any, mask: Any) -> jax.Array:
+    probs = _as_float(probs)
     w = _weights(mask, probs.shape[0], probs.dtype)
     sq = jnp.sum(jnp.square(probs - _onehot(labels, probs.shape, probs.dtype)), axis=-1)
     return _wmean(sq, w)
@@ -304,7 +344,7 @@ def brier(probs: Any, labels: Any, mask: Any = None) -> jax.Array:
 
 
 def calibration_bins(
-    probs: Any, labels: Any, num_bins: int = 15, mask: Any = None
+    probs: ArrayLike, labels: ArrayLike, num_bins: int = 15, mask: ArrayLike | None = None
 ) -> dict[str, jax.Array]:
     """Per-bin SUMS for the expected calibration error; sums from shards can be added.
 
@@ -332,9 +372,13 @@ def calibration_bins(
       >>> bins["count"].tolist()
       [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0]
     """
-    _check_num_bins(num_bins)
-    probs = _check_probs(probs, 2, "probs")
-    labels = _check_labels(labels, probs.shape[0])
+    num_bins = _check_num_bins(num_bins)
+    return _calibration_bins_core(*_check_basic(probs, labels, mask), num_bins=num_bins)
+
+
+@functools.partial(jax.jit, static_argnames="num_bins")
+def _calibration_bins_core(probs: Any, labels: Any, mask: Any, num_bins: int) -> dict:
+    probs = _as_float(probs)
     w = _weights(mask, probs.shape[0], probs.dtype)
     conf = jnp.max(probs, axis=-1)
     correct = (jnp.argmax(probs, axis=-1) == labels).astype(probs.dtype)
@@ -366,12 +410,18 @@ def ece_from_bins(bins: Mapping[str, Any]) -> jax.Array:
       >>> round(float(ece_from_bins(bins)), 4)  # (|1 - 0.9| + |0 - 0.7|) / 2
       0.4
     """
-    count = jnp.asarray(bins["count"])
-    gap = jnp.abs(jnp.asarray(bins["correct_sum"]) - jnp.asarray(bins["confidence_sum"]))
-    return jnp.sum(gap, axis=-1) / jnp.sum(count, axis=-1)
+    return _ece_core(bins["count"], bins["confidence_sum"], bins["correct_sum"])
 
 
-def ece(probs: Any, labels: Any, num_bins: int = 15, mask: Any = None) -> jax.Array:
+@jax.jit
+def _ece_core(count: Any, confidence_sum: Any, correct_sum: Any) -> jax.Array:
+    gap = jnp.abs(jnp.asarray(correct_sum) - jnp.asarray(confidence_sum))
+    return jnp.sum(gap, axis=-1) / jnp.sum(jnp.asarray(count), axis=-1)
+
+
+def ece(
+    probs: ArrayLike, labels: ArrayLike, num_bins: int = 15, mask: ArrayLike | None = None
+) -> jax.Array:
     """Expected calibration error with ``num_bins`` equal-width confidence bins.
 
     ``ece = sum_b (count_b / N) * |acc_b - conf_b|``; see :func:`calibration_bins` for the
@@ -397,7 +447,7 @@ def ece(probs: Any, labels: Any, num_bins: int = 15, mask: Any = None) -> jax.Ar
 
 
 def reliability_diagram_data(
-    probs: Any, labels: Any, num_bins: int = 15, mask: Any = None
+    probs: ArrayLike, labels: ArrayLike, num_bins: int = 15, mask: ArrayLike | None = None
 ) -> dict[str, np.ndarray]:
     """Per-bin accuracy, confidence and count as numpy arrays, for a reliability diagram.
 
@@ -441,7 +491,7 @@ def reliability_diagram_data(
 # --------------------------------------------------------------------------- uncertainty
 
 
-def entropy(probs: Any) -> jax.Array:
+def entropy(probs: ArrayLike) -> jax.Array:
     """Shannon entropy (natural log) of each probability vector, with ``0 log 0 = 0``.
 
     ``H(p) = -sum_c p_c log p_c``; no clip is used (zero entries contribute exactly 0), so a
@@ -457,13 +507,20 @@ def entropy(probs: Any) -> jax.Array:
       >>> [round(float(v), 4) for v in entropy([[1.0, 0.0], [0.5, 0.5]])]
       [0.0, 0.6931]
     """
+    return _entropy_core(_arr(probs))
+
+
+def _entropy(probs: Any) -> jax.Array:
     probs = _as_float(probs)
     pos = probs > 0
     plogp = jnp.where(pos, probs * jnp.log(jnp.where(pos, probs, 1.0)), 0.0)
     return 0.0 - jnp.sum(plogp, axis=-1)  # 0 - x, not -x: a one-hot gives +0.0, not -0.0
 
 
-def expected_entropy(member_probs: Any) -> jax.Array:
+_entropy_core = jax.jit(_entropy)
+
+
+def expected_entropy(member_probs: ArrayLike) -> jax.Array:
     """Mean over members of each member's predictive entropy (the aleatoric part).
 
     ``EH_i = (1 / M) sum_m H(p^m_i)``.
@@ -481,11 +538,15 @@ def expected_entropy(member_probs: Any) -> jax.Array:
       >>> [round(float(v), 4) for v in expected_entropy([[[1.0, 0.0]], [[0.5, 0.5]]])]
       [0.3466]
     """
-    member_probs = _check_probs(member_probs, 3, "member_probs")
-    return jnp.mean(entropy(member_probs), axis=0)
+    return _expected_entropy_core(_check_probs(member_probs, 3, "member_probs"))
 
 
-def mutual_information(member_probs: Any) -> jax.Array:
+@jax.jit
+def _expected_entropy_core(member_probs: Any) -> jax.Array:
+    return jnp.mean(_entropy(member_probs), axis=0)
+
+
+def mutual_information(member_probs: ArrayLike) -> jax.Array:
     """Mutual information between prediction and member (the epistemic part, BALD).
 
     ``MI_i = max(H(mean_m p^m_i) - (1 / M) sum_m H(p^m_i), 0)``; the clip only removes
@@ -504,12 +565,17 @@ def mutual_information(member_probs: Any) -> jax.Array:
       >>> [round(float(v), 4) for v in mutual_information([[[1.0, 0.0]], [[0.0, 1.0]]])]
       [0.6931]
     """
-    member_probs = _check_probs(member_probs, 3, "member_probs")
-    mi = entropy(jnp.mean(member_probs, axis=0)) - jnp.mean(entropy(member_probs), axis=0)
+    return _mutual_information_core(_check_probs(member_probs, 3, "member_probs"))
+
+
+@jax.jit
+def _mutual_information_core(member_probs: Any) -> jax.Array:
+    member_probs = _as_float(member_probs)
+    mi = _entropy(jnp.mean(member_probs, axis=0)) - jnp.mean(_entropy(member_probs), axis=0)
     return jnp.maximum(mi, 0.0)
 
 
-def disagreement(member_probs: Any) -> jax.Array:
+def disagreement(member_probs: ArrayLike) -> jax.Array:
     """Fraction of members whose argmax differs from the ensemble's argmax.
 
     ``D_i = (1 / M) sum_m 1[argmax_c p^m_ic != argmax_c pbar_ic]`` where
@@ -530,14 +596,19 @@ def disagreement(member_probs: Any) -> jax.Array:
       >>> [round(float(v), 4) for v in disagreement([[[0.9, 0.1]], [[0.8, 0.2]], [[0.4, 0.6]]])]
       [0.3333]
     """
-    member_probs = _check_probs(member_probs, 3, "member_probs")
+    return _disagreement_core(_check_probs(member_probs, 3, "member_probs"))
+
+
+@jax.jit
+def _disagreement_core(member_probs: Any) -> jax.Array:
+    member_probs = _as_float(member_probs)
     ens_pred = jnp.argmax(jnp.mean(member_probs, axis=0), axis=-1)  # [N]
     member_pred = jnp.argmax(member_probs, axis=-1)  # [M, N]
     differs = member_pred != jnp.broadcast_to(ens_pred, member_pred.shape)
     return jnp.mean(differs.astype(member_probs.dtype), axis=0)
 
 
-def ood_score(member_probs: Any, kind: str = "max_prob") -> jax.Array:
+def ood_score(member_probs: ArrayLike, kind: str = "max_prob") -> jax.Array:
     """Per-example out-of-distribution score of an ensemble; higher means more OOD.
 
     With ``pbar_i = mean_m p^m_i`` the ensemble prediction:
@@ -563,12 +634,16 @@ def ood_score(member_probs: Any, kind: str = "max_prob") -> jax.Array:
     """
     if kind not in OOD_KINDS:
         raise ValueError(f"unknown OOD score kind {kind!r}; use one of {OOD_KINDS}.")
-    member_probs = _check_probs(member_probs, 3, "member_probs")
+    return _ood_score_core(_check_probs(member_probs, 3, "member_probs"), kind=kind)
+
+
+@functools.partial(jax.jit, static_argnames="kind")
+def _ood_score_core(member_probs: Any, kind: str) -> jax.Array:
     if kind == "mutual_information":
-        return mutual_information(member_probs)
-    mean_probs = jnp.mean(member_probs, axis=0)
+        return _mutual_information_core(member_probs)
+    mean_probs = jnp.mean(_as_float(member_probs), axis=0)
     if kind == "entropy":
-        return entropy(mean_probs)
+        return _entropy(mean_probs)
     return 1.0 - jnp.max(mean_probs, axis=-1)
 
 
@@ -602,7 +677,7 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def auroc(scores_in: Any, scores_out: Any) -> float:
+def auroc(scores_in: ArrayLike, scores_out: ArrayLike) -> float:
     """Area under the ROC curve for separating out-of-distribution from in-distribution.
 
     OOD (``scores_out``) is the positive class and higher scores mean more OOD. Mann-Whitney U
@@ -632,7 +707,7 @@ def auroc(scores_in: Any, scores_out: Any) -> float:
     return float(u / (n_in * n_out))
 
 
-def aupr(scores_in: Any, scores_out: Any) -> float:
+def aupr(scores_in: ArrayLike, scores_out: ArrayLike) -> float:
     """Area under the precision-recall curve (average precision), OOD as the positive class.
 
     Equal to ``sklearn.metrics.average_precision_score`` with OOD labelled 1: over the distinct
@@ -671,10 +746,10 @@ def aupr(scores_in: Any, scores_out: Any) -> float:
 
 
 def streaming_stats(
-    member_probs: Any,
-    ensemble_probs: Any,
-    labels: Any,
-    mask: Any,
+    member_probs: ArrayLike,
+    ensemble_probs: ArrayLike,
+    labels: ArrayLike,
+    mask: ArrayLike,
     num_bins: int = 15,
 ) -> dict[str, jax.Array]:
     """Masked SUMS over one batch shard, to be reduced over shards and finalised.
@@ -683,8 +758,10 @@ def streaming_stats(
     batch, then
 
     * ``ensemble_*`` keys and ``count`` are summed over data shards (``psum`` over ``data``);
-      they do not depend on which members a device holds, so they are NOT summed over member
-      shards;
+      they do not depend on which members a device holds (they are computed from
+      ``ensemble_probs``, ``labels`` and ``mask`` only, so ``shard_map`` sees them as invariant
+      over the member axis and they may leave with ``out_specs=P()``), so they are NOT summed
+      over member shards;
     * ``member_*`` keys (leading axis ``m``) are summed over data shards and concatenated over
       member shards in member order;
 
@@ -722,9 +799,9 @@ def streaming_stats(
       >>> s["member_correct"].tolist(), float(s["count"])
       ([1.0, 1.0], 1.0)
     """
-    _check_num_bins(num_bins)
+    num_bins = _check_num_bins(num_bins)
     member_probs = _check_probs(member_probs, 3, "member_probs")
-    ensemble_probs = _check_probs(ensemble_probs, 2, "ensemble_probs").astype(member_probs.dtype)
+    ensemble_probs = _check_probs(ensemble_probs, 2, "ensemble_probs")
     _, b, c = member_probs.shape
     if ensemble_probs.shape != (b, c):
         raise ValueError(
@@ -734,29 +811,37 @@ def streaming_stats(
     labels = _check_labels(labels, b)
     if mask is None:
         raise ValueError("`mask` is required: pass jnp.ones(b) when there is no padding.")
-    w = _weights(mask, b, member_probs.dtype)
+    mask = _check_mask(mask, b)
+    return _streaming_stats_core(member_probs, ensemble_probs, labels, mask, num_bins=num_bins)
 
+
+@functools.partial(jax.jit, static_argnames="num_bins")
+def _streaming_stats_core(
+    member_probs: Any, ensemble_probs: Any, labels: Any, mask: Any, num_bins: int
+) -> dict[str, jax.Array]:
+    member_probs = _as_float(member_probs)
+    ensemble_probs = jnp.asarray(ensemble_probs).astype(member_probs.dtype)
+    w = _weights(mask, member_probs.shape[1], member_probs.dtype)
+
+    # The ensemble sums use only ensemble_probs, labels and mask (not member_probs), so inside
+    # shard_map they stay invariant over the member axis and can leave with out_specs P().
     mem = _per_example(member_probs, labels, num_bins)  # each [m, b]
     ens = _per_example(ensemble_probs, labels, num_bins)  # each [b]
     ens_pred = jnp.argmax(ensemble_probs, axis=-1)
     member_pred = jnp.argmax(member_probs, axis=-1)
     disagree = (member_pred != jnp.broadcast_to(ens_pred, member_pred.shape)).astype(w.dtype)
-
+    names = ("correct", "nll", "brier", "entropy")
+    m_sums = _wsum(jnp.stack([*(mem[k] for k in names), disagree]), w)  # [5, m]
+    e_sums = _wsum(jnp.stack([ens[k] for k in names]), w)  # [4]
     m_count, m_conf, m_correct = _bin_sums(mem["conf"], mem["correct"], mem["bin"], w, num_bins)
     e_count, e_conf, e_correct = _bin_sums(ens["conf"], ens["correct"], ens["bin"], w, num_bins)
     return {
-        "member_correct": _wsum(mem["correct"], w),
-        "member_nll": _wsum(mem["nll"], w),
-        "member_brier": _wsum(mem["brier"], w),
-        "member_entropy": _wsum(mem["entropy"], w),
-        "member_disagree": _wsum(disagree, w),
+        **{f"member_{k}": m_sums[i] for i, k in enumerate(names)},
+        "member_disagree": m_sums[len(names)],
         "member_bin_count": m_count,
         "member_bin_conf": m_conf,
         "member_bin_correct": m_correct,
-        "ensemble_correct": _wsum(ens["correct"], w),
-        "ensemble_nll": _wsum(ens["nll"], w),
-        "ensemble_brier": _wsum(ens["brier"], w),
-        "ensemble_entropy": _wsum(ens["entropy"], w),
+        **{f"ensemble_{k}": e_sums[i] for i, k in enumerate(names)},
         "ensemble_bin_count": e_count,
         "ensemble_bin_conf": e_conf,
         "ensemble_bin_correct": e_correct,
@@ -800,18 +885,21 @@ def finalize_stats(stats: Mapping[str, Any], num_bins: int = 15) -> dict[str, fl
       >>> finalize_stats(s, num_bins=10)["member_accuracy"]
       [1.0, 0.5]
     """
-    missing = [k for k in (*_MEMBER_KEYS, *_ENSEMBLE_KEYS) if k not in stats]
+    num_bins = _check_num_bins(num_bins)
+    missing = [k for k in (*MEMBER_STAT_KEYS, *ENSEMBLE_STAT_KEYS) if k not in stats]
     if missing:
         raise ValueError(f"`stats` lacks keys {missing}; pass the output of streaming_stats.")
-    s = {k: np.asarray(stats[k], dtype=np.float64) for k in (*_MEMBER_KEYS, *_ENSEMBLE_KEYS)}
+    s = {
+        k: np.asarray(stats[k], dtype=np.float64) for k in (*MEMBER_STAT_KEYS, *ENSEMBLE_STAT_KEYS)
+    }
     n = float(s["count"])
     if not n > 0:
         raise ValueError(f"`stats['count']` is {n}; at least one example must be masked in.")
     m = s["member_correct"].shape[0] if s["member_correct"].ndim == 1 else -1
     want = {
-        **{k: (m,) for k in _MEMBER_KEYS if not k.startswith("member_bin_")},
-        **{k: (m, num_bins) for k in _MEMBER_KEYS if k.startswith("member_bin_")},
-        **{k: (num_bins,) for k in _ENSEMBLE_KEYS if k.startswith("ensemble_bin_")},
+        **{k: (m,) for k in MEMBER_STAT_KEYS if not k.startswith("member_bin_")},
+        **{k: (m, num_bins) for k in MEMBER_STAT_KEYS if k.startswith("member_bin_")},
+        **{k: (num_bins,) for k in ENSEMBLE_STAT_KEYS if k.startswith("ensemble_bin_")},
     }
     for k, shape in want.items():
         if s[k].shape != shape or m < 1:
@@ -847,11 +935,8 @@ def finalize_stats(stats: Mapping[str, Any], num_bins: int = 15) -> dict[str, fl
     return out
 
 
-_streaming_stats_jit = jax.jit(streaming_stats, static_argnames="num_bins")
-
-
 def ensemble_metrics(
-    member_probs: Any, labels: Any, num_bins: int = 15, mask: Any = None
+    member_probs: ArrayLike, labels: ArrayLike, num_bins: int = 15, mask: ArrayLike | None = None
 ) -> dict[str, float | list[float]]:
     """All ensemble and per-member metrics of a deep ensemble (host function).
 
@@ -882,7 +967,7 @@ def ensemble_metrics(
       >>> r["accuracy"], r["member_accuracy"]
       (1.0, [1.0, 0.5])
     """
-    _check_num_bins(num_bins)
+    num_bins = _check_num_bins(num_bins)
     member_probs = _check_probs(member_probs, 3, "member_probs")
     _, n, c = member_probs.shape
     labels_np = np.asarray(labels)
@@ -901,8 +986,16 @@ def ensemble_metrics(
             f"`labels` must lie in [0, {c}) for {c} classes, got range "
             f"[{labels_np.min()}, {labels_np.max()}]; fix the labels or the class count."
         )
-    w = _weights(mask, n, member_probs.dtype)
-    stats = _streaming_stats_jit(
-        member_probs, jnp.mean(member_probs, axis=0), jnp.asarray(labels_np), w, num_bins=num_bins
-    )
+    # One host dtype for the mask, so that None, bool and float masks share one compilation.
+    mask = np.ones(n, np.float32) if mask is None else np.asarray(_check_mask(mask, n), np.float32)
+    stats = _ensemble_stats_core(member_probs, labels_np, mask, num_bins=num_bins)
     return finalize_stats(stats, num_bins=num_bins)
+
+
+@functools.partial(jax.jit, static_argnames="num_bins")
+def _ensemble_stats_core(
+    member_probs: Any, labels: Any, mask: Any, num_bins: int
+) -> dict[str, jax.Array]:
+    member_probs = _as_float(member_probs)
+    ensemble_probs = jnp.mean(member_probs, axis=0)
+    return _streaming_stats_core(member_probs, ensemble_probs, labels, mask, num_bins=num_bins)

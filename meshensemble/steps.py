@@ -113,7 +113,12 @@ def map_members(fn: Callable[..., Any], strategy: str, in_axes: tuple[Any, ...],
         return jax.vmap(fn, in_axes=in_axes)(*args)
     m = next(jax.tree.leaves(a)[0].shape[0] for a, ax in zip(args, in_axes) if ax == 0)
     outs = [
-        fn(*(a if ax is None else jax.tree.map(lambda v, i=i: v[i], a) for a, ax in zip(args, in_axes)))
+        fn(
+            *(
+                a if ax is None else jax.tree.map(lambda v, i=i: v[i], a)
+                for a, ax in zip(args, in_axes)
+            )
+        )
         for i in range(m)
     ]
     return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
@@ -223,6 +228,39 @@ def ensemble_probs(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> 
       ``[b, classes]`` probabilities.
     """
     return lax.pmean(jnp.mean(member_probs(cfg, state, images), axis=0), ENSEMBLE)
+
+
+def eval_stats(
+    cfg: StepConfig,
+    num_bins: int,
+    state: EnsembleState,
+    images: jax.Array,
+    labels: jax.Array,
+    mask: jax.Array,
+) -> dict[str, jax.Array]:
+    """Sums of evaluation statistics over this batch, reduced on the mesh.
+
+    The members' softmax never leaves the devices: each device computes
+    :func:`meshensemble.metrics.streaming_stats` for its members on its part of the
+    batch, then the sums are ``psum``-ed over ``data``. ``member_*`` sums stay split
+    over ``ensemble`` (``[m, ...]``); the ensemble's sums use the ``pmean`` of the
+    softmax over ``ensemble`` and so are the same on every device.
+
+    Args:
+      cfg: the static configuration.
+      num_bins: calibration bins.
+      state: local state.
+      images: ``[b, ...]``; labels ``[b]``; mask ``[b]`` (0 for padding).
+
+    Returns:
+      The dict of :func:`meshensemble.metrics.streaming_stats`, summed over ``data``.
+    """
+    from meshensemble import metrics
+
+    probs = member_probs(cfg, state, images)
+    ens = lax.pmean(jnp.mean(probs, axis=0), ENSEMBLE)
+    stats = metrics.streaming_stats(probs, ens, labels, mask.astype(jnp.float32), num_bins)
+    return lax.psum(stats, DATA)
 
 
 def gather_batch(

@@ -1,0 +1,165 @@
+"""The ``meshensemble`` command line: ``train`` (and the subcommands other modules add).
+
+Every bad value gets one line on stderr naming the value and what is allowed, and exit
+code 2, before anything is written to the workdir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from meshensemble.train import (
+    OPTIMIZERS,
+    SCHEDULES,
+    SHUFFLES,
+    TrainConfig,
+)
+
+
+class UsageError(ValueError):
+    """A bad command-line value; the CLI prints it on one line and exits 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _train_parser(sub: Any) -> None:
+    p = sub.add_parser("train", help="train an ensemble", description="Train an ensemble.")
+    add = p.add_argument
+    add("--config", help="JSON file of TrainConfig fields; flags override it")
+    add("--dataset", choices=("mnist", "fashion_mnist"))
+    add("--source", choices=("auto", "tfds", "npz", "sample"))
+    add("--data-file", help="a Keras-layout .npz (x_train, y_train, x_test, y_test)")
+    add("--data-dir", help="TFDS data folder")
+    add("--model", choices=("cnn", "mlp"))
+    add("--members", type=int, help="ensemble size (default 8)")
+    add("--mesh", help="e.g. ensemble=4,data=2 (default: all devices, members first)")
+    add("--fake-devices", type=int, metavar="N", help="N simulated CPU devices (CPU platform)")
+    add("--backend", choices=("shard_map", "pmap"))
+    add("--member-strategy", choices=("auto", "vmap", "loop"))
+    add("--epochs", type=int)
+    add("--batch-size", type=int)
+    add("--optimizer", choices=OPTIMIZERS)
+    add("--learning-rate", type=float)
+    add("--momentum", type=float)
+    add("--weight-decay", type=float)
+    add("--schedule", choices=SCHEDULES)
+    add("--warmup-epochs", type=float)
+    add("--shuffle", choices=SHUFFLES)
+    add("--seed", type=int)
+    add("--max-steps", type=int, help="total steps of the run; stops there and evaluates")
+    add("--chunk-steps", type=int, help="steps per compiled call (default: per platform)")
+    add("--eval-batch-size", type=int)
+    add("--streaming", action="store_true", default=None, help="feed host batches")
+    add("--workdir", help="output folder (default runs/mnist)")
+    add("--tensorboard", action="store_true", default=None, help="write TensorBoard events")
+    add("--no-checkpoint", dest="checkpoint", action="store_false", default=None)
+    add("--quiet", action="store_true", default=None, help="print only the final table")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``meshensemble`` argument parser.
+
+    Returns:
+      An ``argparse.ArgumentParser`` with the subcommands.
+
+    Example:
+      >>> build_parser().parse_args(["train", "--members", "4"]).members
+      4
+    """
+    parser = _Parser(prog="meshensemble", description="Deep ensembles on a JAX device mesh.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _train_parser(sub)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Builds a :class:`TrainConfig`: defaults, then ``--config FILE``, then flags.
+
+    Args:
+      args: parsed ``train`` arguments.
+
+    Returns:
+      The validated config.
+
+    Raises:
+      UsageError: an unreadable config file, an unknown key in it, or a bad value.
+
+    Example:
+      >>> cfg = config_from_args(build_parser().parse_args(["train", "--epochs", "1"]))
+    """
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    values: dict[str, Any] = {}
+    if args.config:
+        try:
+            with open(args.config) as f:
+                loaded = json.load(f)
+        except (OSError, json.JSONDecodeError) as err:
+            raise UsageError(f"--config {args.config}: cannot read JSON ({err})") from None
+        if not isinstance(loaded, dict):
+            raise UsageError(f"--config {args.config}: must hold a JSON object of fields")
+        unknown = sorted(set(loaded) - fields - {"resolved"})
+        if unknown:
+            raise UsageError(
+                f"--config {args.config}: unknown key(s) {', '.join(unknown)}; known: "
+                f"{', '.join(sorted(fields))}"
+            )
+        values.update({k: v for k, v in loaded.items() if k in fields})
+    values.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
+    try:
+        return TrainConfig(**values).validate()
+    except (TypeError, ValueError) as err:
+        raise UsageError(str(err)) from None
+
+
+def _setup_devices(fake_devices: int | None) -> None:
+    if fake_devices is None:
+        return
+    if fake_devices < 1:
+        raise UsageError(f"--fake-devices {fake_devices} must be a positive integer")
+    from meshensemble.mesh import use_fake_cpu_devices
+
+    use_fake_cpu_devices(fake_devices)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``meshensemble`` console script.
+
+    Args:
+      argv: arguments (default ``sys.argv[1:]``).
+
+    Returns:
+      The exit code: 0 on success, 2 for bad input.
+
+    Example:
+      >>> main(["train", "--source", "sample", "--epochs", "1", "--workdir", "/tmp/run"])
+      0
+    """
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    from meshensemble.data import DataError
+
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "train":
+            cfg = config_from_args(args)
+            _setup_devices(args.fake_devices)
+            from meshensemble.train import train
+
+            train(cfg)
+        return 0
+    except (UsageError, DataError, ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

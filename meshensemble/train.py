@@ -1,0 +1,587 @@
+"""The training loop: data on the devices, K steps per compiled call, evaluation, outputs.
+
+The training set is put on the mesh once (replicated: MNIST-sized sets fit on every
+device). Each epoch's order is drawn on device from the seed (so the batches are the
+same whatever the mesh) and every step gathers its batch on device, so no step waits on
+a host copy. ``chunk_steps`` (K) steps run per compiled call (a ``lax.scan`` when K > 1).
+A streaming path (host batches, one step per call) remains for data that does not fit.
+
+Batches: each epoch uses ``N // batch_size`` full batches; the remaining
+``N % batch_size`` examples of that epoch's order are left out (each epoch draws a new
+order, so every example is used over a run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from meshensemble import data as data_lib
+from meshensemble import steps
+from meshensemble.ensemble import Ensemble
+from meshensemble.mesh import (
+    ENSEMBLE,
+    MEMBERS,
+    REPLICATED,
+    make_mesh,
+    parse_mesh,
+    replicated_sharding,
+)
+from meshensemble.steps import EnsembleState
+
+log = logging.getLogger("meshensemble")
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "cosine", "warmup_cosine")
+SHUFFLES = ("shared", "per-member")
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything a training run needs; the CLI's flags map one to one onto these fields.
+
+    Defaults follow the Flax MNIST example (SGD 0.1 with momentum 0.9, batch 128,
+    constant rate, 10 epochs), with an 8-member ensemble.
+
+    Attributes:
+      dataset: ``"mnist"`` or ``"fashion_mnist"``.
+      source: ``"auto"``, ``"tfds"``, ``"npz"`` or ``"sample"`` (see
+        :func:`meshensemble.data.load_dataset`).
+      data_file: a Keras-layout ``.npz`` (for ``source="npz"`` or ``"auto"``).
+      data_dir: TFDS data folder.
+      model: ``"cnn"`` or ``"mlp"``.
+      members: ensemble size.
+      mesh: ``"ensemble=E,data=D"``; empty: all devices, ``ensemble = gcd(members,
+        devices)`` and the rest on ``data``.
+      backend: ``"shard_map"`` or ``"pmap"``.
+      member_strategy: ``"auto"``, ``"vmap"`` or ``"loop"``.
+      epochs: epochs to train.
+      batch_size: global batch size (every member sees this many examples a step).
+      optimizer: ``"sgd"``, ``"adam"`` or ``"adamw"``.
+      learning_rate: peak learning rate.
+      momentum: SGD momentum (0 for none).
+      weight_decay: decoupled weight decay (adamw) or L2 added to the SGD/adam update.
+      schedule: ``"constant"``, ``"cosine"`` or ``"warmup_cosine"`` (warm-up of
+        ``warmup_epochs``).
+      warmup_epochs: warm-up length for ``warmup_cosine``.
+      shuffle: ``"shared"`` (all members see the same batches, as in the Flax HOWTO) or
+        ``"per-member"`` (each member its own order).
+      seed: seeds initialisation and data order.
+      max_steps: stop after this many steps in total (then evaluate once).
+      chunk_steps: steps per compiled call (K); None: 1 on CPU, a whole epoch elsewhere.
+      eval_batch_size: examples per evaluation call.
+      streaming: feed host batches one step at a time instead of on-device data.
+      workdir: where config, metrics, plots and checkpoints go.
+      tensorboard: also write TensorBoard event files.
+      checkpoint: save the state at each epoch end and at the end.
+      quiet: print only the final table.
+    """
+
+    dataset: str = "mnist"
+    source: str = "auto"
+    data_file: str | None = None
+    data_dir: str | None = None
+    model: str = "cnn"
+    members: int = 8
+    mesh: str = ""
+    backend: str = "shard_map"
+    member_strategy: str = "auto"
+    epochs: int = 10
+    batch_size: int = 128
+    optimizer: str = "sgd"
+    learning_rate: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    schedule: str = "constant"
+    warmup_epochs: float = 1.0
+    shuffle: str = "shared"
+    seed: int = 0
+    max_steps: int | None = None
+    chunk_steps: int | None = None
+    eval_batch_size: int = 1000
+    streaming: bool = False
+    workdir: str = "runs/mnist"
+    tensorboard: bool = False
+    checkpoint: bool = True
+    quiet: bool = False
+
+    def validate(self) -> TrainConfig:
+        """Checks every field; raises ``ValueError`` naming the bad value and what is allowed."""
+        choices = {
+            "dataset": data_lib.DATASETS,
+            "source": data_lib.SOURCES,
+            "optimizer": OPTIMIZERS,
+            "schedule": SCHEDULES,
+            "shuffle": SHUFFLES,
+            "backend": ("shard_map", "pmap"),
+            "member_strategy": ("auto", "vmap", "loop"),
+            "model": ("cnn", "mlp"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is not allowed; choose one of "
+                    f"{', '.join(allowed)}"
+                )
+        for name in ("members", "epochs", "batch_size", "eval_batch_size"):
+            _positive_int(name, getattr(self, name))
+        for name in ("max_steps", "chunk_steps"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise ValueError(f"learning_rate={self.learning_rate!r} must be a positive number")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum={self.momentum!r} must be in [0, 1)")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay={self.weight_decay!r} must be >= 0")
+        if self.mesh:
+            parse_mesh(self.mesh)
+        return self
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer")
+
+
+def make_optimizer(cfg: TrainConfig, total_steps: int, steps_per_epoch: int):
+    """The optax optimizer a config asks for.
+
+    Args:
+      cfg: the run's config.
+      total_steps: the run's length, for decaying schedules.
+      steps_per_epoch: for the warm-up length.
+
+    Returns:
+      An ``optax.GradientTransformation``.
+
+    Example:
+      >>> tx = make_optimizer(TrainConfig(), total_steps=4690, steps_per_epoch=469)
+    """
+    lr: Any = cfg.learning_rate
+    if cfg.schedule == "cosine":
+        lr = optax.cosine_decay_schedule(cfg.learning_rate, max(total_steps, 1))
+    elif cfg.schedule == "warmup_cosine":
+        warmup = max(1, int(cfg.warmup_epochs * steps_per_epoch))
+        lr = optax.warmup_cosine_decay_schedule(
+            0.0, cfg.learning_rate, min(warmup, max(total_steps - 1, 1)), max(total_steps, 2)
+        )
+    if cfg.optimizer == "adamw":
+        return optax.adamw(lr, weight_decay=cfg.weight_decay)
+    base = optax.sgd(lr, cfg.momentum or None) if cfg.optimizer == "sgd" else optax.adam(lr)
+    if cfg.weight_decay:
+        return optax.chain(optax.add_decayed_weights(cfg.weight_decay), base)
+    return base
+
+
+def default_mesh_shape(members: int, devices: int) -> dict[str, int]:
+    """The mesh a run uses when none is given: every device, members spread first.
+
+    ``ensemble = gcd(members, devices)`` and ``data = devices / ensemble``.
+
+    Example:
+      >>> default_mesh_shape(8, 8), default_mesh_shape(1, 8), default_mesh_shape(8, 1)
+      ({'ensemble': 8, 'data': 1}, {'ensemble': 1, 'data': 8}, {'ensemble': 1, 'data': 1})
+    """
+    e = math.gcd(members, devices)
+    return {"ensemble": e, "data": devices // e}
+
+
+def default_chunk_steps(platform: str, steps_per_epoch: int) -> int:
+    """Steps per compiled call measured best on ``platform``.
+
+    On CPU a train step inside a ``lax.scan`` body runs several times slower than as its
+    own jitted call, so K=1 (asynchronous dispatch of on-device steps already hides the
+    host); on accelerators a whole epoch per call removes the dispatch overhead.
+
+    Example:
+      >>> default_chunk_steps("cpu", 469), default_chunk_steps("gpu", 469)
+      (1, 469)
+    """
+    return 1 if platform == "cpu" else steps_per_epoch
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What :func:`train` returns.
+
+    Attributes:
+      ensemble: the :class:`meshensemble.Ensemble` that was trained.
+      state: the final :class:`meshensemble.EnsembleState`.
+      history: the records written to ``metrics.jsonl``.
+      dataset: the data used.
+      seconds: wall time of the run, compilation included.
+    """
+
+    ensemble: Ensemble
+    state: EnsembleState
+    history: list[dict[str, Any]]
+    dataset: data_lib.Dataset
+    seconds: float
+
+
+def train(
+    cfg: TrainConfig,
+    dataset: data_lib.Dataset | None = None,
+    echo: Callable[[str], None] | None = None,
+) -> TrainResult:
+    """Trains an ensemble as ``cfg`` says and writes the run's outputs to ``cfg.workdir``.
+
+    Args:
+      cfg: the run's config.
+      dataset: data to use instead of loading ``cfg.dataset`` from ``cfg.source``.
+      echo: where human-readable lines go (default ``print`` unless ``cfg.quiet``).
+
+    Returns:
+      A :class:`TrainResult`.
+
+    Raises:
+      ValueError: a bad config value (or :class:`meshensemble.data.DataError` for data).
+
+    Example:
+      >>> result = me.train(me.TrainConfig(epochs=1, source="sample", workdir="/tmp/run"))
+      >>> result.history[-1]["test_ensemble_accuracy"]
+    """
+    cfg.validate()
+    t0 = time.perf_counter()
+    say = echo or ((lambda s: None) if cfg.quiet else print)
+    main = jax.process_index() == 0
+    if dataset is None:
+        dataset = data_lib.load_dataset(
+            cfg.dataset, cfg.source, cfg.data_file, cfg.data_dir, log=say
+        )
+    n_train = len(dataset.train_labels)
+    if cfg.batch_size > n_train:
+        raise ValueError(
+            f"batch_size={cfg.batch_size} is larger than the {n_train} training examples; "
+            f"use --batch-size {n_train} or less"
+        )
+    mesh_shape = (
+        parse_mesh(cfg.mesh) if cfg.mesh else default_mesh_shape(cfg.members, jax.device_count())
+    )
+    mesh = make_mesh(mesh_shape.get("ensemble"), mesh_shape.get("data", 1))
+    steps_per_epoch = n_train // cfg.batch_size
+    total_steps = cfg.epochs * steps_per_epoch
+    if cfg.max_steps is not None:
+        total_steps = min(total_steps, cfg.max_steps)
+    from meshensemble.models import get_model
+
+    ens = Ensemble(
+        get_model(cfg.model),
+        make_optimizer(cfg, total_steps, steps_per_epoch),
+        cfg.members,
+        mesh,
+        backend=cfg.backend,
+        member_strategy=cfg.member_strategy,
+        input_transform=data_lib.normalize,
+    )
+    if cfg.batch_size % ens.data_size:
+        raise ValueError(
+            f"batch_size={cfg.batch_size} is not divisible by the mesh's data axis "
+            f"({ens.data_size}); use a multiple of {ens.data_size}"
+        )
+    platform = mesh.devices.flat[0].platform
+    k = cfg.chunk_steps or default_chunk_steps(platform, steps_per_epoch)
+    k = min(k, steps_per_epoch)
+    if steps_per_epoch % k:
+        raise ValueError(
+            f"chunk_steps={k} does not divide the {steps_per_epoch} steps of an epoch; "
+            f"pick a divisor of {steps_per_epoch}"
+        )
+
+    writer = RunWriter(cfg.workdir, enabled=main, tensorboard=cfg.tensorboard)
+    writer.write_config(cfg, dataset, mesh_shape, k, ens.member_strategy)
+    say(
+        f"ensemble: {cfg.members} x {cfg.model} on mesh ensemble={mesh.shape[ENSEMBLE]} x "
+        f"data={ens.data_size} ({jax.device_count()} {platform} devices, "
+        f"{ens.members_per_device} member(s)/device), backend={cfg.backend}, "
+        f"strategy={ens.member_strategy}, {steps_per_epoch} steps/epoch, K={k}"
+    )
+
+    key = jax.random.key(cfg.seed)
+    init_key, order_key = jax.random.split(key)
+    state = ens.init(init_key, dataset.train_images[:1])
+    mngr = None
+    if cfg.checkpoint:
+        from meshensemble.checkpoint import checkpoint_manager
+
+        mngr = checkpoint_manager(cfg.workdir)
+
+    feeder = _Feeder(ens, dataset, cfg, order_key, k, steps_per_epoch)
+    history: list[dict[str, Any]] = []
+    step = 0
+    pending: list[dict[str, jax.Array]] = []
+    progress = _Progress(say, enabled=main and not cfg.quiet)
+    for epoch in range(1, cfg.epochs + 1):
+        if step >= total_steps:
+            break
+        epoch_steps = min(steps_per_epoch, total_steps - step)
+        progress.start(epoch, cfg.epochs, epoch_steps)
+        done = 0
+        while done < epoch_steps:
+            n = min(k, epoch_steps - done) if not cfg.streaming else 1
+            state, metrics = feeder.run(state, epoch, done, n)
+            pending.append(metrics)
+            done += n
+            step += n
+            progress.update(n, pending)
+        progress.close()
+        record = _evaluate_record(ens, state, dataset, cfg, epoch, step, pending)
+        pending = []
+        history.append(record)
+        writer.write_metrics(record)
+        say(_epoch_line(record, cfg.epochs, time.perf_counter() - t0))
+        if mngr is not None:
+            from meshensemble.checkpoint import save_checkpoint
+
+            save_checkpoint(mngr, step, state, {"epoch": epoch, "step": step})
+    if mngr is not None:
+        mngr.wait_until_finished()
+        mngr.close()
+    seconds = time.perf_counter() - t0
+    if main:
+        writer.plots(history)
+        writer.close()
+    if history:
+        say(final_table(history[-1]))
+    say(f"done in {seconds:.1f}s; outputs in {cfg.workdir}")
+    return TrainResult(ens, state, history, dataset, seconds)
+
+
+class _Feeder:
+    """Runs K steps from on-device data, or one step from a host batch (streaming)."""
+
+    def __init__(self, ens, dataset, cfg, order_key, k, steps_per_epoch):
+        self.ens, self.cfg, self.k = ens, cfg, k
+        self.batch = cfg.batch_size
+        self.per_member = cfg.shuffle == "per-member"
+        self.order_key = order_key
+        self.n = len(dataset.train_labels)
+        self.host = (dataset.train_images, dataset.train_labels)
+        rep = replicated_sharding(ens.mesh)
+        order_spec = MEMBERS if self.per_member else REPLICATED
+        self._orders = jax.jit(
+            self._draw,
+            static_argnums=(1,),
+            out_shardings=jax.sharding.NamedSharding(ens.mesh, order_spec),
+        )
+        self._epoch: tuple[int, jax.Array] | None = None
+        if not cfg.streaming:
+            self.images = jax.device_put(dataset.train_images, rep)
+            self.labels = jax.device_put(dataset.train_labels.astype(np.int32), rep)
+            stacked = {
+                "loss": jax.sharding.PartitionSpec(None, ENSEMBLE),
+                "accuracy": jax.sharding.PartitionSpec(None, ENSEMBLE),
+                "ensemble_accuracy": REPLICATED,
+                "ensemble_nll": REPLICATED,
+            }
+            self._chunks: dict[int, Callable[..., Any]] = {}
+            self._make = lambda n: ens.backend.build(
+                _chunk_fn(ens, n, self.batch),
+                (MEMBERS, REPLICATED, REPLICATED, order_spec, REPLICATED),
+                (MEMBERS, stacked),
+                donate_argnums=(0,),
+            )
+
+    def _draw(self, epoch: jax.Array, members: int) -> jax.Array:
+        key = jax.random.fold_in(self.order_key, epoch)
+        if members:
+            keys = jax.random.split(key, members)
+            return jax.vmap(lambda kk: jax.random.permutation(kk, self.n))(keys)
+        return jax.random.permutation(key, self.n)
+
+    def order(self, epoch: int) -> jax.Array:
+        """The epoch's order: ``[N]`` shared or ``[members, N]``; the same on any mesh."""
+        if self._epoch is None or self._epoch[0] != epoch:
+            members = self.cfg.members if self.per_member else 0
+            self._epoch = (epoch, self._orders(jnp.int32(epoch), members))
+        return self._epoch[1]
+
+    def run(self, state, epoch: int, first: int, n: int):
+        order = self.order(epoch)
+        if self.cfg.streaming:
+            host_order = np.asarray(jax.device_get(order))
+            idx = host_order[..., first * self.batch : (first + 1) * self.batch]
+            x, y = self.host[0][idx], self.host[1][idx].astype(np.int32)
+            state, metrics = self.ens.train_step(state, x, y)
+            return state, jax.tree.map(lambda v: v[None], metrics)
+        if n not in self._chunks:
+            self._chunks[n] = self._make(n)
+        return self._chunks[n](state, self.images, self.labels, order, jnp.int32(first))
+
+
+def _chunk_fn(ens: Ensemble, num_steps: int, batch: int):
+    import functools
+
+    return functools.partial(steps.train_chunk, ens._cfg(), num_steps, batch)
+
+
+def _evaluate_record(ens, state, dataset, cfg, epoch, step, pending) -> dict[str, Any]:
+    losses = np.concatenate([np.asarray(m["loss"]) for m in pending]) if pending else None
+    ev = ens.evaluate(state, dataset.test_images, dataset.test_labels, cfg.eval_batch_size)
+    record: dict[str, Any] = {"epoch": epoch, "step": step}
+    if losses is not None:
+        record["train_loss"] = [float(v) for v in losses.mean(0)]
+        record["train_mean_member_loss"] = float(losses.mean())
+    for name, value in ev.items():
+        if name.startswith("member_") or name.startswith("mean_member_"):
+            record[f"test_{name}"] = value
+        else:
+            record[f"test_ensemble_{name}"] = value
+    return record
+
+
+def _epoch_line(r: dict[str, Any], epochs: int, seconds: float) -> str:
+    loss = r.get("train_mean_member_loss", float("nan"))
+    return (
+        f"epoch {r['epoch']}/{epochs} step {r['step']}: train loss {loss:.4f} | test ensemble "
+        f"acc {100 * r['test_ensemble_accuracy']:.2f}% nll {r['test_ensemble_nll']:.4f} "
+        f"ece {r['test_ensemble_ece']:.4f} | mean member acc "
+        f"{100 * r['test_mean_member_accuracy']:.2f}% nll {r['test_mean_member_nll']:.4f} "
+        f"| {seconds:.1f}s"
+    )
+
+
+def final_table(r: dict[str, Any]) -> str:
+    """A text table of each member's and the ensemble's test metrics from a record.
+
+    Args:
+      r: a ``metrics.jsonl`` record.
+
+    Returns:
+      The table as one string.
+
+    Example:
+      >>> print(final_table(result.history[-1]))
+    """
+    head = f"{'':>10} {'accuracy':>9} {'nll':>8} {'brier':>8} {'ece':>8}"
+    rows = [head, "-" * len(head)]
+    for i, (a, n, b, e) in enumerate(
+        zip(
+            r["test_member_accuracy"],
+            r["test_member_nll"],
+            r["test_member_brier"],
+            r["test_member_ece"],
+        )
+    ):
+        rows.append(f"{'member ' + str(i):>10} {100 * a:8.2f}% {n:8.4f} {b:8.4f} {e:8.4f}")
+    rows.append("-" * len(head))
+    rows.append(
+        f"{'mean':>10} {100 * r['test_mean_member_accuracy']:8.2f}% "
+        f"{r['test_mean_member_nll']:8.4f} {r['test_mean_member_brier']:8.4f} "
+        f"{r['test_mean_member_ece']:8.4f}"
+    )
+    rows.append(
+        f"{'ensemble':>10} {100 * r['test_ensemble_accuracy']:8.2f}% "
+        f"{r['test_ensemble_nll']:8.4f} {r['test_ensemble_brier']:8.4f} "
+        f"{r['test_ensemble_ece']:8.4f}"
+    )
+    return "\n".join(rows)
+
+
+class _Progress:
+    """A tqdm bar with live loss on a terminal; nothing extra otherwise."""
+
+    def __init__(self, say: Callable[[str], None], enabled: bool):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.bar = None
+
+    def start(self, epoch: int, epochs: int, total: int) -> None:
+        if self.enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc=f"epoch {epoch}/{epochs}", leave=False)
+
+    def update(self, n: int, pending: list[dict[str, jax.Array]]) -> None:
+        if self.bar is None:
+            return
+        self.bar.update(n)
+        if len(pending) >= 2 and len(pending) % 5 == 0:  # an already finished step
+            self.bar.set_postfix(loss=f"{float(np.mean(np.asarray(pending[-2]['loss']))):.4f}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class RunWriter:
+    """Writes a run's config, ``metrics.jsonl``, TensorBoard events and plots (process 0).
+
+    Args:
+      workdir: the run's folder (created).
+      enabled: False in processes other than 0.
+      tensorboard: also write TensorBoard event files (with ``tensorboardX``).
+    """
+
+    def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = False):
+        self.workdir = workdir
+        self.enabled = enabled
+        self.tb = None
+        if not enabled:
+            return
+        os.makedirs(workdir, exist_ok=True)
+        self.metrics_path = os.path.join(workdir, METRICS_FILE)
+        open(self.metrics_path, "w").close()
+        if tensorboard:
+            try:
+                from tensorboardX import SummaryWriter
+            except ImportError as err:
+                raise ValueError(
+                    "--tensorboard needs tensorboardX; pip install tensorboardX"
+                ) from err
+            self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+    def write_config(self, cfg, dataset, mesh_shape, k, strategy) -> None:
+        if not self.enabled:
+            return
+        resolved = dataclasses.asdict(cfg) | {
+            "resolved": {
+                "mesh": mesh_shape,
+                "chunk_steps": k,
+                "member_strategy": strategy,
+                "data": dataset.note,
+                "devices": jax.device_count(),
+                "platform": jax.devices()[0].platform,
+                "jax": jax.__version__,
+            }
+        }
+        with open(os.path.join(self.workdir, CONFIG_FILE), "w") as f:
+            json.dump(resolved, f, indent=2)
+
+    def write_metrics(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for name, value in record.items():
+                if isinstance(value, float):
+                    self.tb.add_scalar(name, value, record["step"])
+            self.tb.flush()
+
+    def plots(self, history: list[dict[str, Any]]) -> None:
+        if not self.enabled or not history:
+            return
+        from meshensemble import plots
+
+        plots.learning_curves(history, os.path.join(self.workdir, "learning_curves.png"))
+        plots.member_vs_ensemble(history[-1], os.path.join(self.workdir, "members.png"))
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()

