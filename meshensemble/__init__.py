@@ -5,9 +5,14 @@ the mesh axis ``ensemble``; batches are split over ``data``; steps run under
 ``jax.shard_map`` (or the legacy ``jax.pmap`` backend).
 """
 
+from meshensemble import data as data
 from meshensemble import metrics as metrics
 from meshensemble import models as models
+from meshensemble import train as train
 from meshensemble.backends import BACKENDS as BACKENDS
+from meshensemble.checkpoint import checkpoint_manager as checkpoint_manager
+from meshensemble.checkpoint import restore_checkpoint as restore_checkpoint
+from meshensemble.checkpoint import save_checkpoint as save_checkpoint
 from meshensemble.ensemble import STRATEGIES as STRATEGIES
 from meshensemble.ensemble import Ensemble as Ensemble
 from meshensemble.ensemble import default_strategy as default_strategy
@@ -27,6 +32,8 @@ from meshensemble.model import Model as Model
 from meshensemble.model import as_model as as_model
 from meshensemble.steps import EnsembleState as EnsembleState
 from meshensemble.steps import softmax_cross_entropy as softmax_cross_entropy
+from meshensemble.train import TrainConfig as TrainConfig
+from meshensemble.train import TrainResult as TrainResult
 
 __version__ = "0.1.0"
 
@@ -41,8 +48,12 @@ __all__ = [
     "FunctionModel",
     "LinenModel",
     "Model",
+    "TrainConfig",
+    "TrainResult",
     "as_model",
     "batch_sharding",
+    "checkpoint_manager",
+    "data",
     "default_strategy",
     "make_mesh",
     "member_sharding",
@@ -51,6 +62,9 @@ __all__ = [
     "models",
     "parse_mesh",
     "replicated_sharding",
+    "restore_checkpoint",
+    "save_checkpoint",
     "softmax_cross_entropy",
+    "train",
     "use_fake_cpu_devices",
 ]

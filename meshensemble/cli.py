@@ -33,6 +33,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _train_parser(sub: Any) -> None:
     p = sub.add_parser("train", help="train an ensemble", description="Train an ensemble.")
+    p.set_defaults(run=_run_train)
     add = p.add_argument
     add("--config", help="JSON file of TrainConfig fields; flags override it")
     add("--dataset", choices=("mnist", "fashion_mnist"))
@@ -78,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="meshensemble", description="Deep ensembles on a JAX device mesh.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _train_parser(sub)
+    from meshensemble import bench, evaluate
+
+    evaluate.add_parser(sub)
+    bench.add_parser(sub)
     return parser
 
 
@@ -120,7 +125,18 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise UsageError(str(err)) from None
 
 
-def _setup_devices(fake_devices: int | None) -> None:
+def setup_devices(fake_devices: int | None) -> None:
+    """Applies ``--fake-devices N`` (N simulated CPU devices) before JAX starts.
+
+    Args:
+      fake_devices: the flag's value, or None to leave the platform alone.
+
+    Raises:
+      UsageError: ``fake_devices`` is not positive.
+
+    Example:
+      >>> setup_devices(8)
+    """
     if fake_devices is None:
         return
     if fake_devices < 1:
@@ -128,6 +144,15 @@ def _setup_devices(fake_devices: int | None) -> None:
     from meshensemble.mesh import use_fake_cpu_devices
 
     use_fake_cpu_devices(fake_devices)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    setup_devices(args.fake_devices)
+    from meshensemble.train import train
+
+    train(cfg)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -149,13 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         args = build_parser().parse_args(argv)
-        if args.command == "train":
-            cfg = config_from_args(args)
-            _setup_devices(args.fake_devices)
-            from meshensemble.train import train
-
-            train(cfg)
-        return 0
+        return int(args.run(args) or 0)
     except (UsageError, DataError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -74,3 +74,85 @@ def member_vs_ensemble(record: dict[str, Any], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def reliability_diagram(
+    curves: dict[str, dict[str, Any]], path: str, title: str = "reliability diagram"
+) -> None:
+    """Accuracy against confidence per confidence bin, one curve per model, and bin counts.
+
+    Each curve is a dict in the layout of
+    :func:`meshensemble.metrics.reliability_diagram_data`: ``accuracy``, ``confidence``
+    and ``count`` (each ``[num_bins]``, ``nan`` for empty bins, which are skipped) and
+    ``bin_edges`` ``[num_bins + 1]``.
+
+    Args:
+      curves: label (e.g. ``"ensemble (ECE 0.012)"``) to per-bin data, drawn in order.
+      path: the PNG to write.
+      title: the plot's title.
+
+    Example:
+      >>> d = me.metrics.reliability_diagram_data(probs, labels)
+      >>> reliability_diagram({"ensemble": d}, "runs/mnist/reliability_diagram.png")
+    """
+    plt = _pyplot()
+    fig, (ax1, ax2) = plt.subplots(
+        2, 1, figsize=(5.5, 6.5), sharex=True, gridspec_kw={"height_ratios": (3, 1)}
+    )
+    ax1.plot([0, 1], [0, 1], color="black", ls="--", lw=1, label="perfect calibration")
+    colors = ["tab:red", "tab:gray", "tab:blue", "tab:green", "tab:orange"]
+    for i, (label, d) in enumerate(curves.items()):
+        color = colors[i % len(colors)]
+        acc, conf = np.asarray(d["accuracy"], float), np.asarray(d["confidence"], float)
+        keep = np.isfinite(acc) & np.isfinite(conf)
+        ax1.plot(conf[keep], acc[keep], color=color, marker="o", ms=4, lw=1.5, label=label)
+        edges = np.asarray(d["bin_edges"], float)
+        count = np.asarray(d["count"], float)
+        frac = count / max(count.sum(), 1.0)
+        ax2.stairs(frac, edges, color=color, lw=1.5, label=label)
+    ax1.set(ylabel="accuracy", title=title, xlim=(0, 1), ylim=(0, 1))
+    ax1.legend(loc="upper left", fontsize="small")
+    ax2.set(xlabel="confidence (max probability)", ylabel="fraction of examples")
+    fig.subplots_adjust(left=0.13, right=0.97, top=0.94, bottom=0.09, hspace=0.08)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def ood_histogram(
+    in_scores: Any,
+    ood_scores: dict[str, Any],
+    path: str,
+    score: str = "entropy",
+    bins: int = 40,
+) -> None:
+    """Histograms of an OOD score: the in-distribution test set against each OOD set.
+
+    All sets share the same bin edges; each histogram is normalised to a density so sets
+    of different sizes compare.
+
+    Args:
+      in_scores: ``[N]`` scores of the in-distribution test images.
+      ood_scores: OOD set name to its ``[N_ood]`` scores.
+      path: the PNG to write.
+      score: the score's name, for the axis label (e.g. ``"entropy"``).
+      bins: number of bins.
+
+    Example:
+      >>> ood_histogram(s_test, {"noise": s_noise}, "runs/mnist/ood_histogram.png")
+    """
+    plt = _pyplot()
+    sets = {"in-distribution (test)": np.asarray(in_scores, float)}
+    sets.update({f"OOD: {k}": np.asarray(v, float) for k, v in ood_scores.items()})
+    edges = np.histogram_bin_edges(np.concatenate(list(sets.values())), bins=bins)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    colors = ["tab:blue", "tab:red", "tab:orange", "tab:purple", "tab:green"]
+    for i, (label, s) in enumerate(sets.items()):
+        color = colors[i % len(colors)]
+        ax.hist(s, bins=edges, density=True, histtype="stepfilled", alpha=0.25, color=color)
+        ax.hist(s, bins=edges, density=True, histtype="step", lw=1.5, color=color, label=label)
+    ax.set(xlabel=f"{score} of the ensemble prediction", ylabel="density")
+    ax.set_title(f"OOD detection: {score}")
+    ax.legend(fontsize="small")
+    fig.subplots_adjust(left=0.11, right=0.97, top=0.92, bottom=0.12)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -7,6 +7,8 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 
+import functools  # noqa: E402
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
@@ -30,3 +32,30 @@ def mnist_npz() -> str:
     if not os.path.exists(path):
         pytest.skip(f"full MNIST not found at {path} (shared data is absent on this machine)")
     return path
+
+
+@pytest.fixture
+def mock_tfds():
+    """``tfds.testing.mock_data`` with random examples, working around a TFDS mock bug.
+
+    TFDS 4.9.x's mock sets ``__getitems__`` on a MagicMock as a plain attribute (it is not
+    one of the magic methods mock supports), so the mocked ArrayRecord source is not
+    passed as ``self`` and batched reads fail. Binding it here fixes that.
+    """
+    tfds = pytest.importorskip("tensorflow_datasets")
+    from tensorflow_datasets.testing import mocking
+
+    class BoundDataSourceMock(mocking.PickableDataSourceMock):
+        def __setattr__(self, name, value):
+            if name == "__getitems__" and isinstance(value, functools.partial):
+                value = functools.partial(value, self)
+            super().__setattr__(name, value)
+
+    def mock(num_examples: int = 20):
+        return tfds.testing.mock_data(
+            num_examples=num_examples,
+            policy=tfds.testing.MockPolicy.USE_CODE,
+            mock_array_record_data_source=BoundDataSourceMock(),
+        )
+
+    return mock

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import socket
 import subprocess
@@ -216,33 +215,6 @@ def test_import_is_lazy() -> None:
 
 
 # --- TFDS ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def mock_tfds():
-    """``tfds.testing.mock_data`` with random examples, working around a TFDS mock bug.
-
-    TFDS 4.9.x's mock sets ``__getitems__`` on a MagicMock as a plain attribute (it is not
-    one of the magic methods mock supports), so the mocked ArrayRecord source is not
-    passed as ``self`` and batched reads fail. Binding it here fixes that.
-    """
-    tfds = pytest.importorskip("tensorflow_datasets")
-    from tensorflow_datasets.testing import mocking
-
-    class BoundDataSourceMock(mocking.PickableDataSourceMock):
-        def __setattr__(self, name, value):
-            if name == "__getitems__" and isinstance(value, functools.partial):
-                value = functools.partial(value, self)
-            super().__setattr__(name, value)
-
-    def mock(num_examples: int = 20):
-        return tfds.testing.mock_data(
-            num_examples=num_examples,
-            policy=tfds.testing.MockPolicy.USE_CODE,
-            mock_array_record_data_source=BoundDataSourceMock(),
-        )
-
-    return mock
 
 
 @pytest.mark.parametrize("name", data.DATASETS)

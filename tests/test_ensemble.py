@@ -356,7 +356,7 @@ def test_bad_construction(make, match):
 @pytest.mark.parametrize(
     "images,labels,match",
     [
-        (X[:30], Y[:30], r"batch size 30 is not a positive multiple of the mesh's data axis \(2\)"),
+        (X[:31], Y[:31], r"batch size 31 is not a positive multiple of the mesh.s data axis \(2\)"),
         (X[:32], Y[:16], r"images of shape \(32, 8, 8, 1\) and labels of shape \(16,\) differ"),
         (X[None].repeat(3, 0), Y[None].repeat(3, 0), r"per-member labels .* have 3 members"),
         (X, Y.astype(np.float32), r"labels have dtype float32"),

@@ -1,0 +1,581 @@
+"""``meshensemble evaluate``: a trained run's test metrics, calibration and OOD detection.
+
+:func:`evaluate_run` reloads a run from its workdir (``config.json`` and a checkpoint),
+on any mesh, and computes on the mesh:
+
+* the test metrics of :meth:`meshensemble.Ensemble.evaluate` (ensemble, each member and
+  the mean member; keys as in ``metrics.jsonl``, see :func:`prefix_metrics`);
+* per-example OOD scores (every kind of :data:`meshensemble.metrics.OOD_KINDS`) for the
+  test images and for each OOD set, then AUROC and AUPR with OOD as the positive class;
+* the per-bin sums of a reliability diagram, for the ensemble and the mean member.
+
+Only ``[N]`` scores and ``[num_bins]`` sums leave the devices, never the members'
+``[members, N, classes]`` probabilities. Process 0 writes ``evaluation.json``,
+``reliability_diagram.png`` and ``ood_histogram.png`` to the workdir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from meshensemble import data as data_lib
+from meshensemble import metrics
+from meshensemble.mesh import REPLICATED, make_mesh, parse_mesh
+
+OOD_SETS = ("noise", "inverted", "fashion_mnist")
+"""OOD sets :func:`evaluate_run` knows (see :func:`ood_images`)."""
+DEFAULT_OOD = ("noise", "inverted")
+"""The OOD sets used when none are named (both need no data beyond the test set)."""
+NOISE_SEED = 0
+"""Seed of ``np.random.default_rng`` for the ``noise`` OOD set."""
+EVALUATION_FILE = "evaluation.json"
+RELIABILITY_PLOT = "reliability_diagram.png"
+OOD_PLOT = "ood_histogram.png"
+HISTOGRAM_SCORE = "entropy"
+"""The OOD score drawn in ``ood_histogram.png``."""
+_BIN_KEYS = ("count", "confidence_sum", "correct_sum")
+
+
+def prefix_metrics(ev: Mapping[str, Any], split: str = "test") -> dict[str, Any]:
+    """Names the metrics of :meth:`meshensemble.Ensemble.evaluate` as ``metrics.jsonl`` does.
+
+    ``member_<x>`` becomes ``{split}_member_<x>``, ``mean_member_<x>`` becomes
+    ``{split}_mean_member_<x>`` and every other key ``<x>`` (the ensemble's) becomes
+    ``{split}_ensemble_<x>``. This is the scheme of the training loop's records.
+
+    Args:
+      ev: the dict returned by ``Ensemble.evaluate``.
+      split: the data split, e.g. ``"test"``.
+
+    Returns:
+      A new dict with the prefixed keys and the same values.
+
+    Example:
+      >>> prefix_metrics({"accuracy": 0.9, "member_nll": [0.3, 0.4], "mean_member_nll": 0.35})
+      {'test_ensemble_accuracy': 0.9, 'test_member_nll': [0.3, 0.4], 'test_mean_member_nll': 0.35}
+    """
+    out: dict[str, Any] = {}
+    for name, value in ev.items():
+        if name.startswith(("member_", "mean_member_")):
+            out[f"{split}_{name}"] = value
+        else:
+            out[f"{split}_ensemble_{name}"] = value
+    return out
+
+
+def load_run_config(workdir: str) -> Any:
+    """Reads a run's ``config.json`` back into a :class:`meshensemble.train.TrainConfig`.
+
+    The ``"resolved"`` entry (what training resolved: mesh, devices...) and keys that
+    ``TrainConfig`` does not know are ignored.
+
+    Args:
+      workdir: the run's folder.
+
+    Returns:
+      The validated ``TrainConfig`` the run was trained with.
+
+    Raises:
+      FileNotFoundError: ``workdir`` or its ``config.json`` does not exist.
+      ValueError: ``config.json`` is not valid JSON, not an object, or holds bad values
+        (one line naming the file).
+
+    Example:
+      >>> load_run_config("runs/mnist").members
+      8
+    """
+    from meshensemble.train import CONFIG_FILE, TrainConfig
+
+    if not os.path.isdir(workdir):
+        raise FileNotFoundError(
+            f"{workdir}: no such run folder; train one with `meshensemble train --workdir "
+            f"{workdir}` or pass the folder of a trained run"
+        )
+    path = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"{path}: not found; --workdir must be a folder written by `meshensemble train`"
+        )
+    try:
+        with open(path) as f:
+            loaded = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        msg = " ".join(str(err).split())
+        raise ValueError(f"{path}: corrupt run config, cannot read JSON ({msg})") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(
+            f"{path}: corrupt run config, expected a JSON object of TrainConfig fields"
+        )
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    try:
+        return TrainConfig(**{k: v for k, v in loaded.items() if k in fields}).validate()
+    except (TypeError, ValueError) as err:
+        msg = " ".join(str(err).split())
+        raise ValueError(f"{path}: corrupt run config ({msg})") from None
+
+
+def ood_images(
+    name: str,
+    test_images: np.ndarray,
+    ood_file: str | None = None,
+    data_dir: str | None = None,
+    log: Callable[[str], Any] | None = None,
+) -> np.ndarray:
+    """The images of an out-of-distribution set, uint8 ``[N, 28, 28, 1]``.
+
+    * ``"noise"``: uniform random pixels ``0..255`` in the shape of ``test_images``
+      (``np.random.default_rng(NOISE_SEED)``, so the same every time);
+    * ``"inverted"``: ``255 - test_images``;
+    * ``"fashion_mnist"``: the Fashion-MNIST test split, from ``ood_file`` (a Keras-layout
+      npz) if given, else from TFDS's prepared data in ``data_dir`` (never downloaded).
+
+    Args:
+      name: one of :data:`OOD_SETS`.
+      test_images: the in-distribution test images, uint8 ``[N, 28, 28, 1]``.
+      ood_file: a Keras-layout ``fashion_mnist.npz`` for ``"fashion_mnist"``.
+      data_dir: TFDS's data directory (default ``$TFDS_DATA_DIR`` or
+        ``~/tensorflow_datasets``).
+      log: gets one line saying where Fashion-MNIST came from.
+
+    Returns:
+      uint8 images ``[N_ood, 28, 28, 1]``.
+
+    Raises:
+      ValueError: ``name`` is unknown, or ``ood_file`` is given for another set.
+      meshensemble.data.DataError: Fashion-MNIST is neither in ``ood_file`` nor prepared
+        in TFDS (one line saying how to provide it).
+
+    Example:
+      >>> ood_images("inverted", ds.test_images)[0, 0, 0, 0]
+      255
+    """
+    if name not in OOD_SETS:
+        raise ValueError(f"unknown OOD set {name!r}; choose from {', '.join(OOD_SETS)}")
+    test_images = np.asarray(test_images)
+    if name == "noise":
+        rng = np.random.default_rng(NOISE_SEED)
+        return rng.integers(0, 256, size=test_images.shape, dtype=np.uint8)
+    if name == "inverted":
+        return (255 - test_images.astype(np.int32)).astype(np.uint8)
+    log = log or (lambda s: None)
+    if ood_file is not None:
+        return data_lib.load_dataset("fashion_mnist", "npz", ood_file, log=log).test_images
+    try:
+        ds = data_lib.load_tfds("fashion_mnist", data_dir, download=False)
+    except data_lib.DataError as err:
+        raise data_lib.DataError(
+            f"OOD set fashion_mnist is unavailable offline: {err.reason}; pass a Keras-layout "
+            "Fashion-MNIST npz with --ood-file PATH/fashion_mnist.npz, or prepare it with "
+            "`meshensemble train --dataset fashion_mnist --source tfds` (needs the network)"
+        ) from None
+    log(f"OOD data: {ds.note}")
+    return ds.test_images
+
+
+@functools.cache
+def _batch_fn(mesh: Mesh, num_bins: int) -> Callable[..., Any]:
+    """Per-batch scores and bin sums from ``[members, b, classes]``, built once per mesh."""
+
+    def fn(member_probs: jax.Array, labels: jax.Array, mask: jax.Array) -> dict[str, Any]:
+        scores = jnp.stack([metrics.ood_score(member_probs, k) for k in metrics.OOD_KINDS])
+        ens = metrics.calibration_bins(jnp.mean(member_probs, axis=0), labels, num_bins, mask)
+        # Pooled over members: the sum of every member's bin sums.
+        per_member = jax.vmap(lambda p: metrics.calibration_bins(p, labels, num_bins, mask))
+        mem = per_member(member_probs)
+        return {
+            "scores": scores,
+            "ensemble": {k: ens[k] for k in _BIN_KEYS},
+            "member": {k: jnp.sum(mem[k], axis=0) for k in _BIN_KEYS},
+        }
+
+    return jax.jit(fn, out_shardings=NamedSharding(mesh, REPLICATED))
+
+
+def stream_scores(
+    ens: Any,
+    state: Any,
+    images: Any,
+    labels: Any | None = None,
+    batch_size: int = 1000,
+    num_bins: int = 15,
+) -> dict[str, Any]:
+    """Per-example OOD scores and reliability-diagram sums, computed on the mesh.
+
+    Streams over ``images`` in batches of ``batch_size`` (rounded up to a multiple of the
+    ``data`` axis; the last batch is padded and masked). For each batch a jitted function
+    turns ``ens.predict_members`` (``[members, b, classes]``, sharded over ``ensemble``
+    and ``data``) into ``[kinds, b]`` scores and ``[num_bins]`` bin sums on device; only
+    those reach the host.
+
+    Args:
+      ens: the :class:`meshensemble.Ensemble`.
+      state: its state.
+      images: ``[N, ...]`` images (any ``N``).
+      labels: ``[N]`` integer labels for the bin sums; None (e.g. OOD data) skips them.
+      batch_size: examples per call.
+      num_bins: equal-width confidence bins.
+
+    Returns:
+      ``{"scores": {kind: [N] float64 numpy}}`` for every kind in
+      :data:`meshensemble.metrics.OOD_KINDS`; with ``labels`` also ``"ensemble"`` and
+      ``"mean_member"``: dicts in the layout of
+      :func:`meshensemble.metrics.reliability_diagram_data` (``accuracy``,
+      ``confidence``, ``count``, ``bin_edges``). The mean member's curve pools the bin
+      sums of all members, i.e. each bin is the count-weighted average of the members'
+      bins (a member with no example in a bin does not drag it to ``nan``).
+
+    Raises:
+      ValueError: no images, or labels of another length.
+
+    Example:
+      >>> out = stream_scores(ens, state, test_images, test_labels)
+      >>> out["scores"]["entropy"].shape, out["ensemble"]["accuracy"].shape
+      ((10000,), (15,))
+    """
+    n = int(np.shape(images)[0])
+    if n == 0:
+        raise ValueError("stream_scores: no images; give at least one")
+    if labels is not None and np.shape(labels) != (n,):
+        raise ValueError(
+            f"stream_scores: labels of shape {np.shape(labels)} for {n} images; give [N] labels"
+        )
+    fn = _batch_fn(ens.mesh, int(num_bins))
+    b = min(int(batch_size), n)
+    b += -b % ens.data_size
+    y_all = np.zeros(n, np.int32) if labels is None else np.asarray(labels, np.int32)
+    scores: list[np.ndarray] = []
+    sums: dict[str, dict[str, np.ndarray]] = {}
+    for start in range(0, n, b):
+        x, y = np.asarray(images[start : start + b]), y_all[start : start + b]
+        k = len(y)
+        mask = (np.arange(b) < k).astype(np.float32)
+        if k < b:
+            x = np.concatenate([x, np.repeat(x[:1], b - k, axis=0)])
+            y = np.concatenate([y, np.zeros(b - k, np.int32)])
+        out = jax.device_get(fn(ens.predict_members(state, x), ens.place(y), ens.place(mask)))
+        scores.append(np.asarray(out["scores"], np.float64)[:, :k])
+        for part in ("ensemble", "member"):
+            acc = sums.setdefault(part, dict.fromkeys(_BIN_KEYS, 0.0))
+            for key in _BIN_KEYS:
+                acc[key] = acc[key] + np.asarray(out[part][key], np.float64)
+    all_scores = np.concatenate(scores, axis=1)
+    result: dict[str, Any] = {
+        "scores": {kind: all_scores[i] for i, kind in enumerate(metrics.OOD_KINDS)}
+    }
+    if labels is not None:
+        result["ensemble"] = _reliability(sums["ensemble"], num_bins)
+        result["mean_member"] = _reliability(sums["member"], num_bins)
+    return result
+
+
+def _reliability(sums: Mapping[str, np.ndarray], num_bins: int) -> dict[str, np.ndarray]:
+    """Bin sums to the layout of :func:`meshensemble.metrics.reliability_diagram_data`."""
+    count = np.asarray(sums["count"], np.float64)
+    nonempty = count > 0
+
+    def per_bin(key: str) -> np.ndarray:
+        total = np.asarray(sums[key], np.float64)
+        return np.divide(total, count, out=np.full_like(total, np.nan), where=nonempty)
+
+    return {
+        "accuracy": per_bin("correct_sum"),
+        "confidence": per_bin("confidence_sum"),
+        "count": count,
+        "bin_edges": np.linspace(0.0, 1.0, num_bins + 1),
+    }
+
+
+def _mesh_shape(mesh: Any, members: int) -> dict[str, int]:
+    from meshensemble.train import default_mesh_shape
+
+    if mesh is None or mesh == "":
+        return default_mesh_shape(members, jax.device_count())
+    if isinstance(mesh, Mesh):
+        return {k: int(v) for k, v in mesh.shape.items()}
+    if isinstance(mesh, str):
+        return parse_mesh(mesh)
+    return {k: int(v) for k, v in dict(mesh).items()}
+
+
+def _checkpoint_steps(workdir: str, step: int | None) -> None:
+    """Fails early (before loading data) when the run has no checkpoint or not ``step``."""
+    from meshensemble.checkpoint import CHECKPOINT_DIR, checkpoint_manager
+
+    folder = os.path.join(workdir, CHECKPOINT_DIR)
+    steps = []
+    if os.path.isdir(folder):
+        mngr = checkpoint_manager(workdir)
+        steps = list(mngr.all_steps())
+        mngr.close()
+    if not steps:
+        raise FileNotFoundError(
+            f"no checkpoint in {folder}; train the run with checkpoints (without "
+            "--no-checkpoint) before evaluating it"
+        )
+    if step is not None and step not in steps:
+        raise FileNotFoundError(
+            f"no checkpoint {step} in {folder}; available steps: "
+            f"{', '.join(map(str, sorted(steps)))}"
+        )
+
+
+def evaluate_run(
+    workdir: str,
+    checkpoint: int | None = None,
+    ood: Sequence[str] = DEFAULT_OOD,
+    mesh: str | Mapping[str, int] | Mesh | None = None,
+    batch_size: int = 1000,
+    num_bins: int = 15,
+    source: str | None = None,
+    data_file: str | None = None,
+    *,
+    ood_file: str | None = None,
+    echo: Callable[[str], Any] | None = None,
+) -> dict[str, Any]:
+    """Evaluates a trained run: test metrics, OOD detection and calibration plots.
+
+    Rebuilds the run's ensemble from ``workdir/config.json`` (as ``meshensemble train``
+    built it) on ``mesh``, restores a checkpoint onto it, loads the test split with the
+    run's data settings and computes everything on the mesh. Process 0 writes
+    ``evaluation.json`` (the returned dict), ``reliability_diagram.png`` (ensemble and
+    mean member; the mean member's curve pools all members' bin sums, see
+    :func:`stream_scores`) and ``ood_histogram.png`` (the ``entropy`` score of the test
+    set and of each OOD set), and a summary table goes to ``echo``.
+
+    Args:
+      workdir: the run's folder (``config.json`` and ``checkpoints/``).
+      checkpoint: the step to restore; default the latest.
+      ood: OOD sets from :data:`OOD_SETS` (see :func:`ood_images`); may be empty.
+      mesh: ``"ensemble=E,data=D"``, a dict of axis sizes or a ``Mesh``; default all
+        devices with ``ensemble = gcd(members, devices)`` (it may differ from training).
+      batch_size: examples per compiled call.
+      num_bins: equal-width confidence bins for the ECE and the reliability diagram.
+      source: overrides the run's data source (``auto``, ``tfds``, ``npz``, ``sample``).
+      data_file: overrides the run's Keras-layout npz.
+      ood_file: a Keras-layout Fashion-MNIST npz for the ``fashion_mnist`` OOD set.
+      echo: where the summary lines go (default ``print``).
+
+    Returns:
+      A flat dict: ``test_ensemble_{accuracy,nll,brier,ece,entropy,expected_entropy,
+      mutual_information,disagreement}``, ``test_member_{accuracy,nll,brier,ece}`` (lists
+      of length members), ``test_mean_member_{accuracy,nll,brier,ece}``,
+      ``ood_{set}_auroc_{kind}`` and ``ood_{set}_aupr_{kind}`` for every OOD set and kind
+      of :data:`meshensemble.metrics.OOD_KINDS`, ``checkpoint_step``, ``num_test`` and
+      ``ood_sets`` (the list of OOD set names).
+
+    Raises:
+      FileNotFoundError: ``workdir``, its ``config.json`` or the checkpoint is missing
+        (the message lists the available steps).
+      ValueError: a corrupt ``config.json``, an unknown OOD set, a bad mesh, batch size
+        or bin count.
+      meshensemble.data.DataError: the test data or an OOD set cannot be loaded.
+
+    Example:
+      >>> r = evaluate_run("runs/mnist", mesh="ensemble=8,data=1", ood=["noise"])
+      >>> r["test_ensemble_accuracy"], r["ood_noise_auroc_entropy"]
+    """
+    from meshensemble.checkpoint import restore_checkpoint
+    from meshensemble.ensemble import Ensemble
+    from meshensemble.models import get_model
+    from meshensemble.train import final_table, make_optimizer
+
+    say = print if echo is None else echo
+    cfg = load_run_config(workdir)
+    names = [ood] if isinstance(ood, str) else list(ood)
+    unknown = [n for n in names if n not in OOD_SETS]
+    if unknown:
+        raise ValueError(
+            f"unknown OOD set(s) {', '.join(map(repr, unknown))}; choose from {', '.join(OOD_SETS)}"
+        )
+    names = list(dict.fromkeys(names))
+    if "fashion_mnist" in names and cfg.dataset == "fashion_mnist":
+        raise ValueError("OOD set fashion_mnist is the run's own dataset; choose noise or inverted")
+    if ood_file is not None and "fashion_mnist" not in names:
+        raise ValueError(f"--ood-file {ood_file} is only read for --ood fashion_mnist")
+    for name, value in (("batch_size", batch_size), ("num_bins", num_bins)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer")
+    if checkpoint is not None and (not isinstance(checkpoint, int) or checkpoint < 0):
+        raise ValueError(f"checkpoint={checkpoint!r} must be a step number (>= 0)")
+    _checkpoint_steps(workdir, checkpoint)
+
+    shape = _mesh_shape(mesh, cfg.members)
+    device_mesh = (
+        mesh if isinstance(mesh, Mesh) else make_mesh(shape.get("ensemble"), shape.get("data", 1))
+    )
+
+    src = source or cfg.source
+    if data_file is None and src in ("npz", "auto"):
+        data_file = cfg.data_file
+    dataset = data_lib.load_dataset(cfg.dataset, src, data_file, cfg.data_dir, log=say)
+    ood_sets = {
+        n: ood_images(n, dataset.test_images, ood_file, cfg.data_dir, log=say) for n in names
+    }
+
+    steps_per_epoch = max(dataset.num_train // cfg.batch_size, 1)
+    total_steps = cfg.epochs * steps_per_epoch
+    if cfg.max_steps is not None:
+        total_steps = min(total_steps, cfg.max_steps)
+    ens = Ensemble(
+        get_model(cfg.model),
+        make_optimizer(cfg, total_steps, steps_per_epoch),
+        cfg.members,
+        device_mesh,
+        backend=cfg.backend,
+        member_strategy=cfg.member_strategy,
+        input_transform=data_lib.normalize,
+    )
+    state, _, step = restore_checkpoint(workdir, ens, dataset.test_images[:1], checkpoint)
+
+    ev = ens.evaluate(state, dataset.test_images, dataset.test_labels, batch_size, num_bins)
+    result = prefix_metrics(ev, "test")
+    test = stream_scores(ens, state, dataset.test_images, dataset.test_labels, batch_size, num_bins)
+    ood_scores: dict[str, dict[str, np.ndarray]] = {}
+    for n, images in ood_sets.items():
+        ood_scores[n] = stream_scores(ens, state, images, None, batch_size, num_bins)["scores"]
+        for kind in metrics.OOD_KINDS:
+            s_in, s_out = test["scores"][kind], ood_scores[n][kind]
+            result[f"ood_{n}_auroc_{kind}"] = metrics.auroc(s_in, s_out)
+            result[f"ood_{n}_aupr_{kind}"] = metrics.aupr(s_in, s_out)
+    result.update(checkpoint_step=int(step), num_test=dataset.num_test, ood_sets=names)
+
+    if jax.process_index() == 0:
+        _write(workdir, result, test, ood_scores)
+    say(
+        f"checkpoint {step} of {workdir} on mesh ensemble={ens.mesh.shape['ensemble']} x "
+        f"data={ens.data_size}: {dataset.num_test} test examples"
+    )
+    say(final_table(result))
+    say(summary_table(result))
+    if jax.process_index() == 0:
+        say(f"wrote {EVALUATION_FILE}, {RELIABILITY_PLOT} and {OOD_PLOT} to {workdir}")
+    return result
+
+
+def _write(
+    workdir: str,
+    result: dict[str, Any],
+    test: dict[str, Any],
+    ood_scores: dict[str, dict[str, np.ndarray]],
+) -> None:
+    from meshensemble import plots
+
+    with open(os.path.join(workdir, EVALUATION_FILE), "w") as f:
+        json.dump(result, f, indent=2)
+    members = f"members pooled (mean member ECE {result['test_mean_member_ece']:.4f})"
+    curves = {
+        f"ensemble (ECE {result['test_ensemble_ece']:.4f})": test["ensemble"],
+        members: test["mean_member"],
+    }
+    plots.reliability_diagram(curves, os.path.join(workdir, RELIABILITY_PLOT))
+    plots.ood_histogram(
+        test["scores"][HISTOGRAM_SCORE],
+        {n: s[HISTOGRAM_SCORE] for n, s in ood_scores.items()},
+        os.path.join(workdir, OOD_PLOT),
+        score=HISTOGRAM_SCORE,
+    )
+
+
+def summary_table(result: Mapping[str, Any]) -> str:
+    """A text summary of an :func:`evaluate_run` result: uncertainty and OOD detection.
+
+    Args:
+      result: the dict returned by :func:`evaluate_run` (or read from ``evaluation.json``).
+
+    Returns:
+      The table as one string: the test set's mean uncertainties, then one row per OOD
+      set with the AUROC and AUPR of every score kind.
+
+    Example:
+      >>> print(summary_table(json.load(open("runs/mnist/evaluation.json"))))
+    """
+    rows = [
+        "test uncertainty: entropy {:.4f}, expected entropy {:.4f}, mutual information "
+        "{:.4f}, disagreement {:.4f}".format(
+            result["test_ensemble_entropy"],
+            result["test_ensemble_expected_entropy"],
+            result["test_ensemble_mutual_information"],
+            result["test_ensemble_disagreement"],
+        )
+    ]
+    sets = list(result.get("ood_sets", []))
+    if sets:
+        short = {"max_prob": "max_prob", "entropy": "entropy", "mutual_information": "MI"}
+        cols = [f"{m} {short.get(k, k)}" for m in ("auroc", "aupr") for k in metrics.OOD_KINDS]
+        width = max(12, *(len(s) for s in sets))
+        head = f"{'OOD set':<{width}} " + " ".join(f"{c:>14}" for c in cols)
+        rows += [head, "-" * len(head)]
+        for s in sets:
+            vals = [
+                result[f"ood_{s}_{m}_{k}"] for m in ("auroc", "aupr") for k in metrics.OOD_KINDS
+            ]
+            rows.append(f"{s:<{width}} " + " ".join(f"{v:>14.4f}" for v in vals))
+    return "\n".join(rows)
+
+
+def add_parser(sub: Any) -> None:
+    """Registers the ``evaluate`` subcommand on the CLI's subparsers.
+
+    Args:
+      sub: the ``argparse`` subparsers object of ``meshensemble``.
+
+    Example:
+      >>> main(["evaluate", "--workdir", "runs/mnist", "--ood", "noise"])
+      0
+    """
+    p = sub.add_parser(
+        "evaluate",
+        help="evaluate a trained run: test metrics, calibration, OOD detection",
+        description=(
+            "Evaluate a trained run: test metrics of the ensemble and its members, "
+            "OOD detection (AUROC/AUPR of max_prob, entropy and mutual information) and "
+            f"calibration. Writes {EVALUATION_FILE}, {RELIABILITY_PLOT} and {OOD_PLOT} to "
+            "the workdir."
+        ),
+    )
+    p.set_defaults(run=_run_evaluate)
+    add = p.add_argument
+    add("--workdir", required=True, help="the run's folder (config.json, checkpoints/)")
+    add("--checkpoint", type=int, metavar="STEP", help="checkpoint step (default: the latest)")
+    add(
+        "--ood",
+        action="append",
+        choices=OOD_SETS,
+        help=f"an OOD set; repeat for several (default: {' and '.join(DEFAULT_OOD)})",
+    )
+    add("--ood-file", help="a Keras-layout Fashion-MNIST .npz for --ood fashion_mnist")
+    add("--fake-devices", type=int, metavar="N", help="N simulated CPU devices (CPU platform)")
+    add("--mesh", help="e.g. ensemble=2,data=4 (default: all devices, members first)")
+    add("--batch-size", type=int, default=1000, help="examples per call (default 1000)")
+    add("--num-bins", type=int, default=15, help="calibration bins (default 15)")
+    add("--source", choices=data_lib.SOURCES, help="override the run's data source")
+    add("--data-file", help="override the run's Keras-layout .npz")
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    from meshensemble.cli import setup_devices
+
+    setup_devices(args.fake_devices)
+    evaluate_run(
+        args.workdir,
+        checkpoint=args.checkpoint,
+        ood=tuple(args.ood) if args.ood else DEFAULT_OOD,
+        mesh=args.mesh,
+        batch_size=args.batch_size,
+        num_bins=args.num_bins,
+        source=args.source,
+        data_file=args.data_file,
+        ood_file=args.ood_file,
+    )
+    return 0

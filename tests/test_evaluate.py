@@ -1,0 +1,230 @@
+"""``meshensemble evaluate``: one tiny trained run, evaluated on several meshes and by hand."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import types
+
+import numpy as np
+import pytest
+from conftest import need_devices
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+from meshensemble import cli, data, evaluate, metrics
+from meshensemble.train import TrainConfig, train
+
+NUM_TEST = 90  # not a multiple of the batch or of data=4: exercises padding and masking
+BATCH = 32
+ENSEMBLE_KEYS = (
+    "accuracy",
+    "nll",
+    "brier",
+    "ece",
+    "entropy",
+    "expected_entropy",
+    "mutual_information",
+    "disagreement",
+)
+MEMBER_KEYS = ("accuracy", "nll", "brier", "ece")
+
+
+def _write_npz(path, ds: data.Dataset) -> str:
+    """Saves a Dataset in the Keras layout (images [N, 28, 28] uint8)."""
+    np.savez(
+        path,
+        x_train=ds.train_images[..., 0],
+        y_train=ds.train_labels,
+        x_test=ds.test_images[..., 0],
+        y_test=ds.test_labels,
+    )
+    return os.fspath(path)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Trains 4 MLP members one epoch (4 steps) on ensemble=4,data=2, then evaluates there.
+
+    The synthetic set is written to an npz and the run trained with ``source="npz"``, so
+    ``config.json`` says where the data is and ``evaluate`` reloads it from there.
+    """
+    need_devices(8)
+    root = tmp_path_factory.mktemp("evaluate")
+    npz = _write_npz(root / "synthetic.npz", data.synthetic(128, NUM_TEST, seed=0))
+    workdir = os.fspath(root / "run")
+    cfg = TrainConfig(
+        model="mlp",
+        members=4,
+        mesh="ensemble=4,data=2",
+        epochs=1,
+        batch_size=32,
+        source="npz",
+        data_file=npz,
+        workdir=workdir,
+        quiet=True,
+    )
+    trained = train(cfg)
+    lines: list[str] = []
+    report = evaluate.evaluate_run(
+        workdir, mesh="ensemble=4,data=2", batch_size=BATCH, echo=lines.append
+    )
+    return types.SimpleNamespace(
+        root=root, npz=npz, workdir=workdir, trained=trained, report=report, lines=lines
+    )
+
+
+def _copy(run, name: str) -> str:
+    """A copy of the run's folder, so a test may write into it."""
+    dest = os.fspath(run.root / name)
+    shutil.copytree(run.workdir, dest)
+    return dest
+
+
+def _assert_same(a: dict, b: dict, atol: float = 1e-5) -> None:
+    """The numeric entries both dicts have agree to ``atol``."""
+    shared = [k for k in a if k in b and k not in ("ood_sets",)]
+    assert shared
+    for k in shared:
+        np.testing.assert_allclose(np.asarray(a[k]), np.asarray(b[k]), atol=atol, err_msg=k)
+
+
+def _entropy(p: np.ndarray) -> np.ndarray:
+    p = p.astype(np.float64)
+    return -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=-1)
+
+
+def test_report_keys_files_and_training_names(run) -> None:
+    r = run.report
+    want = {f"test_ensemble_{k}" for k in ENSEMBLE_KEYS}
+    want |= {f"test_member_{k}" for k in MEMBER_KEYS}
+    want |= {f"test_mean_member_{k}" for k in MEMBER_KEYS}
+    want |= {
+        f"ood_{s}_{m}_{k}"
+        for s in ("noise", "inverted")
+        for m in ("auroc", "aupr")
+        for k in metrics.OOD_KINDS
+    }
+    want |= {"checkpoint_step", "num_test", "ood_sets"}
+    assert set(r) == want
+    assert r["checkpoint_step"] == 4 and r["num_test"] == NUM_TEST
+    assert r["ood_sets"] == ["noise", "inverted"]
+    assert all(len(r[f"test_member_{k}"]) == 4 for k in MEMBER_KEYS)
+    with open(os.path.join(run.workdir, evaluate.EVALUATION_FILE)) as f:
+        assert json.load(f) == r
+    for name in (evaluate.RELIABILITY_PLOT, evaluate.OOD_PLOT):
+        path = os.path.join(run.workdir, name)
+        assert os.path.getsize(path) > 1000
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    # The same names and values as the training loop's last record (same final state).
+    last = {k: v for k, v in run.trained.history[-1].items() if k.startswith("test_")}
+    assert set(last) == {k for k in r if k.startswith("test_")}
+    _assert_same(last, r)
+    text = "\n".join(run.lines)
+    assert "OOD set" in text and "inverted" in text and "ensemble" in text
+
+
+def test_matches_numpy_and_sklearn(run) -> None:
+    ens, state = run.trained.ensemble, run.trained.state
+    ds = data.load_npz(run.npz)
+    mp = np.asarray(ens.predict_members(state, ds.test_images))  # [4, N, 10] on the host
+    host = evaluate.prefix_metrics(metrics.ensemble_metrics(mp, ds.test_labels, num_bins=15))
+    _assert_same(host, run.report)
+    assert set(host) == {k for k in run.report if k.startswith("test_")}
+
+    noise = evaluate.ood_images("noise", ds.test_images)
+    assert noise.shape == ds.test_images.shape and noise.dtype == np.uint8
+    mp_noise = np.asarray(ens.predict_members(state, noise))
+    s_in, s_out = _entropy(mp.mean(0)), _entropy(mp_noise.mean(0))
+    y = np.r_[np.zeros(NUM_TEST), np.ones(NUM_TEST)]
+    s = np.r_[s_in, s_out]
+    # float32 on device vs float64 here: allow a near-tie or two to swap ranks.
+    assert run.report["ood_noise_auroc_entropy"] == pytest.approx(roc_auc_score(y, s), abs=1e-3)
+    assert run.report["ood_noise_aupr_entropy"] == pytest.approx(
+        average_precision_score(y, s), abs=1e-3
+    )
+
+    # Reliability-diagram data streamed on the mesh = the host computation.
+    out = evaluate.stream_scores(ens, state, ds.test_images, ds.test_labels, BATCH, 15)
+    np.testing.assert_allclose(out["scores"]["entropy"], s_in, atol=1e-5)
+    ref = metrics.reliability_diagram_data(mp.mean(0), ds.test_labels, num_bins=15)
+    for key in ("accuracy", "confidence", "count", "bin_edges"):
+        np.testing.assert_allclose(out["ensemble"][key], ref[key], atol=1e-5, err_msg=key)
+    pooled = metrics.calibration_bins(mp.reshape(-1, 10), np.tile(ds.test_labels, 4), 15)
+    np.testing.assert_allclose(out["mean_member"]["count"], pooled["count"])
+
+
+def test_cli_on_another_mesh(run, capsys) -> None:
+    workdir = _copy(run, "cli")
+    argv = ["evaluate", "--workdir", workdir, "--mesh", "ensemble=2,data=4"]
+    assert cli.main([*argv, "--batch-size", str(BATCH)]) == 0
+    out = capsys.readouterr().out
+    assert "mesh ensemble=2 x data=4" in out and "OOD set" in out
+    with open(os.path.join(workdir, evaluate.EVALUATION_FILE)) as f:
+        _assert_same(json.load(f), run.report)
+
+
+def test_one_device_with_fashion_npz(run) -> None:
+    fashion = _write_npz(run.root / "fashion.npz", data.synthetic(16, 50, seed=3))
+    r = evaluate.evaluate_run(
+        _copy(run, "one"),
+        checkpoint=4,
+        ood=["noise", "inverted", "fashion_mnist", "noise"],
+        mesh={"ensemble": 1, "data": 1},
+        batch_size=BATCH,
+        ood_file=fashion,
+        echo=lambda s: None,
+    )
+    assert r["ood_sets"] == ["noise", "inverted", "fashion_mnist"]
+    assert {f"ood_fashion_mnist_auroc_{k}" for k in metrics.OOD_KINDS} <= set(r)
+    _assert_same(r, run.report)
+
+
+def _one_line_error(capsys, argv: list[str], *expect: str) -> str:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for text in expect:
+        assert text in err, err
+    return err
+
+
+def test_errors_are_one_line(run, tmp_path, capsys) -> None:
+    missing = os.fspath(tmp_path / "missing")
+    _one_line_error(capsys, ["evaluate", "--workdir", missing], missing, "no such run folder")
+    assert not os.path.exists(missing)
+
+    no_ckpt = tmp_path / "no_ckpt"
+    no_ckpt.mkdir()
+    shutil.copy(os.path.join(run.workdir, "config.json"), no_ckpt)
+    _one_line_error(capsys, ["evaluate", "--workdir", os.fspath(no_ckpt)], "no checkpoint")
+    assert not (no_ckpt / "checkpoints").exists()
+
+    argv = ["evaluate", "--workdir", run.workdir]
+    _one_line_error(capsys, [*argv, "--checkpoint", "999"], "999", "available steps: 4")
+    _one_line_error(capsys, [*argv, "--checkpoint", "last"], "--checkpoint", "'last'")
+    _one_line_error(capsys, [*argv, "--ood", "cifar10"], "--ood", "cifar10", "noise")
+    _one_line_error(capsys, [*argv, "--mesh", "ensemble=3"], "members")
+
+    for name, text in (("bad_json", "{not json"), ("bad_value", '{"members": -1}')):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(text)
+        path = os.fspath(folder / "config.json")
+        _one_line_error(capsys, ["evaluate", "--workdir", os.fspath(folder)], path, "corrupt")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _one_line_error(capsys, ["evaluate", "--workdir", os.fspath(empty)], "config.json")
+
+
+def test_fashion_mnist_unavailable_offline(run, tmp_path, capsys) -> None:
+    workdir = _copy(run, "fashion")
+    path = os.path.join(workdir, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    cfg["data_dir"] = os.fspath(tmp_path)  # an empty TFDS folder: nothing prepared
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    argv = ["evaluate", "--workdir", workdir, "--ood", "fashion_mnist"]
+    _one_line_error(capsys, argv, "fashion_mnist", "--ood-file")

@@ -1,0 +1,234 @@
+"""The training loop and the `meshensemble train` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import chex
+import jax
+import numpy as np
+import pytest
+from conftest import need_devices
+
+import meshensemble as me
+from meshensemble import cli
+from meshensemble.train import TrainConfig, train
+
+DATA = me.data.synthetic(num_train=192, num_test=40, seed=0)
+
+
+def tiny(tmp_path, name="run", **kw) -> TrainConfig:
+    base = dict(
+        model="mlp",
+        members=4,
+        mesh="ensemble=4,data=2",
+        epochs=1,
+        batch_size=32,
+        learning_rate=0.05,
+        workdir=str(tmp_path / name),
+        quiet=True,
+        checkpoint=False,
+        eval_batch_size=16,
+    )
+    return TrainConfig(**(base | kw))
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def params_of(result) -> dict:
+    return jax.device_get(result.state.params)
+
+
+def test_same_seed_same_members_whatever_the_mesh_and_chunking(tmp_path):
+    need_devices(8)
+    runs = {
+        "4x2": train(tiny(tmp_path, "a", max_steps=4), dataset=DATA),
+        "2x1 k2": train(
+            tiny(tmp_path, "b", mesh="ensemble=2,data=1", chunk_steps=2, max_steps=4), dataset=DATA
+        ),
+        "1x8 pmap": train(
+            tiny(tmp_path, "c", mesh="ensemble=1,data=8", backend="pmap", max_steps=4), dataset=DATA
+        ),
+    }
+    ref = params_of(runs["4x2"])
+    for name, result in runs.items():
+        chex.assert_trees_all_close(params_of(result), ref, atol=1e-5, custom_message=name)
+        assert result.history[-1]["step"] == 4
+    np.testing.assert_allclose(
+        runs["2x1 k2"].history[-1]["train_loss"],
+        runs["4x2"].history[-1]["train_loss"],
+        atol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("shuffle", ["shared", "per-member"])
+def test_streaming_path_matches_on_device_path(tmp_path, shuffle):
+    need_devices(8)
+    device = train(tiny(tmp_path, "d", shuffle=shuffle, epochs=2, max_steps=10), dataset=DATA)
+    host = train(
+        tiny(tmp_path, "h", shuffle=shuffle, epochs=2, max_steps=10, streaming=True),
+        dataset=DATA,
+    )
+    chex.assert_trees_all_close(params_of(device), params_of(host), atol=1e-4)
+    assert device.history[-1]["step"] == 10
+
+
+def test_per_member_orders_are_distinct_permutations_drawn_on_device(tmp_path):
+    need_devices(8)
+    from meshensemble.train import _Feeder
+
+    result = train(tiny(tmp_path, "p", max_steps=2, shuffle="per-member"), dataset=DATA)
+    cfg = tiny(tmp_path, "p", shuffle="per-member")
+    feeder = _Feeder(result.ensemble, DATA, cfg, jax.random.key(1), 1, 6)
+    order = feeder.order(1)
+    assert order.shape == (4, 192)
+    assert order.sharding.is_equivalent_to(me.member_sharding(result.ensemble.mesh), 2)
+    rows = np.asarray(order)
+    for row in rows:
+        np.testing.assert_array_equal(np.sort(row), np.arange(192))
+    assert len({tuple(r[:32]) for r in rows}) == 4  # each member its own first batch
+    assert not np.array_equal(np.asarray(feeder.order(2)), rows)  # a new order each epoch
+    shared = _Feeder(result.ensemble, DATA, tiny(tmp_path, "q"), jax.random.key(1), 1, 6)
+    assert shared.order(1).shape == (192,)
+
+
+def test_outputs_metrics_jsonl_config_and_plots(tmp_path):
+    need_devices(8)
+    cfg = tiny(tmp_path, "o", epochs=2, checkpoint=True, tensorboard=True)
+    result = train(cfg, dataset=DATA)
+    workdir = cfg.workdir
+    lines = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    assert [r["epoch"] for r in lines] == [1, 2]
+    assert [r["step"] for r in lines] == [6, 12]  # 192 // 32 steps per epoch
+    for r in lines:
+        assert len(r["train_loss"]) == 4 and len(r["test_member_accuracy"]) == 4
+        assert len(r["test_member_nll"]) == 4
+        for key in (
+            "test_ensemble_accuracy",
+            "test_ensemble_nll",
+            "test_ensemble_brier",
+            "test_ensemble_ece",
+            "test_mean_member_nll",
+            "test_mean_member_ece",
+        ):
+            assert np.isfinite(r[key]), key
+        assert not any("time" in k or "second" in k for k in r)
+    assert lines == result.history
+    config = json.loads(Path(workdir, "config.json").read_text())
+    assert config["members"] == 4 and config["resolved"]["mesh"] == {"ensemble": 4, "data": 2}
+    for png in ("learning_curves.png", "members.png"):
+        assert os.path.getsize(os.path.join(workdir, png)) > 1000
+    assert os.listdir(os.path.join(workdir, "tensorboard"))
+    # the saved checkpoint restores onto another mesh and predicts the same
+    ens = me.Ensemble(
+        me.models.MLP(),
+        result.ensemble.optimizer,
+        4,
+        me.make_mesh(ensemble=2, data=1),
+        input_transform=me.data.normalize,
+    )
+    state, loop, step = me.restore_checkpoint(workdir, ens, DATA.test_images[:1])
+    assert step == 12 and loop["epoch"] == 2
+    np.testing.assert_allclose(
+        np.asarray(ens.predict(state, DATA.test_images)),
+        np.asarray(result.ensemble.predict(result.state, DATA.test_images)),
+        atol=1e-5,
+    )
+
+
+def test_learns_the_synthetic_task(tmp_path):
+    need_devices(8)
+    data = me.data.synthetic(num_train=512, num_test=100, seed=1)
+    result = train(
+        tiny(tmp_path, "l", epochs=3, optimizer="adam", learning_rate=3e-3), dataset=data
+    )
+    assert result.history[-1]["test_ensemble_accuracy"] > 0.6
+
+
+def test_cli_trains_on_the_full_mnist_npz(tmp_path, mnist_npz, capsys):
+    """The real CNN on real MNIST through the npz source, on a 2-D mesh."""
+    need_devices(8)
+    workdir = str(tmp_path / "npz")
+    argv = ["train", "--source", "npz", "--data-file", mnist_npz, "--members", "2"]
+    argv += ["--max-steps", "3", "--workdir", workdir, "--mesh", "ensemble=2,data=4"]
+    code = cli.main(argv)
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "full MNIST" in out and mnist_npz in out
+    assert "2 x cnn on mesh ensemble=2 x data=4" in out
+    record = read_jsonl(os.path.join(workdir, "metrics.jsonl"))[0]
+    assert record["step"] == 3 and len(record["test_member_accuracy"]) == 2
+    assert record["test_ensemble_accuracy"] > 0.2  # 3 SGD steps of the real CNN on MNIST
+
+
+def test_cli_trains_through_tfds_mock_data(tmp_path, capsys, mock_tfds):
+    need_devices(8)
+    with mock_tfds(num_examples=64):
+        code = cli.main(
+            [
+                "train",
+                "--source",
+                "tfds",
+                "--dataset",
+                "fashion_mnist",
+                "--model",
+                "mlp",
+                "--members",
+                "2",
+                "--batch-size",
+                "16",
+                "--epochs",
+                "1",
+                "--workdir",
+                str(tmp_path / "tfds"),
+                "--no-checkpoint",
+            ]
+        )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    record = read_jsonl(tmp_path / "tfds" / "metrics.jsonl")[0]
+    assert record["step"] == 4 and len(record["train_loss"]) == 2
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--members", "0"], "members=0 must be a positive integer"),
+        (["--members", "3", "--mesh", "ensemble=2"], "num_members=3 is not a positive multiple"),
+        (["--mesh", "ensemble=4,model=2"], "bad part 'model=2'"),
+        (["--mesh", "ensemble=16"], "needs 16 devices but only 8 exist"),
+        (["--optimizer", "rmsprop"], "invalid choice: 'rmsprop'"),
+        (["--batch-size", "30", "--mesh", "ensemble=2,data=4"], "batch_size=30 is not divisible"),
+        (["--learning-rate", "-1"], "learning_rate=-1.0 must be a positive number"),
+        (["--momentum", "1.5"], "momentum=1.5 must be in [0, 1)"),
+        (["--epochs", "x"], "invalid int value: 'x'"),
+        (["--source", "npz"], "npz"),
+        (["--source", "npz", "--data-file", "/nonexistent.npz"], "/nonexistent.npz"),
+        (["--backend", "pmap", "--mesh", "ensemble=4,data=2"], "backend='pmap' maps one axis"),
+        (["--chunk-steps", "7", "--max-steps", "2"], "chunk_steps=7 does not divide"),
+        (["--config", "/nonexistent.json"], "--config /nonexistent.json: cannot read JSON"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(tmp_path, capsys, argv, message):
+    need_devices(8)
+    workdir = tmp_path / "bad"
+    code = cli.main(["train", "--source", "sample", "--workdir", str(workdir), *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert message in err and "\n" not in err, err
+    assert not workdir.exists()  # nothing written
+
+
+def test_config_file_and_flags_override(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"members": 2, "epochs": 3, "model": "mlp"}))
+    args = cli.build_parser().parse_args(["train", "--config", str(path), "--epochs", "1"])
+    cfg = cli.config_from_args(args)
+    assert (cfg.members, cfg.epochs, cfg.model) == (2, 1, "mlp")
+    path.write_text(json.dumps({"member": 2}))
+    with pytest.raises(cli.UsageError, match="unknown key"):
+        cli.config_from_args(cli.build_parser().parse_args(["train", "--config", str(path)]))
