@@ -4,7 +4,8 @@
 on any mesh, and computes on the mesh:
 
 * the test metrics of :meth:`meshensemble.Ensemble.evaluate` (ensemble, each member and
-  the mean member; keys as in ``metrics.jsonl``, see :func:`prefix_metrics`);
+  the mean member; keys as in ``metrics.jsonl``, see
+  :func:`meshensemble.metrics.prefix_metrics`);
 * per-example OOD scores (every kind of :data:`meshensemble.metrics.OOD_KINDS`) for the
   test images and for each OOD set, then AUROC and AUPR with OOD as the positive class;
 * the per-bin sums of a reliability diagram, for the ensemble and the mean member.
@@ -45,33 +46,6 @@ OOD_PLOT = "ood_histogram.png"
 HISTOGRAM_SCORE = "entropy"
 """The OOD score drawn in ``ood_histogram.png``."""
 _BIN_KEYS = ("count", "confidence_sum", "correct_sum")
-
-
-def prefix_metrics(ev: Mapping[str, Any], split: str = "test") -> dict[str, Any]:
-    """Names the metrics of :meth:`meshensemble.Ensemble.evaluate` as ``metrics.jsonl`` does.
-
-    ``member_<x>`` becomes ``{split}_member_<x>``, ``mean_member_<x>`` becomes
-    ``{split}_mean_member_<x>`` and every other key ``<x>`` (the ensemble's) becomes
-    ``{split}_ensemble_<x>``. This is the scheme of the training loop's records.
-
-    Args:
-      ev: the dict returned by ``Ensemble.evaluate``.
-      split: the data split, e.g. ``"test"``.
-
-    Returns:
-      A new dict with the prefixed keys and the same values.
-
-    Example:
-      >>> prefix_metrics({"accuracy": 0.9, "member_nll": [0.3, 0.4], "mean_member_nll": 0.35})
-      {'test_ensemble_accuracy': 0.9, 'test_member_nll': [0.3, 0.4], 'test_mean_member_nll': 0.35}
-    """
-    out: dict[str, Any] = {}
-    for name, value in ev.items():
-        if name.startswith(("member_", "mean_member_")):
-            out[f"{split}_{name}"] = value
-        else:
-            out[f"{split}_ensemble_{name}"] = value
-    return out
 
 
 def load_run_config(workdir: str) -> Any:
@@ -439,7 +413,7 @@ def evaluate_run(
     state, _, step = restore_checkpoint(workdir, ens, dataset.test_images[:1], checkpoint)
 
     ev = ens.evaluate(state, dataset.test_images, dataset.test_labels, batch_size, num_bins)
-    result = prefix_metrics(ev, "test")
+    result = metrics.prefix_metrics(ev, "test")
     test = stream_scores(ens, state, dataset.test_images, dataset.test_labels, batch_size, num_bins)
     ood_scores: dict[str, dict[str, np.ndarray]] = {}
     for n, images in ood_sets.items():

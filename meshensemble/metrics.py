@@ -999,3 +999,30 @@ def _ensemble_stats_core(
     member_probs = _as_float(member_probs)
     ensemble_probs = jnp.mean(member_probs, axis=0)
     return _streaming_stats_core(member_probs, ensemble_probs, labels, mask, num_bins=num_bins)
+
+
+def prefix_metrics(ev: Mapping[str, Any], split: str = "test") -> dict[str, Any]:
+    """Names the metrics of :meth:`meshensemble.Ensemble.evaluate` as ``metrics.jsonl`` does.
+
+    ``member_<x>`` becomes ``{split}_member_<x>``, ``mean_member_<x>`` becomes
+    ``{split}_mean_member_<x>`` and every other key ``<x>`` (the ensemble's) becomes
+    ``{split}_ensemble_<x>``. This is the scheme of the training loop's records.
+
+    Args:
+      ev: the dict returned by ``Ensemble.evaluate``.
+      split: the data split, e.g. ``"test"``.
+
+    Returns:
+      A new dict with the prefixed keys and the same values.
+
+    Example:
+      >>> prefix_metrics({"accuracy": 0.9, "member_nll": [0.3, 0.4], "mean_member_nll": 0.35})
+      {'test_ensemble_accuracy': 0.9, 'test_member_nll': [0.3, 0.4], 'test_mean_member_nll': 0.35}
+    """
+    out: dict[str, Any] = {}
+    for name, value in ev.items():
+        if name.startswith(("member_", "mean_member_")):
+            out[f"{split}_{name}"] = value
+        else:
+            out[f"{split}_ensemble_{name}"] = value
+    return out

@@ -39,6 +39,7 @@ from meshensemble.mesh import (
     parse_mesh,
     replicated_sharding,
 )
+from meshensemble.metrics import prefix_metrics
 from meshensemble.steps import EnsembleState
 
 log = logging.getLogger("meshensemble")
@@ -437,11 +438,7 @@ def _evaluate_record(ens, state, dataset, cfg, epoch, step, pending) -> dict[str
     if losses is not None:
         record["train_loss"] = [float(v) for v in losses.mean(0)]
         record["train_mean_member_loss"] = float(losses.mean())
-    for name, value in ev.items():
-        if name.startswith("member_") or name.startswith("mean_member_"):
-            record[f"test_{name}"] = value
-        else:
-            record[f"test_ensemble_{name}"] = value
+    record.update(prefix_metrics(ev, "test"))
     return record
 
 

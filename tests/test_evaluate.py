@@ -129,7 +129,7 @@ def test_matches_numpy_and_sklearn(run) -> None:
     ens, state = run.trained.ensemble, run.trained.state
     ds = data.load_npz(run.npz)
     mp = np.asarray(ens.predict_members(state, ds.test_images))  # [4, N, 10] on the host
-    host = evaluate.prefix_metrics(metrics.ensemble_metrics(mp, ds.test_labels, num_bins=15))
+    host = metrics.prefix_metrics(metrics.ensemble_metrics(mp, ds.test_labels, num_bins=15))
     _assert_same(host, run.report)
     assert set(host) == {k for k in run.report if k.startswith("test_")}
 

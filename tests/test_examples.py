@@ -170,7 +170,8 @@ def test_bad_input_exits_2(tmp_path, capsys) -> None:
 # --- short real runs -------------------------------------------------------------------
 
 
-def test_howto_ensemble(tmp_path, monkeypatch, capsys, fast_init_compile) -> None:
+@pytest.mark.usefixtures("fast_init_compile")
+def test_howto_ensemble(tmp_path, monkeypatch, capsys) -> None:
     need_devices(8)
     ex = load_example("howto_ensemble")
     results = spy_results(monkeypatch, ex.train)
@@ -198,9 +199,8 @@ def test_howto_ensemble(tmp_path, monkeypatch, capsys, fast_init_compile) -> Non
     assert "epoch:   1, train_loss: " in out and "epoch:   2, " in out and "epoch:   3" not in out
 
 
-def test_data_parallel_fashion_mnist_on_mock_tfds(
-    tmp_path, monkeypatch, capsys, mock_tfds, fast_init_compile
-) -> None:
+@pytest.mark.usefixtures("fast_init_compile")
+def test_data_parallel_fashion_mnist_on_mock_tfds(tmp_path, monkeypatch, capsys, mock_tfds) -> None:
     need_devices(8)
     ex = load_example("data_parallel_fashion_mnist")
     results = spy_results(monkeypatch, ex.train)
@@ -229,7 +229,8 @@ def test_data_parallel_fashion_mnist_on_mock_tfds(
     assert "epoch:   1, train_loss: " in out
 
 
-def test_mesh_2d(tmp_path, monkeypatch, capsys, fast_init_compile) -> None:
+@pytest.mark.usefixtures("fast_init_compile")
+def test_mesh_2d(tmp_path, monkeypatch, capsys) -> None:
     need_devices(8)
     ex = load_example("mesh_2d")
     results = spy_results(monkeypatch, ex.train)
