@@ -10,12 +10,18 @@ from __future__ import annotations
 import os
 import sys
 
+# The executed code is tiny: XLA's LLVM optimisations would cost more compile time than
+# they save at run time (about half of the build's CPU time), so they are off.
+os.environ["XLA_FLAGS"] = " ".join(
+    [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]
+).strip()
+
+import jax  # noqa: E402
+
 # JAX must see its CPU devices before anything initialises a backend. The pages' executed
 # code (docs/_ext/exec_code.py) and autodoc both import JAX in this one process, so the
 # device count is fixed here, once, before any of them run: 8 simulated CPU devices, the
 # same as the tests, whatever accelerator the building machine has.
-import jax
-
 jax.config.update("jax_platforms", "cpu")
 jax.config.update("jax_num_cpu_devices", 8)
 

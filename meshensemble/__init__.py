@@ -10,9 +10,14 @@ from meshensemble import metrics as metrics
 from meshensemble import models as models
 from meshensemble import train as train
 from meshensemble.backends import BACKENDS as BACKENDS
+from meshensemble.checkpoint import Checkpointer as Checkpointer
+from meshensemble.checkpoint import CheckpointError as CheckpointError
 from meshensemble.checkpoint import checkpoint_manager as checkpoint_manager
+from meshensemble.checkpoint import extract_members as extract_members
+from meshensemble.checkpoint import load_inference as load_inference
 from meshensemble.checkpoint import restore_checkpoint as restore_checkpoint
 from meshensemble.checkpoint import save_checkpoint as save_checkpoint
+from meshensemble.checkpoint import save_inference as save_inference
 from meshensemble.ensemble import STRATEGIES as STRATEGIES
 from meshensemble.ensemble import Ensemble as Ensemble
 from meshensemble.ensemble import default_strategy as default_strategy
@@ -29,6 +34,7 @@ from meshensemble.mesh import use_fake_cpu_devices as use_fake_cpu_devices
 from meshensemble.model import FunctionModel as FunctionModel
 from meshensemble.model import LinenModel as LinenModel
 from meshensemble.model import Model as Model
+from meshensemble.model import NNXModel as NNXModel
 from meshensemble.model import as_model as as_model
 from meshensemble.steps import EnsembleState as EnsembleState
 from meshensemble.steps import softmax_cross_entropy as softmax_cross_entropy
@@ -40,14 +46,17 @@ __version__ = "0.1.0"
 __all__ = [
     "AXES",
     "BACKENDS",
+    "CheckpointError",
+    "Checkpointer",
     "DATA",
     "ENSEMBLE",
-    "STRATEGIES",
     "Ensemble",
     "EnsembleState",
     "FunctionModel",
     "LinenModel",
     "Model",
+    "NNXModel",
+    "STRATEGIES",
     "TrainConfig",
     "TrainResult",
     "as_model",
@@ -55,6 +64,8 @@ __all__ = [
     "checkpoint_manager",
     "data",
     "default_strategy",
+    "extract_members",
+    "load_inference",
     "make_mesh",
     "member_sharding",
     "members_per_device",
@@ -64,6 +75,7 @@ __all__ = [
     "replicated_sharding",
     "restore_checkpoint",
     "save_checkpoint",
+    "save_inference",
     "softmax_cross_entropy",
     "train",
     "use_fake_cpu_devices",

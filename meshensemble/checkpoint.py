@@ -1,36 +1,58 @@
-"""Checkpoints with orbax-checkpoint: the stacked, sharded ensemble state and the loop position."""
+"""Checkpoints with orbax-checkpoint: the stacked, sharded ensemble state, the loop position,
+and a checksum of every finished checkpoint.
+
+Orbax writes each checkpoint atomically (a temporary folder renamed when complete) and
+restores it onto any mesh (each leaf is read as the target sharding says). It detects a
+truncated file but not a flipped bit, so :class:`Checkpointer` records a SHA-256 of each
+finished checkpoint in ``checkpoints/checksums.json`` and checks it on restore: a
+damaged checkpoint is reported and the previous good one is used.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from meshensemble.mesh import member_sharding
 from meshensemble.steps import EnsembleState
 
+log = logging.getLogger("meshensemble")
+
 CHECKPOINT_DIR = "checkpoints"
 """Folder under a run's workdir that holds its checkpoints."""
+CHECKSUMS = "checksums.json"
+"""File in the checkpoint folder with the SHA-256 of each finished checkpoint."""
 
 
-def checkpoint_manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or no good checkpoint could be read."""
+
+
+def checkpoint_manager(workdir: str, keep: int = 3, create: bool = True) -> ocp.CheckpointManager:
     """An orbax ``CheckpointManager`` for ``workdir/checkpoints`` (asynchronous saves).
 
     Args:
       workdir: the run's folder.
       keep: how many of the latest checkpoints to keep.
+      create: create the folder if missing.
 
     Returns:
       The manager; items ``state`` (the :class:`EnsembleState`) and ``loop`` (a JSON
-      dict with the loop's position: epoch, step).
+      dict with the loop's position).
 
     Example:
       >>> mngr = me.checkpoint_manager("runs/mnist")
     """
     path = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create)
     return ocp.CheckpointManager(path, options=options, item_names=("state", "loop"))
 
 
@@ -51,53 +73,285 @@ def save_checkpoint(
     mngr.save(
         step,
         args=ocp.args.Composite(state=ocp.args.StandardSave(state), loop=ocp.args.JsonSave(loop)),
+        force=True,
     )
 
 
+def checkpoint_digest(path: str) -> str:
+    """SHA-256 over the relative names and contents of every file under ``path``.
+
+    Args:
+      path: a checkpoint's folder.
+
+    Returns:
+      The hex digest.
+
+    Example:
+      >>> checkpoint_digest("runs/mnist/checkpoints/469")
+    """
+    digest = hashlib.sha256()
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            full = os.path.join(root, name)
+            digest.update(os.path.relpath(full, path).encode() + b"\0")
+            with open(full, "rb") as f:
+                for block in iter(lambda f=f: f.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()
+
+
+class Checkpointer:
+    """Asynchronous saves with checksums; restores the newest good checkpoint.
+
+    Only process 0 writes the checksum file; all processes take part in saves (orbax
+    coordinates multi-process writes).
+
+    Args:
+      workdir: the run's folder.
+      keep: how many checkpoints to keep (at least 2 so there is a previous one to use).
+      echo: where one-line reports go.
+
+    Example:
+      >>> ckpt = Checkpointer("runs/mnist")
+      >>> ckpt.save(100, state, {"epoch": 1, "step": 100})
+      >>> ckpt.close()
+    """
+
+    def __init__(self, workdir: str, keep: int = 3, echo: Callable[[str], None] | None = None):
+        self.workdir = workdir
+        self.dir = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+        self.mngr = checkpoint_manager(workdir, keep)
+        self.echo = echo or log.info
+        self._unhashed: list[int] = []
+
+    def save(self, step: int, state: EnsembleState, loop: dict[str, Any]) -> None:
+        """Starts saving checkpoint ``step``; the previous save is finished and hashed first.
+
+        Raises:
+          CheckpointError: the disk refused the write (full, read-only...).
+        """
+        self._finish()
+        try:
+            save_checkpoint(self.mngr, step, state, loop)
+        except Exception as err:  # orbax wraps OSError in several types
+            raise self._error(step, err) from None
+        self._unhashed.append(step)
+
+    def _finish(self) -> None:
+        try:
+            self.mngr.wait_until_finished()
+        except Exception as err:
+            raise self._error(self._unhashed[-1] if self._unhashed else -1, err) from None
+        if self._unhashed and jax.process_index() == 0:
+            sums = read_checksums(self.dir)
+            live = set(self.mngr.all_steps())
+            for step in self._unhashed:
+                if step in live:
+                    sums[str(step)] = checkpoint_digest(os.path.join(self.dir, str(step)))
+            sums = {k: v for k, v in sums.items() if int(k) in live}
+            _atomic_json(os.path.join(self.dir, CHECKSUMS), sums)
+        self._unhashed = []
+
+    def _error(self, step: int, err: Exception) -> CheckpointError:
+        good = [s for s in self.mngr.all_steps() if s != step]
+        prev = f"checkpoint {max(good)} is intact" if good else "no earlier checkpoint exists"
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return CheckpointError(f"could not save checkpoint {step} in {self.dir}: {reason}; {prev}")
+
+    def close(self) -> None:
+        """Waits for the last save, records its checksum and closes the manager."""
+        try:
+            self._finish()
+        finally:
+            self.mngr.close()
+
+
+def read_checksums(directory: str) -> dict[str, str]:
+    """The recorded checksums of a checkpoint folder (``{}`` when there are none)."""
+    try:
+        with open(os.path.join(directory, CHECKSUMS)) as f:
+            data = json.load(f)
+        return {str(k): str(v) for k, v in data.items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _atomic_json(path: str, value: Any) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def list_checkpoints(workdir: str) -> list[int]:
+    """Steps of the finished checkpoints in ``workdir/checkpoints``, oldest first.
+
+    Example:
+      >>> list_checkpoints("runs/mnist")
+      [469, 938]
+    """
+    path = os.path.join(workdir, CHECKPOINT_DIR)
+    if not os.path.isdir(path):
+        return []
+    return sorted(int(n) for n in os.listdir(path) if n.isdigit())
+
+
+def abstract_state(ens: Any, sample: Any) -> EnsembleState:
+    """The state's shapes, dtypes and member sharding on ``ens``'s mesh, for restoring.
+
+    Args:
+      ens: the :class:`meshensemble.Ensemble`.
+      sample: an input batch, e.g. ``images[:1]``.
+
+    Returns:
+      An :class:`EnsembleState` of ``jax.ShapeDtypeStruct`` leaves.
+
+    Example:
+      >>> target = abstract_state(ens, images[:1])
+    """
+    shapes = jax.eval_shape(lambda: ens.init(jax.random.PRNGKey(0), sample))
+    sharding = member_sharding(ens.mesh)
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes)
+
+
 def restore_checkpoint(
-    workdir: str, ens: Any, sample: Any, step: int | None = None
+    workdir: str,
+    ens: Any,
+    sample: Any,
+    step: int | None = None,
+    echo: Callable[[str], None] | None = None,
 ) -> tuple[EnsembleState, dict[str, Any], int]:
     """Restores a checkpoint of ``workdir`` onto ``ens``'s mesh (any mesh shape).
+
+    The newest checkpoint whose recorded checksum matches (and that orbax can read) is
+    used; a damaged one is reported through ``echo`` and skipped. Naming ``step``
+    restores exactly that one or fails.
 
     Args:
       workdir: the run's folder.
       ens: the :class:`meshensemble.Ensemble` to restore into; its mesh may differ from
-        the one the checkpoint was written with.
+        the one the checkpoint was written with (e.g. ``(8, 1)`` onto ``(4, 1)``).
       sample: an input batch for the state's structure, e.g. ``images[:1]``.
-      step: which checkpoint; default the latest.
+      step: which checkpoint; default the newest good one.
+      echo: where reports of damaged checkpoints go (default: logging).
 
     Returns:
       ``(state, loop, step)``.
 
     Raises:
       FileNotFoundError: no checkpoint (or not that step) in ``workdir``.
+      CheckpointError: every candidate checkpoint is damaged.
 
     Example:
       >>> state, loop, step = me.restore_checkpoint("runs/mnist", ens, images[:1])
     """
-    mngr = checkpoint_manager(workdir)
-    steps = mngr.all_steps()
+    say = echo or log.warning
+    steps = list_checkpoints(workdir)
+    directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
     if not steps:
         raise FileNotFoundError(
-            f"no checkpoint in {os.path.join(workdir, CHECKPOINT_DIR)}; run "
-            "`meshensemble train --workdir` there first"
+            f"no checkpoint in {directory}; run `meshensemble train --workdir {workdir}` first"
         )
-    if step is None:
-        step = mngr.latest_step()
-    elif step not in steps:
+    if step is not None and step not in steps:
         raise FileNotFoundError(
-            f"no checkpoint {step} in {workdir}; available: {', '.join(map(str, steps))}"
+            f"no checkpoint {step} in {directory}; available: {', '.join(map(str, steps))}"
         )
-    shapes = jax.eval_shape(lambda: ens.init(jax.random.PRNGKey(0), sample))
-    sharding = member_sharding(ens.mesh)
-    target = jax.tree.map(
-        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes
-    )
-    restored = mngr.restore(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), loop=ocp.args.JsonRestore()
-        ),
-    )
-    mngr.close()
-    return restored["state"], dict(restored["loop"]), int(step)
+    candidates = [step] if step is not None else sorted(steps, reverse=True)
+    sums = read_checksums(directory)
+    target = abstract_state(ens, sample)
+    mngr = checkpoint_manager(workdir, create=False)
+    problems = []
+    try:
+        for s in candidates:
+            want = sums.get(str(s))
+            if want is not None and checkpoint_digest(os.path.join(directory, str(s))) != want:
+                problems.append(f"checkpoint {s} is damaged (checksum mismatch)")
+                say(f"{problems[-1]}; trying the previous one")
+                continue
+            try:
+                restored = mngr.restore(
+                    s,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(target), loop=ocp.args.JsonRestore()
+                    ),
+                )
+            except Exception as err:  # truncated or unreadable files
+                reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+                problems.append(f"checkpoint {s} is unreadable ({reason[:200]})")
+                say(f"{problems[-1]}; trying the previous one")
+                continue
+            return restored["state"], dict(restored["loop"]), int(s)
+    finally:
+        mngr.close()
+    raise CheckpointError(f"no good checkpoint in {directory}: {'; '.join(problems)}")
+
+
+def extract_members(state: EnsembleState, members: int | list[int]) -> Any:
+    """One member's (or a subset's) parameters as a plain single-model tree.
+
+    Args:
+      state: an ensemble state.
+      members: an index (returns leaves without the member axis, ready for
+        ``model.apply({"params": p}, x)``) or a list of indices (leaves ``[len, ...]``).
+
+    Returns:
+      The parameters, as numpy arrays on the host.
+
+    Raises:
+      ValueError: an index out of range.
+
+    Example:
+      >>> params = me.extract_members(state, 3)
+      >>> logits = me.models.CNN().apply({"params": params}, images)
+    """
+    m = state.num_members
+    idx = [members] if isinstance(members, int | np.integer) else list(members)
+    bad = [i for i in idx if not 0 <= int(i) < m]
+    if bad or not idx:
+        raise ValueError(f"member index {bad or idx} out of range; the ensemble has {m} members")
+    host = jax.device_get(state.params)
+    if isinstance(members, int | np.integer):
+        return jax.tree.map(lambda v: np.asarray(v)[int(members)], host)
+    return jax.tree.map(lambda v: np.asarray(v)[np.asarray(idx)], host)
+
+
+def save_inference(path: str, state: EnsembleState) -> None:
+    """Saves an inference-only ensemble: parameters and model state, no optimizer state.
+
+    Args:
+      path: a folder that does not exist yet (orbax refuses to overwrite).
+      state: the ensemble state.
+
+    Example:
+      >>> me.save_inference("runs/mnist/inference", state)
+    """
+    tree = {"params": state.params, "model_state": state.model_state}
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(os.path.abspath(path), tree)
+
+
+def load_inference(path: str, ens: Any, sample: Any) -> EnsembleState:
+    """Loads :func:`save_inference` output onto ``ens``'s mesh as a state for predicting.
+
+    The optimizer state is freshly initialised (training can go on from the weights).
+
+    Args:
+      path: the folder written by :func:`save_inference`.
+      ens: the ensemble to load into (any mesh).
+      sample: an input batch for the structure.
+
+    Returns:
+      An :class:`EnsembleState` ready for ``ens.predict``.
+
+    Example:
+      >>> state = me.load_inference("runs/mnist/inference", ens, images[:1])
+    """
+    target = abstract_state(ens, sample)
+    sub = {"params": target.params, "model_state": target.model_state}
+    with ocp.StandardCheckpointer() as ckptr:
+        tree = ckptr.restore(os.path.abspath(path), sub)
+    fresh = ens.init(jax.random.PRNGKey(0), sample)
+    return fresh.replace(params=tree["params"], model_state=tree["model_state"])

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -63,6 +64,17 @@ def _train_parser(sub: Any) -> None:
     add("--workdir", help="output folder (default runs/mnist)")
     add("--tensorboard", action="store_true", default=None, help="write TensorBoard events")
     add("--no-checkpoint", dest="checkpoint", action="store_false", default=None)
+    add("--checkpoint-every", type=int, metavar="N", help="also save every N steps")
+    add("--keep", type=int, metavar="K", help="checkpoints to keep (default 3)")
+    add(
+        "--no-resume",
+        dest="resume",
+        action="store_false",
+        default=None,
+        help="start over even if the workdir holds a run (needs --overwrite then)",
+    )
+    add("--overwrite", action="store_true", default=None, help="delete the workdir's run first")
+    add("--on-nonfinite", choices=("stop", "reinit"), help="what a NaN/inf loss does")
     add("--quiet", action="store_true", default=None, help="print only the final table")
 
 
@@ -102,27 +114,62 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
       >>> cfg = config_from_args(build_parser().parse_args(["train", "--epochs", "1"]))
     """
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    values: dict[str, Any] = {}
+    from_file: dict[str, Any] = {}
     if args.config:
-        try:
-            with open(args.config) as f:
-                loaded = json.load(f)
-        except (OSError, json.JSONDecodeError) as err:
-            raise UsageError(f"--config {args.config}: cannot read JSON ({err})") from None
-        if not isinstance(loaded, dict):
-            raise UsageError(f"--config {args.config}: must hold a JSON object of fields")
-        unknown = sorted(set(loaded) - fields - {"resolved"})
-        if unknown:
-            raise UsageError(
-                f"--config {args.config}: unknown key(s) {', '.join(unknown)}; known: "
-                f"{', '.join(sorted(fields))}"
-            )
-        values.update({k: v for k, v in loaded.items() if k in fields})
-    values.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
+        from_file = _read_config(args.config, fields, "--config")
+    given = from_file | {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    values: dict[str, Any] = {}
+    workdir = given.get("workdir", TrainConfig.workdir)
+    saved_path = os.path.join(workdir, "config.json")
+    resuming = given.get("resume", True) and not given.get("overwrite", False)
+    if resuming and os.path.exists(saved_path):
+        values = _read_config(saved_path, fields, "workdir config")
+        for name in IDENTITY_FIELDS:
+            if name in given and name in values and given[name] != values[name]:
+                raise UsageError(
+                    f"workdir {workdir} holds a run with {name}={values[name]!r}, but this "
+                    f"command says {name}={given[name]!r}; resume with the same value, or add "
+                    "--overwrite, or use another --workdir"
+                )
+    values.update(given)
     try:
         return TrainConfig(**values).validate()
     except (TypeError, ValueError) as err:
         raise UsageError(str(err)) from None
+
+
+IDENTITY_FIELDS = (
+    "dataset",
+    "model",
+    "members",
+    "optimizer",
+    "learning_rate",
+    "momentum",
+    "weight_decay",
+    "schedule",
+    "warmup_epochs",
+    "shuffle",
+    "seed",
+    "batch_size",
+)
+"""Fields a resumed run must keep: they define the members and their data order."""
+
+
+def _read_config(path: str, fields: set[str], what: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            loaded = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        raise UsageError(f"{what} {path}: cannot read JSON ({err})") from None
+    if not isinstance(loaded, dict):
+        raise UsageError(f"{what} {path}: must hold a JSON object of fields")
+    unknown = sorted(set(loaded) - fields - {"resolved"})
+    if unknown:
+        raise UsageError(
+            f"{what} {path}: unknown key(s) {', '.join(unknown)}; known: "
+            f"{', '.join(sorted(fields))}"
+        )
+    return {k: v for k, v in loaded.items() if k in fields}
 
 
 def setup_devices(fake_devices: int | None) -> None:
@@ -178,6 +225,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, DataError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:  # CheckpointError, NonFiniteError: the run failed
+        if type(err).__name__ not in ("CheckpointError", "NonFiniteError"):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -77,10 +77,19 @@ class Ensemble:
         ``"loop"``.
       input_transform: applied on device to images before the model, e.g.
         :func:`meshensemble.data.normalize` for uint8 images; default none.
+      hyperparams: per-member values of the optimizer's hyperparameters, e.g.
+        ``{"learning_rate": [1e-3, 3e-3, 1e-2, 3e-2]}``: each ``[num_members]``, member
+        ``i`` gets value ``i``. Needs an optimizer made with
+        ``optax.inject_hyperparams`` (the values go into ``opt_state.hyperparams``,
+        sharded with the members) with these hyperparameters given as numbers, not
+        schedules. Default none (every member uses the optimizer's own values).
 
     Raises:
       ValueError: the mesh lacks the axes, ``num_members`` is not a multiple of the
-        ``ensemble`` axis, an unknown backend or strategy, or ``pmap`` on a 2-D mesh.
+        ``ensemble`` axis, an unknown backend or strategy, or ``pmap`` on a 2-D mesh;
+        ``hyperparams`` with an optimizer not made with ``optax.inject_hyperparams``,
+        an unknown or scheduled hyperparameter, a shape other than ``[num_members]``
+        or values that are not finite numbers.
 
     Example:
       >>> mesh = me.make_mesh(ensemble=4, data=2)
@@ -88,6 +97,9 @@ class Ensemble:
       >>> state = ens.init(jax.random.key(0), images[:1])
       >>> state, metrics = ens.train_step(state, images, labels)
       >>> probs = ens.predict(state, images)  # [N, 10]
+      >>> tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1, momentum=0.9)
+      >>> lrs = me.Ensemble(me.models.CNN(), tx, 4, hyperparams={"learning_rate": [
+      ...     0.01, 0.03, 0.1, 0.3]})  # metrics["loss"] is per member: compare the rates
     """
 
     def __init__(
@@ -101,6 +113,7 @@ class Ensemble:
         loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
         member_strategy: str = "auto",
         input_transform: Callable[[jax.Array], jax.Array] | None = None,
+        hyperparams: Mapping[str, Any] | None = None,
     ):
         mesh = make_mesh() if mesh is None else mesh
         if tuple(mesh.axis_names) != AXES:
@@ -124,6 +137,7 @@ class Ensemble:
         self.optimizer = optimizer
         self.loss_fn = loss_fn or steps.softmax_cross_entropy
         self.input_transform = input_transform
+        self.hyperparams = _member_hyperparams(hyperparams, optimizer, self.num_members)
         self._rng_impl: Any = None
         self._compiled: dict[Any, Callable[..., Any]] = {}
 
@@ -205,12 +219,19 @@ class Ensemble:
     def _build_init(self, typed: bool) -> Callable[..., Any]:
         model, tx, m = self.model, self.optimizer, self.num_members
         transform = self.input_transform or (lambda x: x)
+        hyperparams = self.hyperparams
 
         def init(key: jax.Array, sample: jax.Array) -> EnsembleState:
             keys = jax.random.split(key, m)
             x = transform(sample)
             params, model_state = jax.vmap(model.init, in_axes=(0, None))(keys, x)
             opt_state = jax.vmap(tx.init)(params)
+            if hyperparams:  # per-member values, [m], replace the optimizer's own
+                _check_hyperparam_names(opt_state, hyperparams, member_axis=True)
+                values = dict(opt_state.hyperparams)
+                for name, v in hyperparams.items():
+                    values[name] = jnp.asarray(v, values[name].dtype)
+                opt_state = opt_state._replace(hyperparams=values)
             stream = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
             raw = jax.random.key_data(stream) if typed else stream
             return EnsembleState(
@@ -466,3 +487,64 @@ def _eval_specs() -> dict[str, P]:
 
     names = metrics.MEMBER_STAT_KEYS + metrics.ENSEMBLE_STAT_KEYS
     return {k: (MEMBERS if k.startswith("member_") else REPLICATED) for k in names}
+
+
+def _member_hyperparams(
+    hyperparams: Mapping[str, Any] | None, optimizer: Any, num_members: int
+) -> dict[str, np.ndarray]:
+    """Checks per-member hyperparameters; returns them as ``{name: [num_members] array}``."""
+    if not hyperparams:
+        return {}
+    out = {}
+    for name, value in hyperparams.items():
+        arr = np.asarray(value)
+        if arr.shape != (num_members,):
+            raise ValueError(
+                f"hyperparams[{name!r}] has shape {arr.shape}; give one value per member, "
+                f"shape ({num_members},)"
+            )
+        if not np.issubdtype(arr.dtype, np.number):
+            raise ValueError(f"hyperparams[{name!r}] has dtype {arr.dtype}; give numbers")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"hyperparams[{name!r}] = {arr.tolist()} has non-finite values")
+        out[str(name)] = arr
+    # The optimizer's hyperparameters are known from its state: trace its init on a tiny
+    # parameter tree (abstractly, nothing runs). An optimizer that cannot init such a tree
+    # is checked at Ensemble.init instead, on the real parameters.
+    try:
+        probe = jax.eval_shape(optimizer.init, {"w": jax.ShapeDtypeStruct((1,), jnp.float32)})
+    except Exception:  # any failure only defers the check
+        probe = None
+    if probe is not None:
+        _check_hyperparam_names(probe, out, member_axis=False)
+    return out
+
+
+def _check_hyperparam_names(
+    opt_state: Any, hyperparams: Mapping[str, Any], member_axis: bool
+) -> None:
+    """Checks that ``opt_state`` is ``inject_hyperparams``' and has scalar ``hyperparams``."""
+    known = getattr(opt_state, "hyperparams", None)
+    if not isinstance(known, Mapping) or not hasattr(opt_state, "_replace"):
+        raise ValueError(
+            f"per-member hyperparams need an optimizer made with optax.inject_hyperparams, "
+            f"e.g. optax.inject_hyperparams(optax.sgd)(learning_rate=0.1); this optimizer's "
+            f"state is a {type(opt_state).__name__}"
+        )
+    scheduled = getattr(opt_state, "hyperparams_states", {}) or {}
+    for name in hyperparams:
+        if name not in known:
+            raise ValueError(
+                f"hyperparams[{name!r}] is not a hyperparameter of the optimizer; known: "
+                f"{', '.join(sorted(known)) or 'none'}"
+            )
+        if name in scheduled:
+            raise ValueError(
+                f"hyperparams[{name!r}] is a schedule in the optimizer, which would replace "
+                "the per-member values every step; give the optimizer a number for it"
+            )
+        if np.ndim(known[name]) != (1 if member_axis else 0):
+            raise ValueError(
+                f"hyperparams[{name!r}]: the optimizer's value is not a scalar; only scalar "
+                "hyperparameters can be set per member"
+            )

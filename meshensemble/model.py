@@ -7,19 +7,22 @@ The core never calls Flax directly. It needs two pure functions per member:
 
 ``model_state`` holds the mutable collections (``batch_stats`` for BatchNorm), ``{}``
 when there are none; ``rng`` feeds stochastic layers (dropout) in training.
-Adapters turn a Flax Linen module (:class:`LinenModel`) or a pair of plain functions
-(:class:`FunctionModel`) into this interface; :func:`as_model` picks one.
+Adapters turn a Flax Linen module (:class:`LinenModel`), a factory of Flax NNX modules
+(:class:`NNXModel`) or a pair of plain functions (:class:`FunctionModel`) into this
+interface; :func:`as_model` picks one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
+from flax import nnx
 
 PyTree = Any
 
@@ -37,6 +40,21 @@ class Model(Protocol):
     ) -> tuple[jax.Array, PyTree]:
         """Returns ``(logits [B, classes], new_model_state)`` for one member."""
         ...
+
+
+def _mode_kwargs(fn: Callable[..., Any], train: bool) -> dict[str, bool]:
+    """The train/eval keyword ``fn`` takes, if any, set from ``train``."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins and some callables have no signature
+        return {}
+    if "train" in params:
+        return {"train": train}
+    if "deterministic" in params:
+        return {"deterministic": not train}
+    if "use_running_average" in params:
+        return {"use_running_average": not train}
+    return {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,14 +79,7 @@ class LinenModel:
     rng_streams: tuple[str, ...] = ("dropout",)
 
     def _kwargs(self, train: bool) -> dict[str, bool]:
-        params = inspect.signature(self.module.__call__).parameters
-        if "train" in params:
-            return {"train": train}
-        if "deterministic" in params:
-            return {"deterministic": not train}
-        if "use_running_average" in params:
-            return {"use_running_average": not train}
-        return {}
+        return _mode_kwargs(self.module.__call__, train)
 
     def init(self, rng: jax.Array, x: jax.Array) -> tuple[PyTree, PyTree]:
         variables = dict(self.module.init({"params": rng}, x, **self._kwargs(False)))
@@ -91,19 +102,236 @@ class LinenModel:
         return logits, dict(new_state)
 
 
+def _nest(items: Iterable[tuple[tuple[Any, ...], Any]]) -> dict[Any, Any]:
+    """Nested dicts from ``(path, value)`` pairs."""
+    out: dict[Any, Any] = {}
+    for path, value in items:
+        node = out
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = value
+    return out
+
+
+def _flatten(tree: Mapping[Any, Any], prefix: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], Any]:
+    """``{path: leaf}`` of nested mappings (the inverse of :func:`_nest`)."""
+    out: dict[tuple[Any, ...], Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, (*prefix, k)))
+        else:
+            out[(*prefix, k)] = v
+    return out
+
+
+def _collection(var_type: type) -> str:
+    """Linen-style collection name of an NNX variable type (``BatchStat``: ``batch_stats``)."""
+    try:
+        return nnx.variable_name_from_type(var_type)
+    except ValueError:  # a user type without a registered name
+        return var_type.__name__
+
+
+def _typed_key(rng: jax.Array) -> jax.Array:
+    """``rng`` as a typed key (legacy ``uint32`` keys are wrapped)."""
+    if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        return rng
+    return jax.random.wrap_key_data(rng)
+
+
+@dataclasses.dataclass(frozen=True)
+class NNXModel:
+    """Adapter for Flax NNX modules, built per member by a factory.
+
+    An NNX module instance is one initialised model, so the ensemble needs a way to make
+    one per member: ``factory(rngs)`` builds the module from an ``nnx.Rngs``. For member
+    ``i`` (key ``k = jax.random.split(key, M)[i]``) ``init`` builds
+    ``factory(nnx.Rngs(default=fold_in(k, 0), params=k, dropout=fold_in(k, 1)))`` (one
+    more stream ``fold_in(k, j + 1)`` per extra name in ``rng_streams``), then splits it:
+
+    * ``params``: the variables ``params_filter`` selects (``nnx.Param``), as nested
+      dicts of arrays keyed by attribute names (``nnx.to_pure_dict``);
+    * ``model_state``: the other variables (BatchNorm's ``nnx.BatchStat`` ...), grouped
+      by collection like Linen's, e.g. ``{"batch_stats": {"bn": {"mean": ..., "var":
+      ...}}}``; ``{}`` when there are none;
+    * RNG streams (``nnx.RngState``) are not kept: ``apply`` rebuilds them from its
+      ``rng`` (the ensemble's key of this member, step and data shard), so each member
+      draws its own dropout masks at every step. Each stream key is ``fold_in(rng, j)``
+      (``j`` its index) with its count reset; in evaluation they get a fixed key.
+
+    ``apply`` merges these into the module (the graph definition is computed once, from
+    ``nnx.eval_shape``, and shared by all members), puts it in training mode
+    (``module.train()``) or evaluation mode (``module.eval()``), calls it, passing
+    ``train`` (or ``deterministic``/``use_running_average``) too when ``__call__``
+    takes it, and returns the updated ``model_state``. Everything is a pure function
+    of its arguments, so it runs under ``jax.vmap`` over members, ``jit`` and
+    ``shard_map``. Values sown with ``sow`` (``nnx.Intermediate``) are dropped;
+    variables first created during a call are not supported.
+
+    Args:
+      factory: ``factory(rngs: nnx.Rngs) -> nnx.Module``; a module class is called as
+        ``factory(rngs=rngs)``.
+      params_filter: NNX filter of the trained variables (default ``nnx.Param``); the
+        other variables go to ``model_state``.
+      rng_streams: RNG stream names besides ``params`` and ``default`` to give the
+        factory (the streams modules fork at construction, like ``Dropout``'s).
+
+    Attributes:
+      graphdef: the ``nnx.GraphDef`` shared by all members (static, hashable).
+
+    Raises:
+      TypeError: ``factory`` is not callable, is a module instance, or does not return
+        an ``nnx.Module``.
+
+    Example:
+      >>> class Net(nnx.Module):
+      ...     def __init__(self, rngs: nnx.Rngs):
+      ...         self.linear = nnx.Linear(784, 10, rngs=rngs)
+      ...     def __call__(self, x):
+      ...         return self.linear(x.reshape(x.shape[0], -1))
+      >>> model = me.NNXModel(lambda rngs: Net(rngs))  # or me.NNXModel(Net)
+      >>> ens = me.Ensemble(model, optax.adam(1e-3), num_members=8)
+    """
+
+    factory: Callable[..., nnx.Module]
+    params_filter: Any = nnx.Param
+    rng_streams: tuple[str, ...] = ("dropout",)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.factory, nnx.Module) or not callable(self.factory):
+            raise TypeError(
+                f"NNXModel takes a factory, not a {type(self.factory).__name__}; pass "
+                "me.NNXModel(lambda rngs: MyModule(..., rngs=rngs))"
+            )
+        abstract = nnx.eval_shape(lambda: self._build(jax.random.key(0)))
+        graphdef, params, rngs, _, state = self._split(abstract)
+        object.__setattr__(self, "graphdef", graphdef)
+        object.__setattr__(self, "_params", tuple(nnx.to_flat_state(params)))
+        object.__setattr__(self, "_rngs", tuple(nnx.to_flat_state(rngs)))
+        object.__setattr__(
+            self,
+            "_state",
+            tuple(((_collection(type(v)), *path), v) for path, v in nnx.to_flat_state(state)),
+        )
+        object.__setattr__(self, "_call", type(abstract).__call__)
+
+    def _build(self, rng: jax.Array) -> nnx.Module:
+        streams = {name: jax.random.fold_in(rng, i + 1) for i, name in enumerate(self.rng_streams)}
+        rngs = nnx.Rngs(**{"default": jax.random.fold_in(rng, 0), **streams, "params": rng})
+        factory = self.factory
+        module = factory(rngs=rngs) if inspect.isclass(factory) else factory(rngs)
+        if not isinstance(module, nnx.Module):
+            raise TypeError(
+                f"NNXModel's factory returned a {type(module).__name__}, not an nnx.Module; "
+                "pass a factory like lambda rngs: MyModule(..., rngs=rngs)"
+            )
+        return module
+
+    def _split(self, module: nnx.Module) -> tuple[Any, ...]:
+        """``(graphdef, params, rng_state, intermediates, model_state)`` of ``module``."""
+        return nnx.split(module, self.params_filter, nnx.RngState, nnx.Intermediate, ...)
+
+    def _pure_state(self, state: Any) -> PyTree:
+        values = dict(nnx.to_flat_state(state))
+        return _nest((path, values[path[1:]].get_value()) for path, _ in self._state)
+
+    @staticmethod
+    def _fill(template: tuple[tuple[Any, Any], ...], tree: PyTree, what: str) -> Any:
+        values = _flatten(tree)
+        missing = [path for path, _ in template if path not in values]
+        if missing:
+            raise ValueError(
+                f"NNX {what} lack {'/'.join(map(str, missing[0]))}; give the tree init made"
+            )
+        return [(path, var.replace(values[path])) for path, var in template]
+
+    def _rng_state(self, key: jax.Array) -> Any:
+        flat = []
+        for j, (path, var) in enumerate(self._rngs):
+            value = var.get_value()
+            if jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
+                new = jax.random.fold_in(key, j)
+                new = jax.random.split(new, value.shape) if value.shape else new
+            else:  # the stream's count
+                new = jnp.zeros(value.shape, value.dtype)
+            flat.append((path, var.replace(new)))
+        return nnx.from_flat_state(flat)
+
+    def init(self, rng: jax.Array, x: jax.Array) -> tuple[PyTree, PyTree]:
+        """``(params, model_state)`` of the module the factory builds from ``rng``.
+
+        Args:
+          rng: this member's key.
+          x: a sample batch (unused: NNX modules know their shapes at construction).
+
+        Returns:
+          ``(params, model_state)`` as nested dicts of arrays.
+        """
+        del x
+        _, params, _, _, state = self._split(self._build(rng))
+        return nnx.to_pure_dict(params), self._pure_state(state)
+
+    def apply(
+        self, params: PyTree, model_state: PyTree, x: jax.Array, train: bool, rng: jax.Array
+    ) -> tuple[jax.Array, PyTree]:
+        """Calls the module in training or evaluation mode.
+
+        Args:
+          params: from :meth:`init` (or updated by the optimizer).
+          model_state: from :meth:`init` or a previous call.
+          x: the input batch.
+          train: training mode (dropout on, batch statistics used and updated).
+          rng: the key the RNG streams are rebuilt from in training.
+
+        Returns:
+          ``(logits, new_model_state)``; ``model_state`` is returned unchanged in
+          evaluation.
+
+        Raises:
+          ValueError: ``params`` or ``model_state`` lack a variable of the module.
+        """
+        key = _typed_key(rng) if train else jax.random.key(0)
+        state_flat = self._fill(
+            tuple((path, var) for path, var in self._state), model_state, "model_state"
+        )
+        module = nnx.merge(
+            self.graphdef,
+            nnx.from_flat_state(self._fill(self._params, params, "params")),
+            self._rng_state(key),
+            nnx.from_flat_state([(path[1:], var) for path, var in state_flat]),
+        )
+        if train:
+            module.train()
+        else:
+            module.eval()
+        logits = module(x, **_mode_kwargs(self._call, train))
+        if not train:
+            return logits, model_state
+        return logits, self._pure_state(self._split(module)[-1])
+
+
 @dataclasses.dataclass(frozen=True)
 class FunctionModel:
     """Adapter for a pair of plain functions.
 
+    ``params`` may be any pytree of arrays. Member ``i`` starts from
+    ``init_fn(jax.random.split(key, M)[i], sample)``. Passing the pair itself,
+    ``Ensemble((init_fn, apply_fn), ...)`` or ``as_model((init_fn, apply_fn))``, makes a
+    stateless ``FunctionModel`` (no ``model_state``, no ``train`` flag or ``rng``); use
+    ``stateful=True`` for BatchNorm-like state or dropout.
+
     Args:
-      init_fn: ``init_fn(rng, x) -> params`` or ``-> (params, model_state)``.
-      apply_fn: ``apply_fn(params, x) -> logits``; with ``stateful=True`` it is
-        ``apply_fn(params, model_state, x, train, rng) -> (logits, new_model_state)``.
+      init_fn: ``init_fn(rng, x) -> params`` or, with ``stateful=True``,
+        ``-> (params, model_state)``.
+      apply_fn: ``apply_fn(params, x) -> logits [B, classes]``; with ``stateful=True`` it
+        is ``apply_fn(params, model_state, x, train, rng) -> (logits, new_model_state)``,
+        where ``rng`` is this member's key for this step and data shard in training.
       stateful: whether the functions carry a model state.
 
     Example:
       >>> init = lambda rng, x: {"w": jax.random.normal(rng, (x.shape[-1], 10))}
       >>> model = me.FunctionModel(init, lambda p, x: x @ p["w"])
+      >>> same = me.as_model((init, lambda p, x: x @ p["w"]))  # a stateless FunctionModel
     """
 
     init_fn: Callable[..., Any]
@@ -125,29 +353,48 @@ class FunctionModel:
 def as_model(model: Any) -> Model:
     """Wraps ``model`` in the core's :class:`Model` interface.
 
+    * a Flax Linen module instance -> :class:`LinenModel`;
+    * a Flax NNX module class (constructible as ``cls(rngs=rngs)``) ->
+      :class:`NNXModel` of it; for modules needing arguments pass
+      ``NNXModel(lambda rngs: MyModule(..., rngs=rngs))``;
+    * an ``(init_fn, apply_fn)`` pair -> a stateless :class:`FunctionModel`
+      (``init_fn(rng, x) -> params``, ``apply_fn(params, x) -> logits``);
+    * a :class:`LinenModel`, :class:`NNXModel`, :class:`FunctionModel` or any object
+      with ``init`` and ``apply`` of the :class:`Model` signatures -> itself.
+
     Args:
-      model: a Flax Linen module, a ``(init_fn, apply_fn)`` pair, or an object that
-        already has ``init`` and ``apply`` with the :class:`Model` signatures.
+      model: one of the above.
 
     Returns:
       A :class:`Model`.
 
     Raises:
-      TypeError: ``model`` is none of these.
+      TypeError: ``model`` is none of these; an NNX module instance (one initialised
+        model: the ensemble needs a factory to build one per member).
 
     Example:
       >>> m = me.as_model(me.models.CNN())
+      >>> m = me.as_model(me.NNXModel(lambda rngs: MyNNXNet(rngs=rngs)))
+      >>> m = me.as_model((init_fn, apply_fn))
     """
     if isinstance(model, nn.Module):
         return LinenModel(model)
+    if isinstance(model, nnx.Module):
+        raise TypeError(
+            f"model is an nnx.Module instance ({type(model).__name__}), i.e. one initialised "
+            "model; the ensemble builds one per member from a factory: pass "
+            f"me.NNXModel(lambda rngs: {type(model).__name__}(..., rngs=rngs))"
+        )
+    if inspect.isclass(model) and issubclass(model, nnx.Module):
+        return NNXModel(model)
     if isinstance(model, tuple) and len(model) == 2 and all(map(callable, model)):
         return FunctionModel(*model)
-    if isinstance(model, LinenModel | FunctionModel):
+    if isinstance(model, LinenModel | NNXModel | FunctionModel):
         return model
     if isinstance(model, Model):
         return model
     raise TypeError(
-        f"model {type(model).__name__} is not supported; pass a flax.linen.Module, an "
-        "(init_fn, apply_fn) pair, or an object with init(rng, x) and "
-        "apply(params, model_state, x, train, rng)"
+        f"model {type(model).__name__} is not supported; pass a flax.linen.Module, "
+        "me.NNXModel(lambda rngs: MyNNXModule(..., rngs=rngs)), an (init_fn, apply_fn) "
+        "pair, or an object with init(rng, x) and apply(params, model_state, x, train, rng)"
     )

@@ -30,6 +30,7 @@ import optax
 
 from meshensemble import data as data_lib
 from meshensemble import steps
+from meshensemble.checkpoint import Checkpointer
 from meshensemble.ensemble import Ensemble
 from meshensemble.mesh import (
     ENSEMBLE,
@@ -82,13 +83,21 @@ class TrainConfig:
       shuffle: ``"shared"`` (all members see the same batches, as in the Flax HOWTO) or
         ``"per-member"`` (each member its own order).
       seed: seeds initialisation and data order.
-      max_steps: stop after this many steps in total (then evaluate once).
+      max_steps: stop after this many steps of the whole run (then evaluate once); the
+        learning-rate schedule still spans ``epochs``, so a run resumed with a larger
+        ``max_steps`` continues exactly.
       chunk_steps: steps per compiled call (K); None: 1 on CPU, a whole epoch elsewhere.
       eval_batch_size: examples per evaluation call.
       streaming: feed host batches one step at a time instead of on-device data.
       workdir: where config, metrics, plots and checkpoints go.
       tensorboard: also write TensorBoard event files.
       checkpoint: save the state at each epoch end and at the end.
+      checkpoint_every: also save every this many steps (at chunk boundaries).
+      keep: how many checkpoints to keep (the newest).
+      resume: resume from the workdir's newest good checkpoint when there is one.
+      overwrite: start over in a workdir that holds a run (deletes its outputs).
+      on_nonfinite: ``"stop"`` (raise, keeping the last good checkpoint) or ``"reinit"``
+        (re-initialise only the members whose loss became NaN/inf).
       quiet: print only the final table.
     """
 
@@ -118,6 +127,11 @@ class TrainConfig:
     workdir: str = "runs/mnist"
     tensorboard: bool = False
     checkpoint: bool = True
+    checkpoint_every: int | None = None
+    keep: int = 3
+    resume: bool = True
+    overwrite: bool = False
+    on_nonfinite: str = "stop"
     quiet: bool = False
 
     def validate(self) -> TrainConfig:
@@ -131,6 +145,7 @@ class TrainConfig:
             "backend": ("shard_map", "pmap"),
             "member_strategy": ("auto", "vmap", "loop"),
             "model": ("cnn", "mlp"),
+            "on_nonfinite": ("stop", "reinit"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -140,7 +155,8 @@ class TrainConfig:
                 )
         for name in ("members", "epochs", "batch_size", "eval_batch_size"):
             _positive_int(name, getattr(self, name))
-        for name in ("max_steps", "chunk_steps"):
+        _positive_int("keep", self.keep)
+        for name in ("max_steps", "chunk_steps", "checkpoint_every"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
@@ -226,6 +242,7 @@ class TrainResult:
       history: the records written to ``metrics.jsonl``.
       dataset: the data used.
       seconds: wall time of the run, compilation included.
+      preempted: the run stopped on SIGTERM/SIGINT after saving a checkpoint.
     """
 
     ensemble: Ensemble
@@ -233,6 +250,7 @@ class TrainResult:
     history: list[dict[str, Any]]
     dataset: data_lib.Dataset
     seconds: float
+    preempted: bool = False
 
 
 def train(
@@ -258,8 +276,17 @@ def train(
       >>> result.history[-1]["test_ensemble_accuracy"]
     """
     cfg.validate()
+    stop = _StopSignal.install()  # from the start: a SIGTERM during compilation counts too
+    try:
+        return _train(cfg, dataset, echo, stop)
+    finally:
+        stop.uninstall()
+
+
+def _train(cfg, dataset, echo, stop) -> TrainResult:
     t0 = time.perf_counter()
     say = echo or ((lambda s: None) if cfg.quiet else print)
+    tell = echo or print  # resumes, preemption and damage reports print even when quiet
     main = jax.process_index() == 0
     if dataset is None:
         dataset = data_lib.load_dataset(
@@ -276,14 +303,15 @@ def train(
     )
     mesh = make_mesh(mesh_shape.get("ensemble"), mesh_shape.get("data", 1))
     steps_per_epoch = n_train // cfg.batch_size
-    total_steps = cfg.epochs * steps_per_epoch
+    planned_steps = cfg.epochs * steps_per_epoch  # the schedule's length
+    total_steps = planned_steps
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
     from meshensemble.models import get_model
 
     ens = Ensemble(
         get_model(cfg.model),
-        make_optimizer(cfg, total_steps, steps_per_epoch),
+        make_optimizer(cfg, planned_steps, steps_per_epoch),
         cfg.members,
         mesh,
         backend=cfg.backend,
@@ -304,7 +332,17 @@ def train(
             f"pick a divisor of {steps_per_epoch}"
         )
 
-    writer = RunWriter(cfg.workdir, enabled=main, tensorboard=cfg.tensorboard)
+    resume = _resume_point(cfg, ens, dataset, tell)
+    if main:
+        _check_writable(cfg.workdir)
+    if cfg.overwrite and main:
+        _clear_run(cfg.workdir)
+    writer = RunWriter(
+        cfg.workdir,
+        enabled=main,
+        tensorboard=cfg.tensorboard,
+        keep_until=None if resume is None else resume[2],
+    )
     writer.write_config(cfg, dataset, mesh_shape, k, ens.member_strategy)
     say(
         f"ensemble: {cfg.members} x {cfg.model} on mesh ensemble={mesh.shape[ENSEMBLE]} x "
@@ -313,47 +351,81 @@ def train(
         f"strategy={ens.member_strategy}, {steps_per_epoch} steps/epoch, K={k}"
     )
 
-    key = jax.random.key(cfg.seed)
-    init_key, order_key = jax.random.split(key)
-    state = ens.init(init_key, dataset.train_images[:1])
-    mngr = None
-    if cfg.checkpoint:
-        from meshensemble.checkpoint import checkpoint_manager
-
-        mngr = checkpoint_manager(cfg.workdir)
-
+    init_key, order_key = jax.random.split(jax.random.key(cfg.seed))
+    loop = {"epoch": 1, "epoch_step": 0, "step": 0, "loss_sum": None, "loss_count": 0}
+    if resume is None:
+        state = ens.init(init_key, dataset.train_images[:1])
+    else:
+        state, loop, _ = resume
+        tell(f"resumed from checkpoint {loop['step']} in {cfg.workdir} (epoch {loop['epoch']})")
+    history = writer.history
+    ckpt = Checkpointer(cfg.workdir, cfg.keep, echo=tell) if cfg.checkpoint else None
     feeder = _Feeder(ens, dataset, cfg, order_key, k, steps_per_epoch)
-    history: list[dict[str, Any]] = []
-    step = 0
-    pending: list[dict[str, jax.Array]] = []
+    guard = _NonFinite(ens, cfg, init_key, dataset.train_images[:1])
+    add_loss = jax.jit(lambda acc, losses: acc + jnp.sum(losses, axis=0))
+    loss_sum = (
+        jnp.zeros((cfg.members,), jnp.float32)
+        if loop["loss_sum"] is None
+        else jnp.asarray(np.asarray(loop["loss_sum"], np.float32))
+    )
+    loss_sum = jax.device_put(loss_sum, jax.sharding.NamedSharding(mesh, MEMBERS))
+    epoch, epoch_step, step = loop["epoch"], loop["epoch_step"], loop["step"]
+    loss_count = loop["loss_count"]
+    if epoch_step == steps_per_epoch:
+        epoch, epoch_step = epoch + 1, 0
     progress = _Progress(say, enabled=main and not cfg.quiet)
-    for epoch in range(1, cfg.epochs + 1):
-        if step >= total_steps:
-            break
-        epoch_steps = min(steps_per_epoch, total_steps - step)
-        progress.start(epoch, cfg.epochs, epoch_steps)
-        done = 0
-        while done < epoch_steps:
-            n = min(k, epoch_steps - done) if not cfg.streaming else 1
-            state, metrics = feeder.run(state, epoch, done, n)
-            pending.append(metrics)
-            done += n
+    saved_at = None
+    try:
+        while step < total_steps:
+            if progress.bar is None:
+                progress.start(epoch, cfg.epochs, steps_per_epoch, epoch_step)
+            n = 1 if cfg.streaming else min(k, steps_per_epoch - epoch_step, total_steps - step)
+            state, metrics = feeder.run(state, epoch, epoch_step, n)
+            state = guard.check(state, metrics, step, say, ckpt)
+            loss_sum = add_loss(loss_sum, metrics["loss"])
+            loss_count += n
             step += n
-            progress.update(n, pending)
+            epoch_step += n
+            progress.update(n, metrics)
+            epoch_end = epoch_step == steps_per_epoch or step == total_steps
+            if epoch_end:
+                progress.close()
+                state = guard.flush(state, step, say, ckpt)
+                record = _evaluate_record(
+                    ens, state, dataset, cfg, epoch, step, loss_sum, loss_count
+                )
+                loss_sum, loss_count = jnp.zeros_like(loss_sum), 0
+                history.append(record)
+                writer.write_metrics(record)
+                say(_epoch_line(record, cfg.epochs, time.perf_counter() - t0))
+            every = cfg.checkpoint_every
+            due = epoch_end or (every and step // every > (step - n) // every)
+            stopping = stop.requested(step)
+            if ckpt is not None and (due or stopping):
+                state = guard.flush(state, step, say, ckpt)
+                position = {
+                    "epoch": epoch,
+                    "epoch_step": epoch_step,
+                    "step": step,
+                    "loss_sum": np.asarray(jax.device_get(loss_sum)).tolist(),
+                    "loss_count": loss_count,
+                }
+                ckpt.save(step, state, position)
+                saved_at = step
+            if epoch_step == steps_per_epoch:
+                epoch, epoch_step = epoch + 1, 0
+            if stopping:
+                progress.close()
+                break
+    finally:
         progress.close()
-        record = _evaluate_record(ens, state, dataset, cfg, epoch, step, pending)
-        pending = []
-        history.append(record)
-        writer.write_metrics(record)
-        say(_epoch_line(record, cfg.epochs, time.perf_counter() - t0))
-        if mngr is not None:
-            from meshensemble.checkpoint import save_checkpoint
-
-            save_checkpoint(mngr, step, state, {"epoch": epoch, "step": step})
-    if mngr is not None:
-        mngr.wait_until_finished()
-        mngr.close()
+        if ckpt is not None:
+            ckpt.close()
     seconds = time.perf_counter() - t0
+    if stop.signal is not None:
+        where = f"saved checkpoint {saved_at} in {ckpt.dir}" if saved_at else "no checkpoint"
+        tell(f"stopped by {stop.signal} at step {step}: {where}; run the same command to resume")
+        return TrainResult(ens, state, history, dataset, seconds, preempted=True)
     if main:
         writer.plots(history)
         writer.close()
@@ -361,6 +433,151 @@ def train(
         say(final_table(history[-1]))
     say(f"done in {seconds:.1f}s; outputs in {cfg.workdir}")
     return TrainResult(ens, state, history, dataset, seconds)
+
+
+def _check_writable(workdir: str) -> None:
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        probe = os.path.join(workdir, f".write-test-{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as err:
+        raise ValueError(
+            f"workdir {workdir} is not writable ({err.strerror or err}); pass a writable --workdir"
+        ) from None
+
+
+def _resume_point(cfg, ens, dataset, say):
+    """The checkpoint to resume from, or None; refuses to clobber a run unless asked."""
+    from meshensemble.checkpoint import list_checkpoints, restore_checkpoint
+
+    held = [
+        n
+        for n in (CONFIG_FILE, METRICS_FILE, "checkpoints")
+        if os.path.exists(os.path.join(cfg.workdir, n))
+    ]
+    if not held:
+        return None
+    if cfg.overwrite:
+        return None
+    if not cfg.resume:
+        raise ValueError(
+            f"workdir {cfg.workdir} holds a run ({', '.join(held)}); --no-resume would "
+            "overwrite it: add --overwrite, or resume it, or use another --workdir"
+        )
+    if not list_checkpoints(cfg.workdir):
+        raise ValueError(
+            f"workdir {cfg.workdir} holds a run ({', '.join(held)}) but no checkpoint to "
+            "resume from; add --overwrite to start over, or use another --workdir"
+        )
+    return restore_checkpoint(cfg.workdir, ens, dataset.train_images[:1], echo=say)
+
+
+def _clear_run(workdir: str) -> None:
+    import shutil
+
+    shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)
+    shutil.rmtree(os.path.join(workdir, "tensorboard"), ignore_errors=True)
+    for name in (CONFIG_FILE, METRICS_FILE, "learning_curves.png", "members.png"):
+        path = os.path.join(workdir, name)
+        if os.path.exists(path):
+            os.remove(path)
+
+
+class _StopSignal:
+    """SIGTERM/SIGINT ask the loop to save at the next chunk boundary and stop."""
+
+    def __init__(self):
+        self.signal: str | None = None
+        self._old: dict[int, Any] = {}
+
+    @classmethod
+    def install(cls) -> _StopSignal:
+        import signal
+        import threading
+
+        stop = cls()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                stop._old[sig] = signal.signal(sig, stop._handle)
+        return stop
+
+    def _handle(self, signum, frame) -> None:
+        import signal
+
+        self.signal = signal.Signals(signum).name
+
+    def requested(self, step: int) -> bool:
+        """Whether to stop after ``step``; all processes agree (the runtime's max)."""
+        flag = self.signal is not None
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            flag = bool(multihost_utils.process_allgather(np.int32(flag)).max())
+            if flag and self.signal is None:
+                self.signal = "a peer's signal"
+        return flag
+
+    def uninstall(self) -> None:
+        import signal
+
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class _NonFinite:
+    """Detects a non-finite loss per member, one chunk behind (so it never stalls).
+
+    ``on_nonfinite="stop"`` raises :class:`NonFiniteError` naming the members and the
+    step; ``"reinit"`` re-initialises only those members and goes on.
+    """
+
+    def __init__(self, ens, cfg, init_key, sample):
+        self.ens, self.cfg, self.init_key, self.sample = ens, cfg, init_key, sample
+        self.previous: tuple[int, jax.Array] | None = None
+
+    def check(self, state, metrics, step, say, ckpt):
+        previous, self.previous = self.previous, (step, metrics["loss"])
+        return state if previous is None else self._inspect(state, *previous, say, ckpt)
+
+    def flush(self, state, step, say, ckpt):
+        previous, self.previous = self.previous, None
+        return state if previous is None else self._inspect(state, *previous, say, ckpt)
+
+    def _inspect(self, state, first_step, losses, say, ckpt):
+        losses = np.asarray(jax.device_get(losses))  # [n, members], already computed
+        bad = ~np.isfinite(losses)
+        if not bad.any():
+            return state
+        members = sorted(set(np.nonzero(bad)[1].tolist()))
+        at = first_step + 1 + int(np.nonzero(bad.any(1))[0][0])
+        if self.cfg.on_nonfinite == "reinit":
+            say(f"non-finite loss in member(s) {members} at step {at}: re-initialising them")
+            key = jax.random.fold_in(self.init_key, at)
+            return _reinit_members(self.ens, state, members, key, self.sample)
+        last = ckpt.mngr.latest_step() if ckpt is not None else None
+        keep = f"the last good checkpoint is {last}" if last is not None else "no checkpoint"
+        raise NonFiniteError(
+            f"non-finite loss in member(s) {members} at step {at}; {keep}; lower the learning "
+            "rate, or pass --on-nonfinite reinit to re-initialise only those members"
+        )
+
+
+class NonFiniteError(RuntimeError):
+    """A member's loss became NaN or infinite."""
+
+
+def _reinit_members(ens, state, members, key, sample):
+    fresh = ens.init(key, sample)
+    mask = np.zeros(state.num_members, bool)
+    mask[members] = True
+    pick = jax.jit(
+        lambda new, old: jax.tree.map(
+            lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old
+        )
+    )
+    return pick(fresh, state)
 
 
 class _Feeder:
@@ -431,12 +648,12 @@ def _chunk_fn(ens: Ensemble, num_steps: int, batch: int):
     return functools.partial(steps.train_chunk, ens._cfg(), num_steps, batch)
 
 
-def _evaluate_record(ens, state, dataset, cfg, epoch, step, pending) -> dict[str, Any]:
-    losses = np.concatenate([np.asarray(m["loss"]) for m in pending]) if pending else None
+def _evaluate_record(ens, state, dataset, cfg, epoch, step, loss_sum, loss_count):
     ev = ens.evaluate(state, dataset.test_images, dataset.test_labels, cfg.eval_batch_size)
     record: dict[str, Any] = {"epoch": epoch, "step": step}
-    if losses is not None:
-        record["train_loss"] = [float(v) for v in losses.mean(0)]
+    if loss_count:
+        losses = np.asarray(jax.device_get(loss_sum), np.float64) / loss_count
+        record["train_loss"] = [float(v) for v in losses]
         record["train_mean_member_loss"] = float(losses.mean())
     record.update(prefix_metrics(ev, "test"))
     return record
@@ -496,19 +713,23 @@ class _Progress:
     def __init__(self, say: Callable[[str], None], enabled: bool):
         self.enabled = enabled and sys.stderr.isatty()
         self.bar = None
+        self._last: jax.Array | None = None
 
-    def start(self, epoch: int, epochs: int, total: int) -> None:
+    def start(self, epoch: int, epochs: int, total: int, initial: int = 0) -> None:
         if self.enabled:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, desc=f"epoch {epoch}/{epochs}", leave=False)
+            self.bar = tqdm(
+                total=total, initial=initial, desc=f"epoch {epoch}/{epochs}", leave=False
+            )
 
-    def update(self, n: int, pending: list[dict[str, jax.Array]]) -> None:
+    def update(self, n: int, metrics: dict[str, jax.Array]) -> None:
         if self.bar is None:
             return
         self.bar.update(n)
-        if len(pending) >= 2 and len(pending) % 5 == 0:  # an already finished step
-            self.bar.set_postfix(loss=f"{float(np.mean(np.asarray(pending[-2]['loss']))):.4f}")
+        if self._last is not None and self.bar.n % 5 < n:  # a step that has finished
+            self.bar.set_postfix(loss=f"{float(np.mean(np.asarray(self._last))):.4f}")
+        self._last = metrics["loss"][-1]
 
     def close(self) -> None:
         if self.bar is not None:
@@ -523,17 +744,31 @@ class RunWriter:
       workdir: the run's folder (created).
       enabled: False in processes other than 0.
       tensorboard: also write TensorBoard event files (with ``tensorboardX``).
+      keep_until: when resuming, the restored step: records after it are dropped from
+        ``metrics.jsonl`` so no evaluation appears twice.
     """
 
-    def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = False):
+    def __init__(
+        self,
+        workdir: str,
+        enabled: bool = True,
+        tensorboard: bool = False,
+        keep_until: int | None = None,
+    ):
         self.workdir = workdir
         self.enabled = enabled
         self.tb = None
+        self.history: list[dict[str, Any]] = []
+        self.metrics_path = os.path.join(workdir, METRICS_FILE)
+        if keep_until is not None and os.path.exists(self.metrics_path):
+            with open(self.metrics_path) as f:
+                records = [json.loads(line) for line in f if line.strip()]
+            self.history = [r for r in records if r["step"] <= keep_until]
         if not enabled:
             return
         os.makedirs(workdir, exist_ok=True)
-        self.metrics_path = os.path.join(workdir, METRICS_FILE)
-        open(self.metrics_path, "w").close()
+        with open(self.metrics_path, "w") as f:  # cut back to the restored step
+            f.writelines(json.dumps(r) + "\n" for r in self.history)
         if tensorboard:
             try:
                 from tensorboardX import SummaryWriter

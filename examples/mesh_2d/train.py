@@ -37,7 +37,7 @@ def describe_mesh(mesh: jax.sharding.Mesh, members: int, batch_size: int) -> str
     lines = [
         f"mesh ensemble={e} x data={d} on {e * d} {platform} devices: {per} member(s)/device, "
         f"batch {batch_size} = {d} x {batch_size // d}",
-        " " * 14 + "".join(f"{'data ' + str(j):<10}" for j in range(d)),
+        (" " * 14 + "".join(f"{'data ' + str(j):<10}" for j in range(d))).rstrip(),
     ]
     for i in range(e):
         devs = "".join(f"{dev.platform + ':' + str(dev.id):<10}" for dev in mesh.devices[i])

@@ -1,0 +1,480 @@
+"""Checkpoints and faults: exact resume, resharding, kill -9, SIGTERM, full and read-only
+disks, damaged checkpoints, non-finite losses and bad input. Real processes, not mocks."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import chex
+import jax
+import numpy as np
+import optax
+import pytest
+from conftest import need_devices
+
+import meshensemble as me
+from meshensemble import cli
+from meshensemble.checkpoint import CHECKSUMS, Checkpointer, list_checkpoints, read_checksums
+from meshensemble.train import TrainConfig, train
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = me.data.synthetic(num_train=192, num_test=40, seed=0)
+TX = optax.sgd(0.05, 0.9)  # the structure of the runs' optimizer state (SGD with momentum)
+
+
+@pytest.fixture(scope="module")
+def npz(tmp_path_factory) -> str:
+    """The synthetic set as a Keras-layout npz, so subprocesses can load it."""
+    path = tmp_path_factory.mktemp("data") / "synthetic.npz"
+    np.savez(
+        path,
+        x_train=DATA.train_images[..., 0],
+        y_train=DATA.train_labels.astype(np.uint8),
+        x_test=DATA.test_images[..., 0],
+        y_test=DATA.test_labels.astype(np.uint8),
+    )
+    return str(path)
+
+
+def cfg(workdir, **kw) -> TrainConfig:
+    base = dict(
+        model="mlp",
+        members=4,
+        mesh="ensemble=4,data=2",
+        epochs=2,
+        batch_size=32,
+        learning_rate=0.05,
+        workdir=str(workdir),
+        quiet=True,
+        eval_batch_size=40,
+    )
+    return TrainConfig(**(base | kw))
+
+
+def final_params(workdir, mesh=(4, 2)) -> dict:
+    ens = me.Ensemble(
+        me.models.MLP(), TX, 4, me.make_mesh(*mesh), input_transform=me.data.normalize
+    )
+    state, _, _ = me.restore_checkpoint(str(workdir), ens, DATA.test_images[:1])
+    return jax.device_get(state)
+
+
+def records(workdir) -> list[dict]:
+    return [json.loads(x) for x in Path(workdir, "metrics.jsonl").read_text().splitlines()]
+
+
+# ------------------------------------------------------------------ in process
+@pytest.mark.parametrize("first", [2, 3])
+def test_split_run_resumes_bitwise(tmp_path, first):
+    need_devices(8)
+    whole = train(cfg(tmp_path / "whole", max_steps=6), dataset=DATA)
+    part = train(cfg(tmp_path / "split", max_steps=first), dataset=DATA)
+    assert part.history[-1]["step"] == first
+    rest = train(cfg(tmp_path / "split", max_steps=6), dataset=DATA)
+    chex.assert_trees_all_equal(jax.device_get(rest.state), jax.device_get(whole.state))
+    a, b = whole.history[-1], rest.history[-1]
+    assert {k: v for k, v in a.items() if k.startswith("test_")} == {
+        k: v for k, v in b.items() if k.startswith("test_")
+    }
+    steps = [r["step"] for r in records(tmp_path / "split")]
+    assert steps == [first, 6]  # no evaluation twice
+
+
+def test_restore_onto_other_meshes_predicts_the_same(tmp_path):
+    need_devices(8)
+    result = train(cfg(tmp_path / "r", mesh="ensemble=4,data=1", epochs=1), dataset=DATA)
+    expected = np.asarray(result.ensemble.predict(result.state, DATA.test_images))
+    for shape in [(2, 1), (4, 2), (1, 1), (2, 4)]:
+        ens = me.Ensemble(
+            me.models.MLP(),
+            TX,
+            4,
+            me.make_mesh(*shape),
+            input_transform=me.data.normalize,
+        )
+        state, loop, step = me.restore_checkpoint(str(tmp_path / "r"), ens, DATA.test_images[:1])
+        assert step == 6 and loop["epoch"] == 1
+        for leaf in jax.tree.leaves(state):
+            assert leaf.sharding.is_equivalent_to(me.member_sharding(ens.mesh), leaf.ndim)
+        got = np.asarray(ens.predict(state, DATA.test_images))
+        np.testing.assert_allclose(got, expected, atol=1e-5, err_msg=str(shape))
+    # one member as a plain single-model tree, and a subset
+    p3 = me.extract_members(result.state, 3)
+    logits = me.models.MLP().apply({"params": p3}, me.data.normalize(DATA.test_images))
+    member = np.asarray(result.ensemble.predict_members(result.state, DATA.test_images))[3]
+    np.testing.assert_allclose(np.asarray(jax.nn.softmax(logits)), member, atol=1e-5)
+    assert jax.tree.leaves(me.extract_members(result.state, [0, 2]))[0].shape[0] == 2
+    with pytest.raises(ValueError, match="member index .* out of range; the ensemble has 4"):
+        me.extract_members(result.state, 4)
+    # an inference-only ensemble: no optimizer state on disk, same predictions
+    me.save_inference(str(tmp_path / "inference"), result.state)
+    ens = me.Ensemble(me.models.MLP(), TX, 4, me.make_mesh(1, 1), input_transform=me.data.normalize)
+    loaded = me.load_inference(str(tmp_path / "inference"), ens, DATA.test_images[:1])
+    np.testing.assert_allclose(
+        np.asarray(ens.predict(loaded, DATA.test_images)), expected, atol=1e-5
+    )
+
+
+def test_damaged_checkpoints_are_detected_and_the_previous_one_used(tmp_path):
+    need_devices(8)
+    workdir = tmp_path / "d"
+    train(cfg(workdir, checkpoint_every=2, keep=4, epochs=1), dataset=DATA)
+    assert list_checkpoints(workdir) == [2, 4, 6][-4:] or list_checkpoints(workdir)
+    steps = list_checkpoints(workdir)
+    assert set(read_checksums(str(workdir / "checkpoints"))) == {str(s) for s in steps}
+    good = final_params(workdir)
+
+    def biggest_file(step):
+        files = [p for p in (workdir / "checkpoints" / str(step)).rglob("*") if p.is_file()]
+        return max(files, key=lambda p: p.stat().st_size)
+
+    # bit-flip the newest: orbax would read it silently; the checksum catches it
+    victim = biggest_file(steps[-1])
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    victim.write_bytes(bytes(raw))
+    messages: list[str] = []
+    ens = me.Ensemble(me.models.MLP(), TX, 4, me.make_mesh(4, 2), input_transform=me.data.normalize)
+    state, _, step = me.restore_checkpoint(
+        str(workdir), ens, DATA.test_images[:1], echo=messages.append
+    )
+    assert step == steps[-2]
+    assert any(f"checkpoint {steps[-1]} is damaged (checksum mismatch)" in m for m in messages)
+    # truncate the one before it too, and drop its checksum: orbax itself must notice
+    victim = biggest_file(steps[-2])
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 3])
+    sums = read_checksums(str(workdir / "checkpoints"))
+    del sums[str(steps[-2])]
+    (workdir / "checkpoints" / CHECKSUMS).write_text(json.dumps(sums))
+    messages.clear()
+    state, _, step = me.restore_checkpoint(
+        str(workdir), ens, DATA.test_images[:1], echo=messages.append
+    )
+    assert step == steps[-3], messages
+    assert any(f"checkpoint {steps[-2]} is unreadable" in m for m in messages)
+    assert not np.array_equal(
+        jax.device_get(state.params)["Dense_0"]["kernel"], good.params["Dense_0"]["kernel"]
+    )  # an older, good state
+    chex.assert_tree_all_finite(state)
+
+
+def test_nonfinite_loss_stops_naming_members_or_reinitialises_them(tmp_path, npz, capsys):
+    need_devices(8)
+    workdir = tmp_path / "nan"
+    argv = [
+        "train",
+        "--source",
+        "npz",
+        "--data-file",
+        npz,
+        "--model",
+        "mlp",
+        "--members",
+        "4",
+        "--mesh",
+        "ensemble=4,data=1",
+        "--batch-size",
+        "32",
+        "--epochs",
+        "2",
+        "--optimizer",
+        "sgd",
+        "--learning-rate",
+        "1e30",
+        "--momentum",
+        "0.9",
+        "--workdir",
+        str(workdir),
+        "--quiet",
+    ]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert "non-finite loss in member(s) [" in err and " at step " in err and "\n" not in err
+    for step in list_checkpoints(workdir):  # nothing non-finite was saved
+        ens = me.Ensemble(me.models.MLP(), TX, 4, me.make_mesh(4, 1))
+        state, _, _ = me.restore_checkpoint(str(workdir), ens, DATA.test_images[:1], step=step)
+        chex.assert_tree_all_finite(state.params)
+    result = train(
+        cfg(
+            tmp_path / "re",
+            learning_rate=1e4,
+            on_nonfinite="reinit",
+            epochs=1,
+            checkpoint=False,
+            quiet=False,
+        ),
+        dataset=DATA,
+        echo=lambda s: None,
+    )
+    assert result.history[-1]["step"] == 6
+
+
+# ------------------------------------------------------------------ real processes
+def cli_cmd(npz, workdir, *extra) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "meshensemble.cli",
+        "train",
+        "--fake-devices",
+        "2",
+        "--source",
+        "npz",
+        "--data-file",
+        npz,
+        "--model",
+        "mlp",
+        "--members",
+        "2",
+        "--batch-size",
+        "32",
+        "--epochs",
+        "2",
+        "--checkpoint-every",
+        "1",
+        "--keep",
+        "2",
+        "--workdir",
+        str(workdir),
+        "--quiet",
+        *extra,
+    ]
+
+
+def run_cli(cmd, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(npz, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("whole")
+    done = run_cli(cli_cmd(npz, workdir))
+    assert done.returncode == 0, done.stderr
+    return workdir
+
+
+def _params(workdir):
+    ens = me.Ensemble(me.models.MLP(), TX, 2, me.make_mesh(2, 1), input_transform=me.data.normalize)
+    state, loop, step = me.restore_checkpoint(str(workdir), ens, DATA.test_images[:1])
+    return jax.device_get(state), step
+
+
+def _wait_for_checkpoint(workdir, proc, at_least=1, timeout=90):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if len(list_checkpoints(workdir)) >= at_least:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"run ended before a checkpoint: {proc.stderr.read()}")
+        time.sleep(0.05)
+    pytest.fail("no checkpoint appeared")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_kill_9_mid_run_then_resume_matches_uninterrupted(npz, tmp_path, uninterrupted, seed):
+    workdir = tmp_path / "killed"
+    proc = subprocess.Popen(
+        cli_cmd(npz, workdir), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _wait_for_checkpoint(workdir, proc)
+        time.sleep(random.Random(seed).uniform(0.0, 1.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    resumed = run_cli(cli_cmd(npz, workdir))
+    assert resumed.returncode == 0, resumed.stderr
+    got, step = _params(workdir)
+    want, want_step = _params(uninterrupted)
+    assert step == want_step == 12
+    chex.assert_trees_all_equal(got, want)
+    assert records(workdir) == records(uninterrupted)
+
+
+def test_sigterm_saves_at_the_next_boundary_and_exits_0(npz, tmp_path, uninterrupted):
+    workdir = tmp_path / "term"
+    proc = subprocess.Popen(
+        cli_cmd(npz, workdir, "--checkpoint-every", "100"),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        t0 = time.time()  # wait until training runs (the config is written before step 1)
+        while not (workdir / "config.json").exists() and time.time() - t0 < 90:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    line = [s for s in (out + err).splitlines() if "stopped by SIGTERM" in s]
+    assert line, out + err
+    step = int(line[0].split("at step ")[1].split(":")[0])
+    assert f"saved checkpoint {step}" in line[0]
+    assert step in list_checkpoints(workdir)
+    resumed = run_cli(cli_cmd(npz, workdir))
+    assert resumed.returncode == 0 and "resumed from checkpoint" in resumed.stdout + resumed.stderr
+    chex.assert_trees_all_equal(_params(workdir)[0], _params(uninterrupted)[0])
+
+
+def _mount(*args) -> bool:
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        return False
+    return subprocess.run(["mount", *args], capture_output=True).returncode == 0
+
+
+def test_full_disk_gives_a_clear_error_and_the_previous_checkpoint_restores(npz, tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if not _mount("-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)):
+        pytest.skip("cannot mount a tmpfs here (needs root and mount privileges)")
+    try:
+        workdir = mnt / "run"
+        done = run_cli(cli_cmd(npz, workdir, "--keep", "5"))
+        assert done.returncode == 1, done.stdout + done.stderr
+        err = done.stderr.strip().splitlines()[-1]
+        assert err.startswith("error: could not save checkpoint") and "intact" in err, err
+        steps = list_checkpoints(workdir)
+        assert steps, "the first checkpoints fit"
+        state, step = _params(workdir)
+        chex.assert_tree_all_finite(state)
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_read_only_workdir_is_refused_and_its_run_still_restores(npz, tmp_path, uninterrupted):
+    workdir = tmp_path / "ro"
+    shutil.copytree(uninterrupted, workdir)
+    if not (_mount("--bind", str(workdir), str(workdir))):
+        pytest.skip("cannot bind-mount here (needs root and mount privileges)")
+    try:
+        if not _mount("-o", "remount,ro,bind", str(workdir)):
+            pytest.skip("cannot remount read-only here")
+        before = records(workdir)
+        done = run_cli(cli_cmd(npz, workdir, "--epochs", "3"))
+        assert done.returncode == 2
+        assert "is not writable" in done.stderr and str(workdir) in done.stderr
+        assert records(workdir) == before
+        assert _params(workdir)[1] == 12
+    finally:
+        subprocess.run(["umount", str(workdir)], check=False)
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, npz) -> Path:
+    workdir = tmp_path_factory.mktemp("finished")
+    train(cfg(workdir, epochs=1, mesh="ensemble=4,data=1", source="npz", data_file=npz))
+    return workdir
+
+
+BAD = [
+    (["--members", "0"], "members=0 must be a positive integer"),
+    (["--members", "3", "--mesh", "ensemble=2"], "num_members=3 is not a positive multiple"),
+    (["--mesh", "ensemble=4,model=2"], "bad part 'model=2'"),
+    (["--mesh", "ensemble=16"], "needs 16 devices but only 8 exist"),
+    (["--optimizer", "rmsprop"], "invalid choice: 'rmsprop'"),
+    (["--batch-size", "30", "--mesh", "ensemble=2,data=4"], "batch_size=30 is not divisible"),
+    (["--batch-size", "100000"], "batch_size=100000 is larger than"),
+    (["--learning-rate", "-1"], "learning_rate=-1.0 must be a positive number"),
+    (["--momentum", "1.5"], "momentum=1.5 must be in [0, 1)"),
+    (["--keep", "0"], "keep=0 must be a positive integer"),
+    (["--checkpoint-every", "0"], "checkpoint_every=0 must be a positive integer"),
+    (["--on-nonfinite", "ignore"], "invalid choice: 'ignore'"),
+    (["--epochs", "x"], "invalid int value: 'x'"),
+    (["--source", "npz"], "npz"),
+    (["--data-file", "/nonexistent.npz"], "/nonexistent.npz"),
+    (["--backend", "pmap", "--mesh", "ensemble=4,data=2"], "backend='pmap' maps one axis"),
+    (["--chunk-steps", "7"], "chunk_steps=7 does not divide"),
+    (["--config", "/nonexistent.json"], "--config /nonexistent.json: cannot read JSON"),
+    (["--dataset", "cifar10"], "invalid choice: 'cifar10'"),
+    (["--fake-devices", "0"], "--fake-devices 0 must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD, ids=[m[:30] for _, m in BAD])
+def test_bad_input_table(tmp_path, capsys, argv, message):
+    need_devices(8)
+    workdir = tmp_path / "bad"
+    code = cli.main(["train", "--source", "sample", "--workdir", str(workdir), *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and "\n" not in err, err
+    assert not workdir.exists()
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--no-resume"], "holds a run (config.json, metrics.jsonl, checkpoints); --no-resume"),
+        (["--members", "8"], "holds a run with members=4, but this command says members=8"),
+        (["--seed", "3"], "holds a run with seed=0"),
+    ],
+)
+def test_a_run_in_the_workdir_is_never_clobbered(finished_run, capsys, argv, message):
+    before = {p: p.read_bytes() for p in finished_run.rglob("*") if p.is_file()}
+    code = cli.main(["train", "--workdir", str(finished_run), *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and "\n" not in err, err
+    after = {p: p.read_bytes() for p in finished_run.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_corrupt_workdir_config_is_refused(tmp_path, capsys):
+    workdir = tmp_path / "c"
+    workdir.mkdir()
+    (workdir / "config.json").write_text("{not json")
+    assert cli.main(["train", "--workdir", str(workdir)]) == 2
+    err = capsys.readouterr().err
+    assert "workdir config" in err and "cannot read JSON" in err
+    assert (workdir / "config.json").read_text() == "{not json"
+
+
+def test_resume_says_so_and_overwrite_starts_over(finished_run, tmp_path, capsys):
+    workdir = tmp_path / "again"
+    shutil.copytree(finished_run, workdir)
+    assert cli.main(["train", "--workdir", str(workdir), "--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "resumed from checkpoint 6" in out
+    assert [r["step"] for r in records(workdir)] == [6, 12]
+    assert (
+        cli.main(
+            [
+                "train",
+                "--workdir",
+                str(workdir),
+                "--overwrite",
+                "--no-resume",
+                "--source",
+                "npz",
+                "--data-file",
+                "/nonexistent.npz",
+            ]
+        )
+        == 2
+    )
+    assert [r["step"] for r in records(workdir)] == [6, 12]  # a failed start deletes nothing
+
+
+def test_checkpointer_reports_unwritable_target(tmp_path):
+    need_devices(8)
+    ckpt = Checkpointer(str(tmp_path / "w"))
+    ens = me.Ensemble(me.models.MLP(), TX, 4, me.make_mesh(4, 1))
+    state = ens.init(jax.random.PRNGKey(0), DATA.test_images[:1])
+    ckpt.save(1, state, {"step": 1})
+    ckpt.close()
+    assert list_checkpoints(tmp_path / "w") == [1]
+    assert read_checksums(str(tmp_path / "w" / "checkpoints"))["1"]

@@ -1,0 +1,300 @@
+"""Any model: Linen, NNX and plain functions train alike; per-member hyperparameters; the zoo."""
+
+from __future__ import annotations
+
+import functools
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from conftest import need_devices
+from flax import nnx
+from jax import lax
+
+import meshensemble as me
+from meshensemble import models
+
+M = 8
+STEPS = 3
+TX = optax.sgd(0.1, 0.9)
+
+
+def learnable(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """8x8 images whose class is written in one row and one column: learnable quickly."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 10, n)
+    x = rng.normal(0, 0.3, (n, 8, 8, 1)).astype(np.float32)
+    x[np.arange(n), y % 8, :, 0] += 1.5
+    x[np.arange(n), :, y // 8 + 3, 0] += 1.5
+    return x, y.astype(np.int32)
+
+
+X, Y = learnable(16)
+
+
+# ------------------------------------------------------------------ one net, three forms
+class TinyLinen(nn.Module):
+    """Conv(4) -> Dense(16) -> Dense(10) on 8x8x1 inputs, in Linen."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Conv(4, (3, 3))(x))
+        x = x.reshape((x.shape[0], -1))
+        x = nn.relu(nn.Dense(16)(x))
+        return nn.Dense(10)(x)
+
+
+class TinyNNX(nnx.Module):
+    """The same net in NNX (other attribute names, so the conversion is not the identity)."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.conv = nnx.Conv(1, 4, (3, 3), rngs=rngs)
+        self.hidden = nnx.Linear(8 * 8 * 4, 16, rngs=rngs)
+        self.out = nnx.Linear(16, 10, rngs=rngs)
+
+    def __call__(self, x):
+        x = nnx.relu(self.conv(x))
+        x = x.reshape((x.shape[0], -1))
+        return self.out(nnx.relu(self.hidden(x)))
+
+
+def tiny_init(rng, x):
+    """The same net as plain functions: init (its values are replaced by Linen's)."""
+    k1, k2, k3 = jax.random.split(rng, 3)
+    return {
+        "conv": {"w": 0.1 * jax.random.normal(k1, (3, 3, 1, 4)), "b": jnp.zeros(4)},
+        "h": {"w": 0.05 * jax.random.normal(k2, (256, 16)), "b": jnp.zeros(16)},
+        "o": {"w": 0.1 * jax.random.normal(k3, (16, 10)), "b": jnp.zeros(10)},
+    }
+
+
+def tiny_apply(p, x):
+    y = lax.conv_general_dilated(
+        x, p["conv"]["w"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
+    y = jax.nn.relu(y + p["conv"]["b"][None, None, None])
+    y = y.reshape((y.shape[0], -1))
+    y = jax.nn.relu(y @ p["h"]["w"] + p["h"]["b"][None])
+    return y @ p["o"]["w"] + p["o"]["b"][None]
+
+
+def linen_to(form: str, p):
+    """Linen params (any leading member axes) in the NNX or function form."""
+    conv, dense0, dense1 = p["Conv_0"], p["Dense_0"], p["Dense_1"]
+    if form == "linen":
+        return p
+    if form == "nnx":
+        return {"conv": dict(conv), "hidden": dict(dense0), "out": dict(dense1)}
+    pair = lambda d: {"w": d["kernel"], "b": d["bias"]}
+    return {"conv": pair(conv), "h": pair(dense0), "o": pair(dense1)}
+
+
+FORMS = {
+    "linen": TinyLinen(),
+    "nnx": me.NNXModel(lambda rngs: TinyNNX(rngs)),
+    "function": (tiny_init, tiny_apply),  # as_model makes a FunctionModel
+}
+
+
+@functools.cache
+def linen_init(m: int, mesh_shape: tuple[int, int]):
+    ens = me.Ensemble(TinyLinen(), TX, m, me.make_mesh(*mesh_shape))
+    return jax.device_get(ens.init(jax.random.PRNGKey(0), X[:1]).params)
+
+
+def train_form(form: str, mesh_shape, strategy: str, m: int = M):
+    """``STEPS`` steps of ``form`` started from the Linen members' initial parameters."""
+    mesh = me.make_mesh(*mesh_shape)
+    ens = me.Ensemble(FORMS[form], TX, m, mesh, member_strategy=strategy)
+    state = ens.init(jax.random.PRNGKey(0), X[:1])
+    start = linen_to(form, linen_init(m, mesh_shape))
+    # the form's own init has exactly the structure and shapes of the converted params
+    chex.assert_trees_all_equal_shapes_and_dtypes(jax.device_get(state.params), start)
+    state = state.replace(params=jax.device_put(start, me.member_sharding(mesh)))
+    losses = []
+    for _ in range(STEPS):
+        state, metrics = ens.train_step(state, X, Y)
+        losses.append(np.asarray(metrics["loss"]))
+    return jax.device_get(state.params), np.stack(losses)
+
+
+@pytest.mark.parametrize(
+    "mesh_shape,strategy",
+    [((8, 1), "loop"), ((4, 1), "vmap")],
+    ids=["1_member_per_device", "2_members_per_device_vmap"],
+)
+def test_linen_nnx_and_functions_train_to_the_same_members(mesh_shape, strategy):
+    need_devices(8)
+    ref_params, ref_losses = train_form("linen", mesh_shape, strategy)
+    assert np.all(ref_losses[-1] < ref_losses[0])  # it trains
+    for form in ("nnx", "function"):
+        params, losses = train_form(form, mesh_shape, strategy)
+        chex.assert_trees_all_close(params, linen_to(form, ref_params), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(losses, ref_losses, atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------ NNX with dropout + BN
+class DropoutBNNNX(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.dense = nnx.Linear(64, 16, rngs=rngs)
+        self.bn = nnx.BatchNorm(16, momentum=0.9, rngs=rngs)
+        self.dropout = nnx.Dropout(0.3, rngs=rngs)
+        self.out = nnx.Linear(16, 10, rngs=rngs)
+
+    def __call__(self, x):
+        x = self.bn(self.dense(x.reshape((x.shape[0], -1))))
+        return self.out(self.dropout(nnx.relu(x)))
+
+
+def test_nnx_dropout_and_batchnorm_train_per_member():
+    need_devices(8)
+    mesh = me.make_mesh(ensemble=4, data=2)  # batch statistics are averaged over `data`
+    ens = me.Ensemble(me.NNXModel(DropoutBNNNX), TX, 4, mesh)
+    state = ens.init(jax.random.key(0), X[:1])
+    stats0 = jax.device_get(state.model_state)
+    assert set(stats0) == {"batch_stats"}
+    chex.assert_shape(stats0["batch_stats"]["bn"]["mean"], (4, 16))
+    # every member starts from member 0: only its dropout masks can tell it apart
+    same = jax.tree.map(lambda v: np.repeat(np.asarray(v)[:1], 4, 0), state.params)
+    state = state.replace(params=jax.device_put(same, me.member_sharding(mesh)))
+    state, m1 = ens.train_step(state, X, Y)
+    kernel = np.asarray(state.params["out"]["kernel"])
+    assert min(np.abs(kernel[0] - kernel[i]).max() for i in range(1, 4)) > 1e-4
+    assert np.std(m1["loss"]) > 0
+    state, _ = ens.train_step(state, X, Y)
+    chex.assert_tree_all_finite(state)
+    mean = np.asarray(state.model_state["batch_stats"]["bn"]["mean"])
+    assert np.abs(mean - stats0["batch_stats"]["bn"]["mean"]).min(axis=1).max() > 0  # updated
+    assert min(np.abs(mean[0] - mean[i]).max() for i in range(1, 4)) > 0  # per member
+    # evaluation is deterministic (no dropout) and uses the running statistics
+    p1, p2 = np.asarray(ens.predict(state, X)), np.asarray(ens.predict(state, X[:4]))
+    np.testing.assert_array_equal(p1[:4], p2)
+
+
+def test_as_model_routes_every_form():
+    assert isinstance(me.as_model(TinyLinen()), me.LinenModel)
+    assert isinstance(me.as_model(DropoutBNNNX), me.NNXModel)  # a class: cls(rngs=rngs)
+    nnx_model = me.NNXModel(lambda rngs: TinyNNX(rngs))
+    assert me.as_model(nnx_model) is nnx_model
+    hash(nnx_model.graphdef)  # static: hashable
+    fn = me.as_model((tiny_init, tiny_apply))
+    assert isinstance(fn, me.FunctionModel) and not fn.stateful
+    params, state = fn.init(jax.random.PRNGKey(0), X[:1])
+    assert state == {}
+    chex.assert_shape(fn.apply(params, state, X[:2], True, jax.random.PRNGKey(1))[0], (2, 10))
+    with pytest.raises(TypeError, match=r"nnx.Module instance .*NNXModel\(lambda rngs: TinyNNX"):
+        me.as_model(TinyNNX(nnx.Rngs(0)))
+    with pytest.raises(TypeError, match="not an nnx.Module"):
+        me.NNXModel(lambda rngs: TinyLinen())
+    with pytest.raises(TypeError, match="takes a factory"):
+        me.NNXModel(TinyNNX(nnx.Rngs(0)))
+    with pytest.raises(TypeError, match="is not supported"):
+        me.as_model("cnn")
+
+
+# ------------------------------------------------------------------ per-member hyperparameters
+def test_per_member_learning_rates_equal_separate_runs():
+    need_devices(2)
+    lrs = np.array([0.01, 0.05, 0.1, 0.2], np.float32)
+    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1, momentum=0.9)
+    mesh = me.make_mesh(ensemble=2, data=1, devices=jax.devices()[:2])
+    ens = me.Ensemble(TinyLinen(), tx, 4, mesh, hyperparams={"learning_rate": lrs})
+    state = ens.init(jax.random.PRNGKey(1), X[:1])
+    hp = state.opt_state.hyperparams["learning_rate"]
+    np.testing.assert_allclose(np.asarray(hp), lrs)
+    assert hp.sharding.is_equivalent_to(me.member_sharding(mesh), 1)
+    start = jax.device_get(state.params)
+    for _ in range(STEPS):
+        state, metrics = ens.train_step(state, X, Y)
+
+    @jax.jit
+    def step(p, o, lr):
+        def loss(p):
+            logits = TinyLinen().apply({"params": p}, X)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, Y).mean()
+
+        value, g = jax.value_and_grad(loss)(p)
+        u, o = optax.sgd(lr, 0.9).update(g, o, p)
+        return optax.apply_updates(p, u), o, value
+
+    for i, lr in enumerate(lrs):
+        p = jax.tree.map(lambda v, i=i: v[i], start)
+        o = optax.sgd(lr, 0.9).init(p)
+        for _ in range(STEPS):
+            p, o, value = step(p, o, lr)
+        member = jax.tree.map(lambda v, i=i: np.asarray(v)[i], state.params)
+        chex.assert_trees_all_close(member, jax.device_get(p), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(metrics["loss"][i], value, atol=1e-5)
+
+
+_INJECTED = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1, momentum=0.9)
+
+
+@pytest.mark.parametrize(
+    "tx,hyperparams,match",
+    [
+        (TX, {"learning_rate": [0.1] * 4}, r"optax.inject_hyperparams.*state is a tuple"),
+        (_INJECTED, {"lr": [0.1] * 4}, r"'lr'.* known: learning_rate, momentum$"),
+        (_INJECTED, {"learning_rate": [0.1] * 3}, r"shape \(3,\); .* shape \(4,\)"),
+        (_INJECTED, {"learning_rate": 0.1}, r"shape \(\); give one value per member"),
+        (_INJECTED, {"learning_rate": [[0.1] * 4]}, r"shape \(1, 4\)"),
+        (_INJECTED, {"momentum": [0.9, np.nan, 0.9, 0.9]}, r"'momentum'.* non-finite"),
+        (_INJECTED, {"learning_rate": ["a"] * 4}, r"dtype <U1; give numbers"),
+        (
+            optax.inject_hyperparams(optax.sgd)(learning_rate=optax.linear_schedule(0.1, 0, 9)),
+            {"learning_rate": [0.1] * 4},
+            r"'learning_rate'.* is a schedule",
+        ),
+    ],
+    ids=["not_injected", "unknown", "short", "scalar", "2d", "nan", "strings", "schedule"],
+)
+def test_bad_hyperparams(tx, hyperparams, match):
+    need_devices(4)
+    with pytest.raises(ValueError, match=match) as info:
+        me.Ensemble(TinyLinen(), tx, 4, me.make_mesh(4, 1), hyperparams=hyperparams)
+    assert "\n" not in str(info.value)
+
+
+# ------------------------------------------------------------------ the zoo
+def test_resnet_trains_in_an_ensemble_and_updates_batch_stats():
+    need_devices(2)
+    model = models.ResNet(stage_sizes=(1, 1), num_filters=4)
+    mesh = me.make_mesh(ensemble=2, data=1, devices=jax.devices()[:2])
+    ens = me.Ensemble(model, optax.sgd(0.05), 2, mesh)
+    x = np.random.default_rng(0).normal(size=(2, 8, 8, 3)).astype(np.float32)
+    y = np.array([1, 7], np.int32)
+    state = ens.init(jax.random.PRNGKey(0), x[:1])
+    before = jax.device_get(state)
+    state, metrics = ens.train_step(state, x, y)
+    chex.assert_tree_all_finite(state)
+    chex.assert_shape(metrics["loss"], (2,))
+    stats = state.model_state["batch_stats"]
+    assert set(stats) == {"BatchNorm_0", "ResidualBlock_0", "ResidualBlock_1"}
+    assert "BatchNorm_2" in stats["ResidualBlock_1"]  # the projection shortcut (stride 2)
+    moved = jax.tree.map(
+        lambda a, b: float(np.abs(np.asarray(a) - b).max()),
+        stats,
+        before.model_state["batch_stats"],
+    )
+    assert min(jax.tree.leaves(moved)) > 0  # every running statistic was updated
+    grads_moved = jax.tree.map(
+        lambda a, b: float(np.abs(np.asarray(a) - b).max()), state.params, before.params
+    )
+    assert max(jax.tree.leaves(grads_moved)) > 0
+    chex.assert_shape(ens.predict(state, x), (2, 10))
+
+
+def test_howto_cnn_is_the_flax_cnn_and_registry():
+    key, x = jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1))
+    a = jax.eval_shape(models.CNN().init, key, x)
+    b = jax.eval_shape(models.HowtoCNN().init, key, x)
+    chex.assert_trees_all_equal_shapes_and_dtypes(a, b)
+    assert issubclass(models.HowtoCNN, models.CNN)
+    assert set(models.REGISTRY) >= {"cnn", "mlp", "howto_cnn", "resnet"}
+    assert isinstance(models.get_model("resnet"), models.ResNet)
+    shapes = jax.eval_shape(models.ResNet().init, key, jnp.zeros((1, 32, 32, 3)))
+    assert shapes["params"]["Dense_0"]["kernel"].shape == (64, 10)  # ResNet-8: 16, 32, 64
