@@ -312,7 +312,9 @@ def extract_members(state: EnsembleState, members: int | list[int]) -> Any:
     bad = [i for i in idx if not 0 <= int(i) < m]
     if bad or not idx:
         raise ValueError(f"member index {bad or idx} out of range; the ensemble has {m} members")
-    host = jax.device_get(state.params)
+    from meshensemble.distributed import fetch
+
+    host = fetch(state.params)
     if isinstance(members, int | np.integer):
         return jax.tree.map(lambda v: np.asarray(v)[int(members)], host)
     return jax.tree.map(lambda v: np.asarray(v)[np.asarray(idx)], host)

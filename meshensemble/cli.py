@@ -76,6 +76,60 @@ def _train_parser(sub: Any) -> None:
     add("--overwrite", action="store_true", default=None, help="delete the workdir's run first")
     add("--on-nonfinite", choices=("stop", "reinit"), help="what a NaN/inf loss does")
     add("--quiet", action="store_true", default=None, help="print only the final table")
+    add_distributed_flags(p)
+
+
+def add_distributed_flags(p: argparse.ArgumentParser) -> None:
+    """Adds the flags that run a command as one process of many.
+
+    Args:
+      p: a subcommand's parser.
+
+    Example:
+      >>> add_distributed_flags(parser)
+    """
+    add = p.add_argument
+    add("--coordinator", metavar="HOST:PORT", help="process 0's coordinator (multi-process)")
+    add("--num-processes", type=int, metavar="N", help="number of processes")
+    add("--process-id", type=int, metavar="I", help="this process's id in [0, N)")
+    add(
+        "--heartbeat-timeout",
+        type=int,
+        default=None,
+        metavar="S",
+        help="seconds before a silent peer counts as dead (default 10)",
+    )
+    add(
+        "--distributed-auto",
+        action="store_true",
+        help="let JAX detect the cluster (TPU pod, SLURM) and initialise from it",
+    )
+
+
+def setup_distributed(args: argparse.Namespace) -> None:
+    """Starts the multi-process runtime from ``--coordinator`` etc. or the environment.
+
+    Args:
+      args: parsed arguments with the flags of :func:`add_distributed_flags`.
+
+    Raises:
+      UsageError: an incomplete or inconsistent set of values.
+
+    Example:
+      >>> setup_distributed(args)
+    """
+    from meshensemble import distributed
+
+    try:
+        distributed.initialize(
+            args.coordinator,
+            args.num_processes,
+            args.process_id,
+            args.heartbeat_timeout or distributed.DEFAULT_HEARTBEAT_TIMEOUT,
+            auto=args.distributed_auto,
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -196,10 +250,52 @@ def setup_devices(fake_devices: int | None) -> None:
 def _run_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     setup_devices(args.fake_devices)
+    setup_distributed(args)
+    import jax
+
     from meshensemble.train import train
 
-    train(cfg)
+    try:
+        train(cfg)
+    except Exception as err:
+        if jax.process_count() == 1:
+            raise
+        # Several processes: leave now with one line, instead of blocking in the
+        # runtime's shutdown barrier waiting for peers that stopped or died.
+        from meshensemble import distributed
+        from meshensemble.data import DataError
+
+        if isinstance(err, UsageError | ValueError | DataError | FileNotFoundError):
+            distributed.hard_exit(2, f"error: {err}")
+        if type(err).__name__ in ("CheckpointError", "NonFiniteError"):
+            distributed.hard_exit(1, f"error: {err}")
+        distributed.hard_exit(1, f"error: process {jax.process_index()}: {lost_peer(err)}")
     return 0
+
+
+def lost_peer(err: BaseException) -> str:
+    """One line about a failed multi-process collective, naming the lost process if known.
+
+    Args:
+      err: the exception raised in the survivor.
+
+    Returns:
+      A one-line description.
+
+    Example:
+      >>> lost_peer(RuntimeError("... /job:jax_worker/replica:0/task:1 ..."))
+      'lost contact with process 1 (RuntimeError); ...'
+    """
+    import re
+
+    text = str(err)
+    found = sorted({int(m) for m in re.findall(r"task[:_ ](\d+)", text)})
+    who = f"process {', '.join(map(str, found))}" if found else "a peer process"
+    first = text.strip().splitlines()[0][:160] if text.strip() else type(err).__name__
+    return (
+        f"lost contact with {who} ({type(err).__name__}: {first}); the run stopped, "
+        "resume it from the last checkpoint once all processes are back"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

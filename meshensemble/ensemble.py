@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from meshensemble import steps
 from meshensemble.backends import make_backend, put
+from meshensemble.distributed import fetch
 from meshensemble.mesh import (
     AXES,
     BATCH,
@@ -334,7 +335,7 @@ class Ensemble:
         # Drop the padding: the result is no longer divisible over `data`, so keep it
         # whole on every device (members stay split over `ensemble`).
         spec = P(ENSEMBLE) if members else P()
-        out = jax.device_put(out, NamedSharding(self.mesh, spec))
+        out = put(out, self.mesh, spec)
         return out[:, :n] if members else out[:n]
 
     def evaluate(
@@ -403,23 +404,33 @@ class Ensemble:
                 x, y = _pad_to(x, b), np.concatenate([y, np.zeros(b - k, y.dtype)])
             stats = fn(state, x, y, mask)
             total = stats if total is None else jax.tree.map(jnp.add, total, stats)
-        return metrics.finalize_stats(jax.device_get(total), num_bins)
+        return metrics.finalize_stats(fetch(total), num_bins)
 
-    def place(self, x: Any, per_member: bool = False) -> jax.Array:
+    def place(self, x: Any, per_member: bool = False, local: bool = False) -> jax.Array:
         """Puts a batch on the mesh: split over ``data`` (and ``ensemble`` per member).
 
         Args:
-          x: ``[B, ...]`` (or ``[members, B, ...]`` with ``per_member``), the same
-            global value in every process.
+          x: by default the global batch ``[B, ...]`` (or ``[members, B, ...]`` with
+            ``per_member``), the same value in every process. With ``local=True``, only
+            this process's part: the rows its devices hold along ``data``, in process
+            order (``jax.make_array_from_process_local_data``).
           per_member: whether ``x`` has a leading member axis.
+          local: whether ``x`` is this process's part rather than the global batch.
 
         Returns:
-          A ``jax.Array`` sharded as the steps expect (no copy if it already is).
+          A global ``jax.Array`` sharded as the steps expect (no copy if it already is),
+          which ``train_step``, ``predict`` and ``evaluate`` take as it is.
 
         Example:
-          >>> images = ens.place(images)
+          >>> images = ens.place(images)                     # the same in every process
+          >>> images = ens.place(my_rows, local=True)        # each process its own rows
         """
-        return put(x, self.mesh, MEMBER_BATCH if per_member else BATCH)
+        spec = MEMBER_BATCH if per_member else BATCH
+        if local:
+            return jax.make_array_from_process_local_data(
+                NamedSharding(self.mesh, spec), np.asarray(x)
+            )
+        return put(x, self.mesh, spec)
 
     # ------------------------------------------------------------------ checks
     def _check_state(self, state: EnsembleState) -> None:
@@ -476,7 +487,7 @@ def _pad_to(x: Any, size: int) -> Any:
         return x
     if isinstance(x, jax.Array):
         if isinstance(x.sharding, NamedSharding):  # concatenate along a whole axis
-            x = jax.device_put(x, NamedSharding(x.sharding.mesh, P()))
+            x = put(x, x.sharding.mesh, P())
         return jnp.concatenate([x, jnp.repeat(x[:1], extra, axis=0)])
     x = np.asarray(x)
     return np.concatenate([x, np.repeat(x[:1], extra, axis=0)])

@@ -32,6 +32,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from meshensemble import data as data_lib
 from meshensemble import metrics
+from meshensemble.distributed import fetch
 from meshensemble.mesh import REPLICATED, make_mesh, parse_mesh
 
 OOD_SETS = ("noise", "inverted", "fashion_mnist")
@@ -237,7 +238,7 @@ def stream_scores(
         if k < b:
             x = np.concatenate([x, np.repeat(x[:1], b - k, axis=0)])
             y = np.concatenate([y, np.zeros(b - k, np.int32)])
-        out = jax.device_get(fn(ens.predict_members(state, x), ens.place(y), ens.place(mask)))
+        out = fetch(fn(ens.predict_members(state, x), ens.place(y), ens.place(mask)))
         scores.append(np.asarray(out["scores"], np.float64)[:, :k])
         for part in ("ensemble", "member"):
             acc = sums.setdefault(part, dict.fromkeys(_BIN_KEYS, 0.0))

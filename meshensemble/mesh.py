@@ -90,7 +90,18 @@ def make_mesh(
             f"me.use_fake_cpu_devices({need}) before JAX starts)"
         )
     types = _axis_types(axis_types)
+    slices = len({getattr(d, "slice_index", 0) for d in devs[:need]})
+    if slices > 1 and ensemble % slices == 0:
+        # Multi-slice (TPU pods over DCN): `ensemble` spans slices, `data` stays in one.
+        from jax.experimental import mesh_utils
+
+        grid = mesh_utils.create_hybrid_device_mesh(
+            (ensemble // slices, data), (slices, 1), devs[:need]
+        )
+        return Mesh(grid, AXES, axis_types=types)
     if devices is None and need == len(devs):
+        # Devices come in process order, so each `data` group stays inside one host
+        # whenever `data` divides the devices per host.
         return jax.make_mesh((ensemble, data), AXES, axis_types=types)
     grid = np.asarray(devs[:need], dtype=object).reshape(ensemble, data)
     return Mesh(grid, AXES, axis_types=types)

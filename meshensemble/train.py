@@ -30,7 +30,9 @@ import optax
 
 from meshensemble import data as data_lib
 from meshensemble import steps
+from meshensemble.backends import put
 from meshensemble.checkpoint import Checkpointer
+from meshensemble.distributed import fetch
 from meshensemble.ensemble import Ensemble
 from meshensemble.mesh import (
     ENSEMBLE,
@@ -38,7 +40,6 @@ from meshensemble.mesh import (
     REPLICATED,
     make_mesh,
     parse_mesh,
-    replicated_sharding,
 )
 from meshensemble.metrics import prefix_metrics
 from meshensemble.steps import EnsembleState
@@ -285,9 +286,10 @@ def train(
 
 def _train(cfg, dataset, echo, stop) -> TrainResult:
     t0 = time.perf_counter()
-    say = echo or ((lambda s: None) if cfg.quiet else print)
-    tell = echo or print  # resumes, preemption and damage reports print even when quiet
-    main = jax.process_index() == 0
+    main = jax.process_index() == 0  # only process 0 prints and writes the run's files
+    quiet = lambda s: None
+    say = echo or (quiet if cfg.quiet or not main else print)
+    tell = echo or (print if main else quiet)  # resumes, preemption: even when --quiet
     if dataset is None:
         dataset = data_lib.load_dataset(
             cfg.dataset, cfg.source, cfg.data_file, cfg.data_dir, log=say
@@ -333,6 +335,10 @@ def _train(cfg, dataset, echo, stop) -> TrainResult:
         )
 
     resume = _resume_point(cfg, ens, dataset, tell)
+    if jax.process_count() > 1:  # every process decided before process 0 writes anything
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("meshensemble: workdir checked")
     if main:
         _check_writable(cfg.workdir)
     if cfg.overwrite and main:
@@ -368,7 +374,7 @@ def _train(cfg, dataset, echo, stop) -> TrainResult:
         if loop["loss_sum"] is None
         else jnp.asarray(np.asarray(loop["loss_sum"], np.float32))
     )
-    loss_sum = jax.device_put(loss_sum, jax.sharding.NamedSharding(mesh, MEMBERS))
+    loss_sum = put(loss_sum, mesh, MEMBERS)
     epoch, epoch_step, step = loop["epoch"], loop["epoch_step"], loop["step"]
     loss_count = loop["loss_count"]
     if epoch_step == steps_per_epoch:
@@ -407,7 +413,7 @@ def _train(cfg, dataset, echo, stop) -> TrainResult:
                     "epoch": epoch,
                     "epoch_step": epoch_step,
                     "step": step,
-                    "loss_sum": np.asarray(jax.device_get(loss_sum)).tolist(),
+                    "loss_sum": fetch(loss_sum).tolist(),
                     "loss_count": loss_count,
                 }
                 ckpt.save(step, state, position)
@@ -546,7 +552,7 @@ class _NonFinite:
         return state if previous is None else self._inspect(state, *previous, say, ckpt)
 
     def _inspect(self, state, first_step, losses, say, ckpt):
-        losses = np.asarray(jax.device_get(losses))  # [n, members], already computed
+        losses = fetch(losses)  # [n, members], already computed
         bad = ~np.isfinite(losses)
         if not bad.any():
             return state
@@ -590,7 +596,6 @@ class _Feeder:
         self.order_key = order_key
         self.n = len(dataset.train_labels)
         self.host = (dataset.train_images, dataset.train_labels)
-        rep = replicated_sharding(ens.mesh)
         order_spec = MEMBERS if self.per_member else REPLICATED
         self._orders = jax.jit(
             self._draw,
@@ -599,8 +604,8 @@ class _Feeder:
         )
         self._epoch: tuple[int, jax.Array] | None = None
         if not cfg.streaming:
-            self.images = jax.device_put(dataset.train_images, rep)
-            self.labels = jax.device_put(dataset.train_labels.astype(np.int32), rep)
+            self.images = put(dataset.train_images, ens.mesh, REPLICATED)
+            self.labels = put(dataset.train_labels.astype(np.int32), ens.mesh, REPLICATED)
             stacked = {
                 "loss": jax.sharding.PartitionSpec(None, ENSEMBLE),
                 "accuracy": jax.sharding.PartitionSpec(None, ENSEMBLE),
@@ -632,7 +637,7 @@ class _Feeder:
     def run(self, state, epoch: int, first: int, n: int):
         order = self.order(epoch)
         if self.cfg.streaming:
-            host_order = np.asarray(jax.device_get(order))
+            host_order = fetch(order)
             idx = host_order[..., first * self.batch : (first + 1) * self.batch]
             x, y = self.host[0][idx], self.host[1][idx].astype(np.int32)
             state, metrics = self.ens.train_step(state, x, y)
@@ -652,7 +657,7 @@ def _evaluate_record(ens, state, dataset, cfg, epoch, step, loss_sum, loss_count
     ev = ens.evaluate(state, dataset.test_images, dataset.test_labels, cfg.eval_batch_size)
     record: dict[str, Any] = {"epoch": epoch, "step": step}
     if loss_count:
-        losses = np.asarray(jax.device_get(loss_sum), np.float64) / loss_count
+        losses = fetch(loss_sum).astype(np.float64) / loss_count
         record["train_loss"] = [float(v) for v in losses]
         record["train_mean_member_loss"] = float(losses.mean())
     record.update(prefix_metrics(ev, "test"))
@@ -728,7 +733,8 @@ class _Progress:
             return
         self.bar.update(n)
         if self._last is not None and self.bar.n % 5 < n:  # a step that has finished
-            self.bar.set_postfix(loss=f"{float(np.mean(np.asarray(self._last))):.4f}")
+            local = [np.asarray(s.data) for s in self._last.addressable_shards]
+            self.bar.set_postfix(loss=f"{float(np.mean(local)):.4f}")
         self._last = metrics["loss"][-1]
 
     def close(self) -> None:

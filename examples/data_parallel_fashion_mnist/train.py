@@ -41,6 +41,14 @@ from config import Config
 import meshensemble as me
 
 
+MAX_IN_FLIGHT = 2
+"""Steps dispatched ahead of the host. Dispatch is asynchronous, but on simulated CPU
+devices XLA runs every device's collectives on one small thread pool, and dozens of
+queued steps, each with an all-reduce over all 8 devices, can deadlock it (XLA aborts
+with "Termination timeout for all reduce"). Waiting for the step before the last keeps
+the devices busy and the queue short."""
+
+
 @dataclasses.dataclass
 class Result:
     """What :func:`train_and_evaluate` returns.
@@ -108,7 +116,9 @@ def train_epoch(
     epoch_metrics = []
     for perm in perms:
         state, metrics = train_step(model, state, images[perm], labels[perm])
-        epoch_metrics.append(metrics)  # device arrays: no host sync inside the epoch
+        epoch_metrics.append(metrics)  # device arrays: fetched once, after the epoch
+        if len(epoch_metrics) > MAX_IN_FLIGHT:
+            jax.block_until_ready(epoch_metrics[-1 - MAX_IN_FLIGHT])
     fetched = jax.device_get(epoch_metrics)
     loss = float(np.mean([m["loss"][0] for m in fetched]))  # "loss" is [members] = [1]
     accuracy = float(np.mean([m["accuracy"][0] for m in fetched]))

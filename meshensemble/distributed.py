@@ -1,0 +1,290 @@
+"""Multi-host: start JAX's multi-controller runtime, report the topology, fetch global values.
+
+Every process runs the same program and sees the global mesh; each feeds only its own
+devices. On TPU pods, GPU clusters under SLURM and other detected clusters,
+``jax.distributed.initialize()`` finds the coordinator by itself; elsewhere (and for the
+local launcher) pass the coordinator, the process count and this process's id, as flags
+or through ``MESHENSEMBLE_COORDINATOR``, ``MESHENSEMBLE_NUM_PROCESSES`` and
+``MESHENSEMBLE_PROCESS_ID``.
+
+What the public API expects from each process: :meth:`meshensemble.Ensemble.train_step`,
+``predict`` and ``evaluate`` take the **global** batch, the same value in every process
+(each process copies only the shards its devices hold). To feed only a process's own
+part, build the global array first with :meth:`meshensemble.Ensemble.place` and
+``local=True``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+log = logging.getLogger("meshensemble")
+
+ENV_COORDINATOR = "MESHENSEMBLE_COORDINATOR"
+ENV_NUM_PROCESSES = "MESHENSEMBLE_NUM_PROCESSES"
+ENV_PROCESS_ID = "MESHENSEMBLE_PROCESS_ID"
+DEFAULT_HEARTBEAT_TIMEOUT = 10
+"""Seconds without heartbeats before a peer counts as dead (JAX's own default is 100)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """Where this process sits among all processes.
+
+    Attributes:
+      process_index: this process's id.
+      process_count: number of processes.
+      local_devices: devices this process drives.
+      global_devices: devices of all processes.
+      platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``.
+    """
+
+    process_index: int
+    process_count: int
+    local_devices: int
+    global_devices: int
+    platform: str
+
+    def __str__(self) -> str:
+        return (
+            f"process {self.process_index}/{self.process_count}: {self.local_devices} local "
+            f"of {self.global_devices} {self.platform} devices"
+        )
+
+
+def topology() -> Topology:
+    """The process topology as JAX sees it now.
+
+    Returns:
+      A :class:`Topology`.
+
+    Example:
+      >>> print(me.distributed.topology())
+      process 0/1: 8 local of 8 cpu devices
+    """
+    return Topology(
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        local_devices=jax.local_device_count(),
+        global_devices=jax.device_count(),
+        platform=jax.devices()[0].platform,
+    )
+
+
+def initialize(
+    coordinator: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    heartbeat_timeout: int = DEFAULT_HEARTBEAT_TIMEOUT,
+    auto: bool = False,
+) -> Topology:
+    """Starts the multi-controller runtime; a no-op for a single process.
+
+    Values come from the arguments, else from the ``MESHENSEMBLE_*`` environment
+    variables; with ``auto=True`` and none given, JAX detects the cluster (TPU pod,
+    SLURM, ...). On CPU, collectives across processes go over gloo.
+
+    Args:
+      coordinator: ``HOST:PORT`` of process 0's coordinator service.
+      num_processes: number of processes.
+      process_id: this process's id, ``0 <= process_id < num_processes``.
+      heartbeat_timeout: seconds before a silent peer counts as dead, so that survivors
+        fail promptly instead of waiting JAX's default 100 s.
+      auto: let JAX detect the cluster when nothing is given.
+
+    Returns:
+      The :class:`Topology` after initialisation.
+
+    Raises:
+      ValueError: an incomplete or inconsistent set of values.
+
+    Example:
+      >>> me.distributed.initialize("10.0.0.1:1234", num_processes=2, process_id=0)
+    """
+    coordinator = coordinator or os.environ.get(ENV_COORDINATOR)
+    num_processes = _int_or_none(num_processes, ENV_NUM_PROCESSES)
+    process_id = _int_or_none(process_id, ENV_PROCESS_ID)
+    given = [v is not None for v in (coordinator, num_processes, process_id)]
+    if not any(given) and not auto:
+        return topology()
+    if any(given) and not all(given):
+        raise ValueError(
+            "multi-process needs --coordinator HOST:PORT, --num-processes N and --process-id I "
+            f"together (got coordinator={coordinator!r}, num_processes={num_processes!r}, "
+            f"process_id={process_id!r})"
+        )
+    if num_processes is not None:
+        if num_processes < 1 or not 0 <= process_id < num_processes:
+            raise ValueError(
+                f"process_id={process_id} must be in [0, num_processes={num_processes})"
+            )
+        if ":" not in coordinator:
+            raise ValueError(f"coordinator={coordinator!r} must be HOST:PORT")
+    if heartbeat_timeout < 1:
+        raise ValueError(f"heartbeat_timeout={heartbeat_timeout} must be >= 1 second")
+    if jax.config.jax_platforms in (None, "", "cpu") or "cpu" in str(jax.config.jax_platforms):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=coordinator,
+        num_processes=num_processes,
+        process_id=process_id,
+        heartbeat_timeout_seconds=heartbeat_timeout,
+        shutdown_timeout_seconds=max(heartbeat_timeout, 5),
+        initialization_timeout=60,
+    )
+    topo = topology()
+    log.info("%s", topo)
+    return topo
+
+
+def _int_or_none(value: int | None, env: str) -> int | None:
+    if value is not None:
+        return int(value)
+    raw = os.environ.get(env)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{env}={raw!r} is not an integer") from None
+
+
+def fetch(tree: Any) -> Any:
+    """Brings (possibly multi-process) global arrays to the host as numpy, in every process.
+
+    Fully addressable arrays are copied as they are; arrays spread over other processes'
+    devices are gathered with ``process_allgather``.
+
+    Args:
+      tree: a pytree of ``jax.Array``.
+
+    Returns:
+      The same tree of numpy arrays with the global shapes.
+
+    Example:
+      >>> losses = me.distributed.fetch(metrics["loss"])  # numpy [members]
+    """
+
+    def one(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(jax.device_get(x))
+
+    return jax.tree.map(one, tree)
+
+
+def hard_exit(code: int, message: str) -> None:
+    """Prints ``message`` and ends the process now, skipping the runtime's shutdown barrier.
+
+    After a peer dies, the runtime's shutdown waits for it until the heartbeat timeout
+    and then aborts with a long trace; a failed run should instead say what happened in
+    one line and exit promptly.
+    """
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def free_port() -> int:
+    """A TCP port on localhost that is free now (for a local coordinator)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return int(s.getsockname()[1])
+
+
+def launch_local(
+    argv: list[str],
+    num_processes: int,
+    devices_per_process: int,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+    prefix_output: bool = True,
+) -> int:
+    """Runs ``meshensemble ARGV`` as ``num_processes`` local processes (fake CPU devices).
+
+    Each process gets ``--fake-devices devices_per_process`` and the coordinator flags;
+    CPU collectives go over gloo. When one process fails, the others get a bounded time
+    (their heartbeat timeout) to fail too, then are killed; every process is cleaned up.
+
+    Args:
+      argv: the ``meshensemble`` arguments, e.g. ``["train", "--mesh", "ensemble=4,data=2"]``.
+      num_processes: how many processes.
+      devices_per_process: fake CPU devices in each.
+      timeout: seconds before everything still running is killed.
+      env: extra environment variables.
+      prefix_output: prefix each output line with ``[i]``.
+
+    Returns:
+      0 if every process succeeded, else the first non-zero exit code.
+
+    Example:
+      >>> launch_local(["train", "--source", "sample", "--max-steps", "5"], 2, 4)
+    """
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    port = free_port()
+    procs: list[subprocess.Popen] = []
+    threads = []
+    base_env = dict(os.environ, **(env or {}))
+    for i in range(num_processes):
+        cmd = [
+            sys.executable,
+            "-m",
+            "meshensemble.cli",
+            *argv,
+            "--fake-devices",
+            str(devices_per_process),
+            "--coordinator",
+            f"localhost:{port}",
+            "--num-processes",
+            str(num_processes),
+            "--process-id",
+            str(i),
+        ]
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=base_env
+        )
+        procs.append(proc)
+
+        def pump(p: subprocess.Popen = proc, tag: str = f"[{i}] " if prefix_output else ""):
+            for line in p.stdout:
+                print(tag + line, end="", flush=True)
+
+        t = threading.Thread(target=pump, daemon=True)
+        t.start()
+        threads.append(t)
+    deadline = time.time() + timeout
+    grace: float | None = None
+    try:
+        while any(p.poll() is None for p in procs):
+            failed = [p for p in procs if p.poll() not in (None, 0)]
+            if failed and grace is None:
+                grace = time.time() + DEFAULT_HEARTBEAT_TIMEOUT + 20
+            if time.time() > deadline or (grace is not None and time.time() > grace):
+                break
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            p.wait()
+        for t in threads:
+            t.join(timeout=5)
+    codes = [p.returncode for p in procs]
+    return next((c for c in codes if c != 0), 0)

@@ -1,0 +1,149 @@
+"""Multi-host on one machine: real processes with fake CPU devices and gloo collectives."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import chex
+import jax
+import numpy as np
+import optax
+import pytest
+from conftest import need_devices
+
+import meshensemble as me
+from meshensemble.checkpoint import list_checkpoints
+from meshensemble.distributed import free_port, launch_local
+from meshensemble.train import TrainConfig, train
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = me.data.synthetic(num_train=128, num_test=40, seed=3)
+TX = optax.sgd(0.05, 0.9)
+
+
+@pytest.fixture(scope="module")
+def npz(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("data") / "synthetic.npz"
+    np.savez(
+        path,
+        x_train=DATA.train_images[..., 0],
+        y_train=DATA.train_labels.astype(np.uint8),
+        x_test=DATA.test_images[..., 0],
+        y_test=DATA.test_labels.astype(np.uint8),
+    )
+    return str(path)
+
+
+def args(npz, workdir, mesh) -> list[str]:
+    return [
+        "train",
+        "--source",
+        "npz",
+        "--data-file",
+        npz,
+        "--model",
+        "mlp",
+        "--members",
+        "8",
+        "--mesh",
+        mesh,
+        "--batch-size",
+        "32",
+        "--max-steps",
+        "3",
+        "--learning-rate",
+        "0.05",
+        "--workdir",
+        str(workdir),
+        "--quiet",
+        "--eval-batch-size",
+        "40",
+    ]
+
+
+def restored(workdir, mesh=(8, 1)):
+    ens = me.Ensemble(
+        me.models.MLP(), TX, 8, me.make_mesh(*mesh), input_transform=me.data.normalize
+    )
+    state, _, step = me.restore_checkpoint(str(workdir), ens, DATA.test_images[:1])
+    return jax.device_get(state), step
+
+
+@pytest.mark.parametrize(
+    "processes,devices,mesh",
+    [(2, 4, "ensemble=4,data=2"), (4, 2, "ensemble=8,data=1")],
+    ids=["2x4 procs, (4,2)", "4x2 procs, (8,1)"],
+)
+def test_processes_train_the_same_ensemble_as_one_process(npz, tmp_path, processes, devices, mesh):
+    need_devices(8)
+    workdir = tmp_path / "multi"
+    code = launch_local(
+        args(npz, workdir, mesh), processes, devices, timeout=240, prefix_output=False
+    )
+    assert code == 0
+    one = train(
+        TrainConfig(
+            source="npz",
+            data_file=npz,
+            model="mlp",
+            members=8,
+            mesh=mesh,
+            batch_size=32,
+            max_steps=3,
+            learning_rate=0.05,
+            eval_batch_size=40,
+            workdir=str(tmp_path / "one"),
+            quiet=True,
+        )
+    )
+    state, step = restored(workdir)
+    assert step == 3
+    chex.assert_trees_all_close(state, jax.device_get(one.state), atol=1e-5)
+    record = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
+    for key, value in one.history[-1].items():
+        np.testing.assert_allclose(record[key], value, atol=1e-5, err_msg=key)
+
+
+def test_a_dead_process_makes_the_others_fail_promptly(npz, tmp_path):
+    need_devices(8)
+    workdir = tmp_path / "dead"
+    port = free_port()
+    cmd = [sys.executable, "-m", "meshensemble.cli", "train", "--source", "npz"]
+    cmd += ["--data-file", npz, "--model", "mlp", "--members", "4", "--batch-size", "32"]
+    cmd += ["--mesh", "ensemble=2,data=2", "--epochs", "500", "--checkpoint-every", "1"]
+    cmd += ["--workdir", str(workdir), "--quiet", "--heartbeat-timeout", "5"]
+    cmd += ["--fake-devices", "2", "--coordinator", f"localhost:{port}", "--num-processes", "2"]
+    procs = [
+        subprocess.Popen(
+            [*cmd, "--process-id", str(i)],
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(2)
+    ]
+    try:
+        t0 = time.time()
+        while not list_checkpoints(workdir) and time.time() - t0 < 120:
+            assert all(p.poll() is None for p in procs), procs[0].stderr.read()
+            time.sleep(0.1)
+        assert list_checkpoints(workdir), "training never reached a checkpoint"
+        procs[1].send_signal(signal.SIGKILL)
+        t_kill = time.time()
+        _, err = procs[0].communicate(timeout=60)
+        elapsed = time.time() - t_kill
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert procs[0].returncode not in (0, None)
+    assert elapsed < 45, elapsed
+    lines = [s for s in err.splitlines() if s.startswith("error:")]
+    assert lines and "lost contact with" in lines[-1], err[-2000:]
