@@ -6,6 +6,7 @@ the mesh axis ``ensemble``; batches are split over ``data``; steps run under
 """
 
 from meshensemble import data as data
+from meshensemble import distributed as distributed
 from meshensemble import metrics as metrics
 from meshensemble import models as models
 from meshensemble import train as train
@@ -64,6 +65,7 @@ __all__ = [
     "checkpoint_manager",
     "data",
     "default_strategy",
+    "distributed",
     "extract_members",
     "load_inference",
     "make_mesh",

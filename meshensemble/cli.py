@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from meshensemble.models import REGISTRY
 from meshensemble.train import (
     OPTIMIZERS,
     SCHEDULES,
@@ -41,7 +42,7 @@ def _train_parser(sub: Any) -> None:
     add("--source", choices=("auto", "tfds", "npz", "sample"))
     add("--data-file", help="a Keras-layout .npz (x_train, y_train, x_test, y_test)")
     add("--data-dir", help="TFDS data folder")
-    add("--model", choices=("cnn", "mlp"))
+    add("--model", choices=tuple(REGISTRY))
     add("--members", type=int, help="ensemble size (default 8)")
     add("--mesh", help="e.g. ensemble=4,data=2 (default: all devices, members first)")
     add("--fake-devices", type=int, metavar="N", help="N simulated CPU devices (CPU platform)")

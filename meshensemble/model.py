@@ -161,11 +161,12 @@ class NNXModel:
 
     ``apply`` merges these into the module (the graph definition is computed once, from
     ``nnx.eval_shape``, and shared by all members), puts it in training mode
-    (``module.train()``) or evaluation mode (``module.eval()``), calls it, passing
-    ``train`` (or ``deterministic``/``use_running_average``) too when ``__call__``
-    takes it, and returns the updated ``model_state``. Everything is a pure function
-    of its arguments, so it runs under ``jax.vmap`` over members, ``jit`` and
-    ``shard_map``. Values sown with ``sow`` (``nnx.Intermediate``) are dropped;
+    (``module.train()``) or evaluation mode (``module.eval()``) and calls it, passing
+    ``train`` (or ``deterministic``/``use_running_average``) when ``__call__`` takes it,
+    and ``rngs=nnx.Rngs(...)`` (streams ``default`` and ``rng_streams``, from the same
+    key) when it takes ``rngs``; it returns the updated ``model_state``. Everything is a
+    pure function of its arguments, so it runs under ``jax.vmap`` over members, ``jit``
+    and ``shard_map``. Values sown with ``sow`` (``nnx.Intermediate``) are dropped;
     variables first created during a call are not supported.
 
     Args:
@@ -214,6 +215,11 @@ class NNXModel:
             tuple(((_collection(type(v)), *path), v) for path, v in nnx.to_flat_state(state)),
         )
         object.__setattr__(self, "_call", type(abstract).__call__)
+        try:
+            takes_rngs = "rngs" in inspect.signature(type(abstract).__call__).parameters
+        except (TypeError, ValueError):
+            takes_rngs = False
+        object.__setattr__(self, "_takes_rngs", takes_rngs)
 
     def _build(self, rng: jax.Array) -> nnx.Module:
         streams = {name: jax.random.fold_in(rng, i + 1) for i, name in enumerate(self.rng_streams)}
@@ -291,9 +297,7 @@ class NNXModel:
           ValueError: ``params`` or ``model_state`` lack a variable of the module.
         """
         key = _typed_key(rng) if train else jax.random.key(0)
-        state_flat = self._fill(
-            tuple((path, var) for path, var in self._state), model_state, "model_state"
-        )
+        state_flat = self._fill(self._state, model_state, "model_state")
         module = nnx.merge(
             self.graphdef,
             nnx.from_flat_state(self._fill(self._params, params, "params")),
@@ -304,7 +308,14 @@ class NNXModel:
             module.train()
         else:
             module.eval()
-        logits = module(x, **_mode_kwargs(self._call, train))
+        kwargs: dict[str, Any] = _mode_kwargs(self._call, train)
+        if self._takes_rngs:  # call-time streams, after the indices the state keys used
+            names = ("default", *self.rng_streams)
+            n = len(self._rngs)
+            kwargs["rngs"] = nnx.Rngs(
+                **{name: jax.random.fold_in(key, n + i) for i, name in enumerate(names)}
+            )
+        logits = module(x, **kwargs)
         if not train:
             return logits, model_state
         return logits, self._pure_state(self._split(module)[-1])

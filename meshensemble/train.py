@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh
 
 from meshensemble import data as data_lib
 from meshensemble import steps
@@ -42,6 +43,7 @@ from meshensemble.mesh import (
     parse_mesh,
 )
 from meshensemble.metrics import prefix_metrics
+from meshensemble.models import REGISTRY as MODEL_NAMES
 from meshensemble.steps import EnsembleState
 
 log = logging.getLogger("meshensemble")
@@ -145,7 +147,7 @@ class TrainConfig:
             "shuffle": SHUFFLES,
             "backend": ("shard_map", "pmap"),
             "member_strategy": ("auto", "vmap", "loop"),
-            "model": ("cnn", "mlp"),
+            "model": tuple(MODEL_NAMES),
             "on_nonfinite": ("stop", "reinit"),
         }
         for name, allowed in choices.items():
@@ -204,6 +206,38 @@ def make_optimizer(cfg: TrainConfig, total_steps: int, steps_per_epoch: int):
     if cfg.weight_decay:
         return optax.chain(optax.add_decayed_weights(cfg.weight_decay), base)
     return base
+
+
+def build_ensemble(cfg: TrainConfig, mesh: Mesh, num_train: int) -> Ensemble:
+    """The :class:`meshensemble.Ensemble` a run's config describes, on ``mesh``.
+
+    The learning-rate schedule spans ``cfg.epochs`` epochs of ``num_train`` examples (not
+    ``max_steps``), so a run resumed with a larger ``max_steps`` continues exactly, and
+    evaluation rebuilds the same optimizer-state structure.
+
+    Args:
+      cfg: the run's config.
+      mesh: the mesh to run on (it may differ from the one the run was trained on).
+      num_train: training examples, for the steps per epoch.
+
+    Returns:
+      The ensemble, with on-device normalisation of uint8 images.
+
+    Example:
+      >>> ens = build_ensemble(cfg, me.make_mesh(ensemble=8), num_train=60000)
+    """
+    from meshensemble.models import get_model
+
+    steps_per_epoch = max(num_train // cfg.batch_size, 1)
+    return Ensemble(
+        get_model(cfg.model),
+        make_optimizer(cfg, cfg.epochs * steps_per_epoch, steps_per_epoch),
+        cfg.members,
+        mesh,
+        backend=cfg.backend,
+        member_strategy=cfg.member_strategy,
+        input_transform=data_lib.normalize,
+    )
 
 
 def default_mesh_shape(members: int, devices: int) -> dict[str, int]:
@@ -273,7 +307,8 @@ def train(
       ValueError: a bad config value (or :class:`meshensemble.data.DataError` for data).
 
     Example:
-      >>> result = me.train(me.TrainConfig(epochs=1, source="sample", workdir="/tmp/run"))
+      >>> cfg = me.TrainConfig(epochs=1, source="sample", workdir="/tmp/run")
+      >>> result = me.train.train(cfg)
       >>> result.history[-1]["test_ensemble_accuracy"]
     """
     cfg.validate()
@@ -305,21 +340,10 @@ def _train(cfg, dataset, echo, stop) -> TrainResult:
     )
     mesh = make_mesh(mesh_shape.get("ensemble"), mesh_shape.get("data", 1))
     steps_per_epoch = n_train // cfg.batch_size
-    planned_steps = cfg.epochs * steps_per_epoch  # the schedule's length
-    total_steps = planned_steps
+    total_steps = cfg.epochs * steps_per_epoch
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
-    from meshensemble.models import get_model
-
-    ens = Ensemble(
-        get_model(cfg.model),
-        make_optimizer(cfg, planned_steps, steps_per_epoch),
-        cfg.members,
-        mesh,
-        backend=cfg.backend,
-        member_strategy=cfg.member_strategy,
-        input_transform=data_lib.normalize,
-    )
+    ens = build_ensemble(cfg, mesh, n_train)
     if cfg.batch_size % ens.data_size:
         raise ValueError(
             f"batch_size={cfg.batch_size} is not divisible by the mesh's data axis "

@@ -34,14 +34,7 @@ TX = optax.sgd(0.05, 0.9)  # the structure of the runs' optimizer state (SGD wit
 def npz(tmp_path_factory) -> str:
     """The synthetic set as a Keras-layout npz, so subprocesses can load it."""
     path = tmp_path_factory.mktemp("data") / "synthetic.npz"
-    np.savez(
-        path,
-        x_train=DATA.train_images[..., 0],
-        y_train=DATA.train_labels.astype(np.uint8),
-        x_test=DATA.test_images[..., 0],
-        y_test=DATA.test_labels.astype(np.uint8),
-    )
-    return str(path)
+    return me.data.save_npz(DATA, path)
 
 
 def cfg(workdir, **kw) -> TrainConfig:

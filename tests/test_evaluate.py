@@ -30,18 +30,6 @@ ENSEMBLE_KEYS = (
 MEMBER_KEYS = ("accuracy", "nll", "brier", "ece")
 
 
-def _write_npz(path, ds: data.Dataset) -> str:
-    """Saves a Dataset in the Keras layout (images [N, 28, 28] uint8)."""
-    np.savez(
-        path,
-        x_train=ds.train_images[..., 0],
-        y_train=ds.train_labels,
-        x_test=ds.test_images[..., 0],
-        y_test=ds.test_labels,
-    )
-    return os.fspath(path)
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """Trains 4 MLP members one epoch (4 steps) on ensemble=4,data=2, then evaluates there.
@@ -51,7 +39,7 @@ def run(tmp_path_factory):
     """
     need_devices(8)
     root = tmp_path_factory.mktemp("evaluate")
-    npz = _write_npz(root / "synthetic.npz", data.synthetic(128, NUM_TEST, seed=0))
+    npz = data.save_npz(data.synthetic(128, NUM_TEST, seed=0), root / "synthetic.npz")
     workdir = os.fspath(root / "run")
     cfg = TrainConfig(
         model="mlp",
@@ -166,7 +154,7 @@ def test_cli_on_another_mesh(run, capsys) -> None:
 
 
 def test_one_device_with_fashion_npz(run) -> None:
-    fashion = _write_npz(run.root / "fashion.npz", data.synthetic(16, 50, seed=3))
+    fashion = data.save_npz(data.synthetic(16, 50, seed=3), run.root / "fashion.npz")
     r = evaluate.evaluate_run(
         _copy(run, "one"),
         checkpoint=4,

@@ -36,6 +36,14 @@ def learnable(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 X, Y = learnable(16)
 
 
+def init(ens: me.Ensemble, key: jax.Array, sample: np.ndarray) -> me.EnsembleState:
+    """``ens.init``, compiled with the non-partitionable threefry: XLA:CPU compiles the
+    partitionable one (JAX's default) 3-4x slower for these sharded inits, and these
+    tests compare members with members, whatever their random stream."""
+    with jax.threefry_partitionable(False):
+        return ens.init(key, sample)
+
+
 # ------------------------------------------------------------------ one net, three forms
 class TinyLinen(nn.Module):
     """Conv(4) -> Dense(16) -> Dense(10) on 8x8x1 inputs, in Linen."""
@@ -104,7 +112,12 @@ FORMS = {
 def linen_start() -> me.EnsembleState:
     """The Linen members' initial state (host arrays), made by ``Ensemble.init`` once."""
     ens = me.Ensemble(TinyLinen(), TX, M, me.make_mesh(8, 1))
-    return jax.device_get(ens.init(jax.random.PRNGKey(0), X[:1]))
+    return jax.device_get(init(ens, jax.random.PRNGKey(0), X[:1]))
+
+
+def linen_start_one():
+    """Member 0's initial Linen parameters."""
+    return jax.tree.map(lambda v: v[0], linen_start().params)
 
 
 def train_form(form: str, mesh_shape, strategy: str):
@@ -129,10 +142,6 @@ def train_form(form: str, mesh_shape, strategy: str):
         state, metrics = ens.train_step(state, X, Y)
         losses.append(np.asarray(metrics["loss"]))
     return jax.device_get(state.params), np.stack(losses)
-
-
-def linen_start_one():
-    return jax.tree.map(lambda v: v[0], linen_start().params)
 
 
 @pytest.mark.parametrize(
@@ -167,7 +176,7 @@ def test_nnx_dropout_and_batchnorm_train_per_member():
     need_devices(8)
     mesh = me.make_mesh(ensemble=4, data=2)  # batch statistics are averaged over `data`
     ens = me.Ensemble(me.NNXModel(DropoutBNNNX), TX, 4, mesh)
-    state = ens.init(jax.random.key(0), X[:1])
+    state = init(ens, jax.random.key(0), X[:1])
     stats0 = jax.device_get(state.model_state)
     assert set(stats0) == {"batch_stats"}
     chex.assert_shape(stats0["batch_stats"]["bn"]["mean"], (4, 16))
@@ -187,6 +196,30 @@ def test_nnx_dropout_and_batchnorm_train_per_member():
     p1, p2 = np.asarray(ens.predict(state, X)), np.asarray(ens.predict(state, X))
     np.testing.assert_array_equal(p1, p2)
     np.testing.assert_array_equal(state.model_state["batch_stats"]["bn"]["mean"], mean)
+
+
+class CallTimeRngs(nnx.Module):
+    """Dropout fed at call time (``rngs=``) and a ``train`` argument, not module modes."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.dense = nnx.Linear(64, 10, rngs=rngs)
+        self.dropout = nnx.Dropout(0.5)  # keeps no stream
+
+    def __call__(self, x, train: bool = False, rngs: nnx.Rngs | None = None):
+        y = self.dense(x.reshape((x.shape[0], -1)))
+        return self.dropout(y, deterministic=not train, rngs=rngs)
+
+
+def test_nnx_call_time_rngs_and_train_argument():
+    model = me.NNXModel(CallTimeRngs)
+    params, state = jax.jit(model.init)(jax.random.key(0), X[:1])
+    assert state == {}
+    apply = jax.jit(lambda k, train: model.apply(params, {}, X[:4], train, k)[0], static_argnums=1)
+    a, b, c = (np.asarray(apply(jax.random.key(i), True)) for i in (1, 2, 1))
+    assert np.mean(a == 0) > 0.2 and np.abs(a - b).max() > 0  # masks follow the key
+    np.testing.assert_array_equal(a, c)
+    e = np.asarray(apply(jax.random.key(1), False))
+    assert np.all(e != 0) and np.abs(e - np.asarray(apply(jax.random.key(2), False))).max() == 0
 
 
 def test_as_model_routes_every_form():
@@ -227,7 +260,7 @@ def test_per_member_learning_rates_equal_separate_runs():
     tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1, momentum=0.9)
     mesh = me.make_mesh(ensemble=2, data=1, devices=jax.devices()[:2])
     ens = me.Ensemble(Linear(), tx, 4, mesh, hyperparams={"learning_rate": lrs})
-    state = ens.init(jax.random.PRNGKey(1), X[:1])
+    state = init(ens, jax.random.PRNGKey(1), X[:1])
     hp = state.opt_state.hyperparams["learning_rate"]
     np.testing.assert_allclose(np.asarray(hp), lrs)
     assert hp.sharding.is_equivalent_to(me.member_sharding(mesh), 1)
@@ -291,7 +324,7 @@ def test_resnet_trains_in_an_ensemble_and_updates_batch_stats():
     ens = me.Ensemble(model, optax.sgd(0.05), 2, mesh)
     x = np.random.default_rng(0).normal(size=(2, 8, 8, 3)).astype(np.float32)
     y = np.array([1, 7], np.int32)
-    state = ens.init(jax.random.PRNGKey(0), x[:1])
+    state = init(ens, jax.random.PRNGKey(0), x[:1])
     before = jax.device_get(state)
     state, metrics = ens.train_step(state, x, y)
     chex.assert_tree_all_finite(state)

@@ -19,6 +19,8 @@ Options:
     run the block but do not show what it printed.
 ``:hide-code:``
     run the block but do not show its code (for plumbing such as writing figures).
+``:always:``
+    run the block even when an earlier block of the page failed (for clean-up).
 
 Figures: the namespace has ``save_figure(fig, name, caption=None)``, which writes a
 matplotlib figure as PNG into the build's output (``<outdir>/_static/exec/``) and puts
@@ -90,7 +92,11 @@ class ExecCode(SphinxDirective):
     """``{exec-code}``: show a Python block and run it in the page's namespace."""
 
     has_content = True
-    option_spec = {"hide-output": directives.flag, "hide-code": directives.flag}
+    option_spec = {
+        "hide-output": directives.flag,
+        "hide-code": directives.flag,
+        "always": directives.flag,
+    }
 
     def run(self) -> list[nodes.Node]:
         docname = self.env.docname
@@ -103,7 +109,7 @@ class ExecCode(SphinxDirective):
             block = nodes.literal_block(code, code, language="python", classes=["exec-code"])
             self.set_source_info(block)
             result.append(block)
-        if page.failed:
+        if page.failed and "always" not in self.options:
             return result  # an earlier block of this page failed; already reported
         source = self.env.doc2path(docname)
         # Pad with blank lines so that traceback line numbers are the page's line numbers:
@@ -122,7 +128,8 @@ class ExecCode(SphinxDirective):
             page.failed = True
             tb = "".join(traceback.format_exception(err))
             logger.warning(
-                "exec-code: this block raised %s; the page's later blocks were not run.\n%s",
+                "exec-code: this block raised %s; the page's later blocks were not run "
+                "(except :always: ones).\n%s",
                 type(err).__name__,
                 tb,
                 location=(docname, self.lineno),

@@ -40,7 +40,6 @@ from config import Config
 
 import meshensemble as me
 
-
 MAX_IN_FLIGHT = 2
 """Steps dispatched ahead of the host. Dispatch is asynchronous, but on simulated CPU
 devices XLA runs every device's collectives on one small thread pool, and dozens of

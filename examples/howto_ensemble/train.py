@@ -37,6 +37,13 @@ from config import Config
 
 import meshensemble as me
 
+MAX_IN_FLIGHT = 2
+"""Steps dispatched ahead of the host. Dispatch is asynchronous, but on simulated CPU
+devices XLA runs every device's collectives on one small thread pool, and dozens of
+queued steps with collectives over all devices can deadlock it (XLA aborts with
+"Termination timeout for all reduce"). Waiting for the step before the last keeps the
+devices busy and the queue short."""
+
 
 @dataclasses.dataclass
 class Result:
@@ -120,7 +127,9 @@ def train_epoch(
         # step: every member's gradients and update, and the ensemble's accuracy from
         # lax.pmean(probs, 'ensemble').
         state, metrics = ens.train_step(state, images[perm], labels[perm])
-        epoch_metrics.append(metrics)  # device arrays: no host sync inside the epoch
+        epoch_metrics.append(metrics)  # device arrays: fetched once, after the epoch
+        if len(epoch_metrics) > MAX_IN_FLIGHT:
+            jax.block_until_ready(epoch_metrics[-1 - MAX_IN_FLIGHT])
     # HOWTO: jax_utils.unreplicate(loss). Mesh: metrics are global arrays already,
     # metrics["loss"] is [members] and metrics["ensemble_accuracy"] a scalar.
     fetched = jax.device_get(epoch_metrics)
