@@ -6,9 +6,9 @@ with it first on ``sys.path`` and then takes those names out of ``sys.modules`` 
 the three examples never see each other's modules. ``--fake-devices`` is not passed:
 ``conftest.py`` already made 8 CPU devices.
 
-The short runs use non-partitionable threefry (:func:`fast_init_compile`): on CPU, XLA
-compiles the CNN's initialisation about 3x faster that way (~3 s instead of ~10 s of CPU
-per example). Only the random bits change, not what the examples do.
+The short runs use non-partitionable threefry (:func:`fast_init_compile`, a no-op where
+``conftest.py`` already sets it): on CPU, XLA compiles the CNN's initialisation about 3x
+faster that way. Only the random bits change, not what the examples do.
 """
 
 from __future__ import annotations
@@ -67,15 +67,7 @@ def spy_results(monkeypatch, train_module) -> list:
 
 def synthetic_npz(path: Path, num_train: int = 64, num_test: int = 40) -> str:
     """``me.data.synthetic`` saved in the layout of Keras's ``mnist.npz``."""
-    ds = me.data.synthetic(num_train=num_train, num_test=num_test, seed=1)
-    np.savez(
-        path,
-        x_train=ds.train_images,
-        y_train=ds.train_labels,
-        x_test=ds.test_images,
-        y_test=ds.test_labels,
-    )
-    return os.fspath(path)
+    return me.data.save_npz(me.data.synthetic(num_train=num_train, num_test=num_test), path)
 
 
 def assert_member_sharded(tree, num_members: int, ensemble: int) -> None:
