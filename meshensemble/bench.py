@@ -479,9 +479,10 @@ class _Context:
         self.batches = [perm[i * cfg.batch_size : (i + 1) * cfg.batch_size] for i in range(n)]
         self._float_images: np.ndarray | None = None
         self.tx = optax.sgd(0.1, 0.9)  # the Flax MNIST example's and HOWTO's optimizer
-        self.key = jax.random.key(cfg.seed)
         self.flops: dict[str, float] = {}
         self.flops_source: dict[str, str] = {}
+        self._shapes: dict[str, Any] = {}
+        self._params: dict[tuple[str, int], Any] = {}
 
     def host_batch(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         idx = self.batches[i % len(self.batches)]
@@ -494,14 +495,68 @@ class _Context:
         idx = self.batches[i % len(self.batches)]
         return self._float_images[idx], self.labels[idx]
 
+    def member_params(self, model_id: str, i: int) -> Any:
+        """Member ``i``'s parameters as numpy: LeCun-normal kernels, zero biases.
+
+        Made on the host, so no case compiles an initialiser; every case that trains
+        member ``i`` of a model starts from the same values.
+        """
+        key = (model_id, i)
+        if key not in self._params:
+            if model_id not in self._shapes:
+                module = make_model(model_id)
+                sample = jnp.zeros((1, *self.images.shape[1:]), jnp.float32)
+                self._shapes[model_id] = jax.eval_shape(
+                    lambda k: module.init(k, sample)["params"], jax.random.key(0)
+                )
+            rng = np.random.default_rng([self.cfg.seed, i])
+
+            def leaf(path: Any, s: Any) -> np.ndarray:
+                if str(getattr(path[-1], "key", "")) == "kernel":
+                    fan_in = math.prod(s.shape[:-1])
+                    return (rng.standard_normal(s.shape) / math.sqrt(fan_in)).astype(s.dtype)
+                return np.zeros(s.shape, s.dtype)
+
+            self._params[key] = jax.tree_util.tree_map_with_path(leaf, self._shapes[model_id])
+        return self._params[key]
+
+    def stacked_params(self, model_id: str, members: int, first: int = 0) -> Any:
+        """Members ``first .. first + members - 1`` stacked on a leading axis (numpy)."""
+        trees = [self.member_params(model_id, first + i) for i in range(members)]
+        return jax.tree.map(lambda *v: np.stack(v), *trees)
+
+    def opt_state(self, params: Any) -> Any:
+        """The optimizer's initial state of ``params`` (stacked or not), as numpy zeros.
+
+        ``sgd`` with momentum starts from zeros of the parameters' shapes, stacked or not.
+        """
+        shapes = jax.eval_shape(self.tx.init, params)
+        return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
+    def ensemble_state(self, model_id: str, members: int, mesh: Any) -> Any:
+        """An :class:`meshensemble.EnsembleState` of the members, placed on ``mesh``."""
+        from meshensemble.mesh import member_sharding
+        from meshensemble.steps import EnsembleState
+
+        params = self.stacked_params(model_id, members)
+        rng = np.random.default_rng([self.cfg.seed, 1 << 20])
+        state = EnsembleState(
+            step=np.zeros((members,), np.int32),
+            params=params,
+            opt_state=self.opt_state(params),
+            model_state={},
+            rng=rng.integers(0, 2**32, (members, 2), dtype=np.uint32),  # raw legacy keys
+        )
+        return jax.device_put(state, member_sharding(mesh))
+
     def flops_per_example(self, model_id: str) -> float:
         """Training FLOPs per example of ``model_id`` (cost analysis of a jitted step)."""
         fid = _flops_id(model_id)
         if fid not in self.flops:
             step = _single_step(make_model(fid), self.tx)
             x, y = self.host_batch(0)
-            params = make_model(fid).init(self.key, _normalize(x[:1]))["params"]
-            compiled = jax.jit(step).lower(params, self.tx.init(params), x, y).compile()
+            params = self.member_params(fid, 0)
+            compiled = jax.jit(step).lower(params, self.opt_state(params), x, y).compile()
             self.record_flops(fid, compiled)
         return self.flops[fid]
 
@@ -658,10 +713,8 @@ class _Howto(_Runner):
         n = len(devs)
         self.runs = self.spec.members // n
         tx = self.ctx.tx
-
-        def create_train_state(rng):
-            params = module.init(rng, jnp.ones([1, 28, 28, 1]))["params"]
-            return train_state.TrainState.create(apply_fn=module.apply, params=params, tx=tx)
+        line = jax.sharding.Mesh(np.asarray(devs), ("howto",))
+        self._line = jax.sharding.NamedSharding(line, jax.sharding.PartitionSpec("howto"))
 
         def apply_model(state, images, labels):
             def loss_fn(params):
@@ -676,9 +729,19 @@ class _Howto(_Runner):
             accuracy = jnp.mean(jnp.argmax(probs, -1) == labels)
             return grads, loss, accuracy
 
-        init = jax.pmap(create_train_state, devices=devs)
-        keys = jax.random.split(self.ctx.key, self.spec.members).reshape(self.runs, n)
-        self.states = [init(keys[r]) for r in range(self.runs)]
+        # The HOWTO's TrainState of each run, made on the host (the bench never times
+        # initialisation): member i of run r is the bench's member r * n + i.
+        self.states = []
+        for r in range(self.runs):
+            params = self.ctx.stacked_params(self.spec.model, n, first=r * n)
+            state = train_state.TrainState(
+                step=np.zeros((n,), np.int32),
+                apply_fn=module.apply,
+                params=params,
+                tx=tx,
+                opt_state=self.ctx.opt_state(params),
+            )
+            self.states.append(jax.device_put(state, self._line))
         self.apply_model = jax.pmap(apply_model, axis_name="ensemble", devices=devs)
         self.update_model = jax.pmap(lambda s, g: s.apply_gradients(grads=g), devices=devs)
         self.step_index = 0
@@ -733,7 +796,7 @@ class _EnsembleStep(_Runner):
 
         self.ens = _ensemble(self.ctx, self.spec)
         x, y = self.ctx.host_batch(0)
-        self.state = self.ens.init(self.ctx.key, x[:1])
+        self.state = self.ctx.ensemble_state(self.spec.model, self.spec.members, self.ens.mesh)
         self.step_index = 0
         if self.spec.backend == "shard_map":  # compile ahead of time for the memory analysis
             jitted = self.ens._train_fn(False).jitted
@@ -762,7 +825,7 @@ class _Chunk(_Runner):
         cfg = train.TrainConfig(
             members=self.spec.members, batch_size=self.ctx.cfg.batch_size, shuffle="shared"
         )
-        self.state = ens.init(self.ctx.key, self.ctx.images[:1])
+        self.state = self.ctx.ensemble_state(self.spec.model, self.spec.members, ens.mesh)
         feeder = train._Feeder(
             ens,
             self.ctx.dataset,
@@ -790,13 +853,12 @@ class _Sequential(_Runner):
         module = make_model(self.spec.model)
         tx = self.ctx.tx
         self.device = jax.devices()[0]
-        keys = jax.random.split(self.ctx.key, self.spec.members)
         x, y = self.ctx.host_batch(0)
-        sample = _normalize(x[:1])
         self.states = []
-        for k in keys:
-            params = jax.device_put(module.init(k, sample)["params"], self.device)
-            self.states.append((params, tx.init(params)))
+        for i in range(self.spec.members):
+            params = self.ctx.member_params(self.spec.model, i)
+            state = (params, self.ctx.opt_state(params))
+            self.states.append(jax.device_put(state, self.device))
         self.step = jax.jit(_single_step(module, tx), donate_argnums=(0, 1))
         xd, yd = jax.device_put((x, y), self.device)
         t = time.perf_counter()
@@ -1149,20 +1211,14 @@ def _ratios(c: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
         return a / b if a is not None and b else None
 
     def per_member_example(name: str) -> float | None:
-        return (
-            t(name) / (c[name]["members"] * cfg.batch_size) if t(name) is not None else None
-        )
+        return t(name) / (c[name]["members"] * cfg.batch_size) if t(name) is not None else None
 
     auto = next(
         (n for n in ("strategy_loop", "strategy_vmap") if n in c and c[n]["same_as"] is None),
         None,
     )
     one_device = next(
-        (
-            n
-            for n in (f"mpd_{cfg.members}", "mesh_1", "strategy_loop", "strategy_vmap")
-            if n in c
-        ),
+        (n for n in (f"mpd_{cfg.members}", "mesh_1", "strategy_loop", "strategy_vmap") if n in c),
         auto,
     )
     r: dict[str, Any] = {
@@ -1172,12 +1228,8 @@ def _ratios(c: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
         "loop_over_sequential": div(t("strategy_loop"), t("sequential")),
         "vmap_over_sequential": div(t("strategy_vmap"), t("sequential")),
         "vmap_over_loop": div(t("strategy_vmap"), t("strategy_loop")),
-        "reform_im2col_vmap_over_base_loop": div(
-            t("reform_im2col_vmap"), t("reform_base_loop")
-        ),
-        "reform_im2col_loop_over_base_loop": div(
-            t("reform_im2col_loop"), t("reform_base_loop")
-        ),
+        "reform_im2col_vmap_over_base_loop": div(t("reform_im2col_vmap"), t("reform_base_loop")),
+        "reform_im2col_loop_over_base_loop": div(t("reform_im2col_loop"), t("reform_base_loop")),
         "on_device_loop_over_howto": div(
             per_member_example("chunk_default"), per_member_example("howto")
         ),

@@ -737,34 +737,63 @@ def final_table(r: dict[str, Any]) -> str:
 
 
 class _Progress:
-    """A tqdm bar with live loss on a terminal; nothing extra otherwise."""
+    """Live progress: a tqdm bar with the loss on a terminal, else a plain line per tenth."""
 
     def __init__(self, say: Callable[[str], None], enabled: bool):
-        self.enabled = enabled and sys.stderr.isatty()
+        self.say = say
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
         self.bar = None
         self._last: jax.Array | None = None
+        self._plain: tuple[int, int, int, float] | None = None  # epoch, done, total, t0
+        self._base = 0
 
     def start(self, epoch: int, epochs: int, total: int, initial: int = 0) -> None:
-        if self.enabled:
+        if not self.enabled:
+            return
+        if self.tty:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(
                 total=total, initial=initial, desc=f"epoch {epoch}/{epochs}", leave=False
             )
+        else:
+            self.bar = True  # started
+            self._plain = (epoch, initial, total, 0.0)
+            self._base = initial
+
+    def _loss(self) -> str:
+        if self._last is None:
+            return "n/a"
+        local = [np.asarray(s.data) for s in self._last.addressable_shards]
+        return f"{float(np.mean(local)):.4f}"
 
     def update(self, n: int, metrics: dict[str, jax.Array]) -> None:
         if self.bar is None:
             return
-        self.bar.update(n)
-        if self._last is not None and self.bar.n % 5 < n:  # a step that has finished
-            local = [np.asarray(s.data) for s in self._last.addressable_shards]
-            self.bar.set_postfix(loss=f"{float(np.mean(local)):.4f}")
+        if self._plain is not None:
+            epoch, done, total, t0 = self._plain
+            if not t0:  # the first chunk includes compilation: rates count from its end
+                t0, self._base = time.perf_counter(), done + n
+            tenth = max(1, total // 10)
+            if (done + n) // tenth > done // tenth and done + n < total:
+                rate = (done + n - self._base) / max(time.perf_counter() - t0, 1e-9)
+                self.say(
+                    f"  epoch {epoch}: step {done + n}/{total}, member loss {self._loss()}, "
+                    f"{rate:.1f} steps/s"
+                )
+            self._plain = (epoch, done + n, total, t0)
+        else:
+            self.bar.update(n)
+            if self._last is not None and self.bar.n % 5 < n:  # a step that has finished
+                self.bar.set_postfix(loss=self._loss())
         self._last = metrics["loss"][-1]
 
     def close(self) -> None:
-        if self.bar is not None:
+        if self.bar is not None and self.bar is not True:
             self.bar.close()
-            self.bar = None
+        self.bar = None
+        self._plain = None
 
 
 class RunWriter:
