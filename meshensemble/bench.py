@@ -45,6 +45,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import datetime
 import functools
@@ -332,6 +333,7 @@ class BenchConfig:
 
     Attributes:
       members: ensemble size of the main cases.
+      conv_members: ensemble size of the ``reform`` and ``scan`` cases (None: ``members``).
       batch_size: examples per member per step.
       repeats: timed rounds (each case's time is the median over them).
       warmup: untimed rounds after compilation (each case also makes one untimed first
@@ -351,6 +353,7 @@ class BenchConfig:
     """
 
     members: int = 8
+    conv_members: int | None = None
     batch_size: int = 128
     repeats: int = 5
     warmup: int = 1
@@ -371,8 +374,8 @@ def resolve(args: argparse.Namespace) -> BenchConfig:
     """Builds the :class:`BenchConfig` of parsed ``bench`` flags, checking every value.
 
     ``--tiny`` changes the defaults (flags still override them): model ``MLP((32,))``,
-    batch 32, 2 repeats, members per device up to 4, at most 1,024 training examples,
-    chunks capped at 16 steps, a 256 x 256 matmul.
+    4 members (2 in the conv cases), batch 32, 2 repeats, members per device up to 4,
+    at most 1,024 training examples, chunks capped at 8 steps, a 256 x 256 matmul.
 
     Args:
       args: from the ``bench`` subcommand's parser.
@@ -394,9 +397,11 @@ def resolve(args: argparse.Namespace) -> BenchConfig:
         cfg = dataclasses.replace(
             cfg,
             model="mlp32",
+            members=4,
+            conv_members=2,
             batch_size=32,
             repeats=2,
-            epoch_cap=16,
+            epoch_cap=8,
             matmul_size=256,
             members_per_device=(1, 2, 4),
         )
@@ -560,13 +565,22 @@ class _Context:
             self.record_flops(fid, compiled)
         return self.flops[fid]
 
-    def record_flops(self, model_id: str, compiled: Any) -> None:
+    def record_flops(self, model_id: str, compiled: Any, examples: int | None = None) -> None:
+        """Keeps the FLOPs per example of a compiled one-device program of ``model_id``.
+
+        Args:
+          model_id: the program's model; reformulated models are skipped (their FLOPs
+            are counted as their base model's).
+          compiled: the compiled train step.
+          examples: member-examples per call (default one member's batch).
+        """
         fid = _flops_id(model_id)
-        if fid in self.flops:
+        if fid in self.flops or fid != model_id:
             return
         flops = _cost_flops(compiled)
+        examples = examples or self.cfg.batch_size
         if flops:
-            self.flops[fid], self.flops_source[fid] = flops / self.cfg.batch_size, "cost_analysis"
+            self.flops[fid], self.flops_source[fid] = flops / examples, "cost_analysis"
         elif fid == "cnn":
             self.flops[fid], self.flops_source[fid] = CNN_TRAIN_FLOPS_PER_EXAMPLE, "analytic"
         else:
@@ -804,6 +818,9 @@ class _EnsembleStep(_Runner):
             t = time.perf_counter()
             compiled = jitted.lower(self.state, put(x, mesh, BATCH), put(y, mesh, BATCH)).compile()
             self.set_compiled(compiled, time.perf_counter() - t)
+            if self.spec.devices == 1:
+                examples = self.spec.members * self.ctx.cfg.batch_size
+                self.ctx.record_flops(self.spec.model, compiled, examples)
 
     def run(self) -> None:
         x, y = self.ctx.host_batch(self.step_index)
@@ -926,6 +943,8 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
     k8 = min(8, steps_per_epoch)
     on_all = dict(members=m, devices=num_devices, ensemble=e, data=d, strategy=auto)
     on_one = dict(members=m, devices=1, ensemble=1, data=1)
+    # The HOWTO's layout, which the pmap backend also needs: one member per device.
+    on_line = dict(members=m, devices=e, ensemble=e, data=1, strategy=auto)
 
     cases = [
         Case("matmul", "matmul", Spec("matmul", str(cfg.matmul_size)), "float32 matmul"),
@@ -938,13 +957,13 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
         Case(
             "ens_pmap",
             "backends",
-            Spec("ensemble", model, backend="pmap", **on_all),
+            Spec("ensemble", model, backend="pmap", **on_line),
             "Ensemble(backend=pmap).train_step",
         ),
         Case(
             "ens_shard_map",
             "backends",
-            Spec("ensemble", model, **on_all),
+            Spec("ensemble", model, **on_line),
             "Ensemble(backend=shard_map).train_step",
         ),
     ]
@@ -986,20 +1005,24 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
                 f"{m} members on 1 device, {strategy}",
             )
         )
+    mc = min(cfg.conv_members or m, m)
+    ec = math.gcd(mc, num_devices)
+    conv_one = dict(members=mc, devices=1, ensemble=1, data=1)
+    conv_all = dict(members=mc, devices=num_devices, ensemble=ec, data=num_devices // ec)
     for name, model_id, strategy in (
         ("reform_base_loop", conv, "loop"),
         ("reform_im2col_vmap", f"{conv}-im2col", "vmap"),
         ("reform_im2col_loop", f"{conv}-im2col", "loop"),
     ):
-        spec = Spec("ensemble", model_id, strategy=strategy, **on_one)
-        cases.append(Case(name, "reform", spec, f"{model_id}, {m} on 1 device, {strategy}"))
+        spec = Spec("ensemble", model_id, strategy=strategy, **conv_one)
+        cases.append(Case(name, "reform", spec, f"{model_id}, {mc} on 1 device, {strategy}"))
     for name, model_id, k in (
         ("scan_base_k1", conv, 1),
         ("scan_base_k8", conv, k8),
         ("scan_canonical_k1", f"{conv}-canonical", 1),
         ("scan_canonical_k8", f"{conv}-canonical", k8),
     ):
-        spec = Spec("chunk", model_id, k=k, **on_all)
+        spec = Spec("chunk", model_id, k=k, strategy=auto, **conv_all)
         cases.append(Case(name, "scan", spec, f"{model_id} chunk, K={k}"))
 
     if cfg.cases:
@@ -1034,6 +1057,12 @@ def _load_data(cfg: BenchConfig, say: Callable[[str], None]) -> Any:
             f"{ds.note}; first 1,024 training examples",
         )
     return ds
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def _stats(samples: Sequence[float]) -> dict[str, Any]:
@@ -1086,10 +1115,18 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dic
     owner = {}
     for case in cases:
         owner.setdefault(case.spec, case.name)
-    for spec, runner in runners.items():
-        t = time.perf_counter()
-        runner.prepare()
-        say(f"  prepared {owner[spec]:<20s} in {time.perf_counter() - t:6.1f}s")
+    # Compile in parallel (XLA compiles outside the GIL); nothing is timed yet.
+    workers = max(1, min(4, os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        jobs = {pool.submit(_timed, r.prepare): spec for spec, r in runners.items()}
+        for job in concurrent.futures.as_completed(jobs):
+            say(f"  prepared {owner[jobs[job]]:<20s} in {job.result():6.1f}s")
+        # FLOPs per example come from the one-device programs' cost analysis; compile a
+        # plain step only for a model that has none.
+        ids = {_flops_id(s.model) for s in runners if s.kind != "matmul"} - set(ctx.flops)
+        for job in [pool.submit(ctx.flops_per_example, i) for i in sorted(ids)]:
+            job.result()
+    say(f"  compiled everything at {time.perf_counter() - t_start:6.1f}s")
     for _ in range(cfg.warmup):
         for runner in runners.values():
             runner.run()

@@ -290,7 +290,7 @@ def lost_peer(err: BaseException) -> str:
     import re
 
     text = str(err)
-    found = sorted({int(m) for m in re.findall(r"task[:_ ](\d+)", text)})
+    found = sorted({int(m) for m in re.findall(r"task[:_ ]\s*(\d+)", text, re.IGNORECASE)})
     who = f"process {', '.join(map(str, found))}" if found else "a peer process"
     first = text.strip().splitlines()[0][:160] if text.strip() else type(err).__name__
     return (

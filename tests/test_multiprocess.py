@@ -139,4 +139,7 @@ def test_a_dead_process_makes_the_others_fail_promptly(npz, tmp_path):
     assert procs[0].returncode not in (0, None)
     assert elapsed < 45, elapsed
     lines = [s for s in err.splitlines() if s.startswith("error:")]
-    assert lines and "lost contact with" in lines[-1], err[-2000:]
+    # the survivor's next collective fails: a train step (lost contact) or the
+    # checkpoint save the peer died in (orbax's barrier names the lost task)
+    assert lines, err[-2000:]
+    assert "lost contact with" in lines[-1] or "could not save checkpoint" in lines[-1], lines

@@ -1,0 +1,106 @@
+"""``meshensemble bench --tiny`` runs every case in-process and writes complete JSON.
+
+No assertions on speed: the machine is shared, the tiny configuration measures noise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from meshensemble import bench
+from meshensemble.cli import main
+
+RATIO_KEYS = (
+    "shard_map_over_pmap",
+    "one_device_over_sequential",
+    "loop_over_sequential",
+    "vmap_over_loop",
+    "reform_im2col_vmap_over_base_loop",
+    "on_device_loop_over_howto",
+    "scan_over_jit",
+    "scan_canonical_k8_over_k1",
+    "members_per_device_scaling",
+    "members_per_device_scaling_max",
+    "mesh_speedup",
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Runs the tiny bench once for the module; returns (exit code, results, plot path)."""
+    out = tmp_path_factory.mktemp("bench")
+    path, png = out / "bench.json", out / "members.png"
+    code = main(["bench", "--tiny", "--out", str(path), "--plot", str(png)])
+    results = json.loads(path.read_text()) if path.exists() else None
+    return code, results, png
+
+
+def test_tiny_bench_writes_every_case(tiny):
+    code, results, png = tiny
+    assert code == 0
+    expected = [c for cases in bench.GROUPS.values() for c in cases]
+    # mpd_8 .. mpd_32 are beyond the tiny configuration's 4 members per device.
+    expected = [c for c in expected if c not in ("mpd_8", "mpd_16", "mpd_32")]
+    assert sorted(results["cases"]) == sorted(expected)
+    for name, case in results["cases"].items():
+        t = case["time_per_step_s"]
+        assert t["n"] >= 1 and math.isfinite(t["median"]) and t["median"] > 0, name
+        assert math.isfinite(t["iqr"]) and t["iqr"] >= 0, name
+        if case["kind"] != "matmul":
+            assert case["member_examples_per_s"] > 0, name
+            assert case["flops_per_s"] > 0, name
+        if case["same_as"] is not None:
+            assert results["cases"][case["same_as"]]["same_as"] is None, name
+    assert png.stat().st_size > 0
+
+
+def test_tiny_bench_ratios_targets_and_meta(tiny):
+    _, results, _ = tiny
+    ratios = results["ratios"]
+    for key in RATIO_KEYS:
+        assert key in ratios, key
+        value = ratios[key]
+        values = value.values() if isinstance(value, dict) else [value]
+        assert values and all(v is not None and math.isfinite(v) and v > 0 for v in values), key
+    assert set(results["targets"]) == set(bench.TARGETS)
+    for target in results["targets"].values():
+        assert target["met"] in (True, False)
+    meta = results["meta"]
+    for key in ("date", "jax_version", "device_kind", "device_count", "cpu_count"):
+        assert meta[key], key
+    assert meta["device_count"] == 8
+    assert meta["matmul_flops_per_s"] > 0
+
+
+def test_conv_reformulations_match_xla():
+    import jax
+    import jax.numpy as jnp
+
+    x = jax.random.normal(jax.random.key(0), (2, 6, 6, 3))
+    k = jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
+    want = bench.conv_xla(x, k)
+    loss = lambda f: lambda x, k: jnp.sum(f(x, k) ** 2)
+    grads = jax.grad(loss(bench.conv_xla), argnums=(0, 1))(x, k)
+    for impl in ("im2col", "canonical"):
+        f = bench.CONV_IMPLS[impl]
+        assert jnp.allclose(f(x, k), want, atol=1e-4), impl
+        for g, w in zip(jax.grad(loss(f), argnums=(0, 1))(x, k), grads):
+            assert jnp.allclose(g, w, rtol=1e-4, atol=1e-3), impl
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "--cases", "nope"],
+        ["bench", "--repeats", "0"],
+        ["bench", "--warmup", "-1"],
+        ["bench", "--case-budget", "0"],
+    ],
+)
+def test_bad_flags_exit_2(argv, capsys, tmp_path):
+    assert main([*argv, "--out", str(tmp_path / "b.json")]) == 2
+    assert "error:" in capsys.readouterr().err
+    assert not (tmp_path / "b.json").exists()
