@@ -24,10 +24,12 @@ Cases (``--cases`` takes these names or the group names in brackets):
 * ``mesh_1`` ... ``mesh_8`` [mesh]: the members on meshes of 1 to 8 devices.
 * ``strategy_vmap``, ``strategy_loop`` [strategy]: the member strategies, all members on
   one device.
-* ``reform_base_loop``, ``reform_im2col_vmap``, ``reform_im2col_loop`` [reform]: a
-  reformulated CNN whose convolutions are ``im2col`` matmuls, so that ``vmap`` batches
-  the members into batched matmuls (and the first layer, whose input all members share,
-  into one wide matmul) instead of grouped convolutions.
+* ``reform_base_loop``, ``reform_im2col_vmap``, ``reform_im2col_loop``,
+  ``reform_im2col_sequential`` [reform]: a reformulated CNN whose convolutions are
+  ``im2col`` matmuls, so that ``vmap`` batches the members into batched matmuls (and the
+  first layer, whose input all members share, into one wide matmul) instead of grouped
+  convolutions; and the same model trained member after member, which tells a faster
+  convolution from a gain of batching members.
 * ``scan_base_k1``, ``scan_base_k8``, ``scan_canonical_k1``, ``scan_canonical_k8``
   [scan]: the on-device chunk of the conv model with XLA's convolution and with
   :func:`conv_canonical` (the same convolution with a backward pass in the layout
@@ -45,7 +47,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import dataclasses
 import datetime
 import functools
@@ -72,7 +73,12 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "members": ("mpd_1", "mpd_2", "mpd_4", "mpd_8", "mpd_16", "mpd_32"),
     "mesh": ("mesh_1", "mesh_2", "mesh_4", "mesh_8"),
     "strategy": ("strategy_vmap", "strategy_loop"),
-    "reform": ("reform_base_loop", "reform_im2col_vmap", "reform_im2col_loop"),
+    "reform": (
+        "reform_base_loop",
+        "reform_im2col_vmap",
+        "reform_im2col_loop",
+        "reform_im2col_sequential",
+    ),
     "scan": ("scan_base_k1", "scan_base_k8", "scan_canonical_k1", "scan_canonical_k8"),
 }
 """Case groups of ``--cases``, in the order the cases run and print."""
@@ -222,57 +228,128 @@ CONV_IMPLS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
     "im2col": conv_im2col,
     "canonical": conv_canonical,
 }
-"""Convolution implementations of :class:`ConvNet`."""
+"""Convolution implementations of :class:`ConvNet`, by name."""
 
 
-def _linen():
-    import flax.linen as nn
+def conv_general_dilated(impl: str) -> Callable[..., jax.Array]:
+    """A drop-in ``lax.conv_general_dilated`` that computes with :data:`CONV_IMPLS`.
 
-    return nn
+    Pass it as ``flax.linen.Conv(..., conv_general_dilated=conv_general_dilated("im2col"))``:
+    the module keeps its parameters (names, shapes, initialisers), only the convolution
+    changes. Convolutions the implementation does not cover (strides, dilations, groups,
+    padding other than ``SAME``-like, layouts other than NHWC/HWIO, even kernels) go to
+    ``lax.conv_general_dilated`` unchanged.
+
+    Args:
+      impl: ``"xla"``, ``"im2col"`` or ``"canonical"``.
+
+    Returns:
+      A function with ``lax.conv_general_dilated``'s signature.
+
+    Raises:
+      ValueError: an unknown ``impl``.
+
+    Example:
+      >>> conv = nn.Conv(32, (3, 3), conv_general_dilated=conv_general_dilated("im2col"))
+    """
+    if impl not in CONV_IMPLS:
+        raise ValueError(f"conv impl {impl!r} is unknown; choose one of {', '.join(CONV_IMPLS)}")
+    fn = CONV_IMPLS[impl]
+
+    def conv(
+        lhs: jax.Array,
+        rhs: jax.Array,
+        window_strides: Sequence[int],
+        padding: Any,
+        lhs_dilation: Sequence[int] | None = None,
+        rhs_dilation: Sequence[int] | None = None,
+        dimension_numbers: Any = None,
+        feature_group_count: int = 1,
+        batch_group_count: int = 1,
+        precision: Any = None,
+        preferred_element_type: Any = None,
+    ) -> jax.Array:
+        if _covered(
+            lhs,
+            rhs,
+            window_strides,
+            padding,
+            lhs_dilation,
+            rhs_dilation,
+            dimension_numbers,
+            feature_group_count,
+            batch_group_count,
+        ):
+            return fn(lhs, rhs)
+        return lax.conv_general_dilated(
+            lhs,
+            rhs,
+            window_strides,
+            padding,
+            lhs_dilation,
+            rhs_dilation,
+            dimension_numbers,
+            feature_group_count,
+            batch_group_count,
+            precision,
+            preferred_element_type,
+        )
+
+    conv.__name__ = f"conv_general_dilated_{impl}"
+    return conv
+
+
+def _covered(lhs, rhs, strides, padding, lhs_dil, rhs_dil, dnums, groups, batch_groups) -> bool:
+    """Whether a convolution is a stride-1 SAME 2-D NHWC/HWIO one with an odd kernel."""
+    if lhs.ndim != 4 or rhs.ndim != 4 or groups != 1 or batch_groups != 1:
+        return False
+    ones = lambda v: v is None or all(int(d) == 1 for d in v)
+    if not (ones(strides) and ones(lhs_dil) and ones(rhs_dil)):
+        return False
+    want = lax.conv_dimension_numbers(lhs.shape, rhs.shape, _DN)
+    if dnums is None or lax.conv_dimension_numbers(lhs.shape, rhs.shape, dnums) != want:
+        return False
+    kh, kw = rhs.shape[:2]
+    if kh % 2 == 0 or kw % 2 == 0:
+        return False
+    same = [(kh // 2, kh // 2), (kw // 2, kw // 2)]
+    if isinstance(padding, str):
+        return padding.upper() == "SAME"
+    return [tuple(int(v) for v in p) for p in padding] == same
 
 
 def _conv_net_class():
-    nn = _linen()
-
-    class Conv3x3(nn.Module):
-        """A 3x3 stride-1 SAME convolution with bias, like ``nn.Conv(features, (3, 3))``."""
-
-        features: int
-        impl: str = "xla"
-
-        @nn.compact
-        def __call__(self, x: jax.Array) -> jax.Array:
-            kernel = self.param(
-                "kernel", nn.initializers.lecun_normal(), (3, 3, x.shape[-1], self.features)
-            )
-            bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
-            return CONV_IMPLS[self.impl](x, kernel) + bias.reshape(1, 1, 1, -1)
+    import flax.linen as nn
 
     class ConvNet(nn.Module):
         """The Flax MNIST CNN with a choice of convolution (see :data:`CONV_IMPLS`).
 
-        With ``features=(32, 64)``, ``dense=256`` and ``impl="xla"`` it computes what
-        :class:`meshensemble.models.CNN` computes.
+        The same layers, parameter names and initialisers as
+        :class:`meshensemble.models.CNN`; ``impl`` picks the convolution through
+        ``nn.Conv``'s ``conv_general_dilated`` hook.
 
         Attributes:
-          features: the two convolutions' widths.
-          dense: the hidden dense layer's width.
+          features: the convolutions' widths.
+          dense: the hidden dense layer's width (0 for none).
           impl: ``"xla"``, ``"im2col"`` or ``"canonical"``.
           num_classes: outputs.
         """
 
-        features: tuple[int, int] = (32, 64)
+        features: tuple[int, ...] = (32, 64)
         dense: int = 256
         impl: str = "xla"
         num_classes: int = 10
 
         @nn.compact
         def __call__(self, x: jax.Array) -> jax.Array:
+            conv = conv_general_dilated(self.impl)
             for width in self.features:
-                x = nn.relu(Conv3x3(width, self.impl)(x))
+                x = nn.Conv(width, (3, 3), conv_general_dilated=conv)(x)
+                x = nn.relu(x)
                 x = nn.avg_pool(x, window_shape=(2, 2), strides=(2, 2))
             x = x.reshape((x.shape[0], -1))
-            x = nn.relu(nn.Dense(self.dense)(x))
+            if self.dense:
+                x = nn.relu(nn.Dense(self.dense)(x))
             return nn.Dense(self.num_classes)(x)
 
     return ConvNet
@@ -291,7 +368,8 @@ def make_model(model_id: str) -> Any:
         (:class:`meshensemble.models.MLP`), ``"mlp32"`` (``MLP((32,))``, the tiny
         configuration's), ``"cnn-im2col"``, ``"cnn-canonical"`` (the CNN with those
         convolutions), ``"tinyconv"``, ``"tinyconv-im2col"``, ``"tinyconv-canonical"``
-        (a CNN with widths 4, 8 and 32).
+        (one 4-feature convolution, pooling and the output layer: the conv model of the
+        ``reform`` and ``scan`` cases when the main model is an MLP).
 
     Returns:
       A ``flax.linen.Module``.
@@ -311,7 +389,7 @@ def make_model(model_id: str) -> Any:
     if model_id == "mlp32":
         return models.MLP((32,))
     base, _, impl = model_id.partition("-")
-    sizes = {"cnn": ((32, 64), 256), "tinyconv": ((4, 8), 32)}
+    sizes = {"cnn": ((32, 64), 256), "tinyconv": ((4,), 0)}
     if base in sizes and impl in ("", *CONV_IMPLS):
         features, dense = sizes[base]
         return _conv_net()(features=features, dense=dense, impl=impl or "xla")
@@ -1016,6 +1094,14 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
     ):
         spec = Spec("ensemble", model_id, strategy=strategy, **conv_one)
         cases.append(Case(name, "reform", spec, f"{model_id}, {mc} on 1 device, {strategy}"))
+    cases.append(
+        Case(
+            "reform_im2col_sequential",
+            "reform",
+            Spec("sequential", f"{conv}-im2col", mc),
+            f"{conv}-im2col, {mc} one after another, jitted step",
+        )
+    )
     for name, model_id, k in (
         ("scan_base_k1", conv, 1),
         ("scan_base_k8", conv, k8),
@@ -1093,6 +1179,7 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dic
     """
     say = say or (lambda s: print(s, file=sys.stderr, flush=True))
     t_start = time.perf_counter()
+    load_start = _loadavg()
     dataset = _load_data(cfg, say)
     if cfg.batch_size > dataset.num_train:
         raise ValueError(
@@ -1115,17 +1202,12 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dic
     owner = {}
     for case in cases:
         owner.setdefault(case.spec, case.name)
-    # Compile in parallel (XLA compiles outside the GIL); nothing is timed yet.
-    workers = max(1, min(4, os.cpu_count() or 1))
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        jobs = {pool.submit(_timed, r.prepare): spec for spec, r in runners.items()}
-        for job in concurrent.futures.as_completed(jobs):
-            say(f"  prepared {owner[jobs[job]]:<20s} in {job.result():6.1f}s")
-        # FLOPs per example come from the one-device programs' cost analysis; compile a
-        # plain step only for a model that has none.
-        ids = {_flops_id(s.model) for s in runners if s.kind != "matmul"} - set(ctx.flops)
-        for job in [pool.submit(ctx.flops_per_example, i) for i in sorted(ids)]:
-            job.result()
+    for spec, runner in runners.items():  # compile (and first calls); nothing is timed
+        say(f"  prepared {owner[spec]:<20s} in {_timed(runner.prepare):6.1f}s")
+    # FLOPs per example come from the one-device programs' cost analysis; compile a plain
+    # step only for a model that has none.
+    for model_id in sorted({_flops_id(s.model) for s in runners if s.kind != "matmul"}):
+        ctx.flops_per_example(model_id)
     say(f"  compiled everything at {time.perf_counter() - t_start:6.1f}s")
     for _ in range(cfg.warmup):
         for runner in runners.values():
@@ -1142,6 +1224,7 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dic
 
     results = _results(cfg, ctx, cases, runners, owner, dataset)
     results["meta"]["wall_s"] = time.perf_counter() - t_start
+    results["meta"]["loadavg_start"], results["meta"]["loadavg_end"] = load_start, _loadavg()
     return results
 
 
@@ -1220,6 +1303,14 @@ def _results(cfg, ctx, cases, runners, owner, dataset) -> dict[str, Any]:
     return {"meta": meta, "cases": out_cases, "ratios": ratios, "targets": _targets(ratios)}
 
 
+def _loadavg() -> list[float] | None:
+    """The machine's 1, 5 and 15 minute load averages (other jobs' load shows here)."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def _version(name: str) -> str | None:
     from importlib import metadata
 
@@ -1267,6 +1358,9 @@ def _ratios(c: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
         "vmap_over_loop": div(t("strategy_vmap"), t("strategy_loop")),
         "reform_im2col_vmap_over_base_loop": div(t("reform_im2col_vmap"), t("reform_base_loop")),
         "reform_im2col_loop_over_base_loop": div(t("reform_im2col_loop"), t("reform_base_loop")),
+        "reform_im2col_loop_over_im2col_sequential": div(
+            t("reform_im2col_loop"), t("reform_im2col_sequential")
+        ),
         "on_device_loop_over_howto": div(
             per_member_example("chunk_default"), per_member_example("howto")
         ),
@@ -1281,6 +1375,18 @@ def _ratios(c: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
         "scan_canonical_k8_over_k1": div(t("scan_canonical_k8"), t("scan_canonical_k1")),
         "scan_canonical_k8_over_base_k1": div(t("scan_canonical_k8"), t("scan_base_k1")),
     }
+    # The fastest way found to train the members on one device, against the sequential
+    # loop (for the CNN the reform cases train the same members as the main cases).
+    same_model = cfg.model == "cnn" and (cfg.conv_members or cfg.members) == cfg.members
+    options = ["strategy_loop", "strategy_vmap"]
+    options += ["reform_im2col_loop", "reform_im2col_vmap"] if same_model else []
+    timed = {n: t(n) for n in options if t(n) is not None}
+    if timed and t("sequential"):
+        best = min(timed, key=lambda n: timed[n])
+        r["best_one_device_case"] = best
+        r["best_one_device_over_sequential"] = timed[best] / t("sequential")
+    else:
+        r["best_one_device_case"], r["best_one_device_over_sequential"] = None, None
     mpd = {n: t(f"mpd_{n}") for n in cfg.members_per_device if f"mpd_{n}" in c}
     if 1 in mpd:
         r["members_per_device_scaling"] = {str(n): v / (n * mpd[1]) for n, v in mpd.items()}
