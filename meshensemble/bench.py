@@ -1507,11 +1507,20 @@ def plot_members(results: dict[str, Any], path: str) -> bool:
         xlabel="members per device",
         ylabel="time per step (ms)",
         title=(
-            f"{meta['config']['model']}, batch {meta['config']['batch_size']}, "
-            f"{meta['device_kind']} (JAX {meta['jax_version']})"
+            f"{meta['config']['model']}, batch {meta['config']['batch_size']}: "
+            f"{meta['device_count']} {meta['device_kind']} device(s), "
+            f"{meta['cpu_count']} CPU cores, JAX {meta['jax_version']}"
         ),
     )
     ax.set_xticks(m, [str(int(v)) for v in m])
+    ticks = [
+        v
+        for v in (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+        if med.min() / 1.5 <= v <= med.max() * 2
+    ]
+    if ticks:
+        ax.set_yticks(ticks, [str(v) for v in ticks])
+        ax.minorticks_off()
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
