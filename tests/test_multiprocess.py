@@ -69,8 +69,13 @@ def restored(workdir, mesh=(8, 1)):
 
 @pytest.mark.parametrize(
     "processes,devices,mesh",
-    [(2, 4, "ensemble=4,data=2"), (4, 2, "ensemble=8,data=1")],
-    ids=["2x4 procs, (4,2)", "4x2 procs, (8,1)"],
+    [
+        (2, 4, "ensemble=4,data=2"),
+        (4, 2, "ensemble=8,data=1"),
+        (2, 4, "ensemble=8,data=1"),
+        (4, 2, "ensemble=4,data=2"),
+    ],
+    ids=["2x4 procs, (4,2)", "4x2 procs, (8,1)", "2x4 procs, (8,1)", "4x2 procs, (4,2)"],
 )
 def test_processes_train_the_same_ensemble_as_one_process(npz, tmp_path, processes, devices, mesh):
     need_devices(8)
@@ -143,3 +148,43 @@ def test_a_dead_process_makes_the_others_fail_promptly(npz, tmp_path):
     # checkpoint save the peer died in (orbax's barrier names the lost task)
     assert lines, err[-2000:]
     assert "lost contact with" in lines[-1] or "could not save checkpoint" in lines[-1], lines
+
+
+def test_sigterm_to_one_process_stops_all_at_the_same_step(npz, tmp_path):
+    need_devices(8)
+    workdir = tmp_path / "term"
+    port = free_port()
+    cmd = [sys.executable, "-m", "meshensemble.cli", "train", "--source", "npz"]
+    cmd += ["--data-file", npz, "--model", "mlp", "--members", "4", "--batch-size", "32"]
+    cmd += ["--mesh", "ensemble=2,data=2", "--epochs", "500", "--checkpoint-every", "1000"]
+    cmd += ["--workdir", str(workdir), "--quiet", "--heartbeat-timeout", "5"]
+    cmd += ["--fake-devices", "2", "--coordinator", f"localhost:{port}", "--num-processes", "2"]
+    procs = [
+        subprocess.Popen(
+            [*cmd, "--process-id", str(i)],
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(2)
+    ]
+    try:
+        t0 = time.time()
+        while not (workdir / "config.json").exists() and time.time() - t0 < 120:
+            assert all(p.poll() is None for p in procs), procs[0].stderr.read()
+            time.sleep(0.1)
+        time.sleep(3)  # training is under way
+        procs[1].send_signal(signal.SIGTERM)  # only one process is told
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-1500:] for o in outs]
+    line = [s for s in outs[0][0].splitlines() if s.startswith("stopped by")]
+    assert line, outs[0]
+    step = int(line[0].split("at step ")[1].split(":")[0])
+    assert f"saved checkpoint {step}" in line[0]
+    assert list_checkpoints(workdir) == [step]  # one agreed step, saved by both processes
