@@ -13,7 +13,6 @@ faster that way. Only the random bits change, not what the examples do.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import json
 import os
@@ -77,33 +76,6 @@ def assert_member_sharded(tree, num_members: int, ensemble: int) -> None:
         assert leaf.sharding.spec[:1] == P("ensemble")[:1], leaf.sharding
         shard_rows = {s.data.shape[0] for s in leaf.addressable_shards}
         assert shard_rows == {num_members // ensemble}
-
-
-@pytest.fixture
-def mock_tfds():
-    """``tfds.testing.mock_data`` with the batched-read workaround of ``test_data.py``.
-
-    TFDS 4.9.x's mock sets ``__getitems__`` on a MagicMock as a plain attribute, so the
-    mocked ArrayRecord source is not passed as ``self`` and batched reads fail; binding
-    it here fixes that.
-    """
-    tfds = pytest.importorskip("tensorflow_datasets")
-    from tensorflow_datasets.testing import mocking
-
-    class BoundDataSourceMock(mocking.PickableDataSourceMock):
-        def __setattr__(self, name, value):
-            if name == "__getitems__" and isinstance(value, functools.partial):
-                value = functools.partial(value, self)
-            super().__setattr__(name, value)
-
-    def mock(num_examples: int = 20):
-        return tfds.testing.mock_data(
-            num_examples=num_examples,
-            policy=tfds.testing.MockPolicy.USE_CODE,
-            mock_array_record_data_source=BoundDataSourceMock(),
-        )
-
-    return mock
 
 
 @pytest.fixture

@@ -107,16 +107,15 @@ def test_processes_train_the_same_ensemble_as_one_process(npz, tmp_path, process
         np.testing.assert_allclose(record[key], value, atol=1e-5, err_msg=key)
 
 
-def test_a_dead_process_makes_the_others_fail_promptly(npz, tmp_path):
-    need_devices(8)
-    workdir = tmp_path / "dead"
+def start_pair(npz, workdir, *extra) -> list[subprocess.Popen]:
+    """Two real processes of `meshensemble train` (2 fake devices each) on a long run."""
     port = free_port()
     cmd = [sys.executable, "-m", "meshensemble.cli", "train", "--source", "npz"]
     cmd += ["--data-file", npz, "--model", "mlp", "--members", "4", "--batch-size", "32"]
-    cmd += ["--mesh", "ensemble=2,data=2", "--epochs", "500", "--checkpoint-every", "1"]
+    cmd += ["--mesh", "ensemble=2,data=2", "--epochs", "500", *extra]
     cmd += ["--workdir", str(workdir), "--quiet", "--heartbeat-timeout", "5"]
     cmd += ["--fake-devices", "2", "--coordinator", f"localhost:{port}", "--num-processes", "2"]
-    procs = [
+    return [
         subprocess.Popen(
             [*cmd, "--process-id", str(i)],
             cwd=REPO,
@@ -126,6 +125,12 @@ def test_a_dead_process_makes_the_others_fail_promptly(npz, tmp_path):
         )
         for i in range(2)
     ]
+
+
+def test_a_dead_process_makes_the_others_fail_promptly(npz, tmp_path):
+    need_devices(8)
+    workdir = tmp_path / "dead"
+    procs = start_pair(npz, workdir, "--checkpoint-every", "1")
     try:
         t0 = time.time()
         while not list_checkpoints(workdir) and time.time() - t0 < 120:
@@ -153,22 +158,7 @@ def test_a_dead_process_makes_the_others_fail_promptly(npz, tmp_path):
 def test_sigterm_to_one_process_stops_all_at_the_same_step(npz, tmp_path):
     need_devices(8)
     workdir = tmp_path / "term"
-    port = free_port()
-    cmd = [sys.executable, "-m", "meshensemble.cli", "train", "--source", "npz"]
-    cmd += ["--data-file", npz, "--model", "mlp", "--members", "4", "--batch-size", "32"]
-    cmd += ["--mesh", "ensemble=2,data=2", "--epochs", "500", "--checkpoint-every", "1000"]
-    cmd += ["--workdir", str(workdir), "--quiet", "--heartbeat-timeout", "5"]
-    cmd += ["--fake-devices", "2", "--coordinator", f"localhost:{port}", "--num-processes", "2"]
-    procs = [
-        subprocess.Popen(
-            [*cmd, "--process-id", str(i)],
-            cwd=REPO,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for i in range(2)
-    ]
+    procs = start_pair(npz, workdir, "--checkpoint-every", "1000")
     try:
         t0 = time.time()
         while not (workdir / "config.json").exists() and time.time() - t0 < 120:
