@@ -256,19 +256,7 @@ def stream_scores(
 
 def _reliability(sums: Mapping[str, np.ndarray], num_bins: int) -> dict[str, np.ndarray]:
     """Bin sums to the layout of :func:`meshensemble.metrics.reliability_diagram_data`."""
-    count = np.asarray(sums["count"], np.float64)
-    nonempty = count > 0
-
-    def per_bin(key: str) -> np.ndarray:
-        total = np.asarray(sums[key], np.float64)
-        return np.divide(total, count, out=np.full_like(total, np.nan), where=nonempty)
-
-    return {
-        "accuracy": per_bin("correct_sum"),
-        "confidence": per_bin("confidence_sum"),
-        "count": count,
-        "bin_edges": np.linspace(0.0, 1.0, num_bins + 1),
-    }
+    return metrics.reliability_from_bins(sums, num_bins)
 
 
 def _mesh_shape(mesh: Any, members: int) -> dict[str, int]:

@@ -66,6 +66,7 @@ __all__ = [
     "ood_score",
     "prefix_metrics",
     "reliability_diagram_data",
+    "reliability_from_bins",
     "streaming_stats",
 ]
 
@@ -476,6 +477,23 @@ def reliability_diagram_data(
       ([0.0, 1.0], 2.0)
     """
     bins = calibration_bins(probs, labels, num_bins=num_bins, mask=mask)
+    return reliability_from_bins(bins, num_bins)
+
+
+def reliability_from_bins(bins: Mapping[str, Any], num_bins: int) -> dict[str, np.ndarray]:
+    """Per-bin accuracy and confidence from bin sums (e.g. summed over shards).
+
+    Args:
+      bins: ``count``, ``confidence_sum``, ``correct_sum``, each ``[num_bins]``.
+      num_bins: number of equal-width bins.
+
+    Returns:
+      numpy ``accuracy`` and ``confidence`` ``[num_bins]`` (NaN for empty bins), ``count``
+      ``[num_bins]`` and ``bin_edges`` ``[num_bins + 1]``.
+
+    Example:
+      >>> reliability_from_bins(calibration_bins(probs, labels), 15)["accuracy"]
+    """
     count = np.asarray(bins["count"], np.float64)
     nonempty = count > 0
 
