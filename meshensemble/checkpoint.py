@@ -124,6 +124,7 @@ class Checkpointer:
         self.mngr = checkpoint_manager(workdir, keep)
         self.echo = echo or log.info
         self._unhashed: list[int] = []
+        self._failed = False
 
     def save(self, step: int, state: EnsembleState, loop: dict[str, Any]) -> None:
         """Starts saving checkpoint ``step``; the previous save is finished and hashed first.
@@ -139,32 +140,44 @@ class Checkpointer:
         self._unhashed.append(step)
 
     def _finish(self) -> None:
+        pending, self._unhashed = self._unhashed, []
         try:
             self.mngr.wait_until_finished()
         except Exception as err:
-            raise self._error(self._unhashed[-1] if self._unhashed else -1, err) from None
-        if self._unhashed and jax.process_index() == 0:
-            sums = read_checksums(self.dir)
-            live = set(self.mngr.all_steps())
-            for step in self._unhashed:
-                if step in live:
-                    sums[str(step)] = checkpoint_digest(os.path.join(self.dir, str(step)))
-            sums = {k: v for k, v in sums.items() if int(k) in live}
-            _atomic_json(os.path.join(self.dir, CHECKSUMS), sums)
-        self._unhashed = []
+            raise self._error(pending[-1] if pending else -1, err) from None
+        if pending and jax.process_index() == 0:
+            try:
+                sums = read_checksums(self.dir)
+                live = set(self.mngr.all_steps())
+                for step in pending:
+                    if step in live:
+                        sums[str(step)] = checkpoint_digest(os.path.join(self.dir, str(step)))
+                sums = {k: v for k, v in sums.items() if int(k) in live}
+                _atomic_json(os.path.join(self.dir, CHECKSUMS), sums)
+            except OSError as err:  # e.g. the disk filled up right after the save
+                raise self._error(pending[-1], err) from None
 
     def _error(self, step: int, err: Exception) -> CheckpointError:
+        self._failed = True
         good = [s for s in self.mngr.all_steps() if s != step]
         prev = f"checkpoint {max(good)} is intact" if good else "no earlier checkpoint exists"
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         return CheckpointError(f"could not save checkpoint {step} in {self.dir}: {reason}; {prev}")
 
     def close(self) -> None:
-        """Waits for the last save, records its checksum and closes the manager."""
+        """Waits for the last save, records its checksum and closes the manager.
+
+        After a failed save it only closes the manager: the error was already raised.
+        """
         try:
-            self._finish()
+            if not self._failed:
+                self._finish()
         finally:
-            self.mngr.close()
+            try:
+                self.mngr.close()
+            except Exception:
+                if not self._failed:
+                    raise
 
 
 def read_checksums(directory: str) -> dict[str, str]:

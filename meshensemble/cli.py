@@ -330,6 +330,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RuntimeError as err:  # CheckpointError, NonFiniteError: the run failed
         if type(err).__name__ not in ("CheckpointError", "NonFiniteError"):
             raise
+        if type(err).__name__ == "CheckpointError":
+            # orbax's background threads may still hold the failed write: leave without
+            # their teardown noise, the one line being the last thing printed
+            from meshensemble.distributed import hard_exit
+
+            hard_exit(1, f"error: {err}")
         print(f"error: {err}", file=sys.stderr)
         return 1
 

@@ -340,7 +340,7 @@ def test_full_disk_gives_a_clear_error_and_the_previous_checkpoint_restores(npz,
         done = run_cli(cli_cmd(npz, workdir, "--keep", "5"))
         assert done.returncode == 1, done.stdout + done.stderr
         err = done.stderr.strip().splitlines()[-1]
-        assert err.startswith("error: could not save checkpoint") and "intact" in err, err
+        assert err.startswith("error: could not save checkpoint") and "intact" in err, done.stderr
         steps = list_checkpoints(workdir)
         assert steps, "the first checkpoints fit"
         state, step = _params(workdir)
