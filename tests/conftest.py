@@ -9,6 +9,7 @@ os.environ["XLA_FLAGS"] = (
 
 import functools  # noqa: E402
 
+import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
@@ -63,3 +64,14 @@ def mock_tfds():
         )
 
     return mock
+
+
+class Tiny(nn.Module):
+    """A small conv + dense net on 8x8 inputs: cheap, but has a convolution."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Conv(4, (3, 3))(x))
+        x = x.reshape((x.shape[0], -1))
+        x = nn.relu(nn.Dense(16)(x))
+        return nn.Dense(10)(x)

@@ -11,22 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import need_devices
+from conftest import Tiny, need_devices
 
 import meshensemble as me
 
 M = 8
-
-
-class Tiny(nn.Module):
-    """A small conv + dense net on 8x8 inputs: cheap, but has a convolution."""
-
-    @nn.compact
-    def __call__(self, x):
-        x = nn.relu(nn.Conv(4, (3, 3))(x))
-        x = x.reshape((x.shape[0], -1))
-        x = nn.relu(nn.Dense(16)(x))
-        return nn.Dense(10)(x)
 
 
 class DropoutBN(nn.Module):

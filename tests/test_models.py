@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import need_devices
+from conftest import Tiny, need_devices
 from flax import nnx
 from jax import lax
 
@@ -45,15 +45,7 @@ def init(ens: me.Ensemble, key: jax.Array, sample: np.ndarray) -> me.EnsembleSta
 
 
 # ------------------------------------------------------------------ one net, three forms
-class TinyLinen(nn.Module):
-    """Conv(4) -> Dense(16) -> Dense(10) on 8x8x1 inputs, in Linen."""
-
-    @nn.compact
-    def __call__(self, x):
-        x = nn.relu(nn.Conv(4, (3, 3))(x))
-        x = x.reshape((x.shape[0], -1))
-        x = nn.relu(nn.Dense(16)(x))
-        return nn.Dense(10)(x)
+TinyLinen = Tiny  # Conv(4) -> Dense(16) -> Dense(10) on 8x8x1 inputs, in Linen
 
 
 class TinyNNX(nnx.Module):
