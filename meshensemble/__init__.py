@@ -5,6 +5,7 @@ the mesh axis ``ensemble``; batches are split over ``data``; steps run under
 ``jax.shard_map`` (or the legacy ``jax.pmap`` backend).
 """
 
+from meshensemble import conv as conv
 from meshensemble import data as data
 from meshensemble import distributed as distributed
 from meshensemble import metrics as metrics
@@ -63,6 +64,7 @@ __all__ = [
     "as_model",
     "batch_sharding",
     "checkpoint_manager",
+    "conv",
     "data",
     "default_strategy",
     "distributed",

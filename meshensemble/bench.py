@@ -64,6 +64,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from meshensemble.conv import CONV_IMPLS, conv_general_dilated
+
 GROUPS: dict[str, tuple[str, ...]] = {
     "matmul": ("matmul",),
     "howto": ("howto",),
@@ -94,229 +96,6 @@ TARGETS: dict[str, tuple[str, float]] = {
 CNN_TRAIN_FLOPS_PER_EXAMPLE = 27.4e6
 """Forward + backward FLOPs of :class:`meshensemble.models.CNN` per 28x28 example."""
 
-_DN = ("NHWC", "HWIO", "NHWC")
-
-
-# ---------------------------------------------------------------------------------------
-# Convolutions and the reformulated CNN
-
-
-def conv_xla(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    """A stride-1 ``SAME`` convolution, as ``flax.linen.Conv`` computes it.
-
-    Args:
-      x: ``[B, H, W, C]`` inputs.
-      kernel: ``[kh, kw, C, F]`` with odd ``kh``, ``kw``.
-
-    Returns:
-      ``[B, H, W, F]``.
-
-    Example:
-      >>> conv_xla(jnp.ones((2, 8, 8, 1)), jnp.ones((3, 3, 1, 4))).shape
-      (2, 8, 8, 4)
-    """
-    return lax.conv_general_dilated(x, kernel, (1, 1), "SAME", dimension_numbers=_DN)
-
-
-def conv_im2col(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    """:func:`conv_xla` as one matmul of image patches (``im2col``) by the kernel.
-
-    Under ``jax.vmap`` over members this becomes a batched matmul (or, when the input is
-    shared by all members, one matmul with the members' kernels side by side) instead
-    of a grouped convolution, which XLA:CPU runs slowly.
-
-    Args:
-      x: ``[B, H, W, C]``.
-      kernel: ``[kh, kw, C, F]`` with odd ``kh``, ``kw``.
-
-    Returns:
-      ``[B, H, W, F]``, equal to :func:`conv_xla` up to float rounding.
-
-    Example:
-      >>> conv_im2col(jnp.ones((2, 8, 8, 1)), jnp.ones((3, 3, 1, 4))).shape
-      (2, 8, 8, 4)
-    """
-    b, h, w, c = x.shape
-    kh, kw, _, f = kernel.shape
-    xp = jnp.pad(x, ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0)))
-    cols = jnp.concatenate(
-        [xp[:, i : i + h, j : j + w, :] for i in range(kh) for j in range(kw)], axis=-1
-    )
-    out = cols.reshape(b * h * w, kh * kw * c) @ kernel.reshape(kh * kw * c, f)
-    return out.reshape(b, h, w, f)
-
-
-def _varying(x: jax.Array) -> frozenset[str]:
-    t = jax.typeof(x)
-    mat = getattr(t, "manual_axis_type", None)
-    if mat is not None:
-        return frozenset(mat.varying)
-    return frozenset(getattr(t, "vma", ()))
-
-
-def _match_varying(*xs: jax.Array) -> list[jax.Array]:
-    """Casts the arguments to the union of their varying mesh axes (inside shard_map).
-
-    A ``custom_vjp``'s backward rule must return cotangents of its inputs' types; casting
-    before the call keeps the implicit broadcast (and its transpose, a ``psum``) outside.
-    """
-    axes = frozenset().union(*(_varying(x) for x in xs))
-    out = []
-    for x in xs:
-        missing = tuple(sorted(axes - _varying(x)))
-        out.append(lax.pcast(x, missing, to="varying") if missing else x)
-    return out
-
-
-@jax.custom_vjp
-def _conv_canonical(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    return conv_xla(x, kernel)
-
-
-def _conv_canonical_fwd(x: jax.Array, kernel: jax.Array):
-    return conv_xla(x, kernel), (x, kernel)
-
-
-def _conv_canonical_bwd(res: tuple[jax.Array, jax.Array], g: jax.Array):
-    x, kernel = res
-    kh, kw = kernel.shape[:2]
-    # Input gradient: a SAME convolution of g with the flipped kernel, in NHWC/HWIO.
-    dx = conv_xla(g, jnp.transpose(kernel[::-1, ::-1], (0, 1, 3, 2)))
-    # Kernel gradient: channels as the batch, the batch as features, g as the kernel.
-    dk = lax.conv_general_dilated(
-        jnp.transpose(x, (3, 1, 2, 0)),  # [C, H, W, B]
-        jnp.transpose(g, (1, 2, 0, 3)),  # [H, W, B, F]
-        (1, 1),
-        ((kh // 2, kh // 2), (kw // 2, kw // 2)),
-        dimension_numbers=_DN,
-    )  # [C, kh, kw, F]
-    return dx, jnp.transpose(dk, (1, 2, 0, 3))
-
-
-_conv_canonical.defvjp(_conv_canonical_fwd, _conv_canonical_bwd)
-
-
-def conv_canonical(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    """:func:`conv_xla` whose backward convolutions are NHWC/HWIO, as XLA:CPU wants them.
-
-    XLA:CPU runs a convolution with its fast library kernels only in the canonical
-    layout (input NHWC, kernel HWIO). The gradients JAX derives for a convolution are
-    convolutions in other layouts; XLA's ``ConvCanonicalization`` pass rewrites them
-    with transposes, but only in the entry computation. Inside a ``lax.scan`` (a while
-    loop) they stay as they are and run through a slow generic loop nest. This function
-    states its backward pass as canonical convolutions with explicit transposes, so
-    they are fast anywhere. Values and gradients equal :func:`conv_xla`'s.
-
-    Args:
-      x: ``[B, H, W, C]``.
-      kernel: ``[kh, kw, C, F]`` with odd ``kh``, ``kw``.
-
-    Returns:
-      ``[B, H, W, F]``.
-
-    Example:
-      >>> jax.grad(lambda k: conv_canonical(jnp.ones((2, 8, 8, 1)), k).sum())(
-      ...     jnp.ones((3, 3, 1, 4))).shape
-      (3, 3, 1, 4)
-    """
-    x, kernel = _match_varying(x, kernel)
-    return _conv_canonical(x, kernel)
-
-
-CONV_IMPLS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
-    "xla": conv_xla,
-    "im2col": conv_im2col,
-    "canonical": conv_canonical,
-}
-"""Convolution implementations of :class:`ConvNet`, by name."""
-
-
-def conv_general_dilated(impl: str) -> Callable[..., jax.Array]:
-    """A drop-in ``lax.conv_general_dilated`` that computes with :data:`CONV_IMPLS`.
-
-    Pass it as ``flax.linen.Conv(..., conv_general_dilated=conv_general_dilated("im2col"))``:
-    the module keeps its parameters (names, shapes, initialisers), only the convolution
-    changes. Convolutions the implementation does not cover (strides, dilations, groups,
-    padding other than ``SAME``-like, layouts other than NHWC/HWIO, even kernels) go to
-    ``lax.conv_general_dilated`` unchanged.
-
-    Args:
-      impl: ``"xla"``, ``"im2col"`` or ``"canonical"``.
-
-    Returns:
-      A function with ``lax.conv_general_dilated``'s signature.
-
-    Raises:
-      ValueError: an unknown ``impl``.
-
-    Example:
-      >>> conv = nn.Conv(32, (3, 3), conv_general_dilated=conv_general_dilated("im2col"))
-    """
-    if impl not in CONV_IMPLS:
-        raise ValueError(f"conv impl {impl!r} is unknown; choose one of {', '.join(CONV_IMPLS)}")
-    fn = CONV_IMPLS[impl]
-
-    def conv(
-        lhs: jax.Array,
-        rhs: jax.Array,
-        window_strides: Sequence[int],
-        padding: Any,
-        lhs_dilation: Sequence[int] | None = None,
-        rhs_dilation: Sequence[int] | None = None,
-        dimension_numbers: Any = None,
-        feature_group_count: int = 1,
-        batch_group_count: int = 1,
-        precision: Any = None,
-        preferred_element_type: Any = None,
-    ) -> jax.Array:
-        if _covered(
-            lhs,
-            rhs,
-            window_strides,
-            padding,
-            lhs_dilation,
-            rhs_dilation,
-            dimension_numbers,
-            feature_group_count,
-            batch_group_count,
-        ):
-            return fn(lhs, rhs)
-        return lax.conv_general_dilated(
-            lhs,
-            rhs,
-            window_strides,
-            padding,
-            lhs_dilation,
-            rhs_dilation,
-            dimension_numbers,
-            feature_group_count,
-            batch_group_count,
-            precision,
-            preferred_element_type,
-        )
-
-    conv.__name__ = f"conv_general_dilated_{impl}"
-    return conv
-
-
-def _covered(lhs, rhs, strides, padding, lhs_dil, rhs_dil, dnums, groups, batch_groups) -> bool:
-    """Whether a convolution is a stride-1 SAME 2-D NHWC/HWIO one with an odd kernel."""
-    if lhs.ndim != 4 or rhs.ndim != 4 or groups != 1 or batch_groups != 1:
-        return False
-    ones = lambda v: v is None or all(int(d) == 1 for d in v)
-    if not (ones(strides) and ones(lhs_dil) and ones(rhs_dil)):
-        return False
-    want = lax.conv_dimension_numbers(lhs.shape, rhs.shape, _DN)
-    if dnums is None or lax.conv_dimension_numbers(lhs.shape, rhs.shape, dnums) != want:
-        return False
-    kh, kw = rhs.shape[:2]
-    if kh % 2 == 0 or kw % 2 == 0:
-        return False
-    same = [(kh // 2, kh // 2), (kw // 2, kw // 2)]
-    if isinstance(padding, str):
-        return padding.upper() == "SAME"
-    return [tuple(int(v) for v in p) for p in padding] == same
-
 
 def _conv_net_class():
     import flax.linen as nn
@@ -331,13 +110,13 @@ def _conv_net_class():
         Attributes:
           features: the convolutions' widths.
           dense: the hidden dense layer's width (0 for none).
-          impl: ``"xla"``, ``"im2col"`` or ``"canonical"``.
+          impl: ``"auto"``, ``"xla"``, ``"im2col"`` or ``"canonical"``.
           num_classes: outputs.
         """
 
         features: tuple[int, ...] = (32, 64)
         dense: int = 256
-        impl: str = "xla"
+        impl: str = "auto"
         num_classes: int = 10
 
         @nn.compact
@@ -364,12 +143,15 @@ def make_model(model_id: str) -> Any:
     """The Linen module of a bench model id.
 
     Args:
-      model_id: ``"cnn"`` (:class:`meshensemble.models.CNN`), ``"mlp"``
+      model_id: ``"cnn"`` (:class:`meshensemble.models.CNN` as the library runs it, with
+        ``conv="auto"``), ``"cnn-xla"`` (the plain Flax CNN, XLA's convolution: what the
+        HOWTO and a sequential loop run), ``"cnn-im2col"``, ``"cnn-canonical"`` (the CNN
+        with those convolutions, see :mod:`meshensemble.conv`), ``"mlp"``
         (:class:`meshensemble.models.MLP`), ``"mlp32"`` (``MLP((32,))``, the tiny
-        configuration's), ``"cnn-im2col"``, ``"cnn-canonical"`` (the CNN with those
-        convolutions), ``"tinyconv"``, ``"tinyconv-im2col"``, ``"tinyconv-canonical"``
-        (one 4-feature convolution, pooling and the output layer: the conv model of the
-        ``reform`` and ``scan`` cases when the main model is an MLP).
+        configuration's), ``"tinyconv"``, ``"tinyconv-xla"``, ``"tinyconv-im2col"``,
+        ``"tinyconv-canonical"`` (one 4-feature convolution, pooling and the output
+        layer: the conv model of the ``reform`` and ``scan`` cases when the main model
+        is an MLP).
 
     Returns:
       A ``flax.linen.Module``.
@@ -382,23 +164,25 @@ def make_model(model_id: str) -> Any:
     """
     from meshensemble import models
 
-    if model_id == "cnn":
-        return models.CNN()
     if model_id == "mlp":
         return models.MLP()
     if model_id == "mlp32":
         return models.MLP((32,))
     base, _, impl = model_id.partition("-")
-    sizes = {"cnn": ((32, 64), 256), "tinyconv": ((4,), 0)}
-    if base in sizes and impl in ("", *CONV_IMPLS):
-        features, dense = sizes[base]
-        return _conv_net()(features=features, dense=dense, impl=impl or "xla")
+    if base == "cnn" and impl in ("", *CONV_IMPLS):
+        return models.CNN(conv=impl or "auto")
+    if base == "tinyconv" and impl in ("", *CONV_IMPLS):
+        return _conv_net()(features=(4,), dense=0, impl=impl or "auto")
     raise ValueError(f"bench model {model_id!r} is unknown")
 
 
-def _flops_id(model_id: str) -> str:
-    """The model whose FLOPs a reformulated model performs (its useful work)."""
-    return model_id.split("-")[0]
+def _plain(model_id: str) -> str:
+    """The model as its users' own code runs it (a conv model with XLA's convolution).
+
+    Also the model whose FLOPs a reformulated model performs: its useful work.
+    """
+    base = model_id.split("-")[0]
+    return f"{base}-xla" if base in ("cnn", "tinyconv") else base
 
 
 # ---------------------------------------------------------------------------------------
@@ -634,7 +418,7 @@ class _Context:
 
     def flops_per_example(self, model_id: str) -> float:
         """Training FLOPs per example of ``model_id`` (cost analysis of a jitted step)."""
-        fid = _flops_id(model_id)
+        fid = _plain(model_id)
         if fid not in self.flops:
             step = _single_step(make_model(fid), self.tx)
             x, y = self.host_batch(0)
@@ -652,14 +436,14 @@ class _Context:
           compiled: the compiled train step.
           examples: member-examples per call (default one member's batch).
         """
-        fid = _flops_id(model_id)
+        fid = _plain(model_id)
         if fid in self.flops or fid != model_id:
             return
         flops = _cost_flops(compiled)
         examples = examples or self.cfg.batch_size
         if flops:
             self.flops[fid], self.flops_source[fid] = flops / examples, "cost_analysis"
-        elif fid == "cnn":
+        elif fid == "cnn-xla":
             self.flops[fid], self.flops_source[fid] = CNN_TRAIN_FLOPS_PER_EXAMPLE, "analytic"
         else:
             self.flops[fid], self.flops_source[fid] = float("nan"), "unavailable"
@@ -1008,12 +792,15 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
       >>> [c.name for c in plan(BenchConfig(cases=("mesh",)), 8, "cpu", 468)]
       ['mesh_1', 'mesh_2', 'mesh_4', 'mesh_8']
     """
+    from meshensemble.conv import default_conv
     from meshensemble.ensemble import default_strategy
     from meshensemble.train import default_chunk_steps, default_mesh_shape
 
     m, model = cfg.members, cfg.model
     auto = default_strategy(platform)
     conv = "cnn" if model == "cnn" else "tinyconv"
+    if model == "cnn":  # as the library runs it: the platform's default convolution
+        model = f"cnn-{default_conv(platform)}"
     whole = default_mesh_shape(m, num_devices)
     e, d = whole["ensemble"], whole["data"]
     k_epoch = min(steps_per_epoch, cfg.epoch_cap or steps_per_epoch)
@@ -1029,7 +816,7 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
         Case(
             "howto",
             "howto",
-            Spec("howto", model, m, e),
+            Spec("howto", _plain(model), m, e),
             f"Flax HOWTO pmap, {e} member(s)/run x {m // e} run(s)",
         ),
         Case(
@@ -1056,7 +843,7 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
         Case(
             "sequential",
             "sequential",
-            Spec("sequential", model, m),
+            Spec("sequential", _plain(model), m),
             f"{m} members one after another, jitted step",
         )
     )
@@ -1088,7 +875,7 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
     conv_one = dict(members=mc, devices=1, ensemble=1, data=1)
     conv_all = dict(members=mc, devices=num_devices, ensemble=ec, data=num_devices // ec)
     for name, model_id, strategy in (
-        ("reform_base_loop", conv, "loop"),
+        ("reform_base_loop", f"{conv}-xla", "loop"),
         ("reform_im2col_vmap", f"{conv}-im2col", "vmap"),
         ("reform_im2col_loop", f"{conv}-im2col", "loop"),
     ):
@@ -1103,8 +890,8 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
         )
     )
     for name, model_id, k in (
-        ("scan_base_k1", conv, 1),
-        ("scan_base_k8", conv, k8),
+        ("scan_base_k1", f"{conv}-xla", 1),
+        ("scan_base_k8", f"{conv}-xla", k8),
         ("scan_canonical_k1", f"{conv}-canonical", 1),
         ("scan_canonical_k8", f"{conv}-canonical", k8),
     ):
@@ -1206,7 +993,7 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dic
         say(f"  prepared {owner[spec]:<20s} in {_timed(runner.prepare):6.1f}s")
     # FLOPs per example come from the one-device programs' cost analysis; compile a plain
     # step only for a model that has none.
-    for model_id in sorted({_flops_id(s.model) for s in runners if s.kind != "matmul"}):
+    for model_id in sorted({_plain(s.model) for s in runners if s.kind != "matmul"}):
         ctx.flops_per_example(model_id)
     say(f"  compiled everything at {time.perf_counter() - t_start:6.1f}s")
     for _ in range(cfg.warmup):

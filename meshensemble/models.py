@@ -9,6 +9,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from meshensemble.conv import conv_general_dilated
+
 
 class CNN(nn.Module):
     """The CNN of the Flax MNIST example and of the Flax ensembling HOWTO.
@@ -16,21 +18,32 @@ class CNN(nn.Module):
     Two 3x3 convolutions (32, 64 features) with ReLU and 2x2 average pooling, a dense
     layer of 256 and a dense output layer.
 
+    ``conv`` only changes how the convolutions are computed, never the parameters
+    (names, shapes, initialisation) or the values beyond float rounding: ``"auto"``
+    computes them as im2col matmuls on CPU, where that is faster (and stays fast under
+    ``vmap`` and inside ``lax.scan``), and with XLA's convolution elsewhere; see
+    :mod:`meshensemble.conv`.
+
     Attributes:
       num_classes: number of outputs.
+      conv: ``"auto"``, ``"xla"`` (``lax.conv_general_dilated``, as in the Flax
+        example), ``"im2col"`` or ``"canonical"``.
 
     Example:
       >>> logits = me.models.CNN().apply(params, images)  # images [B, 28, 28, 1] -> [B, 10]
+      >>> plain = me.models.CNN(conv="xla")  # the Flax example's computation, same params
     """
 
     num_classes: int = 10
+    conv: str = "auto"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = nn.Conv(features=32, kernel_size=(3, 3))(x)
+        conv = conv_general_dilated(self.conv)
+        x = nn.Conv(features=32, kernel_size=(3, 3), conv_general_dilated=conv)(x)
         x = nn.relu(x)
         x = nn.avg_pool(x, window_shape=(2, 2), strides=(2, 2))
-        x = nn.Conv(features=64, kernel_size=(3, 3))(x)
+        x = nn.Conv(features=64, kernel_size=(3, 3), conv_general_dilated=conv)(x)
         x = nn.relu(x)
         x = nn.avg_pool(x, window_shape=(2, 2), strides=(2, 2))
         x = x.reshape((x.shape[0], -1))

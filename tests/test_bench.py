@@ -76,46 +76,6 @@ def test_tiny_bench_ratios_targets_and_meta(tiny):
     assert meta["matmul_flops_per_s"] > 0
 
 
-def test_conv_reformulations_match_xla():
-    import jax
-    import jax.numpy as jnp
-
-    x = jax.random.normal(jax.random.key(0), (2, 6, 6, 3))
-    k = jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
-    want = bench.conv_xla(x, k)
-    loss = lambda f: lambda x, k: jnp.sum(f(x, k) ** 2)
-    grads = jax.grad(loss(bench.conv_xla), argnums=(0, 1))(x, k)
-    for impl in ("im2col", "canonical"):
-        f = bench.CONV_IMPLS[impl]
-        assert jnp.allclose(f(x, k), want, atol=1e-4), impl
-        for g, w in zip(jax.grad(loss(f), argnums=(0, 1))(x, k), grads):
-            assert jnp.allclose(g, w, rtol=1e-4, atol=1e-3), impl
-
-
-def test_drop_in_conv_keeps_the_cnn_and_falls_back():
-    import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
-
-    from meshensemble.models import CNN
-
-    sample = jnp.zeros((1, 28, 28, 1))
-    shapes = lambda m: jax.eval_shape(lambda k: m.init(k, sample), jax.random.key(0))
-    for impl in ("im2col", "canonical"):  # the CNN's parameters: checkpoints carry over
-        assert shapes(bench.make_model(f"cnn-{impl}")) == shapes(CNN()), impl
-    x = jax.random.normal(jax.random.key(1), (2, 8, 8, 3))
-    for strides in (1, 2):  # strided convolutions are not covered: they go to lax
-        plain = nn.Conv(4, (3, 3), strides)
-        params = plain.init(jax.random.key(2), x)
-        want = plain.apply(params, x)
-        for impl in ("im2col", "canonical"):
-            conv = nn.Conv(
-                4, (3, 3), strides, conv_general_dilated=bench.conv_general_dilated(impl)
-            )
-            got = jax.jit(conv.apply)(params, x)
-            assert jnp.allclose(got, want, atol=1e-4), (impl, strides)
-
-
 @pytest.mark.parametrize(
     "argv",
     [

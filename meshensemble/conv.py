@@ -1,0 +1,292 @@
+"""Convolutions for members on the same device: XLA's, im2col matmuls, and a canonical backward.
+
+A stride-1 ``SAME`` 2-D convolution can be computed three ways here, with equal values
+and gradients (up to float rounding):
+
+* ``"xla"``: ``lax.conv_general_dilated``, what ``flax.linen.Conv`` does by default.
+* ``"im2col"``: image patches times the kernel, one matmul. On XLA:CPU this is faster
+  than the convolution, forward and backward (measured by ``meshensemble bench``, see
+  docs/benchmarks.md), and it stays fast inside ``lax.scan`` bodies and under ``vmap``
+  (a batched matmul instead of a grouped convolution); it keeps the patch matrix for the
+  backward pass (about 1.6x the activation memory of the CNN).
+* ``"canonical"``: XLA's convolution with a backward pass stated as convolutions in the
+  NHWC/HWIO layout XLA:CPU's fast kernels take, so that it is fast inside loop bodies.
+
+``"auto"`` picks per platform at trace time: ``"im2col"`` on CPU, ``"xla"`` elsewhere
+(cuDNN and TPU convolutions are what accelerators are built for).
+:func:`conv_general_dilated` returns a drop-in for ``lax.conv_general_dilated`` that
+``flax.linen.Conv`` takes as its ``conv_general_dilated`` attribute, so a model keeps
+its parameters and only the computation changes; :class:`meshensemble.models.CNN` has a
+``conv`` attribute that does this.
+
+Example:
+  >>> conv = nn.Conv(32, (3, 3), conv_general_dilated=me.conv.conv_general_dilated("auto"))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+_DN = ("NHWC", "HWIO", "NHWC")
+
+
+# ---------------------------------------------------------------------------------------
+# Convolutions and the reformulated CNN
+
+
+def conv_xla(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """A stride-1 ``SAME`` convolution, as ``flax.linen.Conv`` computes it.
+
+    Args:
+      x: ``[B, H, W, C]`` inputs.
+      kernel: ``[kh, kw, C, F]`` with odd ``kh``, ``kw``.
+
+    Returns:
+      ``[B, H, W, F]``.
+
+    Example:
+      >>> conv_xla(jnp.ones((2, 8, 8, 1)), jnp.ones((3, 3, 1, 4))).shape
+      (2, 8, 8, 4)
+    """
+    return lax.conv_general_dilated(x, kernel, (1, 1), "SAME", dimension_numbers=_DN)
+
+
+def conv_im2col(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """:func:`conv_xla` as one matmul of image patches (``im2col``) by the kernel.
+
+    Under ``jax.vmap`` over members this becomes a batched matmul (or, when the input is
+    shared by all members, one matmul with the members' kernels side by side) instead
+    of a grouped convolution, which XLA:CPU runs slowly.
+
+    Args:
+      x: ``[B, H, W, C]``.
+      kernel: ``[kh, kw, C, F]`` with odd ``kh``, ``kw``.
+
+    Returns:
+      ``[B, H, W, F]``, equal to :func:`conv_xla` up to float rounding.
+
+    Example:
+      >>> conv_im2col(jnp.ones((2, 8, 8, 1)), jnp.ones((3, 3, 1, 4))).shape
+      (2, 8, 8, 4)
+    """
+    b, h, w, c = x.shape
+    kh, kw, _, f = kernel.shape
+    xp = jnp.pad(x, ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0)))
+    cols = jnp.concatenate(
+        [xp[:, i : i + h, j : j + w, :] for i in range(kh) for j in range(kw)], axis=-1
+    )
+    out = cols.reshape(b * h * w, kh * kw * c) @ kernel.reshape(kh * kw * c, f)
+    return out.reshape(b, h, w, f)
+
+
+def _varying(x: jax.Array) -> frozenset[str]:
+    t = jax.typeof(x)
+    mat = getattr(t, "manual_axis_type", None)
+    if mat is not None:
+        return frozenset(mat.varying)
+    return frozenset(getattr(t, "vma", ()))
+
+
+def _match_varying(*xs: jax.Array) -> list[jax.Array]:
+    """Casts the arguments to the union of their varying mesh axes (inside shard_map).
+
+    A ``custom_vjp``'s backward rule must return cotangents of its inputs' types; casting
+    before the call keeps the implicit broadcast (and its transpose, a ``psum``) outside.
+    """
+    axes = frozenset().union(*(_varying(x) for x in xs))
+    out = []
+    for x in xs:
+        missing = tuple(sorted(axes - _varying(x)))
+        out.append(lax.pcast(x, missing, to="varying") if missing else x)
+    return out
+
+
+@jax.custom_vjp
+def _conv_canonical(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    return conv_xla(x, kernel)
+
+
+def _conv_canonical_fwd(x: jax.Array, kernel: jax.Array):
+    return conv_xla(x, kernel), (x, kernel)
+
+
+def _conv_canonical_bwd(res: tuple[jax.Array, jax.Array], g: jax.Array):
+    x, kernel = res
+    kh, kw = kernel.shape[:2]
+    # Input gradient: a SAME convolution of g with the flipped kernel, in NHWC/HWIO.
+    dx = conv_xla(g, jnp.transpose(kernel[::-1, ::-1], (0, 1, 3, 2)))
+    # Kernel gradient: channels as the batch, the batch as features, g as the kernel.
+    dk = lax.conv_general_dilated(
+        jnp.transpose(x, (3, 1, 2, 0)),  # [C, H, W, B]
+        jnp.transpose(g, (1, 2, 0, 3)),  # [H, W, B, F]
+        (1, 1),
+        ((kh // 2, kh // 2), (kw // 2, kw // 2)),
+        dimension_numbers=_DN,
+    )  # [C, kh, kw, F]
+    return dx, jnp.transpose(dk, (1, 2, 0, 3))
+
+
+_conv_canonical.defvjp(_conv_canonical_fwd, _conv_canonical_bwd)
+
+
+def conv_canonical(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """:func:`conv_xla` whose backward convolutions are NHWC/HWIO, as XLA:CPU wants them.
+
+    XLA:CPU runs a convolution with its fast library kernels only in the canonical
+    layout (input NHWC, kernel HWIO). The gradients JAX derives for a convolution are
+    convolutions in other layouts; XLA's ``ConvCanonicalization`` pass rewrites them
+    with transposes, but only in the entry computation. Inside a ``lax.scan`` (a while
+    loop) they stay as they are and run through a slow generic loop nest. This function
+    states its backward pass as canonical convolutions with explicit transposes, so
+    they are fast anywhere. Values and gradients equal :func:`conv_xla`'s.
+
+    Args:
+      x: ``[B, H, W, C]``.
+      kernel: ``[kh, kw, C, F]`` with odd ``kh``, ``kw``.
+
+    Returns:
+      ``[B, H, W, F]``.
+
+    Example:
+      >>> jax.grad(lambda k: conv_canonical(jnp.ones((2, 8, 8, 1)), k).sum())(
+      ...     jnp.ones((3, 3, 1, 4))).shape
+      (3, 3, 1, 4)
+    """
+    x, kernel = _match_varying(x, kernel)
+    return _conv_canonical(x, kernel)
+
+
+CONV_IMPLS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
+    "xla": conv_xla,
+    "im2col": conv_im2col,
+    "canonical": conv_canonical,
+}
+"""Convolution implementations by name (``"auto"`` resolves to one of them)."""
+
+CONV_CHOICES = ("auto", *CONV_IMPLS)
+"""What :func:`conv_general_dilated` and :class:`meshensemble.models.CNN` accept."""
+
+
+def default_conv(platform: str) -> str:
+    """The convolution measured fastest for the CNN on ``platform``.
+
+    Args:
+      platform: ``"cpu"``, ``"gpu"``, ``"tpu"`` ...
+
+    Returns:
+      ``"im2col"`` on CPU (0.7-0.85x the time of XLA's convolution per step, measured
+      by ``meshensemble bench``), ``"xla"`` elsewhere.
+
+    Example:
+      >>> me.conv.default_conv("cpu"), me.conv.default_conv("gpu")
+      ('im2col', 'xla')
+    """
+    return "im2col" if platform == "cpu" else "xla"
+
+
+def resolve_conv(impl: str) -> str:
+    """``impl`` itself, or for ``"auto"`` :func:`default_conv` of JAX's default backend.
+
+    Raises:
+      ValueError: ``impl`` is not one of :data:`CONV_CHOICES`.
+
+    Example:
+      >>> me.conv.resolve_conv("auto")  # 'im2col' on a CPU-only machine
+    """
+    if impl not in CONV_CHOICES:
+        raise ValueError(f"conv={impl!r} is unknown; choose one of {', '.join(CONV_CHOICES)}")
+    return default_conv(jax.default_backend()) if impl == "auto" else impl
+
+
+def conv_general_dilated(impl: str) -> Callable[..., jax.Array]:
+    """A drop-in ``lax.conv_general_dilated`` that computes with :data:`CONV_IMPLS`.
+
+    Pass it as ``flax.linen.Conv(..., conv_general_dilated=conv_general_dilated("im2col"))``:
+    the module keeps its parameters (names, shapes, initialisers), only the convolution
+    changes. Convolutions the implementation does not cover (strides, dilations, groups,
+    padding other than ``SAME``-like, layouts other than NHWC/HWIO, even kernels) go to
+    ``lax.conv_general_dilated`` unchanged.
+
+    Args:
+      impl: ``"auto"`` (:func:`default_conv` of the platform, decided when the model is
+        traced), ``"xla"``, ``"im2col"`` or ``"canonical"``.
+
+    Returns:
+      A function with ``lax.conv_general_dilated``'s signature.
+
+    Raises:
+      ValueError: an unknown ``impl``.
+
+    Example:
+      >>> conv = nn.Conv(32, (3, 3), conv_general_dilated=conv_general_dilated("im2col"))
+    """
+    if impl not in CONV_CHOICES:
+        raise ValueError(f"conv={impl!r} is unknown; choose one of {', '.join(CONV_CHOICES)}")
+
+    def conv(
+        lhs: jax.Array,
+        rhs: jax.Array,
+        window_strides: Sequence[int],
+        padding: Any,
+        lhs_dilation: Sequence[int] | None = None,
+        rhs_dilation: Sequence[int] | None = None,
+        dimension_numbers: Any = None,
+        feature_group_count: int = 1,
+        batch_group_count: int = 1,
+        precision: Any = None,
+        preferred_element_type: Any = None,
+    ) -> jax.Array:
+        if _covered(
+            lhs,
+            rhs,
+            window_strides,
+            padding,
+            lhs_dilation,
+            rhs_dilation,
+            dimension_numbers,
+            feature_group_count,
+            batch_group_count,
+        ):
+            chosen = resolve_conv(impl)
+            if chosen != "xla":
+                return CONV_IMPLS[chosen](lhs, rhs)
+        return lax.conv_general_dilated(
+            lhs,
+            rhs,
+            window_strides,
+            padding,
+            lhs_dilation,
+            rhs_dilation,
+            dimension_numbers,
+            feature_group_count,
+            batch_group_count,
+            precision,
+            preferred_element_type,
+        )
+
+    conv.__name__ = f"conv_general_dilated_{impl}"
+    return conv
+
+
+def _covered(lhs, rhs, strides, padding, lhs_dil, rhs_dil, dnums, groups, batch_groups) -> bool:
+    """Whether a convolution is a stride-1 SAME 2-D NHWC/HWIO one with an odd kernel."""
+    if lhs.ndim != 4 or rhs.ndim != 4 or groups != 1 or batch_groups != 1:
+        return False
+    ones = lambda v: v is None or all(int(d) == 1 for d in v)
+    if not (ones(strides) and ones(lhs_dil) and ones(rhs_dil)):
+        return False
+    want = lax.conv_dimension_numbers(lhs.shape, rhs.shape, _DN)
+    if dnums is None or lax.conv_dimension_numbers(lhs.shape, rhs.shape, dnums) != want:
+        return False
+    kh, kw = rhs.shape[:2]
+    if kh % 2 == 0 or kw % 2 == 0:
+        return False
+    same = [(kh // 2, kh // 2), (kw // 2, kw // 2)]
+    if isinstance(padding, str):
+        return padding.upper() == "SAME"
+    return [tuple(int(v) for v in p) for p in padding] == same
