@@ -15,9 +15,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from meshensemble.conv import CONV_CHOICES
 from meshensemble.models import REGISTRY
 from meshensemble.train import (
     OPTIMIZERS,
+    PRECISIONS,
     SCHEDULES,
     SHUFFLES,
     TrainConfig,
@@ -48,6 +50,8 @@ def _train_parser(sub: Any) -> None:
     add("--fake-devices", type=int, metavar="N", help="N simulated CPU devices (CPU platform)")
     add("--backend", choices=("shard_map", "pmap"))
     add("--member-strategy", choices=("auto", "vmap", "loop"))
+    add("--conv", choices=CONV_CHOICES, help="CNN convolutions (default auto: im2col on CPU)")
+    add("--precision", choices=tuple(PRECISIONS), help="bf16: bfloat16 compute, fp32 weights")
     add("--epochs", type=int)
     add("--batch-size", type=int)
     add("--optimizer", choices=OPTIMIZERS)

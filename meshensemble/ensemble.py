@@ -35,6 +35,22 @@ STRATEGIES = ("auto", "vmap", "loop")
 """Ways to compute the members a device holds (see :func:`default_strategy`)."""
 
 
+def _compute_dtype(value: Any) -> Any:
+    """``value`` as a floating numpy dtype (None stays None); ValueError otherwise."""
+    if value is None:
+        return None
+    try:
+        dtype = jnp.dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(
+            f"compute_dtype={value!r} is not a floating dtype; use e.g. 'bfloat16', "
+            "'float16' or None"
+        )
+    return dtype
+
+
 def default_strategy(platform: str) -> str:
     """The member strategy measured fastest on ``platform``.
 
@@ -84,6 +100,11 @@ class Ensemble:
         ``optax.inject_hyperparams`` (the values go into ``opt_state.hyperparams``,
         sharded with the members) with these hyperparameters given as numbers, not
         schedules. Default none (every member uses the optimizer's own values).
+      compute_dtype: mixed precision, e.g. ``"bfloat16"``: the members compute forward
+        and backward passes with parameters and inputs cast to this dtype, while
+        parameters, optimizer state and updates stay float32 (master weights) and the
+        loss and softmax are float32. For accelerators (bf16 is slow on most CPUs).
+        Default None (compute in the parameters' dtype).
 
     Raises:
       ValueError: the mesh lacks the axes, ``num_members`` is not a multiple of the
@@ -115,6 +136,7 @@ class Ensemble:
         member_strategy: str = "auto",
         input_transform: Callable[[jax.Array], jax.Array] | None = None,
         hyperparams: Mapping[str, Any] | None = None,
+        compute_dtype: Any = None,
     ):
         mesh = make_mesh() if mesh is None else mesh
         if tuple(mesh.axis_names) != AXES:
@@ -139,6 +161,7 @@ class Ensemble:
         self.loss_fn = loss_fn or steps.softmax_cross_entropy
         self.input_transform = input_transform
         self.hyperparams = _member_hyperparams(hyperparams, optimizer, self.num_members)
+        self.compute_dtype = _compute_dtype(compute_dtype)
         self._rng_impl: Any = None
         self._compiled: dict[Any, Callable[..., Any]] = {}
 
@@ -157,6 +180,7 @@ class Ensemble:
             grad_mode=self.backend.grad_mode,
             rng_impl=self._rng_impl,
             input_transform=self.input_transform,
+            compute_dtype=self.compute_dtype,
         )
 
     def _fn(self, key: Any, make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:

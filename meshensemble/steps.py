@@ -74,6 +74,10 @@ class StepConfig:
       rng_impl: PRNG implementation of typed keys, or None for raw legacy keys.
       input_transform: applied to images on device before the model (e.g. uint8 to
         float); None for none.
+      compute_dtype: mixed precision: the model computes with its floating parameters
+        and inputs cast to this dtype (e.g. ``jnp.bfloat16``); the parameters, optimizer
+        state and gradients stay in their own dtype (float32 master weights), and the
+        logits are cast to float32 before the loss and the softmax. None: no casting.
     """
 
     model: Model
@@ -83,6 +87,7 @@ class StepConfig:
     grad_mode: str
     rng_impl: Any = None
     input_transform: Callable[[jax.Array], jax.Array] | None = None
+    compute_dtype: Any = None
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -130,7 +135,25 @@ def _member_key(cfg: StepConfig, raw: jax.Array, step: jax.Array) -> jax.Array:
 
 
 def _prepare(cfg: StepConfig, images: jax.Array) -> jax.Array:
-    return images if cfg.input_transform is None else cfg.input_transform(images)
+    x = images if cfg.input_transform is None else cfg.input_transform(images)
+    return _to_compute(cfg, x)
+
+
+def _to_compute(cfg: StepConfig, tree: PyTree) -> PyTree:
+    """Casts the floating leaves of ``tree`` to ``cfg.compute_dtype`` (when set)."""
+    if cfg.compute_dtype is None:
+        return tree
+    cast = lambda a: a.astype(cfg.compute_dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
+    return jax.tree.map(cast, tree)
+
+
+def _apply(cfg: StepConfig, params, model_state, x, train: bool, rng):
+    """The model in the compute dtype; float32 logits, model state in its own dtypes."""
+    logits, new_model_state = cfg.model.apply(_to_compute(cfg, params), model_state, x, train, rng)
+    if cfg.compute_dtype is not None:
+        logits = logits.astype(jnp.float32)
+        new_model_state = jax.tree.map(lambda n, o: n.astype(o.dtype), new_model_state, model_state)
+    return logits, new_model_state
 
 
 def _member_step(cfg: StepConfig, state: EnsembleState, x: jax.Array, y: jax.Array):
@@ -138,7 +161,7 @@ def _member_step(cfg: StepConfig, state: EnsembleState, x: jax.Array, y: jax.Arr
     rng = _member_key(cfg, state.rng, state.step)
 
     def loss_of(params):
-        logits, new_model_state = cfg.model.apply(params, state.model_state, x, True, rng)
+        logits, new_model_state = _apply(cfg, params, state.model_state, x, True, rng)
         loss = jnp.mean(cfg.loss_fn(logits, y))
         # Under check_vma, the gradient of data-invariant params is summed over `data`
         # by the transposed collectives; differentiating the data-mean gives the mean.
@@ -215,7 +238,7 @@ def member_probs(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> ja
     x = _prepare(cfg, images)
 
     def one(s: EnsembleState, xb: jax.Array) -> jax.Array:
-        logits, _ = cfg.model.apply(s.params, s.model_state, xb, False, s.rng)
+        logits, _ = _apply(cfg, s.params, s.model_state, xb, False, s.rng)
         return jax.nn.softmax(logits.astype(jnp.float32))
 
     return map_members(one, cfg.strategy, (0, None), state, x)

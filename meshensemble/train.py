@@ -33,6 +33,7 @@ from meshensemble import data as data_lib
 from meshensemble import steps
 from meshensemble.backends import put
 from meshensemble.checkpoint import Checkpointer
+from meshensemble.conv import CONV_CHOICES, resolve_conv
 from meshensemble.distributed import fetch
 from meshensemble.ensemble import Ensemble
 from meshensemble.mesh import (
@@ -51,6 +52,10 @@ log = logging.getLogger("meshensemble")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
 SHUFFLES = ("shared", "per-member")
+PRECISIONS: dict[str, Any] = {"fp32": None, "bf16": jnp.bfloat16}
+"""``TrainConfig.precision`` -> the ensemble's ``compute_dtype``."""
+CONV_MODELS = ("cnn", "howto_cnn")
+"""Models whose convolutions ``TrainConfig.conv`` picks."""
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 
@@ -74,6 +79,11 @@ class TrainConfig:
         devices)`` and the rest on ``data``.
       backend: ``"shard_map"`` or ``"pmap"``.
       member_strategy: ``"auto"``, ``"vmap"`` or ``"loop"``.
+      conv: how the CNN computes its convolutions (``cnn`` and ``howto_cnn`` only):
+        ``"auto"`` (im2col matmuls on CPU, XLA's convolution elsewhere), ``"xla"``,
+        ``"im2col"`` or ``"canonical"``; see :mod:`meshensemble.conv`.
+      precision: ``"fp32"``, or ``"bf16"`` for mixed precision (bfloat16 compute,
+        float32 master weights and optimizer state; for accelerators).
       epochs: epochs to train.
       batch_size: global batch size (every member sees this many examples a step).
       optimizer: ``"sgd"``, ``"adam"`` or ``"adamw"``.
@@ -113,6 +123,8 @@ class TrainConfig:
     mesh: str = ""
     backend: str = "shard_map"
     member_strategy: str = "auto"
+    conv: str = "auto"
+    precision: str = "fp32"
     epochs: int = 10
     batch_size: int = 128
     optimizer: str = "sgd"
@@ -147,6 +159,8 @@ class TrainConfig:
             "shuffle": SHUFFLES,
             "backend": ("shard_map", "pmap"),
             "member_strategy": ("auto", "vmap", "loop"),
+            "conv": CONV_CHOICES,
+            "precision": tuple(PRECISIONS),
             "model": tuple(MODEL_NAMES),
             "on_nonfinite": ("stop", "reinit"),
         }
@@ -170,6 +184,11 @@ class TrainConfig:
             raise ValueError(f"weight_decay={self.weight_decay!r} must be >= 0")
         if self.mesh:
             parse_mesh(self.mesh)
+        if self.conv != "auto" and self.model not in CONV_MODELS:
+            raise ValueError(
+                f"conv={self.conv!r} applies to the models {', '.join(CONV_MODELS)}, not "
+                f"model={self.model!r}; leave conv at 'auto'"
+            )
         return self
 
 
@@ -229,14 +248,18 @@ def build_ensemble(cfg: TrainConfig, mesh: Mesh, num_train: int) -> Ensemble:
     from meshensemble.models import get_model
 
     steps_per_epoch = max(num_train // cfg.batch_size, 1)
+    model = get_model(cfg.model)
+    if cfg.model in CONV_MODELS:
+        model = model.clone(conv=cfg.conv)
     return Ensemble(
-        get_model(cfg.model),
+        model,
         make_optimizer(cfg, cfg.epochs * steps_per_epoch, steps_per_epoch),
         cfg.members,
         mesh,
         backend=cfg.backend,
         member_strategy=cfg.member_strategy,
         input_transform=data_lib.normalize,
+        compute_dtype=PRECISIONS[cfg.precision],
     )
 
 
@@ -845,6 +868,7 @@ class RunWriter:
                 "mesh": mesh_shape,
                 "chunk_steps": k,
                 "member_strategy": strategy,
+                "conv": resolve_conv(cfg.conv) if cfg.model in CONV_MODELS else None,
                 "data": dataset.note,
                 "devices": jax.device_count(),
                 "platform": jax.devices()[0].platform,

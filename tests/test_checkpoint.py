@@ -396,6 +396,9 @@ BAD = [
     (["--config", "/nonexistent.json"], "--config /nonexistent.json: cannot read JSON"),
     (["--dataset", "cifar10"], "invalid choice: 'cifar10'"),
     (["--fake-devices", "0"], "--fake-devices 0 must be a positive integer"),
+    (["--model", "mlp", "--conv", "im2col"], "conv='im2col' applies to the models cnn, howto_cnn"),
+    (["--conv", "fft"], "invalid choice: 'fft'"),
+    (["--precision", "fp8"], "invalid choice: 'fp8'"),
 ]
 
 

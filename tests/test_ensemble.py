@@ -331,6 +331,8 @@ def _ens(mesh_shape=(4, 2), m=M, **kw):
         (lambda: _ens(backend="pmap"), r"backend='pmap' maps one axis.*ensemble=4 x data=2"),
         (lambda: _ens(backend="xla"), r"backend='xla' is unknown; choose one of shard_map, pmap"),
         (lambda: _ens(member_strategy="fast"), r"member_strategy='fast' is unknown"),
+        (lambda: _ens(compute_dtype="int8"), r"compute_dtype='int8' is not a floating dtype"),
+        (lambda: _ens(compute_dtype="bf17"), r"compute_dtype='bf17' is not a floating dtype"),
         (lambda: me.parse_mesh("ensemble=4,model=2"), r"bad part 'model=2'"),
         (lambda: me.parse_mesh("ensemble=x"), r"not a positive integer"),
     ],
@@ -372,3 +374,40 @@ def test_state_of_another_ensemble_and_bad_key():
         ens.train_step(other, X, Y)
     with pytest.raises(ValueError, match="is not one PRNG key"):
         ens.init(jax.random.split(jax.random.PRNGKey(0), 2), X[:1])
+
+
+@pytest.mark.parametrize("backend", ["shard_map", "pmap"])
+def test_mixed_precision_keeps_float32_master_weights(backend):
+    """bf16 compute: the model sees bf16, the state stays float32, the steps track fp32."""
+    need_devices(8)
+    mesh = me.make_mesh(ensemble=4, data=2) if backend == "shard_map" else me.make_mesh(4)
+    seen = []
+
+    class Spy(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            seen.append(x.dtype)
+            x = nn.relu(nn.Conv(4, (3, 3))(x))
+            x = nn.BatchNorm(use_running_average=not train, momentum=0.9)(x)
+            return nn.Dense(10)(x.reshape((x.shape[0], -1)))
+
+    runs = {}
+    for dtype in (None, "bfloat16"):
+        ens = me.Ensemble(Spy(), TX, 4, mesh, backend=backend, compute_dtype=dtype)
+        state = ens.init(jax.random.key(0), X[:1])
+        losses = []
+        for _ in range(4):
+            state, metrics = ens.train_step(state, X, Y)
+            losses.append(np.asarray(metrics["loss"]))
+        probs = ens.predict(state, X)
+        runs[dtype] = state, np.array(losses), probs
+    state, losses, probs = runs["bfloat16"]
+    assert jnp.bfloat16 in seen and jnp.float32 in seen  # each run traced its own dtype
+    for leaf in jax.tree.leaves((state.params, state.opt_state, state.model_state)):
+        assert leaf.dtype == jnp.float32, leaf.dtype
+    assert probs.dtype == jnp.float32
+    np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
+    ref_state, ref_losses, ref_probs = runs[None]
+    np.testing.assert_allclose(losses, ref_losses, rtol=0.05, atol=0.02)  # bf16: ~3 digits
+    assert np.abs(probs - ref_probs).max() < 0.05
+    assert np.abs(losses[-1] - ref_losses[-1]).max() > 0  # it did compute in bf16
