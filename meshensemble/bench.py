@@ -5,6 +5,10 @@ round-robin (one call of each case per round, after compilation and warm-up roun
 that load from other jobs falls on all cases alike; each case's time per step is the
 median over ``--repeats`` rounds, with its interquartile range.
 
+The library's cases run the model as the library runs it (for the CNN: ``conv="auto"``,
+im2col matmuls on CPU, see :mod:`meshensemble.conv`); the baselines (``howto``,
+``sequential``) run the plain Flax CNN with XLA's convolution, as their users' code does.
+
 Cases (``--cases`` takes these names or the group names in brackets):
 
 * ``matmul`` [matmul]: a large float32 matmul on one device, the FLOP/s yardstick.
@@ -25,15 +29,17 @@ Cases (``--cases`` takes these names or the group names in brackets):
 * ``strategy_vmap``, ``strategy_loop`` [strategy]: the member strategies, all members on
   one device.
 * ``reform_base_loop``, ``reform_im2col_vmap``, ``reform_im2col_loop``,
-  ``reform_im2col_sequential`` [reform]: a reformulated CNN whose convolutions are
-  ``im2col`` matmuls, so that ``vmap`` batches the members into batched matmuls (and the
+  ``reform_im2col_sequential`` [reform]: the CNN with XLA's convolution in the
+  unrolled loop (``base``), against the CNN whose convolutions are ``im2col`` matmuls, so that ``vmap`` batches the members into batched matmuls (and the
   first layer, whose input all members share, into one wide matmul) instead of grouped
   convolutions; and the same model trained member after member, which tells a faster
   convolution from a gain of batching members.
 * ``scan_base_k1``, ``scan_base_k8``, ``scan_canonical_k1``, ``scan_canonical_k8``
   [scan]: the on-device chunk of the conv model with XLA's convolution and with
-  :func:`conv_canonical` (the same convolution with a backward pass in the layout
-  XLA:CPU's fast kernels take), at ``K = 1`` and ``K = 8``.
+  :func:`meshensemble.conv.conv_canonical` (the same convolution with a backward pass
+  in the layout XLA:CPU's fast kernels take), at ``K = 1`` and ``K = 8``.
+* ``precision_fp32``, ``precision_bf16`` [precision]: the members on one device in
+  float32 and with mixed precision (``compute_dtype=bfloat16``, float32 master weights).
 
 Cases that describe the same computation (e.g. ``mesh_8`` and ``ens_shard_map``) are
 timed once and reported under each name (``same_as`` in the JSON).
@@ -82,6 +88,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "reform_im2col_sequential",
     ),
     "scan": ("scan_base_k1", "scan_base_k8", "scan_canonical_k1", "scan_canonical_k8"),
+    "precision": ("precision_fp32", "precision_bf16"),
 }
 """Case groups of ``--cases``, in the order the cases run and print."""
 
@@ -90,6 +97,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "shard_map_over_pmap": ("<=", 1.05),
     "on_device_loop_over_howto": ("<=", 0.9),
     "members_per_device_scaling_max": ("<=", 1.0),
+    "memory_over_state_activations": ("<=", 1.3),
 }
 """The issue's targets: ratio name -> (comparison, bound)."""
 
@@ -316,6 +324,7 @@ class Spec:
       backend: ``"shard_map"`` or ``"pmap"``.
       strategy: the resolved member strategy, ``"vmap"`` or ``"loop"``.
       k: steps per call.
+      precision: ``"fp32"`` or ``"bf16"`` (mixed precision, ``compute_dtype=bfloat16``).
     """
 
     kind: str
@@ -327,6 +336,7 @@ class Spec:
     backend: str = "shard_map"
     strategy: str = "loop"
     k: int = 1
+    precision: str = "fp32"
 
 
 class _Context:
@@ -350,6 +360,7 @@ class _Context:
         self.flops_source: dict[str, str] = {}
         self._shapes: dict[str, Any] = {}
         self._params: dict[tuple[str, int], Any] = {}
+        self._footprints: dict[str, dict[str, int]] = {}
 
     def host_batch(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         idx = self.batches[i % len(self.batches)]
@@ -415,6 +426,37 @@ class _Context:
             rng=rng.integers(0, 2**32, (members, 2), dtype=np.uint32),  # raw legacy keys
         )
         return jax.device_put(state, member_sharding(mesh))
+
+    def footprint(self, model_id: str) -> dict[str, int]:
+        """One member's state and activation bytes, the floor of a step's memory.
+
+        ``state``: parameters + optimizer state. ``activations``: what the backward pass
+        keeps of one member's step on one batch (the residuals of ``jax.vjp`` of the
+        loss: the layers' saved inputs and outputs, the batch, and any parameter the
+        backward pass reads), measured with ``jax.eval_shape``, so nothing runs.
+        """
+        if model_id not in self._footprints:
+            import optax
+
+            module = make_model(model_id)
+            params = self.member_params(model_id, 0)
+            x, y = self.host_batch(0)
+
+            def residuals(p):
+                def loss(p):
+                    logits = module.apply({"params": p}, _normalize(x))
+                    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
+
+                return jax.tree.leaves(jax.vjp(loss, p)[1])
+
+            nbytes = lambda tree: sum(
+                math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(tree)
+            )
+            self._footprints[model_id] = {
+                "state": nbytes(params) + nbytes(self.opt_state(params)),
+                "activations": nbytes(jax.eval_shape(residuals, params)),
+            }
+        return self._footprints[model_id]
 
     def flops_per_example(self, model_id: str) -> float:
         """Training FLOPs per example of ``model_id`` (cost analysis of a jitted step)."""
@@ -513,6 +555,7 @@ class _Runner:
         self.first_call_s: float | None = None
         self.peak_bytes: int | None = None
         self.memory_source = "unavailable"
+        self.program_bytes: int | None = None
         self.calls = 0
 
     def prepare(self) -> None:
@@ -531,6 +574,7 @@ class _Runner:
     def set_compiled(self, compiled: Any, seconds: float) -> None:
         self.compile_s = seconds
         peak = _memory(compiled)
+        self.program_bytes = peak
         if peak is not None:
             self.peak_bytes, self.memory_source = peak, "memory_analysis"
 
@@ -660,6 +704,7 @@ def _ensemble(ctx: _Context, spec: Spec) -> Any:
         backend=spec.backend,
         member_strategy=spec.strategy,
         input_transform=normalize,
+        compute_dtype=jnp.bfloat16 if spec.precision == "bf16" else None,
     )
 
 
@@ -898,6 +943,11 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
         spec = Spec("chunk", model_id, k=k, strategy=auto, **conv_all)
         cases.append(Case(name, "scan", spec, f"{model_id} chunk, K={k}"))
 
+    for precision in ("fp32", "bf16"):
+        spec = Spec("ensemble", model, precision=precision, **on_one, strategy=auto)
+        what = f"{m} members on 1 device, {precision}"
+        cases.append(Case(f"precision_{precision}", "precision", spec, what))
+
     if cfg.cases:
         chosen = {c for n in cfg.cases for c in GROUPS.get(n, (n,))}
         cases = [c for c in cases if c.name in chosen]
@@ -1046,6 +1096,14 @@ def _results(cfg, ctx, cases, runners, owner, dataset) -> dict[str, Any]:
                 entry["howto_runs"] = spec.members // spec.devices
             flops = ctx.flops_per_example(spec.model)
             entry["flops_per_example"] = flops
+            if spec.kind in ("ensemble", "sequential") and r.program_bytes:
+                on_device = 1 if spec.kind == "sequential" else entry["members_per_device"]
+                floor = ctx.footprint(spec.model)
+                per_member = r.program_bytes / on_device
+                entry["memory_per_member_bytes"] = per_member
+                entry["state_bytes_per_member"] = floor["state"]
+                entry["activation_bytes_per_member"] = floor["activations"]
+                entry["memory_over_state_activations"] = per_member / sum(floor.values())
             entry["member_examples_per_s"] = spec.members * cfg.batch_size / t
             entry["flops_per_s"] = entry["member_examples_per_s"] * flops
         entry["fraction_of_matmul_flops"] = (
@@ -1085,6 +1143,11 @@ def _results(cfg, ctx, cases, runners, owner, dataset) -> dict[str, Any]:
             "per device: device.memory_stats() peak_bytes_in_use where the device reports it "
             "(a process-wide running peak), else the compiled program's memory_analysis() "
             "(arguments + outputs + temporaries - aliased)"
+        ),
+        "memory_per_member_note": (
+            "the compiled step's memory_analysis() per device divided by the members on "
+            "the device, against one member's parameters + optimizer state + the residuals "
+            "jax.vjp keeps for the backward pass of one batch"
         ),
     }
     return {"meta": meta, "cases": out_cases, "ratios": ratios, "targets": _targets(ratios)}
@@ -1161,6 +1224,7 @@ def _ratios(c: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
         "scan_base_k8_over_k1": div(t("scan_base_k8"), t("scan_base_k1")),
         "scan_canonical_k8_over_k1": div(t("scan_canonical_k8"), t("scan_canonical_k1")),
         "scan_canonical_k8_over_base_k1": div(t("scan_canonical_k8"), t("scan_base_k1")),
+        "bf16_over_fp32": div(t("precision_bf16"), t("precision_fp32")),
     }
     # The fastest way found to train the members on one device, against the sequential
     # loop (for the CNN the reform cases train the same members as the main cases).
@@ -1174,6 +1238,15 @@ def _ratios(c: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
         r["best_one_device_over_sequential"] = timed[best] / t("sequential")
     else:
         r["best_one_device_case"], r["best_one_device_over_sequential"] = None, None
+    # Memory per member of the members' step on one device, against state + activations.
+    r["memory_over_state_activations"] = (
+        c[one_device].get("memory_over_state_activations") if one_device else None
+    )
+    r["memory_over_state_activations_by_case"] = {
+        n: e["memory_over_state_activations"]
+        for n, e in c.items()
+        if e.get("memory_over_state_activations") is not None and e["same_as"] is None
+    }
     mpd = {n: t(f"mpd_{n}") for n in cfg.members_per_device if f"mpd_{n}" in c}
     if 1 in mpd:
         r["members_per_device_scaling"] = {str(n): v / (n * mpd[1]) for n, v in mpd.items()}

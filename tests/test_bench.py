@@ -26,6 +26,9 @@ RATIO_KEYS = (
     "members_per_device_scaling",
     "members_per_device_scaling_max",
     "mesh_speedup",
+    "bf16_over_fp32",
+    "memory_over_state_activations",
+    "memory_over_state_activations_by_case",
 )
 
 
@@ -56,6 +59,22 @@ def test_tiny_bench_writes_every_case(tiny):
         if case["same_as"] is not None:
             assert results["cases"][case["same_as"]]["same_as"] is None, name
     assert png.stat().st_size > 0
+
+
+def test_tiny_bench_memory_per_member_against_its_floor(tiny):
+    _, results, _ = tiny
+    mpd = results["cases"]["mpd_4"]
+    floor = mpd["state_bytes_per_member"] + mpd["activation_bytes_per_member"]
+    # MLP((32,)) on batch 32: parameters 784*32 + 32 + 32*10 + 10 floats, momentum alike
+    params = 4 * (784 * 32 + 32 + 32 * 10 + 10)
+    assert mpd["state_bytes_per_member"] == 2 * params
+    assert mpd["activation_bytes_per_member"] >= 4 * 32 * (784 + 32)  # inputs, hidden layer
+    assert mpd["memory_per_member_bytes"] * 4 == pytest.approx(mpd["peak_memory_bytes"])
+    assert mpd["memory_over_state_activations"] == pytest.approx(
+        mpd["memory_per_member_bytes"] / floor
+    )
+    assert mpd["memory_over_state_activations"] >= 1.0  # a step holds at least its floor
+    assert results["cases"]["precision_bf16"]["precision"] == "bf16"
 
 
 def test_tiny_bench_ratios_targets_and_meta(tiny):
