@@ -29,11 +29,12 @@ Cases (``--cases`` takes these names or the group names in brackets):
 * ``strategy_vmap``, ``strategy_loop`` [strategy]: the member strategies, all members on
   one device.
 * ``reform_base_loop``, ``reform_im2col_vmap``, ``reform_im2col_loop``,
-  ``reform_im2col_sequential`` [reform]: the CNN with XLA's convolution in the
-  unrolled loop (``base``), against the CNN whose convolutions are ``im2col`` matmuls, so that ``vmap`` batches the members into batched matmuls (and the
-  first layer, whose input all members share, into one wide matmul) instead of grouped
-  convolutions; and the same model trained member after member, which tells a faster
-  convolution from a gain of batching members.
+  ``reform_im2col_sequential`` [reform]: the CNN with XLA's convolution in the unrolled
+  loop (``base``), against the CNN whose convolutions are ``im2col`` matmuls, so that
+  ``vmap`` batches the members into batched matmuls (and the first layer, whose input
+  all members share, into one wide matmul) instead of grouped convolutions; and the
+  im2col model trained member after member, which tells a faster convolution from a
+  gain of batching members.
 * ``scan_base_k1``, ``scan_base_k8``, ``scan_canonical_k1``, ``scan_canonical_k8``
   [scan]: the on-device chunk of the conv model with XLA's convolution and with
   :func:`meshensemble.conv.conv_canonical` (the same convolution with a backward pass
