@@ -41,6 +41,8 @@ DEFAULT_OOD = ("noise", "inverted")
 """The OOD sets used when none are named (both need no data beyond the test set)."""
 NOISE_SEED = 0
 """Seed of ``np.random.default_rng`` for the ``noise`` OOD set."""
+MEMBER_OOD_KINDS = ("max_prob", "entropy")
+"""OOD scores of a single member (its mutual information is 0)."""
 EVALUATION_FILE = "evaluation.json"
 RELIABILITY_PLOT = "reliability_diagram.png"
 OOD_PLOT = "ood_histogram.png"
@@ -164,12 +166,16 @@ def _batch_fn(mesh: Mesh, num_bins: int) -> Callable[..., Any]:
 
     def fn(member_probs: jax.Array, labels: jax.Array, mask: jax.Array) -> dict[str, Any]:
         scores = jnp.stack([metrics.ood_score(member_probs, k) for k in metrics.OOD_KINDS])
+        # Each member alone, as a single model: [kinds, members, b].
+        alone = lambda p: jnp.stack([metrics.ood_score(p[None], k) for k in MEMBER_OOD_KINDS])
+        member_scores = jnp.moveaxis(jax.vmap(alone)(member_probs), 0, 1)
         ens = metrics.calibration_bins(jnp.mean(member_probs, axis=0), labels, num_bins, mask)
         # Pooled over members: the sum of every member's bin sums.
         per_member = jax.vmap(lambda p: metrics.calibration_bins(p, labels, num_bins, mask))
         mem = per_member(member_probs)
         return {
             "scores": scores,
+            "member_scores": member_scores,
             "ensemble": {k: ens[k] for k in _BIN_KEYS},
             "member": {k: jnp.sum(mem[k], axis=0) for k in _BIN_KEYS},
         }
@@ -203,7 +209,9 @@ def stream_scores(
 
     Returns:
       ``{"scores": {kind: [N] float64 numpy}}`` for every kind in
-      :data:`meshensemble.metrics.OOD_KINDS`; with ``labels`` also ``"ensemble"`` and
+      :data:`meshensemble.metrics.OOD_KINDS`, ``{"member_scores": {kind: [members, N]}}``
+      for every kind in :data:`MEMBER_OOD_KINDS` (each member scored as a single model);
+      with ``labels`` also ``"ensemble"`` and
       ``"mean_member"``: dicts in the layout of
       :func:`meshensemble.metrics.reliability_diagram_data` (``accuracy``,
       ``confidence``, ``count``, ``bin_edges``). The mean member's curve pools the bin
@@ -230,6 +238,7 @@ def stream_scores(
     b += -b % ens.data_size
     y_all = np.zeros(n, np.int32) if labels is None else np.asarray(labels, np.int32)
     scores: list[np.ndarray] = []
+    member_scores: list[np.ndarray] = []
     sums: dict[str, dict[str, np.ndarray]] = {}
     for start in range(0, n, b):
         x, y = np.asarray(images[start : start + b]), y_all[start : start + b]
@@ -240,13 +249,16 @@ def stream_scores(
             y = np.concatenate([y, np.zeros(b - k, np.int32)])
         out = fetch(fn(ens.predict_members(state, x), ens.place(y), ens.place(mask)))
         scores.append(np.asarray(out["scores"], np.float64)[:, :k])
+        member_scores.append(np.asarray(out["member_scores"], np.float64)[..., :k])
         for part in ("ensemble", "member"):
             acc = sums.setdefault(part, dict.fromkeys(_BIN_KEYS, 0.0))
             for key in _BIN_KEYS:
                 acc[key] = acc[key] + np.asarray(out[part][key], np.float64)
     all_scores = np.concatenate(scores, axis=1)
+    all_members = np.concatenate(member_scores, axis=-1)
     result: dict[str, Any] = {
-        "scores": {kind: all_scores[i] for i, kind in enumerate(metrics.OOD_KINDS)}
+        "scores": {kind: all_scores[i] for i, kind in enumerate(metrics.OOD_KINDS)},
+        "member_scores": {kind: all_members[i] for i, kind in enumerate(MEMBER_OOD_KINDS)},
     }
     if labels is not None:
         result["ensemble"] = _reliability(sums["ensemble"], num_bins)
@@ -334,7 +346,9 @@ def evaluate_run(
       mutual_information,disagreement}``, ``test_member_{accuracy,nll,brier,ece}`` (lists
       of length members), ``test_mean_member_{accuracy,nll,brier,ece}``,
       ``ood_{set}_auroc_{kind}`` and ``ood_{set}_aupr_{kind}`` for every OOD set and kind
-      of :data:`meshensemble.metrics.OOD_KINDS`, ``checkpoint_step``, ``num_test`` and
+      of :data:`meshensemble.metrics.OOD_KINDS`; each member as a single model:
+      ``ood_{set}_member_auroc_{kind}`` (a list) and ``ood_{set}_mean_member_auroc_{kind}``
+      for the kinds of :data:`MEMBER_OOD_KINDS`; ``checkpoint_step``, ``num_test`` and
       ``ood_sets`` (the list of OOD set names).
 
     Raises:
@@ -392,11 +406,17 @@ def evaluate_run(
     test = stream_scores(ens, state, dataset.test_images, dataset.test_labels, batch_size, num_bins)
     ood_scores: dict[str, dict[str, np.ndarray]] = {}
     for n, images in ood_sets.items():
-        ood_scores[n] = stream_scores(ens, state, images, None, batch_size, num_bins)["scores"]
+        out = stream_scores(ens, state, images, None, batch_size, num_bins)
+        ood_scores[n] = out["scores"]
         for kind in metrics.OOD_KINDS:
             s_in, s_out = test["scores"][kind], ood_scores[n][kind]
             result[f"ood_{n}_auroc_{kind}"] = metrics.auroc(s_in, s_out)
             result[f"ood_{n}_aupr_{kind}"] = metrics.aupr(s_in, s_out)
+        for kind in MEMBER_OOD_KINDS:
+            pairs = zip(test["member_scores"][kind], out["member_scores"][kind])
+            per_member = [metrics.auroc(s_in, s_out) for s_in, s_out in pairs]
+            result[f"ood_{n}_member_auroc_{kind}"] = per_member
+            result[f"ood_{n}_mean_member_auroc_{kind}"] = float(np.mean(per_member))
     result.update(checkpoint_step=int(step), num_test=dataset.num_test, ood_sets=names)
 
     if jax.process_index() == 0:
@@ -470,6 +490,11 @@ def summary_table(result: Mapping[str, Any]) -> str:
                 result[f"ood_{s}_{m}_{k}"] for m in ("auroc", "aupr") for k in metrics.OOD_KINDS
             ]
             rows.append(f"{s:<{width}} " + " ".join(f"{v:>14.4f}" for v in vals))
+        for s in sets:
+            key = f"ood_{s}_mean_member_auroc_"
+            if all(key + k in result for k in MEMBER_OOD_KINDS):
+                vals = ", ".join(f"{k} {result[key + k]:.4f}" for k in MEMBER_OOD_KINDS)
+                rows.append(f"{s}: mean member (single model) AUROC {vals}")
     return "\n".join(rows)
 
 

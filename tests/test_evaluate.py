@@ -93,6 +93,12 @@ def test_report_keys_files_and_training_names(run) -> None:
         for m in ("auroc", "aupr")
         for k in metrics.OOD_KINDS
     }
+    want |= {
+        f"ood_{s}_{m}_auroc_{k}"
+        for s in ("noise", "inverted")
+        for m in ("member", "mean_member")
+        for k in evaluate.MEMBER_OOD_KINDS
+    }
     want |= {"checkpoint_step", "num_test", "ood_sets"}
     assert set(r) == want
     assert r["checkpoint_step"] == 4 and r["num_test"] == NUM_TEST
@@ -132,6 +138,12 @@ def test_matches_numpy_and_sklearn(run) -> None:
     assert run.report["ood_noise_aupr_entropy"] == pytest.approx(
         average_precision_score(y, s), abs=1e-3
     )
+    # Each member as a single model: its own entropy and max-probability scores.
+    for kind, score in (("entropy", _entropy), ("max_prob", lambda p: 1 - p.max(-1))):
+        want = [roc_auc_score(y, np.r_[score(mp[i]), score(mp_noise[i])]) for i in range(4)]
+        got = run.report[f"ood_noise_member_auroc_{kind}"]
+        np.testing.assert_allclose(got, want, atol=1e-3)
+        assert run.report[f"ood_noise_mean_member_auroc_{kind}"] == pytest.approx(np.mean(got))
 
     # Reliability-diagram data streamed on the mesh = the host computation.
     out = evaluate.stream_scores(ens, state, ds.test_images, ds.test_labels, BATCH, 15)

@@ -120,6 +120,8 @@ def test_outputs_metrics_jsonl_config_and_plots(tmp_path):
     assert lines == result.history
     config = json.loads(Path(workdir, "config.json").read_text())
     assert config["members"] == 4 and config["resolved"]["mesh"] == {"ensemble": 4, "data": 2}
+    assert config["conv"] == "auto" and config["resolved"]["conv"] is None  # an MLP: no conv
+    assert config["precision"] == "fp32"
     for png in ("learning_curves.png", "members.png"):
         assert os.path.getsize(os.path.join(workdir, png)) > 1000
     assert os.listdir(os.path.join(workdir, "tensorboard"))
