@@ -241,9 +241,7 @@ def conv_general_dilated(impl: str) -> Callable[..., jax.Array]:
         precision: Any = None,
         preferred_element_type: Any = None,
     ) -> jax.Array:
-        if _covered(
-            lhs,
-            rhs,
+        geometry = (
             window_strides,
             padding,
             lhs_dilation,
@@ -251,23 +249,11 @@ def conv_general_dilated(impl: str) -> Callable[..., jax.Array]:
             dimension_numbers,
             feature_group_count,
             batch_group_count,
-        ):
-            chosen = resolve_conv(impl)
-            if chosen != "xla":
-                return CONV_IMPLS[chosen](lhs, rhs)
-        return lax.conv_general_dilated(
-            lhs,
-            rhs,
-            window_strides,
-            padding,
-            lhs_dilation,
-            rhs_dilation,
-            dimension_numbers,
-            feature_group_count,
-            batch_group_count,
-            precision,
-            preferred_element_type,
         )
+        chosen = resolve_conv(impl)
+        if chosen != "xla" and preferred_element_type is None and _covered(lhs, rhs, *geometry):
+            return CONV_IMPLS[chosen](lhs, rhs)
+        return lax.conv_general_dilated(lhs, rhs, *geometry, precision, preferred_element_type)
 
     conv.__name__ = f"conv_general_dilated_{impl}"
     return conv
