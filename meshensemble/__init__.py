@@ -5,43 +5,46 @@ the mesh axis ``ensemble``; batches are split over ``data``; steps run under
 ``jax.shard_map`` (or the legacy ``jax.pmap`` backend).
 """
 
-from meshensemble import conv as conv
+import warnings as _warnings
+
 from meshensemble import data as data
-from meshensemble import distributed as distributed
 from meshensemble import metrics as metrics
 from meshensemble import models as models
-from meshensemble import train as train
-from meshensemble.backends import BACKENDS as BACKENDS
-from meshensemble.checkpoint import Checkpointer as Checkpointer
-from meshensemble.checkpoint import CheckpointError as CheckpointError
-from meshensemble.checkpoint import checkpoint_manager as checkpoint_manager
-from meshensemble.checkpoint import extract_members as extract_members
-from meshensemble.checkpoint import load_inference as load_inference
-from meshensemble.checkpoint import restore_checkpoint as restore_checkpoint
-from meshensemble.checkpoint import save_checkpoint as save_checkpoint
-from meshensemble.checkpoint import save_inference as save_inference
-from meshensemble.ensemble import STRATEGIES as STRATEGIES
-from meshensemble.ensemble import Ensemble as Ensemble
-from meshensemble.ensemble import default_strategy as default_strategy
-from meshensemble.mesh import AXES as AXES
-from meshensemble.mesh import DATA as DATA
-from meshensemble.mesh import ENSEMBLE as ENSEMBLE
-from meshensemble.mesh import batch_sharding as batch_sharding
-from meshensemble.mesh import make_mesh as make_mesh
-from meshensemble.mesh import member_sharding as member_sharding
-from meshensemble.mesh import members_per_device as members_per_device
-from meshensemble.mesh import parse_mesh as parse_mesh
-from meshensemble.mesh import replicated_sharding as replicated_sharding
-from meshensemble.mesh import use_fake_cpu_devices as use_fake_cpu_devices
-from meshensemble.model import FunctionModel as FunctionModel
-from meshensemble.model import LinenModel as LinenModel
-from meshensemble.model import Model as Model
-from meshensemble.model import NNXModel as NNXModel
-from meshensemble.model import as_model as as_model
-from meshensemble.steps import EnsembleState as EnsembleState
-from meshensemble.steps import softmax_cross_entropy as softmax_cross_entropy
-from meshensemble.train import TrainConfig as TrainConfig
-from meshensemble.train import TrainResult as TrainResult
+from meshensemble import training as training
+from meshensemble.core import distributed as distributed
+from meshensemble.core.adapters import FunctionModel as FunctionModel
+from meshensemble.core.adapters import LinenModel as LinenModel
+from meshensemble.core.adapters import Model as Model
+from meshensemble.core.adapters import NNXModel as NNXModel
+from meshensemble.core.adapters import as_model as as_model
+from meshensemble.core.backends import BACKENDS as BACKENDS
+from meshensemble.core.ensemble import STRATEGIES as STRATEGIES
+from meshensemble.core.ensemble import Ensemble as Ensemble
+from meshensemble.core.ensemble import default_strategy as default_strategy
+from meshensemble.core.mesh import AXES as AXES
+from meshensemble.core.mesh import DATA as DATA
+from meshensemble.core.mesh import ENSEMBLE as ENSEMBLE
+from meshensemble.core.mesh import batch_sharding as batch_sharding
+from meshensemble.core.mesh import make_mesh as make_mesh
+from meshensemble.core.mesh import member_sharding as member_sharding
+from meshensemble.core.mesh import members_per_device as members_per_device
+from meshensemble.core.mesh import parse_mesh as parse_mesh
+from meshensemble.core.mesh import replicated_sharding as replicated_sharding
+from meshensemble.core.mesh import use_fake_cpu_devices as use_fake_cpu_devices
+from meshensemble.core.state import EnsembleState as EnsembleState
+from meshensemble.core.steps import softmax_cross_entropy as softmax_cross_entropy
+from meshensemble.models import conv as conv
+from meshensemble.training import TrainConfig as TrainConfig
+from meshensemble.training import TrainResult as TrainResult
+from meshensemble.training import checkpoint as checkpoint
+from meshensemble.training.checkpoint import Checkpointer as Checkpointer
+from meshensemble.training.checkpoint import CheckpointError as CheckpointError
+from meshensemble.training.checkpoint import checkpoint_manager as checkpoint_manager
+from meshensemble.training.checkpoint import extract_members as extract_members
+from meshensemble.training.checkpoint import load_inference as load_inference
+from meshensemble.training.checkpoint import restore_checkpoint as restore_checkpoint
+from meshensemble.training.checkpoint import save_checkpoint as save_checkpoint
+from meshensemble.training.checkpoint import save_inference as save_inference
 
 __version__ = "0.1.0"
 
@@ -81,6 +84,20 @@ __all__ = [
     "save_checkpoint",
     "save_inference",
     "softmax_cross_entropy",
-    "train",
+    "training",
+    "checkpoint",
     "use_fake_cpu_devices",
 ]
+
+
+def __getattr__(name: str):
+    """Deprecated aliases of renamed public names (they keep working, with a warning)."""
+    if name == "train":
+        _warnings.warn(
+            "meshensemble.train is now meshensemble.training (me.training.train, "
+            "me.TrainConfig); the old name will be removed",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return training
+    raise AttributeError(f"module 'meshensemble' has no attribute {name!r}")

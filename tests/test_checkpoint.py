@@ -22,8 +22,13 @@ from conftest import need_devices
 
 import meshensemble as me
 from meshensemble import cli
-from meshensemble.checkpoint import CHECKSUMS, Checkpointer, list_checkpoints, read_checksums
-from meshensemble.train import TrainConfig, train
+from meshensemble.training import TrainConfig, train
+from meshensemble.training.checkpoint import (
+    CHECKSUMS,
+    Checkpointer,
+    list_checkpoints,
+    read_checksums,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = me.data.synthetic(num_train=192, num_test=40, seed=0)

@@ -1,4 +1,4 @@
-"""``meshensemble.conv``: the convolution reformulations equal XLA's, values and gradients."""
+"""``meshensemble.models.conv``: the reformulations equal XLA's convolution, values and grads."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import optax
 import pytest
 
 import meshensemble as me
-from meshensemble import conv as conv_lib
 from meshensemble.models import CNN
+from meshensemble.models import conv as conv_lib
 
 
 def _xla(x, k):

@@ -17,9 +17,9 @@ import pytest
 from conftest import need_devices
 
 import meshensemble as me
-from meshensemble.checkpoint import list_checkpoints
-from meshensemble.distributed import free_port, launch_local
-from meshensemble.train import TrainConfig, train
+from meshensemble.core.distributed import free_port, launch_local
+from meshensemble.training import TrainConfig, train
+from meshensemble.training.checkpoint import list_checkpoints
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = me.data.synthetic(num_train=128, num_test=40, seed=3)

@@ -6,7 +6,7 @@ that load from other jobs falls on all cases alike; each case's time per step is
 median over ``--repeats`` rounds, with its interquartile range.
 
 The library's cases run the model as the library runs it (for the CNN: ``conv="auto"``,
-im2col matmuls on CPU, see :mod:`meshensemble.conv`); the baselines (``howto``,
+im2col matmuls on CPU, see :mod:`meshensemble.models.conv`); the baselines (``howto``,
 ``sequential``) run the plain Flax CNN with XLA's convolution, as their users' code does.
 
 Cases (``--cases`` takes these names or the group names in brackets):
@@ -19,7 +19,7 @@ Cases (``--cases`` takes these names or the group names in brackets):
 * ``ens_pmap``, ``ens_shard_map`` [backends]: :meth:`meshensemble.Ensemble.train_step`
   on host batches with ``backend="pmap"`` / ``"shard_map"``, one step per call.
 * ``chunk_default``, ``chunk_k1``, ``chunk_k8``, ``chunk_epoch`` [chunk]: the training
-  loop's on-device chunk exactly as :func:`meshensemble.train.train` builds it (data on
+  loop's on-device chunk exactly as :func:`meshensemble.training.train` builds it (data on
   the devices, ``K`` steps per compiled call, a ``lax.scan`` when ``K > 1``); ``default``
   is ``train.default_chunk_steps`` for the platform.
 * ``sequential`` [sequential]: the members trained one after another with a jitted
@@ -37,7 +37,7 @@ Cases (``--cases`` takes these names or the group names in brackets):
   gain of batching members.
 * ``scan_base_k1``, ``scan_base_k8``, ``scan_canonical_k1``, ``scan_canonical_k8``
   [scan]: the on-device chunk of the conv model with XLA's convolution and with
-  :func:`meshensemble.conv.conv_canonical` (the same convolution with a backward pass
+  :func:`meshensemble.models.conv.conv_canonical` (the same convolution with a backward pass
   in the layout XLA:CPU's fast kernels take), at ``K = 1`` and ``K = 8``.
 * ``precision_fp32``, ``precision_bf16`` [precision]: the members on one device in
   float32 and with mixed precision (``compute_dtype=bfloat16``, float32 master weights).
@@ -71,7 +71,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from meshensemble.conv import CONV_IMPLS, conv_general_dilated
+from meshensemble.models.conv import CONV_IMPLS, conv_general_dilated
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "matmul": ("matmul",),
@@ -155,7 +155,7 @@ def make_model(model_id: str) -> Any:
       model_id: ``"cnn"`` (:class:`meshensemble.models.CNN` as the library runs it, with
         ``conv="auto"``), ``"cnn-xla"`` (the plain Flax CNN, XLA's convolution: what the
         HOWTO and a sequential loop run), ``"cnn-im2col"``, ``"cnn-canonical"`` (the CNN
-        with those convolutions, see :mod:`meshensemble.conv`), ``"mlp"``
+        with those convolutions, see :mod:`meshensemble.models.conv`), ``"mlp"``
         (:class:`meshensemble.models.MLP`), ``"mlp32"`` (``MLP((32,))``, the tiny
         configuration's), ``"tinyconv"``, ``"tinyconv-xla"``, ``"tinyconv-im2col"``,
         ``"tinyconv-canonical"`` (one 4-feature convolution, pooling and the output
@@ -414,8 +414,8 @@ class _Context:
 
     def ensemble_state(self, model_id: str, members: int, mesh: Any) -> Any:
         """An :class:`meshensemble.EnsembleState` of the members, placed on ``mesh``."""
-        from meshensemble.mesh import member_sharding
-        from meshensemble.steps import EnsembleState
+        from meshensemble.core.mesh import member_sharding
+        from meshensemble.core.state import EnsembleState
 
         params = self.stacked_params(model_id, members)
         rng = np.random.default_rng([self.cfg.seed, 1 << 20])
@@ -688,14 +688,14 @@ class _Howto(_Runner):
 
 
 def _mesh(spec: Spec) -> Any:
-    from meshensemble.mesh import make_mesh
+    from meshensemble.core.mesh import make_mesh
 
     return make_mesh(spec.ensemble, spec.data, devices=jax.devices()[: spec.devices])
 
 
 def _ensemble(ctx: _Context, spec: Spec) -> Any:
+    from meshensemble.core.ensemble import Ensemble
     from meshensemble.data import normalize
-    from meshensemble.ensemble import Ensemble
 
     return Ensemble(
         make_model(spec.model),
@@ -713,8 +713,8 @@ class _EnsembleStep(_Runner):
     """``Ensemble.train_step`` on host batches, one step per call."""
 
     def build(self) -> None:
-        from meshensemble.backends import put
-        from meshensemble.mesh import BATCH
+        from meshensemble.core.backends import put
+        from meshensemble.core.mesh import BATCH
 
         self.ens = _ensemble(self.ctx, self.spec)
         x, y = self.ctx.host_batch(0)
@@ -743,8 +743,8 @@ class _Chunk(_Runner):
     needs_first_call = False
 
     def build(self) -> None:
-        from meshensemble import train
-        from meshensemble.mesh import replicated_sharding
+        from meshensemble import training as train
+        from meshensemble.core.mesh import replicated_sharding
 
         ens = _ensemble(self.ctx, self.spec)
         cfg = train.TrainConfig(
@@ -838,9 +838,9 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
       >>> [c.name for c in plan(BenchConfig(cases=("mesh",)), 8, "cpu", 468)]
       ['mesh_1', 'mesh_2', 'mesh_4', 'mesh_8']
     """
-    from meshensemble.conv import default_conv
-    from meshensemble.ensemble import default_strategy
-    from meshensemble.train import default_chunk_steps, default_mesh_shape
+    from meshensemble.core.ensemble import default_strategy
+    from meshensemble.models.conv import default_conv
+    from meshensemble.training import default_chunk_steps, default_mesh_shape
 
     m, model = cfg.members, cfg.model
     auto = default_strategy(platform)

@@ -32,8 +32,8 @@ from jax.sharding import Mesh, NamedSharding
 
 from meshensemble import data as data_lib
 from meshensemble import metrics
-from meshensemble.distributed import fetch
-from meshensemble.mesh import REPLICATED, make_mesh, parse_mesh
+from meshensemble.core.distributed import fetch
+from meshensemble.core.mesh import REPLICATED, make_mesh, parse_mesh
 
 OOD_SETS = ("noise", "inverted", "fashion_mnist")
 """OOD sets :func:`evaluate_run` knows (see :func:`ood_images`)."""
@@ -52,7 +52,7 @@ _BIN_KEYS = ("count", "confidence_sum", "correct_sum")
 
 
 def load_run_config(workdir: str) -> Any:
-    """Reads a run's ``config.json`` back into a :class:`meshensemble.train.TrainConfig`.
+    """Reads a run's ``config.json`` back into a :class:`meshensemble.training.TrainConfig`.
 
     The ``"resolved"`` entry (what training resolved: mesh, devices...) and keys that
     ``TrainConfig`` does not know are ignored.
@@ -72,7 +72,7 @@ def load_run_config(workdir: str) -> Any:
       >>> load_run_config("runs/mnist").members
       8
     """
-    from meshensemble.train import CONFIG_FILE, TrainConfig
+    from meshensemble.training import CONFIG_FILE, TrainConfig
 
     if not os.path.isdir(workdir):
         raise FileNotFoundError(
@@ -272,7 +272,7 @@ def _reliability(sums: Mapping[str, np.ndarray], num_bins: int) -> dict[str, np.
 
 
 def _mesh_shape(mesh: Any, members: int) -> dict[str, int]:
-    from meshensemble.train import default_mesh_shape
+    from meshensemble.training import default_mesh_shape
 
     if mesh is None or mesh == "":
         return default_mesh_shape(members, jax.device_count())
@@ -285,7 +285,7 @@ def _mesh_shape(mesh: Any, members: int) -> dict[str, int]:
 
 def _checkpoint_steps(workdir: str, step: int | None) -> None:
     """Fails early (before loading data) when the run has no checkpoint or not ``step``."""
-    from meshensemble.checkpoint import CHECKPOINT_DIR, checkpoint_manager
+    from meshensemble.training.checkpoint import CHECKPOINT_DIR, checkpoint_manager
 
     folder = os.path.join(workdir, CHECKPOINT_DIR)
     steps = []
@@ -362,8 +362,8 @@ def evaluate_run(
       >>> r = evaluate_run("runs/mnist", mesh="ensemble=8,data=1", ood=["noise"])
       >>> r["test_ensemble_accuracy"], r["ood_noise_auroc_entropy"]
     """
-    from meshensemble.checkpoint import restore_checkpoint
-    from meshensemble.train import build_ensemble, final_table
+    from meshensemble.training import build_ensemble, final_table
+    from meshensemble.training.checkpoint import restore_checkpoint
 
     say = print if echo is None else echo
     cfg = load_run_config(workdir)

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from meshensemble.conv import CONV_CHOICES
 from meshensemble.models import REGISTRY
-from meshensemble.train import (
+from meshensemble.models.conv import CONV_CHOICES
+from meshensemble.training import (
     OPTIMIZERS,
     PRECISIONS,
     SCHEDULES,
@@ -123,7 +123,7 @@ def setup_distributed(args: argparse.Namespace) -> None:
     Example:
       >>> setup_distributed(args)
     """
-    from meshensemble import distributed
+    from meshensemble.core import distributed
 
     try:
         distributed.initialize(
@@ -150,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="meshensemble", description="Deep ensembles on a JAX device mesh.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _train_parser(sub)
-    from meshensemble import bench, evaluate
+    from meshensemble import bench
+    from meshensemble import evaluation as evaluate
 
     evaluate.add_parser(sub)
     bench.add_parser(sub)
@@ -247,7 +248,7 @@ def setup_devices(fake_devices: int | None) -> None:
         return
     if fake_devices < 1:
         raise UsageError(f"--fake-devices {fake_devices} must be a positive integer")
-    from meshensemble.mesh import use_fake_cpu_devices
+    from meshensemble.core.mesh import use_fake_cpu_devices
 
     use_fake_cpu_devices(fake_devices)
 
@@ -258,7 +259,7 @@ def _run_train(args: argparse.Namespace) -> int:
     setup_distributed(args)
     import jax
 
-    from meshensemble.train import train
+    from meshensemble.training import train
 
     try:
         train(cfg)
@@ -267,7 +268,7 @@ def _run_train(args: argparse.Namespace) -> int:
             raise
         # Several processes: leave now with one line, instead of blocking in the
         # runtime's shutdown barrier waiting for peers that stopped or died.
-        from meshensemble import distributed
+        from meshensemble.core import distributed
         from meshensemble.data import DataError
 
         if isinstance(err, UsageError | ValueError | DataError | FileNotFoundError):
@@ -337,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if type(err).__name__ == "CheckpointError":
             # orbax's background threads may still hold the failed write: leave without
             # their teardown noise, the one line being the last thing printed
-            from meshensemble.distributed import hard_exit
+            from meshensemble.core.distributed import hard_exit
 
             hard_exit(1, f"error: {err}")
         print(f"error: {err}", file=sys.stderr)

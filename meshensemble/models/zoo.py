@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from meshensemble.conv import conv_general_dilated
+from meshensemble.models.conv import conv_general_dilated
 
 
 class CNN(nn.Module):
@@ -22,7 +22,7 @@ class CNN(nn.Module):
     (names, shapes, initialisation) or the values beyond float rounding: ``"auto"``
     computes them as im2col matmuls on CPU, where that is faster (and stays fast under
     ``vmap`` and inside ``lax.scan``), and with XLA's convolution elsewhere; see
-    :mod:`meshensemble.conv`.
+    :mod:`meshensemble.models.conv`.
 
     Attributes:
       num_classes: number of outputs.

@@ -13,10 +13,11 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshensemble import steps
-from meshensemble.backends import make_backend, put
-from meshensemble.distributed import fetch
-from meshensemble.mesh import (
+from meshensemble.core import steps
+from meshensemble.core.adapters import as_model
+from meshensemble.core.backends import make_backend, put
+from meshensemble.core.distributed import fetch
+from meshensemble.core.mesh import (
     AXES,
     BATCH,
     DATA,
@@ -28,8 +29,8 @@ from meshensemble.mesh import (
     member_sharding,
     members_per_device,
 )
-from meshensemble.model import as_model
-from meshensemble.steps import EnsembleState, StepConfig
+from meshensemble.core.state import EnsembleState
+from meshensemble.core.steps import StepConfig
 
 STRATEGIES = ("auto", "vmap", "loop")
 """Ways to compute the members a device holds (see :func:`default_strategy`)."""

@@ -30,22 +30,22 @@ import optax
 from jax.sharding import Mesh
 
 from meshensemble import data as data_lib
-from meshensemble import steps
-from meshensemble.backends import put
-from meshensemble.checkpoint import Checkpointer
-from meshensemble.conv import CONV_CHOICES, resolve_conv
-from meshensemble.distributed import fetch
-from meshensemble.ensemble import Ensemble
-from meshensemble.mesh import (
+from meshensemble.core import steps
+from meshensemble.core.backends import put
+from meshensemble.core.distributed import fetch
+from meshensemble.core.ensemble import Ensemble
+from meshensemble.core.mesh import (
     ENSEMBLE,
     MEMBERS,
     REPLICATED,
     make_mesh,
     parse_mesh,
 )
+from meshensemble.core.state import EnsembleState
 from meshensemble.metrics import prefix_metrics
 from meshensemble.models import REGISTRY as MODEL_NAMES
-from meshensemble.steps import EnsembleState
+from meshensemble.models.conv import CONV_CHOICES, resolve_conv
+from meshensemble.training.checkpoint import Checkpointer
 
 log = logging.getLogger("meshensemble")
 
@@ -81,7 +81,7 @@ class TrainConfig:
       member_strategy: ``"auto"``, ``"vmap"`` or ``"loop"``.
       conv: how the CNN computes its convolutions (``cnn`` and ``howto_cnn`` only):
         ``"auto"`` (im2col matmuls on CPU, XLA's convolution elsewhere), ``"xla"``,
-        ``"im2col"`` or ``"canonical"``; see :mod:`meshensemble.conv`.
+        ``"im2col"`` or ``"canonical"``; see :mod:`meshensemble.models.conv`.
       precision: ``"fp32"``, or ``"bf16"`` for mixed precision (bfloat16 compute,
         float32 master weights and optimizer state; for accelerators).
       epochs: epochs to train.
@@ -503,7 +503,7 @@ def _check_writable(workdir: str) -> None:
 
 def _resume_point(cfg, ens, dataset, say):
     """The checkpoint to resume from, or None; refuses to clobber a run unless asked."""
-    from meshensemble.checkpoint import list_checkpoints, restore_checkpoint
+    from meshensemble.training.checkpoint import list_checkpoints, restore_checkpoint
 
     held = [
         n

@@ -21,8 +21,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from meshensemble.mesh import member_sharding
-from meshensemble.steps import EnsembleState
+from meshensemble.core.mesh import member_sharding
+from meshensemble.core.state import EnsembleState
 
 log = logging.getLogger("meshensemble")
 
@@ -325,7 +325,7 @@ def extract_members(state: EnsembleState, members: int | list[int]) -> Any:
     bad = [i for i in idx if not 0 <= int(i) < m]
     if bad or not idx:
         raise ValueError(f"member index {bad or idx} out of range; the ensemble has {m} members")
-    from meshensemble.distributed import fetch
+    from meshensemble.core.distributed import fetch
 
     host = fetch(state.params)
     if isinstance(members, int | np.integer):

@@ -1,6 +1,6 @@
 """Backends: turn a per-device function into a global one over the mesh.
 
-Both backends take the same per-device function (from :mod:`meshensemble.steps`) and
+Both backends take the same per-device function (from :mod:`meshensemble.core.steps`) and
 the same ``PartitionSpec`` of each argument and result, and return a callable on global
 arrays laid out as the specs say. They differ only in the machinery:
 
@@ -21,7 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshensemble.mesh import DATA, ENSEMBLE
+from meshensemble.core.mesh import DATA, ENSEMBLE
 
 BACKENDS = ("shard_map", "pmap")
 """Backend names accepted by :class:`meshensemble.Ensemble`."""

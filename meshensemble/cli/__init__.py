@@ -1,0 +1,9 @@
+"""The ``meshensemble`` command line: ``train``, ``evaluate`` and ``bench``.
+
+Nothing in the package imports this room; it imports the others.
+"""
+
+from meshensemble.cli.main import UsageError as UsageError
+from meshensemble.cli.main import main as main
+
+__all__ = ["UsageError", "main"]

@@ -1,0 +1,7 @@
+"""``python -m meshensemble.cli``: the same as the ``meshensemble`` command."""
+
+import sys
+
+from meshensemble.cli.main import main
+
+sys.exit(main())
