@@ -538,7 +538,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
-    from meshensemble.cli import setup_devices
+    from meshensemble.cli.app import setup_devices
 
     setup_devices(args.fake_devices)
     evaluate_run(

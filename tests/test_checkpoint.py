@@ -21,7 +21,7 @@ import pytest
 from conftest import need_devices
 
 import meshensemble as me
-from meshensemble import cli
+from meshensemble.cli import app as cli
 from meshensemble.training import TrainConfig, train
 from meshensemble.training.checkpoint import (
     CHECKSUMS,

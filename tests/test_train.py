@@ -13,7 +13,7 @@ import pytest
 from conftest import need_devices
 
 import meshensemble as me
-from meshensemble import cli
+from meshensemble.cli import app as cli
 from meshensemble.training import TrainConfig, train
 
 DATA = me.data.synthetic(num_train=192, num_test=40, seed=0)
@@ -79,7 +79,7 @@ def test_streaming_path_matches_on_device_path(tmp_path, shuffle):
 
 def test_per_member_orders_are_distinct_permutations_drawn_on_device(tmp_path):
     need_devices(8)
-    from meshensemble.training import _Feeder
+    from meshensemble.training.loop import _Feeder
 
     result = train(tiny(tmp_path, "p", max_steps=2, shuffle="per-member"), dataset=DATA)
     cfg = tiny(tmp_path, "p", shuffle="per-member")

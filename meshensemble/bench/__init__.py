@@ -260,7 +260,7 @@ def resolve(args: argparse.Namespace) -> BenchConfig:
     Example:
       >>> cfg = resolve(build_parser().parse_args(["bench", "--tiny"]))
     """
-    from meshensemble.cli import UsageError
+    from meshensemble.cli.app import UsageError
 
     tiny = bool(args.tiny)
     cfg = BenchConfig(tiny=tiny)
@@ -721,7 +721,7 @@ class _EnsembleStep(_Runner):
         self.state = self.ctx.ensemble_state(self.spec.model, self.spec.members, self.ens.mesh)
         self.step_index = 0
         if self.spec.backend == "shard_map":  # compile ahead of time for the memory analysis
-            jitted = self.ens._train_fn(False).jitted
+            jitted = self.ens.train_step_fn(False).jitted
             mesh = self.ens.mesh
             t = time.perf_counter()
             compiled = jitted.lower(self.state, put(x, mesh, BATCH), put(y, mesh, BATCH)).compile()
@@ -743,7 +743,7 @@ class _Chunk(_Runner):
     needs_first_call = False
 
     def build(self) -> None:
-        from meshensemble import training as train
+        from meshensemble.training import loop as train
         from meshensemble.core.mesh import replicated_sharding
 
         ens = _ensemble(self.ctx, self.spec)
@@ -1448,7 +1448,7 @@ def run(args: argparse.Namespace) -> int:
       >>> run(build_parser().parse_args(["bench", "--tiny", "--out", "/tmp/b.json"]))
       0
     """
-    from meshensemble.cli import setup_devices
+    from meshensemble.cli.app import setup_devices
 
     cfg = resolve(args)
     setup_devices(args.fake_devices)

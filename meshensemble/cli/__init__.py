@@ -3,7 +3,7 @@
 Nothing in the package imports this room; it imports the others.
 """
 
-from meshensemble.cli.main import UsageError as UsageError
-from meshensemble.cli.main import main as main
+from meshensemble.cli.app import UsageError as UsageError
+from meshensemble.cli.app import main as main
 
 __all__ = ["UsageError", "main"]

@@ -2,6 +2,6 @@
 
 import sys
 
-from meshensemble.cli.main import main
+from meshensemble.cli.app import main
 
 sys.exit(main())

@@ -82,6 +82,7 @@ class ShardMapBackend:
             return jitted(*_put_all(args, specs, self.mesh))
 
         call.jitted = jitted  # type: ignore[attr-defined]
+        call.lower = lambda *args: jitted.lower(*_put_all(args, specs, self.mesh))  # type: ignore[attr-defined]
         return call
 
 

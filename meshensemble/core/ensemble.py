@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,6 +32,13 @@ from meshensemble.core.mesh import (
 )
 from meshensemble.core.state import EnsembleState
 from meshensemble.core.steps import StepConfig
+
+MAX_IN_FLIGHT = 2
+"""Programs an :class:`Ensemble` lets run ahead of the host before it waits for the oldest.
+
+Bounding the queue keeps the device busy (the next step is dispatched while one runs) and
+keeps a host loop that never reads a result from queueing thousands of collective programs:
+XLA:CPU's emulated all-reduce aborts the process then ("Termination timeout for all reduce")."""
 
 STRATEGIES = ("auto", "vmap", "loop")
 """Ways to compute the members a device holds (see :func:`default_strategy`)."""
@@ -165,6 +173,7 @@ class Ensemble:
         self.compute_dtype = _compute_dtype(compute_dtype)
         self._rng_impl: Any = None
         self._compiled: dict[Any, Callable[..., Any]] = {}
+        self._in_flight: collections.deque[Any] = collections.deque()
 
     # ------------------------------------------------------------------ building
     @property
@@ -172,7 +181,17 @@ class Ensemble:
         """Size of the mesh's ``data`` axis."""
         return int(self.mesh.shape[DATA])
 
-    def _cfg(self) -> StepConfig:
+    def step_config(self) -> StepConfig:
+        """The static configuration that the per-device functions of the steps take.
+
+        Returns:
+          A :class:`~meshensemble.core.steps.StepConfig` (model, optimizer, loss, member
+          strategy, gradient mode of the backend, key implementation, input transform,
+          compute dtype).
+
+        Example:
+          >>> fn = functools.partial(me.core.steps.train_chunk, ens.step_config(), 8, 128)
+        """
         return StepConfig(
             model=self.model,
             tx=self.optimizer,
@@ -184,6 +203,46 @@ class Ensemble:
             compute_dtype=self.compute_dtype,
         )
 
+    def build(
+        self,
+        name: Any,
+        make: Callable[[StepConfig], Callable[..., Any]],
+        in_specs: tuple[Any, ...],
+        out_specs: Any,
+        *,
+        donate_argnums: tuple[int, ...] = (),
+    ) -> Callable[..., Any]:
+        """A per-device function made global over this ensemble's mesh and backend, built once.
+
+        The hook for code that needs its own compiled program over the ensemble (the
+        training loop's chunk of K steps, the benchmark). ``make(cfg)`` returns the
+        per-device function (it sees local views, as everything in
+        :mod:`~meshensemble.core.steps` does); the result is cached under ``name`` (and
+        the key implementation of the state), so calling ``build`` again is free.
+
+        Args:
+          name: a hashable cache key naming the program, e.g. ``("chunk", 8, 128)``.
+          make: ``make(step_config) -> per_device_fn``.
+          in_specs: one ``PartitionSpec`` (or spec tree) per argument.
+          out_specs: the specs of the result.
+          donate_argnums: arguments whose buffers the call may reuse (e.g. the state).
+
+        Returns:
+          A callable on global arrays (placed as ``in_specs`` say, without copies when
+          they already are) with a ``lower(*args)`` method for ahead-of-time compilation
+          on the ``shard_map`` backend.
+
+        Example:
+          >>> chunk = ens.build(("chunk", 8), lambda cfg: functools.partial(
+          ...     me.core.steps.train_chunk, cfg, 8, 128), specs, out_specs, donate_argnums=(0,))
+        """
+        return self._fn(
+            ("user", name),
+            lambda: self.backend.build(
+                make(self.step_config()), in_specs, out_specs, donate_argnums=donate_argnums
+            ),
+        )
+
     def _fn(self, key: Any, make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
         """Builds each global function once per Ensemble (jit caches shapes below that)."""
         key = (key, self._rng_impl)
@@ -191,7 +250,30 @@ class Ensemble:
             self._compiled[key] = make()
         return self._compiled[key]
 
-    def _train_fn(self, per_member: bool) -> Callable[..., Any]:
+    def _dispatched(self, out: Any) -> Any:
+        """Records a dispatched program's result; waits for the oldest beyond the bound."""
+        leaf = next(iter(jax.tree.leaves(out)), None)
+        if isinstance(leaf, jax.Array):
+            self._in_flight.append(leaf)
+        while len(self._in_flight) > MAX_IN_FLIGHT:
+            oldest = self._in_flight.popleft()
+            if not oldest.is_deleted():
+                oldest.block_until_ready()
+        return out
+
+    def train_step_fn(self, per_member: bool = False) -> Callable[..., Any]:
+        """The global function behind :meth:`train_step`, without its host-side checks.
+
+        Args:
+          per_member: whether batches are per member (``[members, B, ...]``).
+
+        Returns:
+          ``fn(state, images, labels) -> (state, metrics)``, donating ``state``; on the
+          ``shard_map`` backend ``fn.lower(state, images, labels)`` lowers it ahead of time.
+
+        Example:
+          >>> compiled = ens.train_step_fn().lower(state, images, labels).compile()
+        """
         spec = MEMBER_BATCH if per_member else BATCH
         metric_specs = {
             "loss": MEMBERS,
@@ -202,7 +284,7 @@ class Ensemble:
         return self._fn(
             ("train", per_member),
             lambda: self.backend.build(
-                functools.partial(steps.train_step, self._cfg()),
+                functools.partial(steps.train_step, self.step_config()),
                 (MEMBERS, spec, spec),
                 (MEMBERS, metric_specs),
                 donate_argnums=(0,),
@@ -299,7 +381,7 @@ class Ensemble:
         """
         self._check_state(state)
         per_member = self._check_batch(images, labels)
-        return self._train_fn(per_member)(state, images, labels)
+        return self._dispatched(self.train_step_fn(per_member)(state, images, labels))
 
     def predict_members(self, state: EnsembleState, images: Any) -> jax.Array:
         """Every member's softmax prediction.
@@ -348,13 +430,13 @@ class Ensemble:
             ("predict", members),
             lambda: self.backend.build(
                 functools.partial(
-                    steps.member_probs if members else steps.ensemble_probs, self._cfg()
+                    steps.member_probs if members else steps.ensemble_probs, self.step_config()
                 ),
                 (MEMBERS, BATCH),
                 MEMBER_BATCH if members else BATCH,
             ),
         )
-        out = fn(state, padded)
+        out = self._dispatched(fn(state, padded))
         if out.shape[-2] == n:
             return out
         # Drop the padding: the result is no longer divisible over `data`, so keep it
@@ -413,7 +495,7 @@ class Ensemble:
         fn = self._fn(
             ("evaluate", num_bins),
             lambda: self.backend.build(
-                functools.partial(steps.eval_stats, self._cfg(), num_bins),
+                functools.partial(steps.eval_stats, self.step_config(), num_bins),
                 (MEMBERS, BATCH, BATCH, BATCH),
                 _eval_specs(),
             ),
@@ -427,7 +509,7 @@ class Ensemble:
             mask = np.arange(b) < k
             if k < b:
                 x, y = _pad_to(x, b), np.concatenate([y, np.zeros(b - k, y.dtype)])
-            stats = fn(state, x, y, mask)
+            stats = self._dispatched(fn(state, x, y, mask))
             total = stats if total is None else jax.tree.map(jnp.add, total, stats)
         return metrics.finalize_stats(fetch(total), num_bins)
 

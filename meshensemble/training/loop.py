@@ -14,6 +14,7 @@ order, so every example is used over a run).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -660,8 +661,9 @@ class _Feeder:
                 "ensemble_nll": REPLICATED,
             }
             self._chunks: dict[int, Callable[..., Any]] = {}
-            self._make = lambda n: ens.backend.build(
-                _chunk_fn(ens, n, self.batch),
+            self._make = lambda n: ens.build(
+                ("chunk", n, self.batch, order_spec),
+                lambda step_cfg: functools.partial(steps.train_chunk, step_cfg, n, self.batch),
                 (MEMBERS, REPLICATED, REPLICATED, order_spec, REPLICATED),
                 (MEMBERS, stacked),
                 donate_argnums=(0,),
@@ -692,12 +694,6 @@ class _Feeder:
         if n not in self._chunks:
             self._chunks[n] = self._make(n)
         return self._chunks[n](state, self.images, self.labels, order, jnp.int32(first))
-
-
-def _chunk_fn(ens: Ensemble, num_steps: int, batch: int):
-    import functools
-
-    return functools.partial(steps.train_chunk, ens._cfg(), num_steps, batch)
 
 
 def _evaluate_record(ens, state, dataset, cfg, epoch, step, loss_sum, loss_count):
