@@ -15,10 +15,8 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_numpy_rank_promotion", "raise")
-# XLA:CPU compiles partitionable threefry very slowly (measured: the MNIST CNN's init 25 s
-# against 7 s). Library and reference computations both run in this mode, so every
-# identity the tests check (member i == model.init(split(key, M)[i]), parity) still holds.
-jax.config.update("jax_threefry_partitionable", False)
+# Random numbers: JAX's default mode (partitionable threefry), the one users' code, the CLI
+# and the library all run in; nothing here changes it.
 
 
 def need_devices(n: int) -> None:

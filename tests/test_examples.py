@@ -6,9 +6,7 @@ with it first on ``sys.path`` and then takes those names out of ``sys.modules`` 
 the three examples never see each other's modules. ``--fake-devices`` is not passed:
 ``conftest.py`` already made 8 CPU devices.
 
-The short runs use non-partitionable threefry (:func:`fast_init_compile`, a no-op where
-``conftest.py`` already sets it): on CPU, XLA compiles the CNN's initialisation about 3x
-faster that way. Only the random bits change, not what the examples do.
+The runs use JAX's default random-number mode, as users' runs do.
 """
 
 from __future__ import annotations
@@ -78,13 +76,6 @@ def assert_member_sharded(tree, num_members: int, ensemble: int) -> None:
         assert shard_rows == {num_members // ensemble}
 
 
-@pytest.fixture
-def fast_init_compile():
-    """Non-partitionable threefry for one test: a much faster compile of ``ens.init``."""
-    with jax.threefry_partitionable(False):
-        yield
-
-
 # --- layout and flags (no training) ----------------------------------------------------
 
 
@@ -134,7 +125,6 @@ def test_bad_input_exits_2(tmp_path, capsys) -> None:
 # --- short real runs -------------------------------------------------------------------
 
 
-@pytest.mark.usefixtures("fast_init_compile")
 def test_howto_ensemble(tmp_path, monkeypatch, capsys) -> None:
     need_devices(8)
     ex = load_example("howto_ensemble")
@@ -163,7 +153,6 @@ def test_howto_ensemble(tmp_path, monkeypatch, capsys) -> None:
     assert "epoch:   1, train_loss: " in out and "epoch:   2, " in out and "epoch:   3" not in out
 
 
-@pytest.mark.usefixtures("fast_init_compile")
 def test_data_parallel_fashion_mnist_on_mock_tfds(tmp_path, monkeypatch, capsys, mock_tfds) -> None:
     need_devices(8)
     ex = load_example("data_parallel_fashion_mnist")
@@ -193,7 +182,6 @@ def test_data_parallel_fashion_mnist_on_mock_tfds(tmp_path, monkeypatch, capsys,
     assert "epoch:   1, train_loss: " in out
 
 
-@pytest.mark.usefixtures("fast_init_compile")
 def test_mesh_2d(tmp_path, monkeypatch, capsys) -> None:
     need_devices(8)
     ex = load_example("mesh_2d")

@@ -37,11 +37,8 @@ X, Y = learnable(16)
 
 
 def init(ens: me.Ensemble, key: jax.Array, sample: np.ndarray) -> me.EnsembleState:
-    """``ens.init``, compiled with the non-partitionable threefry: XLA:CPU compiles the
-    partitionable one (JAX's default) 3-4x slower for these sharded inits, and these
-    tests compare members with members, whatever their random stream."""
-    with jax.threefry_partitionable(False):
-        return ens.init(key, sample)
+    """``ens.init`` (kept as a function: the tests below compare members with members)."""
+    return ens.init(key, sample)
 
 
 # ------------------------------------------------------------------ one net, three forms

@@ -743,8 +743,8 @@ class _Chunk(_Runner):
     needs_first_call = False
 
     def build(self) -> None:
-        from meshensemble.training import loop as train
         from meshensemble.core.mesh import replicated_sharding
+        from meshensemble.training import loop as train
 
         ens = _ensemble(self.ctx, self.spec)
         cfg = train.TrainConfig(

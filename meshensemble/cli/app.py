@@ -150,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="meshensemble", description="Deep ensembles on a JAX device mesh.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _train_parser(sub)
-    from meshensemble import bench
     from meshensemble import evaluation as evaluate
+    from meshensemble.cli import bench
 
     evaluate.add_parser(sub)
     bench.add_parser(sub)
@@ -318,11 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       0
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    import jax
 
-    # The CLI draws its random numbers with the classic (non-partitionable) threefry: the
-    # same values on any mesh, and XLA:CPU compiles the CNN's init in ~7 s instead of ~25 s.
-    jax.config.update("jax_threefry_partitionable", False)
     logging.getLogger("absl").setLevel(logging.WARNING)
     from meshensemble.data import DataError
 
