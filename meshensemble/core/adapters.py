@@ -225,7 +225,11 @@ class NNXModel:
         streams = {name: jax.random.fold_in(rng, i + 1) for i, name in enumerate(self.rng_streams)}
         rngs = nnx.Rngs(**{"default": jax.random.fold_in(rng, 0), **streams, "params": rng})
         factory = self.factory
-        module = factory(rngs=rngs) if inspect.isclass(factory) else factory(rngs)
+        if inspect.isclass(factory):
+            _check_rngs_only(factory)
+            module = factory(rngs=rngs)
+        else:
+            module = factory(rngs)
         if not isinstance(module, nnx.Module):
             raise TypeError(
                 f"NNXModel's factory returned a {type(module).__name__}, not an nnx.Module; "
@@ -361,6 +365,27 @@ class FunctionModel:
         return self.apply_fn(params, x), model_state
 
 
+def _check_rngs_only(cls: type) -> None:
+    """Raises a one-line TypeError when NNX class ``cls`` needs arguments besides ``rngs``."""
+    try:
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return
+    needed = [
+        p.name
+        for p in params
+        if p.name != "rngs"
+        and p.default is inspect.Parameter.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
+    if needed:
+        raise TypeError(
+            f"NNX module {cls.__name__} needs {', '.join(needed)} besides rngs; pass a factory: "
+            f"me.NNXModel(lambda rngs: {cls.__name__}({', '.join(f'{n}=...' for n in needed)}, "
+            "rngs=rngs))"
+        )
+
+
 def as_model(model: Any) -> Model:
     """Wraps ``model`` in the core's :class:`Model` interface.
 
@@ -380,8 +405,9 @@ def as_model(model: Any) -> Model:
       A :class:`Model`.
 
     Raises:
-      TypeError: ``model`` is none of these; an NNX module instance (one initialised
-        model: the ensemble needs a factory to build one per member).
+      TypeError: ``model`` is none of these; a Linen module class (pass an instance); an
+        NNX module instance (one initialised model: the ensemble needs a factory to build
+        one per member); an NNX class whose constructor needs more than ``rngs``.
 
     Example:
       >>> m = me.as_model(me.models.CNN())
@@ -397,7 +423,13 @@ def as_model(model: Any) -> Model:
             f"me.NNXModel(lambda rngs: {type(model).__name__}(..., rngs=rngs))"
         )
     if inspect.isclass(model) and issubclass(model, nnx.Module):
+        _check_rngs_only(model)
         return NNXModel(model)
+    if inspect.isclass(model) and issubclass(model, nn.Module):
+        raise TypeError(
+            f"model is the Linen class {model.__name__}, not a module; pass an instance: "
+            f"{model.__name__}(...)"
+        )
     if isinstance(model, tuple) and len(model) == 2 and all(map(callable, model)):
         return FunctionModel(*model)
     if isinstance(model, LinenModel | NNXModel | FunctionModel):

@@ -54,10 +54,42 @@ def _compute_dtype(value: Any) -> Any:
         dtype = None
     if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(
-            f"compute_dtype={value!r} is not a floating dtype; use e.g. 'bfloat16', "
-            "'float16' or None"
+            f"compute_dtype={value!r} is not a floating dtype; use 'bfloat16' or None"
+        )
+    if dtype == jnp.float16:
+        raise ValueError(
+            "compute_dtype=float16 needs loss scaling (its gradients underflow), which "
+            "meshensemble does not do; use 'bfloat16' (float32's range, the same speed on "
+            "accelerators) or None"
         )
     return dtype
+
+
+def _check_optimizer(optimizer: Any) -> None:
+    """One-line TypeError unless ``optimizer`` is an optax ``GradientTransformation``."""
+    if callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None)):
+        return
+    name = getattr(optimizer, "__qualname__", type(optimizer).__name__)
+    module = str(getattr(optimizer, "__module__", "optax"))
+    module = "optax" if module.startswith("optax") else module
+    hint = (
+        f"call it first, e.g. {module}.{name}(learning_rate=0.1)"
+        if callable(optimizer)
+        else "pass e.g. optax.sgd(0.1, momentum=0.9)"
+    )
+    raise TypeError(
+        f"optimizer {name} is not an optax GradientTransformation (no init/update); {hint}"
+    )
+
+
+def _as_array(x: Any, what: str) -> Any:
+    """``x`` unchanged if it is a numpy or jax array, else ``np.asarray(x)`` (lists, tuples)."""
+    if isinstance(x, np.ndarray | jax.Array):
+        return x
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{what} cannot be made an array ({err}); pass a numpy array") from None
 
 
 def default_strategy(platform: str) -> str:
@@ -147,6 +179,7 @@ class Ensemble:
         hyperparams: Mapping[str, Any] | None = None,
         compute_dtype: Any = None,
     ):
+        _check_optimizer(optimizer)
         mesh = make_mesh() if mesh is None else mesh
         if tuple(mesh.axis_names) != AXES:
             raise ValueError(
@@ -173,6 +206,8 @@ class Ensemble:
         self.compute_dtype = _compute_dtype(compute_dtype)
         self._rng_impl: Any = None
         self._compiled: dict[Any, Callable[..., Any]] = {}
+        self._num_classes: int | None = None
+        self._checked_labels: jax.Array | None = None
         self._in_flight: collections.deque[Any] = collections.deque()
 
     # ------------------------------------------------------------------ building
@@ -252,7 +287,8 @@ class Ensemble:
 
     def _dispatched(self, out: Any) -> Any:
         """Records a dispatched program's result; waits for the oldest beyond the bound."""
-        leaf = next(iter(jax.tree.leaves(out)), None)
+        # The last leaf: for train_step a metric (the state's leaves are consumed next step).
+        leaf = next(reversed(jax.tree.leaves(out)), None)
         if isinstance(leaf, jax.Array):
             self._in_flight.append(leaf)
         while len(self._in_flight) > MAX_IN_FLIGHT:
@@ -380,8 +416,12 @@ class Ensemble:
           (8,)
         """
         self._check_state(state)
+        images, labels = _as_array(images, "images"), _as_array(labels, "labels")
         per_member = self._check_batch(images, labels)
-        return self._dispatched(self.train_step_fn(per_member)(state, images, labels))
+        self._check_label_range(state, images, labels, per_member)
+        out = self._dispatched(self.train_step_fn(per_member)(state, images, labels))
+        _consume(state)
+        return out
 
     def predict_members(self, state: EnsembleState, images: Any) -> jax.Array:
         """Every member's softmax prediction.
@@ -424,7 +464,12 @@ class Ensemble:
 
     def _predict(self, state: EnsembleState, images: Any, members: bool) -> jax.Array:
         self._check_state(state)
-        n = int(np.shape(images)[0])
+        images = _as_array(images, "images")
+        n = int(np.shape(images)[0]) if np.ndim(images) else 0
+        if n == 0:
+            raise ValueError(
+                f"images of shape {np.shape(images)} hold no example; give at least one image"
+            )
         padded = _pad(images, self.data_size)
         fn = self._fn(
             ("predict", members),
@@ -483,8 +528,10 @@ class Ensemble:
         from meshensemble import metrics
 
         self._check_state(state)
-        labels = np.asarray(labels)
-        n = int(np.shape(images)[0])
+        _check_positive_int("batch_size", batch_size)
+        _check_positive_int("num_bins", num_bins)
+        images, labels = _as_array(images, "images"), np.asarray(labels)
+        n = int(np.shape(images)[0]) if np.ndim(images) else 0
         if labels.shape != (n,) or n == 0:
             raise ValueError(
                 f"images of shape {np.shape(images)} and labels of shape {labels.shape}: "
@@ -492,6 +539,7 @@ class Ensemble:
             )
         if not jnp.issubdtype(labels.dtype, jnp.integer):
             raise ValueError(f"labels have dtype {labels.dtype}; give integer class indices")
+        self._check_label_range(state, images, labels, per_member=False)
         fn = self._fn(
             ("evaluate", num_bins),
             lambda: self.backend.build(
@@ -550,6 +598,59 @@ class Ensemble:
                 f"state has {state.num_members} members but this Ensemble has "
                 f"{self.num_members}; use the state made by this ensemble's init"
             )
+        if any(isinstance(v, jax.Array) and v.is_deleted() for v in jax.tree.leaves(state)):
+            raise ValueError(
+                "state was consumed by an earlier train_step (its buffers are donated and "
+                "reused); use the state that call returned: state, metrics = "
+                "ens.train_step(state, images, labels)"
+            )
+
+    def num_classes(self, state: EnsembleState, images: Any) -> int:
+        """The number of classes the model predicts (from its output shape; nothing runs).
+
+        Args:
+          state: an ensemble state (its shapes are used, not its values).
+          images: inputs of the model's shape, ``[B, ...]`` (or ``[members, B, ...]``).
+
+        Returns:
+          ``C``, the size of the model's last output axis.
+
+        Example:
+          >>> ens.num_classes(state, images)
+          10
+        """
+        if self._num_classes is None:
+            member = lambda v: jax.ShapeDtypeStruct(v.shape[1:], v.dtype)
+            params, model_state, rng = jax.tree.map(
+                member, (state.params, state.model_state, state.rng)
+            )
+            dtype = getattr(images, "dtype", None) or np.result_type(images)
+            x = jax.ShapeDtypeStruct((1, *np.shape(images)[1:]), dtype)
+            transform = self.input_transform or (lambda v: v)
+            apply = lambda p, ms, xx, r: self.model.apply(p, ms, transform(xx), False, r)[0]
+            self._num_classes = int(jax.eval_shape(apply, params, model_state, x, rng).shape[-1])
+        return self._num_classes
+
+    def _check_label_range(
+        self, state: EnsembleState, images: Any, labels: Any, per_member: bool
+    ) -> None:
+        """ValueError naming the labels' range when one is outside ``[0, classes)``."""
+        if isinstance(labels, jax.Array):
+            if not labels.is_fully_addressable or labels is self._checked_labels:
+                return  # multi-process: checked where each process loads its data
+            lo, hi = (int(v) for v in jax.device_get((jnp.min(labels), jnp.max(labels))))
+        else:
+            lo, hi = int(np.min(labels)), int(np.max(labels))
+        shape = np.shape(images)[1:] if per_member else np.shape(images)
+        dtype = getattr(images, "dtype", None) or np.result_type(images)
+        classes = self.num_classes(state, jax.ShapeDtypeStruct(shape, dtype))
+        if lo < 0 or hi >= classes:
+            raise ValueError(
+                f"labels range over [{lo}, {hi}] but the model predicts {classes} classes; "
+                f"give class indices in [0, {classes})"
+            )
+        if isinstance(labels, jax.Array):
+            self._checked_labels = labels  # the same placed labels again: no new check
 
     def _check_batch(self, images: Any, labels: Any) -> bool:
         ishape, lshape = np.shape(images), np.shape(labels)
@@ -579,6 +680,25 @@ class Ensemble:
                 f"labels have dtype {np.result_type(labels)}; give integer class indices"
             )
         return per_member
+
+
+def _consume(state: EnsembleState) -> None:
+    """Marks a state given to ``train_step`` as used on every backend (as donation does).
+
+    Under ``shard_map`` the jitted step donates the state's buffers when they are already in
+    place; a state that had to be moved first, or the ``pmap`` backend's per-device copies,
+    would otherwise leave the old state alive on one path and dead on another. Deleting the
+    input's arrays makes every path behave alike: the next use raises the clear error of
+    :meth:`Ensemble._check_state`.
+    """
+    for leaf in jax.tree.leaves(state):
+        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+            leaf.delete()
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer, e.g. {name}=1000")
 
 
 def _pad(x: Any, multiple: int) -> Any:

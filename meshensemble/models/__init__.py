@@ -11,6 +11,17 @@ from meshensemble.models.zoo import REGISTRY as REGISTRY
 from meshensemble.models.zoo import HowtoCNN as HowtoCNN
 from meshensemble.models.zoo import ResidualBlock as ResidualBlock
 from meshensemble.models.zoo import ResNet as ResNet
+from meshensemble.models.zoo import batch_axis as batch_axis
 from meshensemble.models.zoo import get_model as get_model
 
-__all__ = ["CNN", "MLP", "REGISTRY", "HowtoCNN", "ResNet", "ResidualBlock", "conv", "get_model"]
+__all__ = [
+    "CNN",
+    "MLP",
+    "REGISTRY",
+    "HowtoCNN",
+    "ResNet",
+    "ResidualBlock",
+    "batch_axis",
+    "conv",
+    "get_model",
+]

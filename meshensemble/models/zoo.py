@@ -8,7 +8,9 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
 
+from meshensemble.core.mesh import DATA
 from meshensemble.models.conv import conv_general_dilated
 
 
@@ -98,6 +100,32 @@ class HowtoCNN(CNN):
     """
 
 
+def batch_axis(axis_name: str | None = DATA) -> str | None:
+    """``axis_name`` if that mesh axis is bound here (inside the ensemble's steps), else None.
+
+    For ``nn.BatchNorm(axis_name=...)``: inside :class:`meshensemble.Ensemble`'s steps the
+    batch is split over the mesh axis ``"data"``, and BatchNorm must average its statistics
+    over it to normalise with the whole batch's; outside a mesh (a plain ``model.apply``)
+    there is no such axis and each call's batch is the whole batch.
+
+    Args:
+      axis_name: the axis to average over (default :data:`meshensemble.DATA`), or None.
+
+    Returns:
+      ``axis_name`` when it is bound in the current trace, else None.
+
+    Example:
+      >>> nn.BatchNorm(use_running_average=not train, axis_name=me.models.batch_axis())
+    """
+    if axis_name is None:
+        return None
+    try:
+        lax.axis_size(axis_name)
+    except NameError:
+        return None
+    return axis_name
+
+
 class ResidualBlock(nn.Module):
     """A basic residual block: two 3x3 convolutions with BatchNorm, and a shortcut.
 
@@ -108,6 +136,8 @@ class ResidualBlock(nn.Module):
       features: output channels.
       strides: stride of the first convolution (and of the shortcut).
       dtype: computation dtype.
+      axis_name: the mesh axis the batch is split over; BatchNorm's statistics are
+        averaged over it (see :func:`batch_axis`).
 
     Example:
       >>> y = ResidualBlock(16, (2, 2)).apply(variables, x, train=False)  # [B, H/2, W/2, 16]
@@ -116,11 +146,18 @@ class ResidualBlock(nn.Module):
     features: int
     strides: tuple[int, int] = (1, 1)
     dtype: Any = jnp.float32
+    axis_name: str | None = DATA
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+        axis = batch_axis(self.axis_name)
         norm = lambda **kw: nn.BatchNorm(
-            use_running_average=not train, momentum=0.9, epsilon=1e-5, dtype=self.dtype, **kw
+            use_running_average=not train,
+            momentum=0.9,
+            epsilon=1e-5,
+            dtype=self.dtype,
+            axis_name=axis,
+            **kw,
         )
         conv = lambda f, k, s: nn.Conv(f, k, s, use_bias=False, dtype=self.dtype)
         residual = x
@@ -144,13 +181,18 @@ class ResNet(nn.Module):
     (MNIST's ``[B, 28, 28, 1]`` too).
 
     ``model_state`` is ``{"batch_stats": ...}``; call with ``train=True`` and
-    ``mutable=["batch_stats"]`` to train (the ensemble's adapter does this).
+    ``mutable=["batch_stats"]`` to train (the ensemble's adapter does this). BatchNorm
+    statistics are those of the whole batch across the ``data`` axis (see ``axis_name``).
 
     Attributes:
       stage_sizes: residual blocks per stage.
       num_filters: channels of the stem and of the first stage.
       num_classes: number of outputs.
       dtype: computation dtype (parameters stay float32), e.g. ``jnp.bfloat16``.
+      axis_name: the mesh axis the batch is split over (default ``"data"``): in training,
+        BatchNorm normalises with the statistics of the whole global batch, averaged over
+        this axis, so ``data=1`` and ``data=2`` train the same members. Outside a mesh
+        (the axis is not bound) each call uses its own batch, as plain Flax does.
 
     Example:
       >>> model = me.models.ResNet(stage_sizes=(2, 2, 2), num_filters=16)
@@ -162,16 +204,23 @@ class ResNet(nn.Module):
     num_filters: int = 16
     num_classes: int = 10
     dtype: Any = jnp.float32
+    axis_name: str | None = DATA
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
         x = nn.Conv(self.num_filters, (3, 3), use_bias=False, dtype=self.dtype)(x)
-        x = nn.BatchNorm(use_running_average=not train, momentum=0.9, dtype=self.dtype)(x)
+        x = nn.BatchNorm(
+            use_running_average=not train,
+            momentum=0.9,
+            dtype=self.dtype,
+            axis_name=batch_axis(self.axis_name),
+        )(x)
         x = nn.relu(x)
         for i, size in enumerate(self.stage_sizes):
             for j in range(size):
                 strides = (2, 2) if i > 0 and j == 0 else (1, 1)
-                x = ResidualBlock(self.num_filters * 2**i, strides, self.dtype)(x, train)
+                block = ResidualBlock(self.num_filters * 2**i, strides, self.dtype, self.axis_name)
+                x = block(x, train)
         x = jnp.mean(x, axis=(1, 2))
         return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
 
