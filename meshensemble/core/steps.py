@@ -5,7 +5,10 @@ Every function here runs with the mesh axes ``ensemble`` and ``data`` bound (ins
 state leaves ``[m, ...]`` (its ``m`` members), a batch ``[b, ...]`` (its part of the
 batch) or per-member batches ``[m, b, ...]``. This is where the collectives live:
 
-* gradients (and the loss, BatchNorm statistics, accuracies) are averaged over ``data``;
+* gradients (and the loss, accuracies, BatchNorm running statistics) are averaged over
+  ``data``; a BatchNorm normalises with the whole batch's statistics only when the model
+  itself reduces them over ``data`` (``nn.BatchNorm(axis_name=me.models.batch_axis())``,
+  as the zoo's ResNet does): each device sees only its part of the batch;
 * the ensemble prediction is the mean of the members' softmax: first over the local
   members, then ``lax.pmean`` over ``ensemble``.
 """
