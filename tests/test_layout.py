@@ -1,0 +1,208 @@
+"""The package's layout rules, read from the source (function-level imports included).
+
+* Rooms from low to high: ``core`` < ``models``, ``metrics``, ``data``, ``plots`` <
+  ``training`` < ``evaluation``, ``testing`` < ``bench`` < ``cli``. A module imports only
+  its own room and lower rooms; nothing outside ``cli`` imports ``cli``.
+* No import cycle among the package's modules.
+* No module uses another module's ``_private`` names.
+* No module is over 700 lines.
+* Every name in ``meshensemble.__all__`` resolves, and the public face imports.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+import meshensemble as me
+
+PACKAGE = pathlib.Path(me.__file__).parent
+RANK = {
+    "core": 0,
+    "models": 1,
+    "metrics": 1,
+    "data": 1,
+    "plots": 1,
+    "training": 2,
+    "evaluation": 3,
+    "testing": 3,
+    "bench": 4,
+    "cli": 5,
+}
+MAX_LINES = 700
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = ["meshensemble", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None  # None: the top-level public face
+
+
+def resolve(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    if MODULES[module].name != "__init__.py":
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(module: str) -> list[tuple[str, list[str], int]]:
+    """``(imported module, names taken from it, line)`` for every import in ``module``."""
+    tree = ast.parse(MODULES[module].read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, [], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = resolve(module, node)
+            names = [a.name for a in node.names]
+            subs = [n for n in names if f"{source}.{n}" in MODULES]
+            if len(subs) < len(names):  # some names are not submodules: taken from `source`
+                found.append((source, [n for n in names if n not in subs], node.lineno))
+            # `from pkg import sub` imports the submodule pkg.sub
+            found += [
+                (f"{source}.{n}", [], node.lineno) for n in names if f"{source}.{n}" in MODULES
+            ]
+    return [f for f in found if f[0] == "meshensemble" or f[0].startswith("meshensemble.")]
+
+
+def package_edges() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {m: set() for m in MODULES}
+    for module in MODULES:
+        for target, _, _ in imports(module):
+            while target not in MODULES and "." in target:  # a name inside a module
+                target = target.rsplit(".", 1)[0]
+            if target in MODULES and target != module:
+                edges[module].add(target)
+    return edges
+
+
+def test_rooms_import_only_their_own_and_lower_rooms():
+    bad = []
+    for module in MODULES:
+        here = room(module)
+        if here is None:
+            continue
+        assert here in RANK, f"{module}: room {here!r} has no rank; add it to RANK and the docs"
+        for target, _, line in imports(module):
+            there = room(target)
+            if there is None:
+                bad.append(f"{module}:{line} imports the public face {target}")
+            elif there != here and RANK[there] >= RANK[here]:
+                bad.append(f"{module}:{line} ({here}) imports {target} ({there})")
+    assert not bad, "\n".join(bad)
+
+
+def test_nothing_outside_cli_imports_cli():
+    bad = [
+        f"{m}:{line} imports {t}"
+        for m in MODULES
+        if room(m) != "cli"
+        for t, _, line in imports(m)
+        if room(t) == "cli"
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    edges = package_edges()
+    # The package __init__ files re-export their own modules (parent -> child) and a child
+    # module's import of a sibling loads the parent first; only module-to-module edges that
+    # are not parent -> own child count.
+    graph = {m: {t for t in ts if not t.startswith(m + ".")} for m, ts in edges.items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(
+                    " -> ".join(stack[stack.index(nxt) :] + [node, nxt])
+                    if nxt in stack
+                    else f"{node} -> {nxt}"
+                )
+            elif nxt not in state:
+                visit(nxt, stack + [node])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_no_module_uses_another_modules_private_names():
+    bad = []
+    for module in MODULES:
+        tree = ast.parse(MODULES[module].read_text())
+        aliases: dict[str, str] = {}  # local name -> package module
+        for target, names, line in imports(module):
+            for name in names:
+                if name.startswith("_") and not name.startswith("__"):
+                    bad.append(f"{module}:{line} imports {target}.{name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = resolve(module, node)
+                for a in node.names:
+                    if f"{source}.{a.name}" in MODULES:
+                        aliases[a.asname or a.name] = f"{source}.{a.name}"
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in MODULES and a.asname:
+                        aliases[a.asname] = a.name
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and aliases[node.value.id] != module
+            ):
+                bad.append(f"{module}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_modules_stay_small(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{module} has {lines} lines; split it by concern"
+
+
+def test_the_public_face_resolves_every_name():
+    missing = [name for name in me.__all__ if not hasattr(me, name)]
+    assert not missing, missing
+    for namespace in ("core", "models", "metrics", "data", "training", "checkpoint", "testing"):
+        assert hasattr(me, namespace), namespace
+
+
+def test_declared_dependencies_are_imported_somewhere():
+    """No declared dependency stays unused by the package (chex and einops included)."""
+    import tomllib
+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    declared = [
+        d.split(">")[0].split("=")[0].split("[")[0].strip()
+        for d in pyproject["project"]["dependencies"]
+    ]
+    import_name = {"orbax-checkpoint": "orbax", "tensorflow-datasets": "tensorflow_datasets"}
+    text = "\n".join(p.read_text() for p in MODULES.values())
+    unused = [
+        d
+        for d in declared
+        if f"import {import_name.get(d, d)}" not in text
+        and f"from {import_name.get(d, d)}" not in text
+    ]
+    assert not unused, f"declared but never imported by the package: {unused}"
