@@ -1,0 +1,448 @@
+"""Helpers for users' tests of their own ensembles: fake devices, parity and sharding checks.
+
+Chex-assisted, for pytest on simulated CPU devices: set the device count in ``conftest.py``,
+skip what needs more devices, and check what an ensemble guarantees: member ``i`` is the
+single model from ``jax.random.split(key, M)[i]``, at init and after training; results do
+not depend on the mesh's shape; the state stays split over ``ensemble``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+
+from meshensemble.core.adapters import as_model
+from meshensemble.core.distributed import fetch
+from meshensemble.core.ensemble import Ensemble
+from meshensemble.core.mesh import make_mesh, member_sharding, use_fake_cpu_devices
+from meshensemble.core.steps import softmax_cross_entropy
+
+PyTree = Any
+
+__all__ = [
+    "assert_members_equal_single_models",
+    "assert_members_match_single_model_training",
+    "assert_mesh_invariant",
+    "assert_sharded_over_members",
+    "assert_trees_close",
+    "learnable_dataset",
+    "need_devices",
+    "set_fake_cpu_devices",
+    "single_model_train_step",
+]
+
+
+# ------------------------------------------------------------------ devices
+def set_fake_cpu_devices(n: int) -> None:
+    """Makes JAX run on ``n`` simulated CPU devices; for ``conftest.py``, before JAX starts.
+
+    Sets ``JAX_PLATFORMS=cpu`` and ``jax_num_cpu_devices`` with
+    :func:`meshensemble.use_fake_cpu_devices` (the modern chex ``set_n_cpu_devices``).
+    Importing ``jax`` or ``meshensemble`` first is fine; running a computation is not.
+    Asking again for the count JAX already has does nothing.
+
+    Args:
+      n: number of CPU devices, at least 1.
+
+    Raises:
+      ValueError: ``n`` is not a positive integer.
+      RuntimeError: JAX's backends already started with another device count.
+
+    Example:
+      >>> # conftest.py
+      >>> from meshensemble.testing import set_fake_cpu_devices
+      >>> set_fake_cpu_devices(8)
+    """
+    try:
+        use_fake_cpu_devices(n)
+    except RuntimeError:
+        raise RuntimeError(
+            f"too late: JAX already started with {jax.device_count()} devices; call "
+            f"set_fake_cpu_devices({n}) in conftest.py before anything imports jax.numpy "
+            "or runs a computation"
+        ) from None
+
+
+def need_devices(n: int) -> None:
+    """Skips the calling pytest test when fewer than ``n`` devices exist.
+
+    Args:
+      n: the devices the test needs.
+
+    Raises:
+      pytest.skip.Exception: fewer than ``n`` devices (the test is reported skipped).
+
+    Example:
+      >>> def test_two_by_four():
+      ...     need_devices(8)
+      ...     mesh = me.make_mesh(ensemble=2, data=4)
+    """
+    have = jax.device_count()
+    if have < n:
+        import pytest  # only needed to skip; the module imports without pytest
+
+        pytest.skip(
+            f"needs {n} devices, have {have}; set_fake_cpu_devices({n}) in conftest.py "
+            "makes them on CPU"
+        )
+
+
+# ------------------------------------------------------------------ trees
+def _close(actual: PyTree, expected: PyTree, rtol: float, atol: float, context: str) -> None:
+    """chex's all-close on host copies, the failure prefixed by ``context``."""
+    actual, expected = fetch(actual), fetch(expected)
+    try:
+        chex.assert_trees_all_close(actual, expected, rtol=rtol, atol=atol)
+    except AssertionError as err:
+        detail = str(err).replace("[Chex] Assertion assert_trees_all_close failed:", "").strip()
+        raise AssertionError(f"{context}: {detail}") from None
+
+
+def assert_trees_close(
+    actual: PyTree, expected: PyTree, rtol: float = 1e-5, atol: float = 1e-5
+) -> None:
+    """Asserts two pytrees are element-wise close, global (sharded) arrays included.
+
+    Both trees are brought to the host as numpy (arrays on other processes' devices are
+    gathered), then compared by ``chex.assert_trees_all_close``: same structure and
+    shapes, ``|actual - expected| <= atol + rtol * |expected|``.
+
+    Args:
+      actual: a pytree of ``jax.Array`` (any sharding), numpy arrays or numbers.
+      expected: a pytree of the same structure.
+      rtol: relative tolerance.
+      atol: absolute tolerance (``rtol=atol=0``: exactly equal).
+
+    Raises:
+      AssertionError: the structures differ, or a leaf differs; the message names the
+        leaf's path (e.g. ``params/Dense_0/kernel``).
+
+    Example:
+      >>> assert_trees_close(state.params, reference_params, atol=1e-5)
+    """
+    _close(actual, expected, rtol, atol, "trees differ")
+
+
+def assert_sharded_over_members(state: PyTree, mesh: Mesh) -> None:
+    """Asserts every leaf is a ``jax.Array`` split over ``ensemble`` on its leading axis.
+
+    The invariant of a state through ``init``, steps and restores: every leaf has
+    ``NamedSharding(mesh, P("ensemble"))`` (or a sharding equivalent to it).
+
+    Args:
+      state: an :class:`~meshensemble.EnsembleState` or any pytree of stacked leaves.
+      mesh: the ensemble's mesh.
+
+    Raises:
+      AssertionError: a leaf is not a ``jax.Array``, has no leading axis, or is placed
+        otherwise; the message names the leaf's path and its sharding.
+
+    Example:
+      >>> state = ens.init(jax.random.key(0), images[:1])
+      >>> assert_sharded_over_members(state, ens.mesh)
+    """
+    want = member_sharding(mesh)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        where = jax.tree_util.keystr(path) or "the state"
+        if not isinstance(leaf, jax.Array):
+            raise AssertionError(f"{where} is a {type(leaf).__name__}, not a jax.Array on the mesh")
+        sharding = leaf.sharding
+        if (
+            leaf.ndim == 0
+            or not isinstance(sharding, NamedSharding)
+            or not sharding.is_equivalent_to(want, leaf.ndim)
+        ):
+            raise AssertionError(
+                f"{where} of shape {leaf.shape} has sharding {sharding}, not "
+                f"NamedSharding(mesh, P('ensemble')) on its leading (member) axis"
+            )
+
+
+# ------------------------------------------------------------------ members vs single models
+def assert_members_equal_single_models(
+    ens: Ensemble,
+    state: PyTree,
+    key: jax.Array,
+    sample: Any,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+) -> None:
+    """Asserts member ``i`` is the single model initialised from ``split(key, M)[i]``.
+
+    ``ens.model.init(jax.random.split(key, M)[i], x)`` (``x``: the sample after
+    ``ens.input_transform``) must give member ``i``'s ``params`` and ``model_state``: the
+    Flax HOWTO's convention, which makes members comparable with separate models.
+
+    Args:
+      ens: the ensemble.
+      state: its state, e.g. from ``ens.init(key, sample)``.
+      key: the key given to ``ens.init``.
+      sample: the sample batch given to ``ens.init``.
+      rtol: relative tolerance (default 0: bit for bit).
+      atol: absolute tolerance (default 0).
+
+    Raises:
+      AssertionError: a member differs; the message names the member and the leaf path.
+
+    Example:
+      >>> state = ens.init(jax.random.key(0), images[:1])
+      >>> assert_members_equal_single_models(ens, state, jax.random.key(0), images[:1])
+    """
+    x = jnp.asarray(sample)
+    x = x if ens.input_transform is None else ens.input_transform(x)
+    got = fetch({"params": state.params, "model_state": state.model_state})
+    for i, k in enumerate(jax.random.split(key, ens.num_members)):
+        params, model_state = ens.model.init(k, x)
+        want = {"params": params, "model_state": model_state}
+        context = f"member {i} is not the single model from split(key, {ens.num_members})[{i}]"
+        _close(jax.tree.map(itemgetter(i), got), want, rtol, atol, context)
+
+
+def single_model_train_step(
+    model: Any,
+    optimizer: optax.GradientTransformation,
+    *,
+    loss_fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+    input_transform: Callable[[jax.Array], jax.Array] | None = None,
+    data_shards: int = 1,
+) -> Callable[..., tuple[PyTree, PyTree, PyTree, jax.Array]]:
+    """A plain jitted optax step of one model: the reference a member must match.
+
+    The ensemble's contract for one member, without meshes or collectives: the batch is
+    cut into ``data_shards`` equal consecutive parts (the ``data`` shards); part ``j`` of
+    step ``s`` runs the model in training mode with key ``fold_in(fold_in(rng, s), j)``
+    (dropout draws one mask per member, step and shard); the loss is the mean of the
+    parts' mean losses, the new ``model_state`` (BatchNorm statistics) the parts' mean.
+
+    Args:
+      model: a Linen module, an NNX factory, a function pair or a Model, e.g. ``ens.model``.
+      optimizer: the optax optimizer of one member.
+      loss_fn: per-example loss ``(logits [b, C], labels [b]) -> [b]``; default cross-entropy.
+      input_transform: applied to the images first; default none.
+      data_shards: parts the batch is cut into (the ensemble's ``data`` axis size).
+
+    Returns:
+      ``step(params, model_state, opt_state, images [B, ...], labels [B], rng, step) ->
+      (params, model_state, opt_state, loss)``, jitted; ``rng`` is the member's stream
+      key (row ``i`` of ``EnsembleState.rng``, as a key) and ``step`` its step count.
+
+    Raises:
+      ValueError: ``data_shards`` is not a positive integer; (from ``jnp.split``, when
+        called) the batch is not divisible by it.
+
+    Example:
+      >>> step = single_model_train_step(ens.model, ens.optimizer, data_shards=2)
+      >>> params, model_state = ens.model.init(jax.random.key(1), images[:1])
+      >>> out = step(params, model_state, ens.optimizer.init(params), images, labels, rng, 0)
+    """
+    model = as_model(model)
+    loss_fn = loss_fn or softmax_cross_entropy
+    if not isinstance(data_shards, int | np.integer) or data_shards < 1:
+        raise ValueError(f"data_shards={data_shards!r} is not a positive integer; give e.g. 1")
+
+    def objective(params, model_state, x, y, key):
+        losses, states = [], []
+        for j, (xj, yj) in enumerate(zip(jnp.split(x, data_shards), jnp.split(y, data_shards))):
+            shard_key = jax.random.fold_in(key, j)
+            logits, new_state = model.apply(params, model_state, xj, True, shard_key)
+            losses.append(jnp.mean(loss_fn(logits, yj)))
+            states.append(new_state)
+        mean = lambda *v: (sum(v) / len(v)).astype(v[0].dtype)
+        return sum(losses) / len(losses), jax.tree.map(mean, *states)
+
+    @jax.jit
+    def step(params, model_state, opt_state, images, labels, rng, step_index):
+        x = images if input_transform is None else input_transform(images)
+        key = jax.random.fold_in(rng, step_index)
+        (loss, model_state), grads = jax.value_and_grad(objective, has_aux=True)(
+            params, model_state, x, labels, key
+        )
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), model_state, opt_state, loss
+
+    return step
+
+
+def _with_member_hyperparams(opt_state: Any, hyperparams: Mapping[str, Any], i: int) -> Any:
+    """``opt_state`` (of ``optax.inject_hyperparams``) with member ``i``'s own values."""
+    if not hyperparams:
+        return opt_state
+    values = dict(opt_state.hyperparams)
+    for name, v in hyperparams.items():
+        values[name] = jnp.asarray(np.asarray(v)[i], values[name].dtype)
+    return opt_state._replace(hyperparams=values)
+
+
+def assert_members_match_single_model_training(
+    ens: Ensemble,
+    key: jax.Array,
+    images: Any,
+    labels: Any,
+    steps: int = 3,
+    rtol: float = 1e-5,
+    atol: float = 1e-5,
+) -> PyTree:
+    """Asserts that training the ensemble equals training each member alone.
+
+    Runs ``ens.init(key, images[:1])`` and ``steps`` calls of ``ens.train_step(state,
+    images, labels)``; trains each member ``i`` alone from ``ens.model.init(split(key,
+    M)[i], ...)`` and ``ens.optimizer.init`` (with its ``hyperparams``) by
+    :func:`single_model_train_step` (``ens.loss_fn``, ``ens.input_transform``, the
+    ``data`` axis as shards, key ``state.rng[i]``); parameters, model state and per-step
+    losses must agree.
+
+    Args:
+      ens: the ensemble (``compute_dtype`` None; shared, not per-member, batches).
+      key: the key for ``ens.init``.
+      images: one batch ``[B, ...]``, used at every step.
+      labels: ``[B]`` integer labels.
+      steps: number of steps.
+      rtol: relative tolerance.
+      atol: absolute tolerance.
+
+    Returns:
+      The ensemble's state after the steps.
+
+    Raises:
+      ValueError: ``ens`` computes in mixed precision (compare in float32).
+      AssertionError: a member differs; the message names the member and the leaf path.
+
+    Example:
+      >>> ens = me.Ensemble(MyNet(), optax.adam(1e-3), 4, me.make_mesh(ensemble=2, data=4))
+      >>> images, labels = learnable_dataset(32)
+      >>> assert_members_match_single_model_training(ens, jax.random.key(0), images, labels)
+    """
+    if ens.compute_dtype is not None:
+        raise ValueError(
+            f"ens has compute_dtype={ens.compute_dtype}; check parity on an ensemble without "
+            "compute_dtype (the single-model reference computes in the parameters' dtype)"
+        )
+    state = ens.init(key, images[:1])
+    rngs = fetch(state.rng)
+    impl = ens.step_config().rng_impl
+    losses = []
+    for _ in range(steps):
+        state, metrics = ens.train_step(state, images, labels)
+        losses.append(fetch(metrics["loss"]))
+    got = fetch({"params": state.params, "model_state": state.model_state})
+    hooks = {"loss_fn": ens.loss_fn, "input_transform": ens.input_transform}
+    step = single_model_train_step(ens.model, ens.optimizer, **hooks, data_shards=ens.data_size)
+    x = jnp.asarray(images[:1])
+    x = x if ens.input_transform is None else ens.input_transform(x)
+    for i, k in enumerate(jax.random.split(key, ens.num_members)):
+        params, model_state = ens.model.init(k, x)
+        opt_state = _with_member_hyperparams(ens.optimizer.init(params), ens.hyperparams, i)
+        rng = jnp.asarray(rngs[i]) if impl is None else jax.random.wrap_key_data(rngs[i], impl=impl)
+        ref_losses = []
+        for s in range(steps):
+            params, model_state, opt_state, loss = step(
+                params, model_state, opt_state, images, labels, rng, s
+            )
+            ref_losses.append(loss)
+        want = {"params": params, "model_state": model_state}
+        context = f"member {i} after {steps} steps differs from the single model trained alone"
+        _close(jax.tree.map(itemgetter(i), got), want, rtol, atol, context)
+        _close(np.stack(losses)[:, i], np.stack(fetch(ref_losses)), rtol, atol, f"{context} (loss)")
+    return state
+
+
+# ------------------------------------------------------------------ mesh invariance
+def assert_mesh_invariant(
+    fn: Callable[[Mesh], PyTree],
+    mesh_shapes: Sequence[tuple[int, int] | Mapping[str, int]],
+    rtol: float = 1e-5,
+    atol: float = 1e-5,
+) -> PyTree:
+    """Asserts ``fn(mesh)`` gives the same pytree on meshes of every shape.
+
+    ``fn`` runs on ``me.make_mesh(*shape)`` (``make_mesh(**shape)`` for a dict) for each
+    shape; its results, as numpy on the host, must all be close to the first shape's.
+
+    Args:
+      fn: ``fn(mesh) -> pytree`` of arrays (global ``jax.Array`` included), e.g. train a
+        few steps and return the state and metrics.
+      mesh_shapes: ``(ensemble, data)`` pairs or dicts, at least one.
+      rtol: relative tolerance.
+      atol: absolute tolerance.
+
+    Returns:
+      The first shape's result, as numpy.
+
+    Raises:
+      ValueError: no shapes, or a shape ``make_mesh`` rejects.
+      AssertionError: a result differs; the message names both mesh shapes and the leaf.
+
+    Example:
+      >>> def train(mesh):
+      ...     ens = me.Ensemble(MyNet(), optax.sgd(0.1), 8, mesh)
+      ...     state, _ = ens.train_step(ens.init(jax.random.key(0), x[:1]), x, y)
+      ...     return state.params
+      >>> assert_mesh_invariant(train, [(8, 1), (4, 2), (2, 4)])
+    """
+    shapes = list(mesh_shapes)
+    if not shapes:
+        raise ValueError("mesh_shapes is empty; give e.g. [(8, 1), (4, 2)]")
+    first, ref = None, None
+    for shape in shapes:
+        mesh = make_mesh(**shape) if isinstance(shape, Mapping) else make_mesh(*shape)
+        name, out = "x".join(map(str, mesh.shape.values())), fetch(fn(mesh))
+        if ref is None:
+            first, ref = name, out
+        else:
+            where = f"fn(mesh) on the mesh ensemble x data = {name} differs from {first}"
+            _close(out, ref, rtol, atol, where)
+    return ref
+
+
+# ------------------------------------------------------------------ data
+def learnable_dataset(
+    n: int,
+    image_shape: tuple[int, int, int] = (8, 8, 1),
+    num_classes: int = 10,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A tiny synthetic image set that a small net learns in a few dozen steps.
+
+    Images are Gaussian noise (std 0.3) with the class written as a bright row
+    (``y % height``) and a bright column (``y // height + max(width // 2 - 1, 0)``), +1.5
+    in every channel, so each class has its own pattern.
+
+    Args:
+      n: number of examples.
+      image_shape: ``(height, width, channels)``.
+      num_classes: number of classes, at most the ``(row, column)`` pairs the image has.
+      seed: numpy seed; the same arguments give the same arrays.
+
+    Returns:
+      ``(images [n, *image_shape] float32, labels [n] int32)``.
+
+    Raises:
+      ValueError: ``image_shape`` is not 3 sizes, ``n`` < 1, or ``num_classes`` too many.
+
+    Example:
+      >>> images, labels = learnable_dataset(32)
+      >>> images.shape, labels.dtype
+      ((32, 8, 8, 1), dtype('int32'))
+    """
+    h, w = tuple(image_shape)[:2] if len(image_shape) == 3 else (0, 0)
+    first_column = max(w // 2 - 1, 0)
+    capacity = h * (w - first_column)
+    if n < 1 or not 1 <= num_classes <= capacity or min(image_shape, default=0) < 1:
+        raise ValueError(
+            f"n={n}, image_shape={image_shape!r}, num_classes={num_classes}: give n >= 1, "
+            f"(height, width, channels) and 1 <= num_classes <= height * (width - {first_column})"
+        )
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, num_classes, n)
+    x = rng.normal(0, 0.3, (n, *image_shape)).astype(np.float32)
+    x[np.arange(n), y % h, :, :] += 1.5
+    x[np.arange(n), :, y // h + first_column, :] += 1.5
+    return x, y.astype(np.int32)
