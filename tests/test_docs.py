@@ -24,7 +24,7 @@ PACKAGE = pathlib.Path(me.__file__).resolve().parent
 def attribute_docstrings() -> dict[str, list[str]]:
     """Module-level ``NAME = value`` followed by a string literal, in every package module."""
     docs: dict[str, list[str]] = {}
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         body = ast.parse(path.read_text()).body
         for stmt, nxt in zip(body, body[1:]):
             targets = (
@@ -86,3 +86,40 @@ def test_public_name_in_api_reference(name):
 def test_all_names_exist():
     missing = [name for name in me.__all__ if not hasattr(me, name)]
     assert not missing, f"in meshensemble.__all__ but not defined: {missing}"
+
+
+def docs_block(page: str, starts: str) -> str:
+    """The code of the ``{exec-code}`` block of ``docs/<page>`` that starts with ``starts``."""
+    text = (ROOT / "docs" / page).read_text()
+    blocks = re.findall(r"```\{exec-code\}[^\n]*\n(.*?)```", text, re.DOTALL)
+    found = [b for b in blocks if b.lstrip().startswith(starts)]
+    assert found, f"docs/{page} has no exec-code block starting with {starts!r}"
+    return found[0]
+
+
+@pytest.mark.parametrize("mesh_shape,steps", [((8, 1), 600), ((1, 8), 300)])
+def test_the_docs_host_loop_is_safe_at_realistic_epoch_sizes(mesh_shape, steps):
+    """docs/howto_mesh.md's ``train_epoch`` queues every step without reading a result.
+
+    Before the ensemble bounded its programs in flight, 600 steps on (8, 1) and 200 on
+    (1, 8) aborted the process (XLA:CPU's all-reduce rendezvous). The docs' own function
+    runs here, unchanged, for a realistic epoch.
+    """
+    import jax
+    import numpy as np
+    import optax
+
+    namespace = {"jax": jax, "np": np}
+    exec(docs_block("howto_mesh.md", "def train_epoch(ens"), namespace)
+    train_epoch = namespace["train_epoch"]
+    ens = me.Ensemble(me.models.MLP(), optax.sgd(0.01), 8, me.make_mesh(*mesh_shape))
+    rng = np.random.default_rng(0)
+    batch = 8
+    train_ds = {
+        "image": rng.random((steps * batch, 28, 28, 1), dtype=np.float32),
+        "label": rng.integers(0, 10, steps * batch).astype(np.int32),
+    }
+    state = ens.init(jax.random.key(0), train_ds["image"][:1])
+    state, loss, accuracy = train_epoch(ens, state, train_ds, batch, jax.random.key(1))
+    assert np.isfinite(loss) and 0 <= accuracy <= 1
+    assert int(np.asarray(state.step)[0]) == steps
