@@ -14,7 +14,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshensemble.core import steps
+from meshensemble.core import inputs, steps
 from meshensemble.core.adapters import as_model
 from meshensemble.core.backends import make_backend, put
 from meshensemble.core.distributed import fetch
@@ -30,7 +30,7 @@ from meshensemble.core.mesh import (
     member_sharding,
     members_per_device,
 )
-from meshensemble.core.state import EnsembleState
+from meshensemble.core.state import EnsembleState, init_members, member_hyperparams
 from meshensemble.core.steps import StepConfig
 
 MAX_IN_FLIGHT = 2
@@ -42,54 +42,6 @@ XLA:CPU's emulated all-reduce aborts the process then ("Termination timeout for 
 
 STRATEGIES = ("auto", "vmap", "loop")
 """Ways to compute the members a device holds (see :func:`default_strategy`)."""
-
-
-def _compute_dtype(value: Any) -> Any:
-    """``value`` as a floating numpy dtype (None stays None); ValueError otherwise."""
-    if value is None:
-        return None
-    try:
-        dtype = jnp.dtype(value)
-    except TypeError:
-        dtype = None
-    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(
-            f"compute_dtype={value!r} is not a floating dtype; use 'bfloat16' or None"
-        )
-    if dtype == jnp.float16:
-        raise ValueError(
-            "compute_dtype=float16 needs loss scaling (its gradients underflow), which "
-            "meshensemble does not do; use 'bfloat16' (float32's range, the same speed on "
-            "accelerators) or None"
-        )
-    return dtype
-
-
-def _check_optimizer(optimizer: Any) -> None:
-    """One-line TypeError unless ``optimizer`` is an optax ``GradientTransformation``."""
-    if callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None)):
-        return
-    name = getattr(optimizer, "__qualname__", type(optimizer).__name__)
-    module = str(getattr(optimizer, "__module__", "optax"))
-    module = "optax" if module.startswith("optax") else module
-    hint = (
-        f"call it first, e.g. {module}.{name}(learning_rate=0.1)"
-        if callable(optimizer)
-        else "pass e.g. optax.sgd(0.1, momentum=0.9)"
-    )
-    raise TypeError(
-        f"optimizer {name} is not an optax GradientTransformation (no init/update); {hint}"
-    )
-
-
-def _as_array(x: Any, what: str) -> Any:
-    """``x`` unchanged if it is a numpy or jax array, else ``np.asarray(x)`` (lists, tuples)."""
-    if isinstance(x, np.ndarray | jax.Array):
-        return x
-    try:
-        return np.asarray(x)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{what} cannot be made an array ({err}); pass a numpy array") from None
 
 
 def default_strategy(platform: str) -> str:
@@ -179,7 +131,7 @@ class Ensemble:
         hyperparams: Mapping[str, Any] | None = None,
         compute_dtype: Any = None,
     ):
-        _check_optimizer(optimizer)
+        inputs.check_optimizer(optimizer)
         mesh = make_mesh() if mesh is None else mesh
         if tuple(mesh.axis_names) != AXES:
             raise ValueError(
@@ -202,8 +154,8 @@ class Ensemble:
         self.optimizer = optimizer
         self.loss_fn = loss_fn or steps.softmax_cross_entropy
         self.input_transform = input_transform
-        self.hyperparams = _member_hyperparams(hyperparams, optimizer, self.num_members)
-        self.compute_dtype = _compute_dtype(compute_dtype)
+        self.hyperparams = member_hyperparams(hyperparams, optimizer, self.num_members)
+        self.compute_dtype = inputs.compute_dtype(compute_dtype)
         self._rng_impl: Any = None
         self._compiled: dict[Any, Callable[..., Any]] = {}
         self._num_classes: int | None = None
@@ -361,33 +313,15 @@ class Ensemble:
         return init(key, sample)
 
     def _build_init(self, typed: bool) -> Callable[..., Any]:
-        model, tx, m = self.model, self.optimizer, self.num_members
-        transform = self.input_transform or (lambda x: x)
-        hyperparams = self.hyperparams
-
-        def init(key: jax.Array, sample: jax.Array) -> EnsembleState:
-            keys = jax.random.split(key, m)
-            x = transform(sample)
-            params, model_state = jax.vmap(model.init, in_axes=(0, None))(keys, x)
-            opt_state = jax.vmap(tx.init)(params)
-            if hyperparams:  # per-member values, [m], replace the optimizer's own
-                _check_hyperparam_names(opt_state, hyperparams, member_axis=True)
-                values = dict(opt_state.hyperparams)
-                for name, v in hyperparams.items():
-                    values[name] = jnp.asarray(v, values[name].dtype)
-                opt_state = opt_state._replace(hyperparams=values)
-            stream = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
-            raw = jax.random.key_data(stream) if typed else stream
-            return EnsembleState(
-                step=jnp.zeros((m,), jnp.int32),
-                params=params,
-                opt_state=opt_state,
-                model_state=model_state,
-                rng=raw,
-            )
-
-        sharding = member_sharding(self.mesh)
-        return jax.jit(init, out_shardings=sharding)
+        init = init_members(
+            self.model,
+            self.optimizer,
+            self.num_members,
+            self.input_transform,
+            self.hyperparams,
+            typed,
+        )
+        return jax.jit(init, out_shardings=member_sharding(self.mesh))
 
     def train_step(
         self, state: EnsembleState, images: Any, labels: Any
@@ -416,11 +350,11 @@ class Ensemble:
           (8,)
         """
         self._check_state(state)
-        images, labels = _as_array(images, "images"), _as_array(labels, "labels")
-        per_member = self._check_batch(images, labels)
+        images, labels = inputs.as_array(images, "images"), inputs.as_array(labels, "labels")
+        per_member = inputs.check_batch(images, labels, self.num_members, self.data_size)
         self._check_label_range(state, images, labels, per_member)
         out = self._dispatched(self.train_step_fn(per_member)(state, images, labels))
-        _consume(state)
+        inputs.consume(state)
         return out
 
     def predict_members(self, state: EnsembleState, images: Any) -> jax.Array:
@@ -464,13 +398,13 @@ class Ensemble:
 
     def _predict(self, state: EnsembleState, images: Any, members: bool) -> jax.Array:
         self._check_state(state)
-        images = _as_array(images, "images")
+        images = inputs.as_array(images, "images")
         n = int(np.shape(images)[0]) if np.ndim(images) else 0
         if n == 0:
             raise ValueError(
                 f"images of shape {np.shape(images)} hold no example; give at least one image"
             )
-        padded = _pad(images, self.data_size)
+        padded = inputs.pad(images, self.data_size)
         fn = self._fn(
             ("predict", members),
             lambda: self.backend.build(
@@ -528,9 +462,9 @@ class Ensemble:
         from meshensemble import metrics
 
         self._check_state(state)
-        _check_positive_int("batch_size", batch_size)
-        _check_positive_int("num_bins", num_bins)
-        images, labels = _as_array(images, "images"), np.asarray(labels)
+        inputs.check_positive_int("batch_size", batch_size)
+        inputs.check_positive_int("num_bins", num_bins)
+        images, labels = inputs.as_array(images, "images"), np.asarray(labels)
         n = int(np.shape(images)[0]) if np.ndim(images) else 0
         if labels.shape != (n,) or n == 0:
             raise ValueError(
@@ -556,7 +490,7 @@ class Ensemble:
             k = len(y)
             mask = np.arange(b) < k
             if k < b:
-                x, y = _pad_to(x, b), np.concatenate([y, np.zeros(b - k, y.dtype)])
+                x, y = inputs.pad_to(x, b), np.concatenate([y, np.zeros(b - k, y.dtype)])
             stats = self._dispatched(fn(state, x, y, mask))
             total = stats if total is None else jax.tree.map(jnp.add, total, stats)
         return metrics.finalize_stats(fetch(total), num_bins)
@@ -652,137 +586,9 @@ class Ensemble:
         if isinstance(labels, jax.Array):
             self._checked_labels = labels  # the same placed labels again: no new check
 
-    def _check_batch(self, images: Any, labels: Any) -> bool:
-        ishape, lshape = np.shape(images), np.shape(labels)
-        if len(lshape) not in (1, 2):
-            raise ValueError(
-                f"labels of shape {lshape} must be [B] or per-member [members, B] integers"
-            )
-        per_member = len(lshape) == 2
-        if per_member and lshape[0] != self.num_members:
-            raise ValueError(
-                f"per-member labels of shape {lshape} have {lshape[0]} members, the "
-                f"ensemble has {self.num_members}; give [{self.num_members}, B] or shared [B]"
-            )
-        if tuple(ishape[: len(lshape)]) != tuple(lshape):
-            raise ValueError(
-                f"images of shape {ishape} and labels of shape {lshape} differ in length; "
-                "give one label per image"
-            )
-        batch = lshape[-1]
-        if batch == 0 or batch % self.data_size:
-            raise ValueError(
-                f"batch size {batch} is not a positive multiple of the mesh's data axis "
-                f"({self.data_size}); use a batch size divisible by {self.data_size}"
-            )
-        if not jnp.issubdtype(np.result_type(labels), jnp.integer):
-            raise ValueError(
-                f"labels have dtype {np.result_type(labels)}; give integer class indices"
-            )
-        return per_member
-
-
-def _consume(state: EnsembleState) -> None:
-    """Marks a state given to ``train_step`` as used on every backend (as donation does).
-
-    Under ``shard_map`` the jitted step donates the state's buffers when they are already in
-    place; a state that had to be moved first, or the ``pmap`` backend's per-device copies,
-    would otherwise leave the old state alive on one path and dead on another. Deleting the
-    input's arrays makes every path behave alike: the next use raises the clear error of
-    :meth:`Ensemble._check_state`.
-    """
-    for leaf in jax.tree.leaves(state):
-        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
-            leaf.delete()
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-    if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive integer, e.g. {name}=1000")
-
-
-def _pad(x: Any, multiple: int) -> Any:
-    """Pads the leading axis of ``x`` up to a multiple of ``multiple``."""
-    n = int(np.shape(x)[0])
-    return _pad_to(x, n + (-n % multiple))
-
-
-def _pad_to(x: Any, size: int) -> Any:
-    """Pads the leading axis of ``x`` to ``size`` rows by repeating row 0."""
-    extra = size - int(np.shape(x)[0])
-    if not extra:
-        return x
-    if isinstance(x, jax.Array):
-        if isinstance(x.sharding, NamedSharding):  # concatenate along a whole axis
-            x = put(x, x.sharding.mesh, P())
-        return jnp.concatenate([x, jnp.repeat(x[:1], extra, axis=0)])
-    x = np.asarray(x)
-    return np.concatenate([x, np.repeat(x[:1], extra, axis=0)])
-
 
 def _eval_specs() -> dict[str, P]:
     from meshensemble import metrics
 
     names = metrics.MEMBER_STAT_KEYS + metrics.ENSEMBLE_STAT_KEYS
     return {k: (MEMBERS if k.startswith("member_") else REPLICATED) for k in names}
-
-
-def _member_hyperparams(
-    hyperparams: Mapping[str, Any] | None, optimizer: Any, num_members: int
-) -> dict[str, np.ndarray]:
-    """Checks per-member hyperparameters; returns them as ``{name: [num_members] array}``."""
-    if not hyperparams:
-        return {}
-    out = {}
-    for name, value in hyperparams.items():
-        arr = np.asarray(value)
-        if arr.shape != (num_members,):
-            raise ValueError(
-                f"hyperparams[{name!r}] has shape {arr.shape}; give one value per member, "
-                f"shape ({num_members},)"
-            )
-        if not np.issubdtype(arr.dtype, np.number):
-            raise ValueError(f"hyperparams[{name!r}] has dtype {arr.dtype}; give numbers")
-        if not np.all(np.isfinite(arr)):
-            raise ValueError(f"hyperparams[{name!r}] = {arr.tolist()} has non-finite values")
-        out[str(name)] = arr
-    # The optimizer's hyperparameters are known from its state: trace its init on a tiny
-    # parameter tree (abstractly, nothing runs). An optimizer that cannot init such a tree
-    # is checked at Ensemble.init instead, on the real parameters.
-    try:
-        probe = jax.eval_shape(optimizer.init, {"w": jax.ShapeDtypeStruct((1,), jnp.float32)})
-    except Exception:  # any failure only defers the check
-        probe = None
-    if probe is not None:
-        _check_hyperparam_names(probe, out, member_axis=False)
-    return out
-
-
-def _check_hyperparam_names(
-    opt_state: Any, hyperparams: Mapping[str, Any], member_axis: bool
-) -> None:
-    """Checks that ``opt_state`` is ``inject_hyperparams``' and has scalar ``hyperparams``."""
-    known = getattr(opt_state, "hyperparams", None)
-    if not isinstance(known, Mapping) or not hasattr(opt_state, "_replace"):
-        raise ValueError(
-            f"per-member hyperparams need an optimizer made with optax.inject_hyperparams, "
-            f"e.g. optax.inject_hyperparams(optax.sgd)(learning_rate=0.1); this optimizer's "
-            f"state is a {type(opt_state).__name__}"
-        )
-    scheduled = getattr(opt_state, "hyperparams_states", {}) or {}
-    for name in hyperparams:
-        if name not in known:
-            raise ValueError(
-                f"hyperparams[{name!r}] is not a hyperparameter of the optimizer; known: "
-                f"{', '.join(sorted(known)) or 'none'}"
-            )
-        if name in scheduled:
-            raise ValueError(
-                f"hyperparams[{name!r}] is a schedule in the optimizer, which would replace "
-                "the per-member values every step; give the optimizer a number for it"
-            )
-        if np.ndim(known[name]) != (1 if member_axis else 0):
-            raise ValueError(
-                f"hyperparams[{name!r}]: the optimizer's value is not a scalar; only scalar "
-                "hyperparameters can be set per member"
-            )

@@ -1,0 +1,152 @@
+"""Checks and small transforms of what users hand the ``Ensemble``, at the boundary.
+
+Every check raises one line naming the bad value and the fix, before anything runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from meshensemble.core.backends import put
+from meshensemble.core.state import EnsembleState
+
+
+def compute_dtype(value: Any) -> Any:
+    """``value`` as a floating numpy dtype (None stays None); ValueError otherwise."""
+    if value is None:
+        return None
+    try:
+        dtype = jnp.dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(
+            f"compute_dtype={value!r} is not a floating dtype; use 'bfloat16' or None"
+        )
+    if dtype == jnp.float16:
+        raise ValueError(
+            "compute_dtype=float16 needs loss scaling (its gradients underflow), which "
+            "meshensemble does not do; use 'bfloat16' (float32's range, the same speed on "
+            "accelerators) or None"
+        )
+    return dtype
+
+
+def check_optimizer(optimizer: Any) -> None:
+    """One-line TypeError unless ``optimizer`` is an optax ``GradientTransformation``."""
+    if callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None)):
+        return
+    name = getattr(optimizer, "__qualname__", type(optimizer).__name__)
+    module = str(getattr(optimizer, "__module__", "optax"))
+    module = "optax" if module.startswith("optax") else module
+    hint = (
+        f"call it first, e.g. {module}.{name}(learning_rate=0.1)"
+        if callable(optimizer)
+        else "pass e.g. optax.sgd(0.1, momentum=0.9)"
+    )
+    raise TypeError(
+        f"optimizer {name} is not an optax GradientTransformation (no init/update); {hint}"
+    )
+
+
+def as_array(x: Any, what: str) -> Any:
+    """``x`` unchanged if it is a numpy or jax array, else ``np.asarray(x)`` (lists, tuples)."""
+    if isinstance(x, np.ndarray | jax.Array):
+        return x
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{what} cannot be made an array ({err}); pass a numpy array") from None
+
+
+def check_batch(images: Any, labels: Any, num_members: int, data_size: int) -> bool:
+    """Checks a training batch's shapes and dtype; returns whether it is per member.
+
+    Args:
+      images: ``[B, ...]`` or per member ``[members, B, ...]``.
+      labels: ``[B]`` or ``[members, B]`` integers.
+      num_members: the ensemble's size.
+      data_size: the mesh's ``data`` axis, which must divide ``B``.
+
+    Returns:
+      True for per-member batches.
+
+    Raises:
+      ValueError: one line naming the shapes or dtype and the fix.
+
+    Example:
+      >>> check_batch(np.zeros((8, 28, 28, 1)), np.zeros(8, int), 4, 2)
+      False
+    """
+    ishape, lshape = np.shape(images), np.shape(labels)
+    if len(lshape) not in (1, 2):
+        raise ValueError(
+            f"labels of shape {lshape} must be [B] or per-member [members, B] integers"
+        )
+    per_member = len(lshape) == 2
+    if per_member and lshape[0] != num_members:
+        raise ValueError(
+            f"per-member labels of shape {lshape} have {lshape[0]} members, the "
+            f"ensemble has {num_members}; give [{num_members}, B] or shared [B]"
+        )
+    if tuple(ishape[: len(lshape)]) != tuple(lshape):
+        raise ValueError(
+            f"images of shape {ishape} and labels of shape {lshape} differ in length; "
+            "give one label per image"
+        )
+    batch = lshape[-1]
+    if batch == 0 or batch % data_size:
+        raise ValueError(
+            f"batch size {batch} is not a positive multiple of the mesh's data axis "
+            f"({data_size}); use a batch size divisible by {data_size}"
+        )
+    if not jnp.issubdtype(np.result_type(labels), jnp.integer):
+        raise ValueError(
+            f"labels have dtype {np.result_type(labels)}; give integer class indices"
+        )
+    return per_member
+
+
+def consume(state: EnsembleState) -> None:
+    """Marks a state given to ``train_step`` as used on every backend (as donation does).
+
+    Under ``shard_map`` the jitted step donates the state's buffers when they are already in
+    place; a state that had to be moved first, or the ``pmap`` backend's per-device copies,
+    would otherwise leave the old state alive on one path and dead on another. Deleting the
+    input's arrays makes every path behave alike: the next use raises the clear error of
+    :meth:`meshensemble.Ensemble.train_step`.
+    """
+    for leaf in jax.tree.leaves(state):
+        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+            leaf.delete()
+
+
+def check_positive_int(name: str, value: Any) -> None:
+    """One-line ValueError unless ``value`` is a positive whole number (bools are not)."""
+    if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer, e.g. {name}=1000")
+
+
+def pad(x: Any, multiple: int) -> Any:
+    """Pads the leading axis of ``x`` up to a multiple of ``multiple``."""
+    n = int(np.shape(x)[0])
+    return pad_to(x, n + (-n % multiple))
+
+
+def pad_to(x: Any, size: int) -> Any:
+    """Pads the leading axis of ``x`` to ``size`` rows by repeating row 0."""
+    extra = size - int(np.shape(x)[0])
+    if not extra:
+        return x
+    if isinstance(x, jax.Array):
+        if isinstance(x.sharding, NamedSharding):  # concatenate along a whole axis
+            x = put(x, x.sharding.mesh, P())
+        return jnp.concatenate([x, jnp.repeat(x[:1], extra, axis=0)])
+    x = np.asarray(x)
+    return np.concatenate([x, np.repeat(x[:1], extra, axis=0)])
