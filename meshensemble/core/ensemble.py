@@ -14,7 +14,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshensemble.core import inputs, steps
+from meshensemble.core import inputs, stats, steps
 from meshensemble.core.adapters import as_model
 from meshensemble.core.backends import make_backend, put
 from meshensemble.core.distributed import fetch
@@ -113,8 +113,9 @@ class Ensemble:
       >>> state, metrics = ens.train_step(state, images, labels)
       >>> probs = ens.predict(state, images)  # [N, 10]
       >>> tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1, momentum=0.9)
-      >>> lrs = me.Ensemble(me.models.CNN(), tx, 4, hyperparams={"learning_rate": [
-      ...     0.01, 0.03, 0.1, 0.3]})  # metrics["loss"] is per member: compare the rates
+      >>> lrs = me.Ensemble(me.models.CNN(), tx, 4, mesh=me.make_mesh(ensemble=4, data=2),
+      ...     hyperparams={"learning_rate": [0.01, 0.03, 0.1, 0.3]})
+      >>> # metrics["loss"] is per member: compare the rates
     """
 
     def __init__(
@@ -365,7 +366,10 @@ class Ensemble:
           images: ``[N, ...]``, any ``N`` (padded to the ``data`` axis internally).
 
         Returns:
-          ``[members, N, classes]`` probabilities, sharded over ``ensemble`` and ``data``.
+          ``[members, N, classes]`` probabilities, members sharded over ``ensemble``; the
+          examples are split over ``data`` when ``N`` is a multiple of the ``data`` axis,
+          and whole on every device of an ``ensemble`` group otherwise (the padding that
+          made ``N`` divisible is dropped).
 
         Raises:
           ValueError: the state belongs to another ensemble size.
@@ -459,8 +463,6 @@ class Ensemble:
         Example:
           >>> ens.evaluate(state, test_images, test_labels)["accuracy"]
         """
-        from meshensemble import metrics
-
         self._check_state(state)
         inputs.check_positive_int("batch_size", batch_size)
         inputs.check_positive_int("num_bins", num_bins)
@@ -491,9 +493,9 @@ class Ensemble:
             mask = np.arange(b) < k
             if k < b:
                 x, y = inputs.pad_to(x, b), np.concatenate([y, np.zeros(b - k, y.dtype)])
-            stats = self._dispatched(fn(state, x, y, mask))
-            total = stats if total is None else jax.tree.map(jnp.add, total, stats)
-        return metrics.finalize_stats(fetch(total), num_bins)
+            sums = self._dispatched(fn(state, x, y, mask))
+            total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+        return stats.finalize_stats(fetch(total), num_bins)
 
     def place(self, x: Any, per_member: bool = False, local: bool = False) -> jax.Array:
         """Puts a batch on the mesh: split over ``data`` (and ``ensemble`` per member).
@@ -588,7 +590,5 @@ class Ensemble:
 
 
 def _eval_specs() -> dict[str, P]:
-    from meshensemble import metrics
-
-    names = metrics.MEMBER_STAT_KEYS + metrics.ENSEMBLE_STAT_KEYS
+    names = stats.MEMBER_STAT_KEYS + stats.ENSEMBLE_STAT_KEYS
     return {k: (MEMBERS if k.startswith("member_") else REPLICATED) for k in names}
