@@ -1,29 +1,23 @@
 """Test setup: 8 fake CPU devices, set once before JAX initialises its backends."""
 
+import functools
 import os
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
 
-import functools  # noqa: E402
+import meshensemble as me
+from meshensemble.testing import need_devices as need_devices  # the test modules import it here
+from meshensemble.testing import set_fake_cpu_devices
 
-import flax.linen as nn  # noqa: E402
-import jax  # noqa: E402
-import pytest  # noqa: E402
-
-jax.config.update("jax_num_cpu_devices", 8)
+set_fake_cpu_devices(8)  # JAX_PLATFORMS=cpu and jax_num_cpu_devices, before any computation
 jax.config.update("jax_numpy_rank_promotion", "raise")
 # Random numbers: JAX's default mode (partitionable threefry), the one users' code, the CLI
 # and the library all run in; nothing here changes it.
-
-
-def need_devices(n: int) -> None:
-    """Skip the calling test when fewer than ``n`` devices exist."""
-    if jax.device_count() < n:
-        pytest.skip(f"needs {n} devices, have {jax.device_count()}")
-
 
 MNIST_NPZ = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mnist.npz")
 
@@ -73,3 +67,86 @@ class Tiny(nn.Module):
         x = x.reshape((x.shape[0], -1))
         x = nn.relu(nn.Dense(16)(x))
         return nn.Dense(10)(x)
+
+
+# ------------------------------------------------------------------ dropout masks, made visible
+PROBE_EXAMPLES = 16
+"""Examples of the mask probe's batch (one-hot inputs ``[16, 16]``)."""
+PROBE_FEATURES = 64
+"""Features dropout masks per example in the mask probe."""
+
+
+class MaskProbe(nn.Module):
+    """Dropout whose masks a step writes into the parameters.
+
+    Example ``e`` (the one-hot row ``e`` of ``eye(PROBE_EXAMPLES)``) reads row ``e`` of a
+    kernel ``[examples, features]`` through dropout; logit 0 is the sum of what dropout
+    kept. With the loss ``-logit 0`` and plain SGD, a step moves exactly the kernel entries
+    the step's mask kept, so every example's mask can be read off the update.
+    """
+
+    rate: float = 0.5
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        h = nn.Dense(PROBE_FEATURES, use_bias=False)(x)
+        h = nn.Dropout(self.rate, deterministic=not train)(h)
+        return probe_logits(h)
+
+
+def probe_logits(h: jax.Array) -> jax.Array:
+    """``[b, 2]`` logits of the mask probes: the sum of the kept features, and 0."""
+    return jnp.stack([h.sum(-1), jnp.zeros_like(h[:, 0])], axis=-1)
+
+
+def dropout_masks(model, mesh, num_members: int = 4, steps: int = 2) -> np.ndarray:
+    """The dropout masks every member drew at every step, read off a mask probe's kernel.
+
+    Trains ``model`` (a mask probe, Linen or NNX: one kernel ``[examples, features]`` as its
+    only parameter) with SGD(1) on the loss ``-logit 0`` over the one-hot batch.
+
+    Returns:
+      bool ``[steps, members, examples, features]``: True where the step's dropout kept
+      feature ``f`` of example ``e``. Examples ``d*b .. (d+1)*b - 1`` are data shard ``d``
+      (``b = examples / data``).
+    """
+    x = np.eye(PROBE_EXAMPLES, dtype=np.float32)
+    y = np.zeros(PROBE_EXAMPLES, np.int32)
+    loss = lambda logits, labels: -logits[:, 0]
+    ens = me.Ensemble(model, optax.sgd(1.0), num_members, mesh, loss_fn=loss)
+    state = ens.init(jax.random.key(0), x[:1])
+    kernel = lambda s: me.distributed.fetch(jax.tree.leaves(s.params)[0])
+    kernels = [kernel(state)]
+    for _ in range(steps):
+        state, _ = ens.train_step(state, x, y)
+        kernels.append(kernel(state))
+    return np.diff(np.stack(kernels), axis=0) != 0
+
+
+def assert_masks_are_independent(masks: np.ndarray, data: int, what: str) -> None:
+    """Each data shard, member and step drew its own dropout mask (``masks`` as above).
+
+    ``what`` picks the check: ``"shards"`` (the key is folded with the data shard),
+    ``"members"`` (each member has its own key) or ``"steps"`` (the key is folded with the
+    step). Masks of 4 x 64 draws agree by chance with probability 2**-256.
+    """
+    steps, members, examples, _ = masks.shape
+    assert 0.35 < masks.mean() < 0.65, masks.mean()  # dropout at rate 0.5 is on
+    b = examples // data
+    for s in range(steps):
+        for i in range(members):
+            if what == "shards":
+                shards = masks[s, i].reshape(data, b, -1)
+                for d in range(1, data):
+                    assert (shards[d] != shards[0]).any(), (
+                        f"step {s}, member {i}: data shard {d} drew shard 0's dropout mask"
+                    )
+            elif what == "members":
+                for k in range(i):
+                    assert (masks[s, i] != masks[s, k]).any(), (
+                        f"step {s}: members {k} and {i} drew the same dropout mask"
+                    )
+            elif s:
+                assert (masks[s, i] != masks[s - 1, i]).any(), (
+                    f"member {i}: step {s} drew step {s - 1}'s dropout mask"
+                )

@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import Tiny, need_devices
+from conftest import MaskProbe, Tiny, assert_masks_are_independent, dropout_masks, need_devices
 
 import meshensemble as me
+from meshensemble import testing
 
 M = 8
 
@@ -31,17 +32,7 @@ class DropoutBN(nn.Module):
         return nn.Dense(10)(x)
 
 
-def learnable(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Images whose class is written in the mean of one quadrant: learnable in a few steps."""
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, 10, n)
-    x = rng.normal(0, 0.3, (n, 8, 8, 1)).astype(np.float32)
-    x[np.arange(n), y % 8, :, 0] += 1.5
-    x[np.arange(n), :, y // 8 + 3, 0] += 1.5
-    return x, y.astype(np.int32)
-
-
-X, Y = learnable(32)
+X, Y = testing.learnable_dataset(32)
 _tiny = Tiny()
 MODELS = {
     "tiny": _tiny,
@@ -134,15 +125,11 @@ def test_shard_map_equals_pmap_metrics(mesh_shape):
     chex.assert_trees_all_close(jax.device_get(s1), jax.device_get(s2), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize(
-    "mesh_shape", [(4, 2), (2, 4), (1, 1), (2, 1)], ids=["4x2", "2x4", "1x1", "2x1"]
-)
-def test_mesh_shapes_give_the_same_members(mesh_shape, baseline):
+def test_mesh_shapes_give_the_same_members():
     need_devices(8)
-    _, ref_state, ref_hist = baseline
-    _, state, hist = run(mesh_shape)
-    chex.assert_trees_all_close(jax.device_get(state), jax.device_get(ref_state), atol=1e-5, rtol=0)
-    chex.assert_trees_all_close(hist, ref_hist, atol=1e-5, rtol=0)
+    shapes = [(8, 1), (4, 2), (2, 4), (1, 1), (2, 1)]
+    trained = lambda mesh: run((mesh.shape["ensemble"], mesh.shape["data"]))[1:]  # state, history
+    testing.assert_mesh_invariant(trained, shapes, rtol=0, atol=1e-5)
 
 
 def test_data_parallel_equals_one_device_on_the_full_batch():
@@ -175,20 +162,15 @@ def test_init_matches_howto_convention_and_sharding_is_kept():
     ens = me.Ensemble(Tiny(), TX, M, mesh)
     state = ens.init(key, X[:1])
     chex.assert_tree_shape_prefix(state, (M,))
-    for i, k in enumerate(jax.random.split(key, M)):
+    for i, k in enumerate(jax.random.split(key, M)):  # Flax itself, not the adapter
         expected = Tiny().init(k, X[:1])["params"]
         member = jax.tree.map(lambda v, i=i: np.asarray(v)[i], state.params)
         chex.assert_trees_all_equal(member, jax.device_get(expected))
+    testing.assert_members_equal_single_models(ens, state, key, X[:1])  # bit for bit
 
-    want = me.member_sharding(mesh)
-
-    def check(tree):
-        for leaf in jax.tree.leaves(tree):
-            assert leaf.sharding.is_equivalent_to(want, leaf.ndim), leaf.sharding
-
-    check(state)
+    testing.assert_sharded_over_members(state, mesh)
     state, _ = ens.train_step(state, X, Y)
-    check(state)
+    testing.assert_sharded_over_members(state, mesh)
     chex.assert_tree_all_finite(state)
 
 
@@ -230,12 +212,12 @@ def test_ensemble_learns_far_above_chance():
     need_devices(8)
     mesh = me.make_mesh(ensemble=4, data=2)
     ens = me.Ensemble(Tiny(), optax.adam(1e-2), M, mesh)
-    x, y = learnable(256, seed=1)
+    x, y = testing.learnable_dataset(256, seed=1)
     state = ens.init(jax.random.key(3), x[:1])
     for i in range(40):
         sl = slice((i % 8) * 32, (i % 8 + 1) * 32)
         state, _ = ens.train_step(state, x[sl], y[sl])
-    xt, yt = learnable(200, seed=2)
+    xt, yt = testing.learnable_dataset(200, seed=2)
     acc = float(np.mean(np.asarray(ens.predict(state, xt)).argmax(-1) == yt))
     assert acc > 0.6, acc
 
@@ -255,6 +237,33 @@ def test_dropout_batchnorm_train_and_keep_parity_between_backends():
     _, s_b, h_b = run((4, 2), model="dropout_bn", steps=3)  # masks may differ across layouts
     chex.assert_tree_all_finite(s_b)
     assert np.all(np.asarray(h_b[-1]["loss"]) < np.asarray(h_b[0]["loss"]) + 0.5)
+
+
+# ------------------------------------------------------------------ dropout keys
+@pytest.fixture(scope="module")
+def linen_masks():
+    """Linen dropout masks of 4 members, 2 steps, on ensemble=2 x data=4 (2 members a device)."""
+    need_devices(8)
+    return dropout_masks(MaskProbe(), me.make_mesh(ensemble=2, data=4))
+
+
+@pytest.mark.parametrize("what", ["shards", "members", "steps"])
+def test_linen_dropout_draws_a_mask_per_shard_member_and_step(linen_masks, what):
+    """Fails when the step key drops the fold over `data`, the members' keys or the step."""
+    assert_masks_are_independent(linen_masks, data=4, what=what)
+
+
+@pytest.mark.parametrize(
+    "mesh_shape,backend,key",
+    [((4, 2), "shard_map", "legacy"), ((2, 4), "shard_map", "typed"), ((1, 8), "pmap", "typed")],
+)
+def test_dropout_batchnorm_members_match_single_model_training(mesh_shape, backend, key):
+    """Masks, BatchNorm statistics and gradients equal one model's, data shard by data shard."""
+    need_devices(8)
+    ens = me.Ensemble(DropoutBN(), TX, 4, me.make_mesh(*mesh_shape), backend=backend)
+    k = jax.random.PRNGKey(0) if key == "legacy" else jax.random.key(0)
+    state = testing.assert_members_match_single_model_training(ens, k, X, Y, 2, rtol=0, atol=1e-5)
+    testing.assert_sharded_over_members(state, ens.mesh)
 
 
 def test_per_member_batches():
