@@ -11,29 +11,27 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import Tiny, need_devices
+from conftest import (
+    PROBE_EXAMPLES,
+    PROBE_FEATURES,
+    Tiny,
+    assert_masks_are_independent,
+    dropout_masks,
+    need_devices,
+    probe_logits,
+)
 from flax import nnx
 from jax import lax
 
 import meshensemble as me
-from meshensemble import models
+from meshensemble import models, testing
 
 M = 8
 STEPS = 3
 TX = optax.sgd(0.1, 0.9)
 
 
-def learnable(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """8x8 images whose class is written in one row and one column: learnable quickly."""
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, 10, n)
-    x = rng.normal(0, 0.3, (n, 8, 8, 1)).astype(np.float32)
-    x[np.arange(n), y % 8, :, 0] += 1.5
-    x[np.arange(n), :, y // 8 + 3, 0] += 1.5
-    return x, y.astype(np.int32)
-
-
-X, Y = learnable(16)
+X, Y = testing.learnable_dataset(16)  # 8x8 images, the class in one row and one column
 
 
 def init(ens: me.Ensemble, key: jax.Array, sample: np.ndarray) -> me.EnsembleState:
@@ -185,6 +183,41 @@ def test_nnx_dropout_and_batchnorm_train_per_member():
     p1, p2 = np.asarray(ens.predict(state, X)), np.asarray(ens.predict(state, X))
     np.testing.assert_array_equal(p1, p2)
     np.testing.assert_array_equal(state.model_state["batch_stats"]["bn"]["mean"], mean)
+
+
+class MaskProbeNNX(nnx.Module):
+    """conftest's MaskProbe in NNX: dropout masks a step writes into the kernel."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.dense = nnx.Linear(PROBE_EXAMPLES, PROBE_FEATURES, use_bias=False, rngs=rngs)
+        self.dropout = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x):
+        return probe_logits(self.dropout(self.dense(x)))
+
+
+@pytest.fixture(scope="module")
+def nnx_masks():
+    """NNX dropout masks of 4 members, 2 steps, on ensemble=2 x data=4 (2 members a device)."""
+    need_devices(8)
+    return dropout_masks(me.NNXModel(MaskProbeNNX), me.make_mesh(ensemble=2, data=4))
+
+
+@pytest.mark.parametrize("what", ["shards", "members", "steps"])
+def test_nnx_dropout_draws_a_mask_per_shard_member_and_step(nnx_masks, what):
+    """Fails when the step key drops the fold over `data`, the members' keys or the step."""
+    assert_masks_are_independent(nnx_masks, data=4, what=what)
+
+
+@pytest.mark.parametrize("mesh_shape", [(4, 2), (2, 4)])
+def test_nnx_dropout_batchnorm_members_match_single_model_training(mesh_shape):
+    """NNX masks, batch statistics and gradients equal one model's, data shard by data shard."""
+    need_devices(8)
+    ens = me.Ensemble(me.NNXModel(DropoutBNNNX), TX, 4, me.make_mesh(*mesh_shape))
+    state = testing.assert_members_match_single_model_training(
+        ens, jax.random.key(0), X, Y, 2, rtol=0, atol=1e-5
+    )
+    testing.assert_sharded_over_members(state, ens.mesh)
 
 
 class CallTimeRngs(nnx.Module):
