@@ -121,43 +121,71 @@ def test_restore_onto_other_meshes_predicts_the_same(tmp_path):
     )
 
 
-def test_damaged_checkpoints_are_detected_and_the_previous_one_used(tmp_path):
+def biggest_file(workdir, step) -> Path:
+    files = [p for p in (Path(workdir) / "checkpoints" / str(step)).rglob("*") if p.is_file()]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+def flip_a_bit(path: Path) -> bytes:
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    path.write_bytes(bytes(raw))
+    return bytes(raw)
+
+
+def assert_same_members(a, b, members=4):
+    for i in range(members):
+        got, want = me.extract_members(a, i), me.extract_members(b, i)
+        jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
+def test_a_damaged_newest_checkpoint_is_moved_aside_and_the_resumed_run_finishes(tmp_path):
     need_devices(8)
     workdir = tmp_path / "d"
-    train(cfg(workdir, checkpoint_every=2, keep=4, epochs=1), dataset=DATA)
-    assert list_checkpoints(workdir) == [2, 4, 6][-4:] or list_checkpoints(workdir)
-    steps = list_checkpoints(workdir)
-    assert set(read_checksums(str(workdir / "checkpoints"))) == {str(s) for s in steps}
-    good = final_params(workdir)
-
-    def biggest_file(step):
-        files = [p for p in (workdir / "checkpoints" / str(step)).rglob("*") if p.is_file()]
-        return max(files, key=lambda p: p.stat().st_size)
-
+    config = cfg(workdir, checkpoint_every=2, keep=4, epochs=1)
+    whole = train(config, dataset=DATA)
+    assert list_checkpoints(workdir) == [2, 4, 6]
+    assert set(read_checksums(str(workdir / "checkpoints"))) == {"2", "4", "6"}
     # bit-flip the newest: orbax would read it silently; the checksum catches it
-    victim = biggest_file(steps[-1])
-    raw = bytearray(victim.read_bytes())
-    raw[len(raw) // 2] ^= 0x10
-    victim.write_bytes(bytes(raw))
+    victim = biggest_file(workdir, 6)
+    flipped = flip_a_bit(victim)
+    messages: list[str] = []
+    resumed = train(config, dataset=DATA, echo=messages.append)
+    aside = workdir / "checkpoints_damaged" / "6"
+    said = (
+        f"checkpoint 6 is damaged (checksum mismatch); moved it to {aside}; trying the previous one"
+    )
+    assert said in messages, messages
+    assert any(m.startswith("resumed from checkpoint 4 ") for m in messages), messages
+    assert resumed.history[-1]["step"] == 6
+    # kept for inspection, byte for byte; step 6 saved again, good, with its checksum
+    assert (aside / victim.relative_to(workdir / "checkpoints" / "6")).read_bytes() == flipped
+    assert list_checkpoints(workdir) == [2, 4, 6]
+    sums = read_checksums(str(workdir / "checkpoints"))
+    assert sums["6"] == me.checkpoint.checkpoint_digest(str(workdir / "checkpoints" / "6"))
+    # the resumed run is exact: members equal to the uninterrupted run's, in memory and on disk
+    assert_same_members(resumed.state, whole.state)
+    assert_same_members(final_params(workdir), jax.device_get(whole.state))
+
+
+def test_an_unverified_truncated_checkpoint_is_unreadable_and_the_previous_one_used(tmp_path):
+    need_devices(8)
+    workdir = tmp_path / "t"
+    train(cfg(workdir, checkpoint_every=2, keep=4, epochs=1), dataset=DATA)
+    good = final_params(workdir)
+    # truncate the newest and drop its checksum: orbax itself must notice
+    victim = biggest_file(workdir, 6)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 3])
+    sums = read_checksums(str(workdir / "checkpoints"))
+    del sums["6"]
+    (workdir / "checkpoints" / CHECKSUMS).write_text(json.dumps(sums))
     messages: list[str] = []
     ens = me.Ensemble(me.models.MLP(), TX, 4, me.make_mesh(4, 2), input_transform=me.data.normalize)
     state, _, step = me.restore_checkpoint(
         str(workdir), ens, DATA.test_images[:1], echo=messages.append
     )
-    assert step == steps[-2]
-    assert any(f"checkpoint {steps[-1]} is damaged (checksum mismatch)" in m for m in messages)
-    # truncate the one before it too, and drop its checksum: orbax itself must notice
-    victim = biggest_file(steps[-2])
-    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 3])
-    sums = read_checksums(str(workdir / "checkpoints"))
-    del sums[str(steps[-2])]
-    (workdir / "checkpoints" / CHECKSUMS).write_text(json.dumps(sums))
-    messages.clear()
-    state, _, step = me.restore_checkpoint(
-        str(workdir), ens, DATA.test_images[:1], echo=messages.append
-    )
-    assert step == steps[-3], messages
-    assert any(f"checkpoint {steps[-2]} is unreadable" in m for m in messages)
+    assert step == 4, messages
+    assert any(m.startswith("checkpoint 6 is unreadable (") for m in messages), messages
     assert not np.array_equal(
         jax.device_get(state.params)["Dense_0"]["kernel"], good.params["Dense_0"]["kernel"]
     )  # an older, good state

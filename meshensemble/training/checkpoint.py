@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,10 @@ CHECKPOINT_DIR = "checkpoints"
 """Folder under a run's workdir that holds its checkpoints."""
 CHECKSUMS = "checksums.json"
 """File in the checkpoint folder with the SHA-256 of each finished checkpoint."""
+DAMAGED_DIR = "checkpoints_damaged"
+"""Folder under a run's workdir where damaged checkpoints are moved, kept for inspection
+(outside :data:`CHECKPOINT_DIR`, so orbax never lists them and the run can save that step
+again)."""
 
 
 class CheckpointError(RuntimeError):
@@ -236,12 +241,16 @@ def restore_checkpoint(
     sample: Any,
     step: int | None = None,
     echo: Callable[[str], None] | None = None,
+    *,
+    move_damaged: bool = True,
 ) -> tuple[EnsembleState, dict[str, Any], int]:
     """Restores a checkpoint of ``workdir`` onto ``ens``'s mesh (any mesh shape).
 
     The newest checkpoint whose recorded checksum matches (and that orbax can read) is
-    used; a damaged one is reported through ``echo`` and skipped. Naming ``step``
-    restores exactly that one or fails.
+    used; a damaged one is reported through ``echo``, moved to
+    ``workdir/checkpoints_damaged/<step>`` (kept for inspection; the run saves that step
+    again when it gets there) and skipped. Naming ``step`` restores exactly that one or
+    fails, moving nothing.
 
     Args:
       workdir: the run's folder.
@@ -250,6 +259,8 @@ def restore_checkpoint(
       sample: an input batch for the state's structure, e.g. ``images[:1]``.
       step: which checkpoint; default the newest good one.
       echo: where reports of damaged checkpoints go (default: logging).
+      move_damaged: move damaged checkpoints to :data:`DAMAGED_DIR` (only process 0
+        moves; a read-only workdir leaves them in place).
 
     Returns:
       ``(state, loop, step)``.
@@ -282,24 +293,45 @@ def restore_checkpoint(
             want = sums.get(str(s))
             if want is not None and checkpoint_digest(os.path.join(directory, str(s))) != want:
                 problems.append(f"checkpoint {s} is damaged (checksum mismatch)")
-                say(f"{problems[-1]}; trying the previous one")
-                continue
-            try:
-                restored = mngr.restore(
-                    s,
-                    args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(target), loop=ocp.args.JsonRestore()
-                    ),
-                )
-            except Exception as err:  # truncated or unreadable files
-                reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-                problems.append(f"checkpoint {s} is unreadable ({reason[:200]})")
-                say(f"{problems[-1]}; trying the previous one")
-                continue
-            return restored["state"], dict(restored["loop"]), int(s)
+            else:
+                try:
+                    restored = mngr.restore(
+                        s,
+                        args=ocp.args.Composite(
+                            state=ocp.args.StandardRestore(target), loop=ocp.args.JsonRestore()
+                        ),
+                    )
+                    return restored["state"], dict(restored["loop"]), int(s)
+                except Exception as err:  # truncated or unreadable files
+                    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+                    problems.append(f"checkpoint {s} is unreadable ({reason[:200]})")
+            moved = _move_aside(workdir, s) if step is None and move_damaged else None
+            where = f"; moved it to {moved}" if moved else ""
+            say(f"{problems[-1]}{where}; trying the previous one")
     finally:
         mngr.close()
     raise CheckpointError(f"no good checkpoint in {directory}: {'; '.join(problems)}")
+
+
+def _move_aside(workdir: str, step: int) -> str | None:
+    """Moves damaged checkpoint ``step`` to :data:`DAMAGED_DIR`; its new path, or None."""
+    if jax.process_index() != 0:
+        return None
+    directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+    root = os.path.abspath(os.path.join(workdir, DAMAGED_DIR))
+    dest, n = os.path.join(root, str(step)), 1
+    while os.path.exists(dest):
+        dest, n = os.path.join(root, f"{step}.{n}"), n + 1
+    try:
+        os.makedirs(root, exist_ok=True)
+        shutil.move(os.path.join(directory, str(step)), dest)
+        sums = read_checksums(directory)
+        if sums.pop(str(step), None) is not None:
+            _atomic_json(os.path.join(directory, CHECKSUMS), sums)
+    except OSError as err:
+        log.warning("could not move damaged checkpoint %s to %s: %s", step, dest, err)
+        return None
+    return dest
 
 
 def extract_members(state: EnsembleState, members: int | list[int]) -> Any:
