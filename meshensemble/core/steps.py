@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from meshensemble.core import stats
 from meshensemble.core.adapters import Model
 from meshensemble.core.mesh import DATA, ENSEMBLE
 from meshensemble.core.state import EnsembleState
@@ -251,12 +252,10 @@ def eval_stats(
     Returns:
       The dict of :func:`meshensemble.metrics.streaming_stats`, summed over ``data``.
     """
-    from meshensemble import metrics
-
     probs = member_probs(cfg, state, images)
     ens = lax.pmean(jnp.mean(probs, axis=0), ENSEMBLE)
-    stats = metrics.streaming_stats(probs, ens, labels, mask.astype(jnp.float32), num_bins)
-    return lax.psum(stats, DATA)
+    sums = stats.streaming_stats(probs, ens, labels, mask.astype(jnp.float32), num_bins)
+    return lax.psum(sums, DATA)
 
 
 def gather_batch(

@@ -1,0 +1,126 @@
+"""Uncertainty of an ensemble: entropy, expected entropy, mutual information, disagreement.
+
+Entropies are in nats with ``0 log 0 = 0`` (no clip). Ensemble functions take member
+probabilities `[members, N, classes]`; the ensemble prediction is their mean over members.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from meshensemble.core import stats
+
+
+def entropy(probs: ArrayLike) -> jax.Array:
+    """Shannon entropy (natural log) of each probability vector, with ``0 log 0 = 0``.
+
+    ``H(p) = -sum_c p_c log p_c``; no clip is used (zero entries contribute exactly 0), so a
+    one-hot vector has entropy 0.
+
+    Args:
+      probs: `[..., classes]` probabilities, typically `[N, classes]`.
+
+    Returns:
+      `[...]` entropies in nats, typically `[N]`.
+
+    Example:
+      >>> [round(float(v), 4) for v in entropy([[1.0, 0.0], [0.5, 0.5]])]
+      [0.0, 0.6931]
+    """
+    return _entropy_core(stats.as_array(probs))
+
+
+_entropy_core = jax.jit(stats.shannon_entropy)
+
+
+def expected_entropy(member_probs: ArrayLike) -> jax.Array:
+    """Mean over members of each member's predictive entropy (the aleatoric part).
+
+    ``EH_i = (1 / M) sum_m H(p^m_i)``.
+
+    Args:
+      member_probs: `[members, N, classes]` member probabilities.
+
+    Returns:
+      `[N]` expected entropies in nats.
+
+    Raises:
+      ValueError: if ``member_probs`` is not 3-D.
+
+    Example:
+      >>> [round(float(v), 4) for v in expected_entropy([[[1.0, 0.0]], [[0.5, 0.5]]])]
+      [0.3466]
+    """
+    return _expected_entropy_core(stats.check_probs(member_probs, 3, "member_probs"))
+
+
+@jax.jit
+def _expected_entropy_core(member_probs: Any) -> jax.Array:
+    return jnp.mean(stats.shannon_entropy(member_probs), axis=0)
+
+
+def mutual_information(member_probs: ArrayLike) -> jax.Array:
+    """Mutual information between prediction and member (the epistemic part, BALD).
+
+    ``MI_i = max(H(mean_m p^m_i) - (1 / M) sum_m H(p^m_i), 0)``; the clip only removes
+    floating-point round-off, since the difference is >= 0 by Jensen's inequality.
+
+    Args:
+      member_probs: `[members, N, classes]` member probabilities.
+
+    Returns:
+      `[N]` mutual information in nats.
+
+    Raises:
+      ValueError: if ``member_probs`` is not 3-D.
+
+    Example:
+      >>> [round(float(v), 4) for v in mutual_information([[[1.0, 0.0]], [[0.0, 1.0]]])]
+      [0.6931]
+    """
+    return _mutual_information_core(stats.check_probs(member_probs, 3, "member_probs"))
+
+
+@jax.jit
+def _mutual_information_core(member_probs: Any) -> jax.Array:
+    member_probs = stats.as_float(member_probs)
+    entropy_of_mean = stats.shannon_entropy(jnp.mean(member_probs, axis=0))
+    mi = entropy_of_mean - jnp.mean(stats.shannon_entropy(member_probs), axis=0)
+    return jnp.maximum(mi, 0.0)
+
+
+def disagreement(member_probs: ArrayLike) -> jax.Array:
+    """Fraction of members whose argmax differs from the ensemble's argmax.
+
+    ``D_i = (1 / M) sum_m 1[argmax_c p^m_ic != argmax_c pbar_ic]`` where
+    ``pbar_i = mean_m p^m_i`` is the ensemble (mean-probability) prediction. It is 0 when every
+    member's argmax equals the ensemble's, and can reach 1 when the ensemble's argmax is no
+    member's argmax.
+
+    Args:
+      member_probs: `[members, N, classes]` member probabilities.
+
+    Returns:
+      `[N]` disagreement fractions in ``[0, 1]``.
+
+    Raises:
+      ValueError: if ``member_probs`` is not 3-D.
+
+    Example:
+      >>> [round(float(v), 4) for v in disagreement([[[0.9, 0.1]], [[0.8, 0.2]], [[0.4, 0.6]]])]
+      [0.3333]
+    """
+    return _disagreement_core(stats.check_probs(member_probs, 3, "member_probs"))
+
+
+@jax.jit
+def _disagreement_core(member_probs: Any) -> jax.Array:
+    member_probs = stats.as_float(member_probs)
+    ens_pred = jnp.argmax(jnp.mean(member_probs, axis=0), axis=-1)  # [N]
+    member_pred = jnp.argmax(member_probs, axis=-1)  # [M, N]
+    differs = member_pred != jnp.broadcast_to(ens_pred, member_pred.shape)
+    return jnp.mean(differs.astype(member_probs.dtype), axis=0)
