@@ -1,0 +1,152 @@
+"""Keras-style ``mnist.npz`` files: :func:`load_npz` reads one, :func:`save_npz` writes one."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+import zlib
+
+import numpy as np
+
+from meshensemble.data.dataset import (
+    FULL_SIZES,
+    PRETTY_NAMES,
+    DataError,
+    Dataset,
+    check_name,
+    first_line,
+    split_counts,
+    validate,
+)
+
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+"""Keys of a Keras-style ``mnist.npz`` (images ``[N, 28, 28]`` uint8, labels ``[N]``)."""
+
+
+def save_npz(dataset: Dataset, path: str | os.PathLike[str]) -> str:
+    """Writes ``dataset`` as a Keras-layout ``.npz`` that :func:`load_npz` reads back.
+
+    Args:
+      dataset: the data to write.
+      path: the file to write.
+
+    Returns:
+      The path written, as a string.
+
+    Example:
+      >>> me.data.save_npz(me.data.synthetic(), "/tmp/tiny.npz")
+      '/tmp/tiny.npz'
+    """
+    np.savez(
+        path,
+        x_train=dataset.train_images[..., 0],
+        y_train=dataset.train_labels.astype(np.uint8),
+        x_test=dataset.test_images[..., 0],
+        y_test=dataset.test_labels.astype(np.uint8),
+    )
+    return os.fspath(path)
+
+
+def load_npz(path: str | os.PathLike[str], name: str = "mnist") -> Dataset:
+    """Loads a dataset from an ``.npz`` file in the layout of Keras's ``mnist.npz``.
+
+    The file holds ``x_train [N, 28, 28] uint8``, ``y_train [N]``, ``x_test [M, 28, 28]``
+    and ``y_test [M]`` (see :data:`NPZ_KEYS`); images may also be ``[N, 28, 28, 1]``.
+    It is read with ``allow_pickle=False``.
+
+    Args:
+      path: the ``.npz`` file (``~`` is expanded).
+      name: the dataset it holds, one of :data:`DATASETS` (recorded in the result).
+
+    Returns:
+      A :class:`Dataset` with ``source="npz"``: uint8 images ``[N, 28, 28, 1]`` and int32
+      labels ``[N]`` per split.
+
+    Raises:
+      DataError: (one line, naming the file) if ``name`` is unknown, the file is missing,
+        is not an npz archive or is corrupt or truncated, lacks a key, or holds arrays of
+        the wrong shape, dtype or label range.
+
+    Example:
+      >>> ds = load_npz("~/.keras/datasets/mnist.npz")  # doctest: +SKIP
+      >>> ds.train_images.shape, ds.test_labels.shape  # doctest: +SKIP
+      ((60000, 28, 28, 1), (10000,))
+    """
+    check_name(name)
+    file = os.path.expanduser(os.fspath(path))
+    if not os.path.exists(file):
+        raise DataError(
+            f"{file}: file not found (pass the path of a Keras-style mnist.npz with keys "
+            f"{', '.join(NPZ_KEYS)}, or use --source tfds / sample)"
+        )
+    if os.path.isdir(file):
+        raise DataError(f"{file}: is a directory (pass the path of the .npz file itself)")
+    try:
+        with open(file, "rb") as f:
+            head = f.read(6)
+    except OSError as e:
+        raise DataError(f"{file}: cannot be read ({type(e).__name__}: {first_line(e)})") from e
+    if head.startswith(b"\x93NUMPY"):
+        raise DataError(
+            f"{file}: is a single .npy array, not an .npz archive (save the splits "
+            f"with np.savez(path, {'=..., '.join(NPZ_KEYS)}=...))"
+        )
+    if not head.startswith(b"PK"):
+        raise DataError(
+            f"{file}: not an .npz archive (it does not start like a zip file; expected a "
+            "Keras-style mnist.npz written by np.savez)"
+        )
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        with np.load(file, allow_pickle=False) as loaded:
+            missing = [k for k in NPZ_KEYS if k not in loaded.files]
+            if missing:
+                found = ", ".join(loaded.files) or "none"
+                noun = "key" if len(missing) == 1 else "keys"
+                raise DataError(
+                    f"{file}: {noun} {', '.join(repr(k) for k in missing)} missing "
+                    f"(found {found}; expected keys {', '.join(NPZ_KEYS)} as in Keras's "
+                    "mnist.npz)"
+                )
+            for key in NPZ_KEYS:
+                arrays[key] = loaded[key]
+    except DataError:
+        raise
+    except ValueError as e:
+        if "pickle" not in str(e):
+            raise _npz_corrupt(file, e) from e
+        raise DataError(
+            f"{file}: holds object (pickled) arrays, which are not loaded for safety "
+            f"(allow_pickle=False); store numeric arrays {', '.join(NPZ_KEYS)} with np.savez"
+        ) from e
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, KeyError) as e:
+        raise _npz_corrupt(file, e) from e
+    train = validate(arrays["x_train"], arrays["y_train"], f"{file} (x_train, y_train)")
+    test = validate(arrays["x_test"], arrays["y_test"], f"{file} (x_test, y_test)")
+    full = "full " if (len(train[1]), len(test[1])) == FULL_SIZES else ""
+    note = f"{full}{PRETTY_NAMES[name]} from {file} ({split_counts(train[1], test[1])})"
+    return Dataset(name, *train, *test, source="npz", note=note)
+
+
+def _npz_corrupt(file: str, error: BaseException) -> DataError:
+    return DataError(
+        f"{file}: corrupt or truncated .npz archive ({type(error).__name__}: "
+        f"{first_line(error)}); download or write it again (np.savez with keys "
+        f"{', '.join(NPZ_KEYS)})"
+    )
+
+
+def npz_fix(name: str) -> str:
+    """The command-line fix that points at a local npz file, for error messages.
+
+    Args:
+      name: the dataset's name.
+
+    Returns:
+      E.g. ``"--source npz --data-file PATH/mnist.npz"``.
+
+    Example:
+      >>> npz_fix("fashion_mnist")
+      '--source npz --data-file PATH/fashion_mnist.npz'
+    """
+    return f"--source npz --data-file PATH/{name}.npz"

@@ -1,0 +1,292 @@
+"""TFDS: the prepared ArrayRecord data of MNIST / Fashion-MNIST, read without TensorFlow.
+
+:func:`load_tfds` reads (and, when asked, downloads and prepares) a dataset through
+``tfds.data_source``. ``tensorflow_datasets`` is imported only when a loader runs.
+:func:`network_reachable` is the bounded probe that keeps an offline machine from hanging
+on a download; :func:`missing_prepare_modules` tells whether preparing data is possible.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import socket
+import threading
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from meshensemble.data.dataset import (
+    FULL_SIZES,
+    IMAGE_SHAPE,
+    PRETTY_NAMES,
+    DataError,
+    Dataset,
+    check_name,
+    first_line,
+    split_counts,
+    validate,
+)
+from meshensemble.data.npz import npz_fix
+
+TFDS_HOST = "storage.googleapis.com"
+"""The host TFDS downloads MNIST / Fashion-MNIST from; :func:`network_reachable` probes it."""
+TFDS_CHUNK = 4096
+"""Examples decoded per batched read of a TFDS data source."""
+PREPARE_MODULES = ("tensorflow", "importlib_resources")
+"""Python modules that TFDS needs to download and prepare the data, beyond
+tensorflow-datasets itself; the pyproject extra ``tfds-prepare`` installs them."""
+PREPARE_FIX = 'pip install "meshensemble[tfds-prepare]"'
+"""The install command named in errors when :data:`PREPARE_MODULES` are missing."""
+
+
+class NotPreparedError(DataError):
+    """TFDS has no prepared data for the dataset in the data directory.
+
+    Raised by :func:`load_tfds` with ``download=False``; ``source="auto"`` catches it and
+    tries a download or the embedded sample next.
+
+    Args:
+      message: the full one-line message.
+      reason: a short description of the problem.
+
+    Example:
+      >>> raise NotPreparedError("TFDS has no prepared mnist in /tmp/tfds")
+      Traceback (most recent call last):
+      ...
+      meshensemble.data.tfds.NotPreparedError: TFDS has no prepared mnist in /tmp/tfds
+    """
+
+
+def load_tfds(
+    name: str,
+    data_dir: str | os.PathLike[str] | None = None,
+    download: bool = False,
+) -> Dataset:
+    """Loads a dataset's train and test splits from TFDS's prepared ArrayRecord data.
+
+    Reads with ``tfds.data_source`` (random access, no TensorFlow needed) and decodes
+    every example into numpy arrays in batches. Reading the full MNIST this way takes
+    tens of seconds (TFDS decodes each PNG in Python); a local npz is instant.
+
+    Args:
+      name: one of :data:`DATASETS`.
+      data_dir: TFDS's data directory. Default: ``$TFDS_DATA_DIR`` or
+        ``~/tensorflow_datasets``.
+      download: if the data is not prepared, download and prepare it in ArrayRecord
+        format. That needs the network and ``pip install "meshensemble[tfds-prepare]"``
+        (TensorFlow); both are checked first, so a failure is fast.
+
+    Returns:
+      A :class:`Dataset` with ``source="tfds"``: uint8 images ``[N, 28, 28, 1]`` and
+      int32 labels ``[N]`` per split.
+
+    Raises:
+      DataError: (one line) if ``name`` is unknown; if the data is not prepared in
+        ``data_dir`` and ``download`` is false; if it is prepared only in TFRecord format;
+        if downloading needs packages that are missing or the network is unreachable;
+        or if TFDS fails in any other way.
+
+    Example:
+      >>> ds = load_tfds("mnist", download=True)  # doctest: +SKIP
+      >>> ds.num_train, ds.num_test  # doctest: +SKIP
+      (60000, 10000)
+    """
+    check_name(name)
+    tfds = _import_tfds(name)
+    where = _tfds_where(name, data_dir)
+    try:
+        splits = _tfds_open(tfds, name, data_dir, download=False)
+    except NotPreparedError as e:
+        if not download:
+            raise
+        missing = missing_prepare_modules()
+        if missing:
+            raise DataError(
+                f"{where}: not prepared, and preparing it needs the missing Python "
+                f"package(s) {', '.join(missing)} ({PREPARE_FIX}, or use {npz_fix(name)})",
+                reason=f"preparing TFDS {name} needs {', '.join(missing)}",
+            ) from e
+        if not network_reachable():
+            raise DataError(
+                f"{where}: not prepared, and the network is unreachable ({TFDS_HOST}:443) "
+                f"so it cannot be downloaded (connect, or use {npz_fix(name)})",
+                reason="the network is unreachable",
+            ) from e
+        splits = _tfds_open(tfds, name, data_dir, download=True)
+    train = _tfds_read(splits[0], name, f"{where} [train]")
+    test = _tfds_read(splits[1], name, f"{where} [test]")
+    info = getattr(splits[0], "dataset_info", None)
+    origin = os.fspath(getattr(info, "data_dir", "") or _tfds_dir_label(data_dir))
+    full = "full " if (len(train[1]), len(test[1])) == FULL_SIZES else ""
+    note = f"{full}{PRETTY_NAMES[name]} from TFDS in {origin} ({split_counts(train[1], test[1])})"
+    return Dataset(name, *train, *test, source="tfds", note=note)
+
+
+def _import_tfds(name: str) -> Any:
+    """Imports ``tensorflow_datasets`` or raises a DataError naming the fix."""
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as e:
+        raise DataError(
+            f"tensorflow_datasets cannot be imported ({type(e).__name__}: {first_line(e)}); "
+            f"pip install tensorflow-datasets, or use {npz_fix(name)}",
+            reason="tensorflow_datasets is not installed",
+        ) from e
+    return tfds
+
+
+def _tfds_open(tfds: Any, name: str, data_dir: Any, download: bool) -> Sequence[Any]:
+    """Returns ``[train, test]`` TFDS data sources; turns every failure into DataError."""
+    where = _tfds_where(name, data_dir)
+    dir_arg = os.path.expanduser(os.fspath(data_dir)) if data_dir is not None else None
+    quiet = contextlib.nullcontext() if download else _quiet_absl()
+    try:
+        with quiet:
+            return tfds.data_source(
+                name,
+                split=["train", "test"],
+                data_dir=dir_arg,
+                download=download,
+                builder_kwargs={"file_format": "array_record"},
+            )
+    except ImportError as e:
+        module = getattr(e, "name", None) or first_line(e)
+        raise DataError(
+            f"{where}: TFDS needs the missing Python package {module!r} "
+            f"({PREPARE_FIX}, or use {npz_fix(name)})",
+            reason=f"TFDS needs the missing package {module!r}",
+        ) from e
+    except Exception as e:  # TFDS raises many types; classify by message.
+        text = str(e)
+        if "not been generated" in text or "could not find data" in text:
+            raise NotPreparedError(
+                f"TFDS has no prepared {name} (ArrayRecord format) in "
+                f"{_tfds_dir_label(data_dir)} (use {npz_fix(name)}, or prepare it once with "
+                f"--source tfds, which downloads it and needs {PREPARE_FIX})",
+                reason=f"TFDS has no prepared {name} in {_tfds_dir_label(data_dir)}",
+            ) from e
+        if "TFRECORD" in text or "File format is already set" in text:
+            raise DataError(
+                f"{where}: prepared in TFRecord format, which tfds.data_source cannot read "
+                f"(prepare it in ArrayRecord format in another data_dir, or use {npz_fix(name)})",
+                reason=f"TFDS {name} in {_tfds_dir_label(data_dir)} is in TFRecord format",
+            ) from e
+        if download and isinstance(e, OSError):
+            raise DataError(
+                f"{where}: download failed ({type(e).__name__}: {first_line(e)}) "
+                f"(check the network, or use {npz_fix(name)})",
+                reason=f"downloading TFDS {name} failed",
+            ) from e
+        raise DataError(
+            f"{where}: TFDS failed ({type(e).__name__}: {first_line(e)}) (use {npz_fix(name)})",
+            reason=f"TFDS {name} failed ({type(e).__name__})",
+        ) from e
+
+
+def _tfds_read(source: Any, name: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """Reads a TFDS data source into uint8 ``[N, 28, 28, 1]`` and int32 ``[N]``."""
+    try:
+        n = len(source)
+        images: list[np.ndarray] = []
+        labels: list[np.ndarray] = []
+        with _quiet_absl():
+            for start in range(0, n, TFDS_CHUNK):
+                batch = source.__getitems__(range(start, min(start + TFDS_CHUNK, n)))
+                images.append(np.stack([np.asarray(ex["image"]) for ex in batch]))
+                labels.append(np.asarray([np.asarray(ex["label"]) for ex in batch]))
+    except DataError:
+        raise
+    except Exception as e:
+        raise DataError(
+            f"{where}: reading the prepared data failed ({type(e).__name__}: "
+            f"{first_line(e)}) (prepare it again, or use {npz_fix(name)})",
+            reason=f"reading {where} failed",
+        ) from e
+    if not images:
+        return validate(np.zeros((0, *IMAGE_SHAPE), np.uint8), np.zeros(0, np.int32), where)
+    return validate(np.concatenate(images), np.concatenate(labels), where)
+
+
+def _tfds_dir_label(data_dir: Any) -> str:
+    """The data directory as shown to users (TFDS's default when ``None``)."""
+    if data_dir is not None:
+        return os.path.expanduser(os.fspath(data_dir))
+    return os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
+
+
+def _tfds_where(name: str, data_dir: Any) -> str:
+    return f"TFDS {name} (data_dir {_tfds_dir_label(data_dir)})"
+
+
+def missing_prepare_modules() -> list[str]:
+    """The modules of :data:`PREPARE_MODULES` that cannot be imported here.
+
+    Returns:
+      Their names, e.g. ``["tensorflow"]``; empty when TFDS can download and prepare data.
+
+    Example:
+      >>> missing_prepare_modules()  # doctest: +SKIP
+      ['tensorflow', 'importlib_resources']
+    """
+    return [m for m in PREPARE_MODULES if importlib.util.find_spec(m) is None]
+
+
+@contextlib.contextmanager
+def _quiet_absl() -> Iterator[None]:
+    """Silences absl warnings while probing TFDS (e.g. "no dataset_info.json")."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def network_reachable(host: str | None = None, port: int = 443, timeout: float = 2.0) -> bool:
+    """Whether a TCP connection to ``host:port`` opens within ``timeout`` seconds.
+
+    DNS lookup and connect (``socket.create_connection``) run in a daemon thread named
+    ``meshensemble-netcheck``; the caller waits for it with ``Thread.join(timeout)``, so the
+    call returns after at most ``timeout`` seconds even when DNS or the connect hangs (a
+    probe still running then counts as unreachable, and its thread is left to finish).
+
+    Args:
+      host: the host to probe. ``None``: TFDS's download host :data:`TFDS_HOST` on
+        ``port``, or the HTTPS proxy (its host, and its port or 8080) when one is set.
+      port: the TCP port.
+      timeout: seconds to wait, for the connect and for the thread.
+
+    Returns:
+      True if the connection opened in time; False if it failed (any ``OSError``) or is
+      still pending after ``timeout``.
+
+    Example:
+      >>> network_reachable(timeout=1.0)  # doctest: +SKIP
+      False
+    """
+    if host is None:
+        host = TFDS_HOST
+        proxy = urllib.request.getproxies().get("https")
+        if proxy:
+            parsed = urllib.parse.urlsplit(proxy if "//" in proxy else f"//{proxy}")
+            host, port = parsed.hostname or host, parsed.port or 8080
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=probe, name="meshensemble-netcheck", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(result) and result[0]
