@@ -7,7 +7,19 @@ from typing import Any
 import numpy as np
 
 
-def _pyplot():
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend, imported on first use.
+
+    Every figure of the package is drawn through it, so that plotting never needs a
+    display and matplotlib is imported only when a plot is made.
+
+    Returns:
+      The ``matplotlib.pyplot`` module.
+
+    Example:
+      >>> plt = pyplot()
+      >>> fig, ax = plt.subplots()
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -26,7 +38,7 @@ def learning_curves(history: list[dict[str, Any]], path: str) -> None:
     Example:
       >>> learning_curves(result.history, "runs/mnist/learning_curves.png")
     """
-    plt = _pyplot()
+    plt = pyplot()
     steps = [r["step"] for r in history]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     if all("train_loss" in r for r in history):
@@ -59,7 +71,7 @@ def member_vs_ensemble(record: dict[str, Any], path: str) -> None:
     Example:
       >>> member_vs_ensemble(result.history[-1], "runs/mnist/members.png")
     """
-    plt = _pyplot()
+    plt = pyplot()
     acc = list(record["test_member_accuracy"]) + [record["test_ensemble_accuracy"]]
     nll = list(record["test_member_nll"]) + [record["test_ensemble_nll"]]
     names = [str(i) for i in range(len(acc) - 1)] + ["ens."]
@@ -95,7 +107,7 @@ def reliability_diagram(
       >>> d = me.metrics.reliability_diagram_data(probs, labels)
       >>> reliability_diagram({"ensemble": d}, "runs/mnist/reliability_diagram.png")
     """
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(
         2, 1, figsize=(5.5, 6.5), sharex=True, gridspec_kw={"height_ratios": (3, 1)}
     )
@@ -140,7 +152,7 @@ def ood_histogram(
     Example:
       >>> ood_histogram(s_test, {"noise": s_noise}, "runs/mnist/ood_histogram.png")
     """
-    plt = _pyplot()
+    plt = pyplot()
     sets = {"in-distribution (test)": np.asarray(in_scores, float)}
     sets.update({f"OOD: {k}": np.asarray(v, float) for k, v in ood_scores.items()})
     edges = np.histogram_bin_edges(np.concatenate(list(sets.values())), bins=bins)

@@ -1,0 +1,342 @@
+"""The runners: one timed computation per :class:`meshensemble.bench.config.Spec` kind.
+
+Each runner builds (and where it can, compiles ahead of time) its computation in
+:meth:`Runner.prepare`; :meth:`Runner.run` makes one call and waits for it. The timer
+(:mod:`meshensemble.bench.timing`) calls ``run`` and keeps the samples.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import jax_utils
+from flax.training import train_state
+from jax import lax
+
+from meshensemble.bench.config import Spec
+from meshensemble.bench.workloads import Context, make_model, single_step
+from meshensemble.core.ensemble import Ensemble
+from meshensemble.core.mesh import make_mesh, replicated_sharding
+from meshensemble.data import normalize
+from meshensemble.training import Feeder, TrainConfig
+
+
+def program_memory(compiled: Any) -> int | None:
+    """Peak bytes of a compiled program per device: arguments, outputs and temporaries.
+
+    Args:
+      compiled: a ``jax.stages.Compiled``.
+
+    Returns:
+      ``memory_analysis()``'s arguments + outputs + temporaries - aliased bytes, or None
+      where the backend reports none.
+
+    Example:
+      >>> program_memory(jax.jit(f).lower(x).compile())
+    """
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001
+        return None
+    if m is None:
+        return None
+    total = (
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        + m.temp_size_in_bytes
+        - m.alias_size_in_bytes
+    )
+    return int(total)
+
+
+def device_memory(devices: Sequence[jax.Device]) -> int | None:
+    """Largest ``peak_bytes_in_use`` over ``devices``.
+
+    Args:
+      devices: the devices a case uses.
+
+    Returns:
+      The bytes, or None where no device reports them (e.g. CPU).
+
+    Example:
+      >>> device_memory(jax.devices()[:1])
+    """
+    peaks = []
+    for d in devices:
+        try:
+            stats = d.memory_stats()
+        except Exception:  # noqa: BLE001
+            stats = None
+        if stats and "peak_bytes_in_use" in stats:
+            peaks.append(int(stats["peak_bytes_in_use"]))
+    return max(peaks) if peaks else None
+
+
+class Runner:
+    """One timed computation; :meth:`run` makes one call and waits for it.
+
+    Attributes:
+      ctx: the shared inputs.
+      spec: what it computes.
+      samples: seconds per step of each timed call.
+      compile_s: seconds to build and compile.
+      first_call_s: seconds of the untimed first call (None when compiled ahead).
+      peak_bytes: peak memory per device (``memory_source`` says how it was measured).
+      program_bytes: the compiled program's ``memory_analysis()`` bytes, or None.
+      flops_per_call: FLOPs of one call (the matmul only).
+
+    Example:
+      >>> runner = RUNNERS[spec.kind](ctx, spec); runner.prepare(); runner.run()
+    """
+
+    needs_first_call = True
+
+    def __init__(self, ctx: Context, spec: Spec):
+        self.ctx, self.spec = ctx, spec
+        self.samples: list[float] = []
+        self.compile_s: float | None = None
+        self.first_call_s: float | None = None
+        self.peak_bytes: int | None = None
+        self.memory_source = "unavailable"
+        self.program_bytes: int | None = None
+        self.flops_per_call: float | None = None
+
+    def prepare(self) -> None:
+        """Builds and compiles the computation, then makes the first call if it needs one."""
+        t = time.perf_counter()
+        self.build()
+        if self.compile_s is None:
+            self.compile_s = time.perf_counter() - t
+        if self.needs_first_call:
+            t = time.perf_counter()
+            self.run()
+            self.first_call_s = time.perf_counter() - t
+        stats = device_memory(self.devices())
+        if stats is not None:
+            self.peak_bytes, self.memory_source = stats, "memory_stats"
+
+    def set_compiled(self, compiled: Any, seconds: float) -> None:
+        """Records an ahead-of-time compiled program: its compile time and memory."""
+        self.compile_s = seconds
+        self.program_bytes = program_memory(compiled)
+        if self.program_bytes is not None:
+            self.peak_bytes, self.memory_source = self.program_bytes, "memory_analysis"
+
+    def devices(self) -> list[jax.Device]:
+        """The devices the case uses."""
+        return jax.devices()[: self.spec.devices]
+
+    def build(self) -> None:
+        """Makes the inputs and the computation (subclasses)."""
+        raise NotImplementedError
+
+    def run(self) -> None:
+        """One call, waited for (subclasses)."""
+        raise NotImplementedError
+
+
+class Matmul(Runner):
+    """A square float32 matmul on one device: the FLOP/s yardstick."""
+
+    needs_first_call = False
+
+    def build(self) -> None:
+        n = int(self.spec.model)
+        dev = jax.devices()[0]
+        k1, k2 = jax.random.split(jax.random.key(1))
+        self.a = jax.device_put(jax.random.normal(k1, (n, n), jnp.float32), dev)
+        self.b = jax.device_put(jax.random.normal(k2, (n, n), jnp.float32), dev)
+        t = time.perf_counter()
+        self.fn = jax.jit(jnp.matmul).lower(self.a, self.b).compile()
+        self.set_compiled(self.fn, time.perf_counter() - t)
+        self.flops_per_call = 2.0 * n**3
+
+    def run(self) -> None:
+        self.fn(self.a, self.b).block_until_ready()
+
+
+class Howto(Runner):
+    """The Flax HOWTO's training step, ``members / devices`` HOWTO runs per step."""
+
+    def build(self) -> None:
+        module = make_model(self.spec.model)
+        devs = self.devices()
+        n = len(devs)
+        self.runs = self.spec.members // n
+        line = jax.sharding.Mesh(np.asarray(devs), ("howto",))
+        self._line = jax.sharding.NamedSharding(line, jax.sharding.PartitionSpec("howto"))
+
+        def apply_model(state, images, labels):
+            def loss_fn(params):
+                logits = state.apply_fn({"params": params}, images)
+                one_hot = jax.nn.one_hot(labels, 10)
+                loss = jnp.mean(optax.softmax_cross_entropy(logits=logits, labels=one_hot))
+                return loss, logits
+
+            grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+            (loss, logits), grads = grad_fn(state.params)
+            probs = lax.pmean(jax.nn.softmax(logits), axis_name="ensemble")
+            accuracy = jnp.mean(jnp.argmax(probs, -1) == labels)
+            return grads, loss, accuracy
+
+        # The HOWTO's TrainState of each run, made on the host (the bench never times
+        # initialisation): member i of run r is the bench's member r * n + i.
+        self.states = []
+        for r in range(self.runs):
+            params = self.ctx.stacked_params(self.spec.model, n, first=r * n)
+            state = train_state.TrainState(
+                step=np.zeros((n,), np.int32),
+                apply_fn=module.apply,
+                params=params,
+                tx=self.ctx.tx,
+                opt_state=self.ctx.opt_state(params),
+            )
+            self.states.append(jax.device_put(state, self._line))
+        self.apply_model = jax.pmap(apply_model, axis_name="ensemble", devices=devs)
+        self.update_model = jax.pmap(lambda s, g: s.apply_gradients(grads=g), devices=devs)
+        self.step_index = 0
+        self.losses: list[Any] = []
+        x, y = self._replicated(0)
+        t = time.perf_counter()
+        compiled = self.apply_model.lower(self.states[0], x, y).compile()
+        self.set_compiled(compiled, time.perf_counter() - t)
+
+    def _replicated(self, i: int) -> tuple[Any, Any]:
+        x, y = self.ctx.howto_batch(i)
+        devs = self.devices()
+        return jax_utils.replicate(x, devs), jax_utils.replicate(y, devs)
+
+    def run(self) -> None:
+        i, self.step_index = self.step_index, self.step_index + 1
+        for r in range(self.runs):
+            batch_images, batch_labels = self._replicated(i)
+            grads, loss, _ = self.apply_model(self.states[r], batch_images, batch_labels)
+            self.states[r] = self.update_model(self.states[r], grads)
+            self.losses = [jax_utils.unreplicate(loss)]
+        jax.block_until_ready((self.states, self.losses))
+
+
+def make_ensemble(ctx: Context, spec: Spec) -> Ensemble:
+    """The :class:`meshensemble.Ensemble` of a spec, on its mesh of the first devices.
+
+    Args:
+      ctx: the shared inputs (the optimizer).
+      spec: the members, mesh, backend, strategy and precision.
+
+    Returns:
+      The ensemble (its members' state comes from :meth:`Context.ensemble_state`).
+
+    Example:
+      >>> ens = make_ensemble(ctx, Spec("ensemble", "mlp32", members=4))
+    """
+    mesh = make_mesh(spec.ensemble, spec.data, devices=jax.devices()[: spec.devices])
+    return Ensemble(
+        make_model(spec.model),
+        ctx.tx,
+        spec.members,
+        mesh,
+        backend=spec.backend,
+        member_strategy=spec.strategy,
+        input_transform=normalize,
+        compute_dtype=jnp.bfloat16 if spec.precision == "bf16" else None,
+    )
+
+
+class EnsembleStep(Runner):
+    """``Ensemble.train_step`` on host batches, one step per call."""
+
+    def build(self) -> None:
+        self.ens = make_ensemble(self.ctx, self.spec)
+        x, y = self.ctx.host_batch(0)
+        self.state = self.ctx.ensemble_state(self.spec.model, self.spec.members, self.ens.mesh)
+        self.step_index = 0
+        if self.spec.backend == "shard_map":  # compile ahead of time for the memory analysis
+            t = time.perf_counter()
+            compiled = self.ens.train_step_fn(False).lower(self.state, x, y).compile()
+            self.set_compiled(compiled, time.perf_counter() - t)
+            if self.spec.devices == 1:
+                examples = self.spec.members * self.ctx.cfg.batch_size
+                self.ctx.record_flops(self.spec.model, compiled, examples)
+
+    def run(self) -> None:
+        x, y = self.ctx.host_batch(self.step_index)
+        self.step_index += 1
+        self.state, metrics = self.ens.train_step(self.state, x, y)
+        jax.block_until_ready((self.state, metrics))
+
+
+class Chunk(Runner):
+    """The training loop's on-device chunk of ``K`` steps, built as the loop builds it."""
+
+    needs_first_call = False
+
+    def build(self) -> None:
+        ens = make_ensemble(self.ctx, self.spec)
+        cfg = TrainConfig(
+            members=self.spec.members, batch_size=self.ctx.cfg.batch_size, shuffle="shared"
+        )
+        self.state = self.ctx.ensemble_state(self.spec.model, self.spec.members, ens.mesh)
+        feeder = Feeder(
+            ens,
+            self.ctx.dataset,
+            cfg,
+            jax.random.key(self.ctx.cfg.seed + 1),
+            self.spec.k,
+            self.ctx.steps_per_epoch,
+        )
+        first = jax.device_put(jnp.int32(0), replicated_sharding(ens.mesh))
+        self.args = (feeder.images, feeder.labels, feeder.order(1), first)
+        t = time.perf_counter()
+        self.fn = feeder.chunk(self.spec.k).lower(self.state, *self.args).compile()
+        self.set_compiled(self.fn, time.perf_counter() - t)
+
+    def run(self) -> None:
+        self.state, metrics = self.fn(self.state, *self.args)
+        jax.block_until_ready((self.state, metrics))
+
+
+class Sequential(Runner):
+    """The members one after another with a jitted single-model step on one device."""
+
+    def build(self) -> None:
+        self.device = jax.devices()[0]
+        x, y = self.ctx.host_batch(0)
+        self.states = []
+        for i in range(self.spec.members):
+            params = self.ctx.member_params(self.spec.model, i)
+            state = (params, self.ctx.opt_state(params))
+            self.states.append(jax.device_put(state, self.device))
+        step = single_step(make_model(self.spec.model), self.ctx.tx)
+        self.step = jax.jit(step, donate_argnums=(0, 1))
+        xd, yd = jax.device_put((x, y), self.device)
+        t = time.perf_counter()
+        compiled = self.step.lower(*self.states[0], xd, yd).compile()
+        self.set_compiled(compiled, time.perf_counter() - t)
+        self.ctx.record_flops(self.spec.model, compiled)
+        self.step_index = 0
+
+    def run(self) -> None:
+        x, y = jax.device_put(self.ctx.host_batch(self.step_index), self.device)
+        self.step_index += 1
+        losses = []
+        for j, (params, opt_state) in enumerate(self.states):
+            params, opt_state, loss = self.step(params, opt_state, x, y)
+            self.states[j] = (params, opt_state)
+            losses.append(loss)
+        jax.block_until_ready((self.states, losses))
+
+
+RUNNERS: dict[str, type[Runner]] = {
+    "matmul": Matmul,
+    "howto": Howto,
+    "ensemble": EnsembleStep,
+    "chunk": Chunk,
+    "sequential": Sequential,
+}
+"""The runner class of each :attr:`Spec.kind`."""

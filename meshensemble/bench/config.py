@@ -1,0 +1,409 @@
+"""What the benchmark runs: its config, the case groups, and the cases' specs (data only).
+
+:class:`BenchConfig`'s fields are the single source of the ``meshensemble bench`` flags:
+a field whose metadata has a ``help`` is a flag (``batch_size`` -> ``--batch-size``).
+:func:`resolve` turns given values into a checked config; :func:`plan` turns a config
+into the named :class:`Case` list, each with the :class:`Spec` of what it computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from meshensemble.core.ensemble import default_strategy
+from meshensemble.models.conv import default_conv
+from meshensemble.training import default_chunk_steps, default_mesh_shape
+
+GROUPS: dict[str, tuple[str, ...]] = {
+    "matmul": ("matmul",),
+    "howto": ("howto",),
+    "backends": ("ens_pmap", "ens_shard_map"),
+    "chunk": ("chunk_default", "chunk_k1", "chunk_k8", "chunk_epoch"),
+    "sequential": ("sequential",),
+    "members": ("mpd_1", "mpd_2", "mpd_4", "mpd_8", "mpd_16", "mpd_32"),
+    "mesh": ("mesh_1", "mesh_2", "mesh_4", "mesh_8"),
+    "strategy": ("strategy_vmap", "strategy_loop"),
+    "reform": (
+        "reform_base_loop",
+        "reform_im2col_vmap",
+        "reform_im2col_loop",
+        "reform_im2col_sequential",
+    ),
+    "scan": ("scan_base_k1", "scan_base_k8", "scan_canonical_k1", "scan_canonical_k8"),
+    "precision": ("precision_fp32", "precision_bf16"),
+}
+"""Case groups of ``--cases``, in the order the cases run and print."""
+
+MODELS = ("cnn", "mlp")
+"""The main models a user picks (the tiny configuration runs ``"mlp32"``)."""
+
+
+def _flag(help: str, **extra: Any) -> dict[str, Any]:
+    return {"help": help, **extra}
+
+
+@dataclasses.dataclass
+class BenchConfig:
+    """What ``meshensemble bench`` runs; fields with a ``help`` in their metadata are flags.
+
+    Attributes:
+      members: ensemble size of the main cases.
+      conv_members: ensemble size of the ``reform`` and ``scan`` cases (None: ``members``).
+      batch_size: examples per member per step.
+      repeats: timed rounds (each case's time is the median over them).
+      warmup: untimed rounds after compilation (each case also makes one untimed first
+        call, compiling, unless it runs an ahead-of-time compiled program).
+      cases: case and group names to run; empty for all.
+      tiny: the CI configuration (see :func:`resolve`).
+      data_file: a Keras-layout MNIST ``.npz``; else the embedded sample, else synthetic.
+      model: ``"cnn"`` or ``"mlp"`` (the tiny configuration's default: ``MLP((32,))``).
+      out: the JSON file to write.
+      plot: a PNG of time per step against members per device, or None.
+      epoch_cap: the most steps ``chunk_epoch`` runs per call (None: a whole epoch).
+      case_budget: stop timing a case once its timed calls add up to this many seconds
+        (it keeps at least one sample); None for no limit.
+      matmul_size: side of the square matmul of the ``matmul`` case.
+      members_per_device: the ``mpd_*`` sizes.
+      seed: seeds initialisation and batch order.
+
+    Example:
+      >>> BenchConfig(members=4, cases=("backends",))
+    """
+
+    members: int = dataclasses.field(default=8, metadata=_flag("ensemble size (default 8)"))
+    conv_members: int | None = None
+    batch_size: int = dataclasses.field(
+        default=128, metadata=_flag("examples per member per step (default 128; tiny 32)")
+    )
+    repeats: int = dataclasses.field(default=5, metadata=_flag("timed rounds (default 5; tiny 2)"))
+    warmup: int = dataclasses.field(
+        default=1, metadata=_flag("untimed rounds after compiling (default 1)")
+    )
+    cases: tuple[str, ...] = dataclasses.field(
+        default=(),
+        metadata=_flag(f"comma list of cases or groups ({', '.join(GROUPS)}); default all"),
+    )
+    tiny: bool = dataclasses.field(
+        default=False, metadata=_flag("tiny configuration for CI (< 60 s)")
+    )
+    data_file: str | None = dataclasses.field(
+        default=None, metadata=_flag("a Keras-layout MNIST .npz (default: embedded sample)")
+    )
+    model: str = dataclasses.field(
+        default="cnn", metadata=_flag("model (default cnn; tiny: MLP((32,)))", choices=MODELS)
+    )
+    out: str = dataclasses.field(
+        default="bench.json", metadata=_flag("JSON results file (default bench.json)")
+    )
+    plot: str | None = dataclasses.field(
+        default=None,
+        metadata=_flag("PNG of time per step against members per device", metavar="FILE"),
+    )
+    epoch_cap: int | None = dataclasses.field(
+        default=None, metadata=_flag("most steps per call of chunk_epoch (default: an epoch)")
+    )
+    case_budget: float | None = dataclasses.field(
+        default=None, metadata=_flag("stop timing a case after S seconds", metavar="S")
+    )
+    matmul_size: int = dataclasses.field(
+        default=2048, metadata=_flag("side of the reference matmul (default 2048)")
+    )
+    members_per_device: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    seed: int = dataclasses.field(
+        default=0, metadata=_flag("seed of initialisation and batch order (default 0)")
+    )
+
+
+TINY = {
+    "model": "mlp32",
+    "members": 4,
+    "conv_members": 2,
+    "batch_size": 32,
+    "repeats": 2,
+    "epoch_cap": 8,
+    "matmul_size": 256,
+    "members_per_device": (1, 2, 4),
+}
+"""The defaults that ``tiny=True`` changes (given values still override them)."""
+
+_POSITIVE = ("members", "conv_members", "batch_size", "repeats", "epoch_cap", "matmul_size")
+
+
+def known_cases() -> tuple[str, ...]:
+    """Every case name, in the order the cases run.
+
+    Returns:
+      The names of all groups' cases.
+
+    Example:
+      >>> known_cases()[:2]
+      ('matmul', 'howto')
+    """
+    return tuple(c for cases in GROUPS.values() for c in cases)
+
+
+def resolve(tiny: bool = False, **given: Any) -> BenchConfig:
+    """Builds a checked :class:`BenchConfig` from given values (None means "the default").
+
+    ``tiny=True`` changes the defaults (given values still override them, see
+    :data:`TINY`): model ``MLP((32,))``, 4 members (2 in the conv cases), batch 32,
+    2 repeats, members per device up to 4, at most 1,024 training examples, chunks
+    capped at 8 steps, a 256 x 256 matmul.
+
+    Args:
+      tiny: the CI configuration.
+      **given: :class:`BenchConfig` field values; ``cases`` may be a comma-separated
+        string or a sequence of case and group names (empty: all cases).
+
+    Returns:
+      The config.
+
+    Raises:
+      ValueError: an unknown field, a value out of range or an unknown case name (one
+        line naming the value and its flag).
+
+    Example:
+      >>> resolve(tiny=True, cases="howto,backends").members
+      4
+    """
+    fields = {f.name for f in dataclasses.fields(BenchConfig)}
+    unknown = sorted(set(given) - fields)
+    if unknown:
+        raise ValueError(f"bench: unknown setting(s) {', '.join(unknown)}; known: {sorted(fields)}")
+    values: dict[str, Any] = dict(TINY) if tiny else {}
+    values.update({k: v for k, v in given.items() if v is not None})
+    for name in _POSITIVE:
+        value = values.get(name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{_dashed(name)} {value} must be a positive integer")
+    if values.get("warmup", 0) < 0:
+        raise ValueError(f"--warmup {values['warmup']} must be 0 or more")
+    budget = values.get("case_budget")
+    if budget is not None and not budget > 0:
+        raise ValueError(f"--case-budget {budget} must be a positive number")
+    if values.get("model", "cnn") not in (*MODELS, "mlp32"):
+        raise ValueError(f"--model {values['model']}: choose from {', '.join(MODELS)}")
+    if values.get("cases"):  # empty: all cases
+        values["cases"] = _cases(values["cases"])
+    return BenchConfig(tiny=tiny, **values)
+
+
+def _dashed(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _cases(cases: str | Sequence[str]) -> tuple[str, ...]:
+    text = cases if isinstance(cases, str) else ",".join(cases)
+    names = tuple(c.strip() for c in text.split(",") if c.strip())
+    known = set(GROUPS) | set(known_cases())
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ValueError(
+            f"--cases {text}: unknown {', '.join(unknown) or 'empty list'}; choose from the "
+            f"groups {', '.join(GROUPS)} or their cases {', '.join(known_cases())}"
+        )
+    return names
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """What a case computes; cases with equal specs are timed once.
+
+    Attributes:
+      kind: ``"matmul"``, ``"howto"``, ``"ensemble"``, ``"chunk"`` or ``"sequential"``.
+      model: a :func:`meshensemble.bench.workloads.make_model` id (the matmul's size for
+        ``"matmul"``).
+      members: members trained per step.
+      devices: devices used (for ``"howto"``: per HOWTO run).
+      ensemble: the mesh's ``ensemble`` axis.
+      data: the mesh's ``data`` axis.
+      backend: ``"shard_map"`` or ``"pmap"``.
+      strategy: the resolved member strategy, ``"vmap"`` or ``"loop"``.
+      k: steps per call.
+      precision: ``"fp32"`` or ``"bf16"`` (mixed precision, ``compute_dtype=bfloat16``).
+
+    Example:
+      >>> Spec("ensemble", "mlp32", members=4, strategy="vmap")
+    """
+
+    kind: str
+    model: str
+    members: int = 1
+    devices: int = 1
+    ensemble: int = 1
+    data: int = 1
+    backend: str = "shard_map"
+    strategy: str = "loop"
+    k: int = 1
+    precision: str = "fp32"
+
+
+@dataclasses.dataclass
+class Case:
+    """A named case: its group, its spec and a one-line description.
+
+    Attributes:
+      name: e.g. ``"mpd_4"``.
+      group: its group in :data:`GROUPS`.
+      spec: what it computes.
+      description: one line for the table.
+
+    Example:
+      >>> Case("matmul", "matmul", Spec("matmul", "256"), "float32 matmul")
+    """
+
+    name: str
+    group: str
+    spec: Spec
+    description: str
+
+
+def plain_model(model_id: str) -> str:
+    """The model as its users' own code runs it: a conv model with XLA's convolution.
+
+    Also the model whose FLOPs a reformulated model performs (its useful work).
+
+    Args:
+      model_id: a bench model id, e.g. ``"cnn-im2col"``.
+
+    Returns:
+      ``"cnn-xla"`` / ``"tinyconv-xla"`` for the conv models, else the base id.
+
+    Example:
+      >>> plain_model("cnn-im2col")
+      'cnn-xla'
+    """
+    base = model_id.split("-")[0]
+    return f"{base}-xla" if base in ("cnn", "tinyconv") else base
+
+
+def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int) -> list[Case]:
+    """The cases a config runs, in order, with their specs.
+
+    Args:
+      cfg: the bench config.
+      num_devices: devices available.
+      platform: ``"cpu"``, ``"gpu"`` ...
+      steps_per_epoch: full batches in the training set.
+
+    Returns:
+      The selected cases (cases that need more devices than exist are left out).
+
+    Example:
+      >>> [c.name for c in plan(BenchConfig(cases=("mesh",)), 8, "cpu", 468)]
+      ['mesh_1', 'mesh_2', 'mesh_4', 'mesh_8']
+    """
+    m, model = cfg.members, cfg.model
+    auto = default_strategy(platform)
+    conv = "cnn" if model == "cnn" else "tinyconv"
+    if model == "cnn":  # as the library runs it: the platform's default convolution
+        model = f"cnn-{default_conv(platform)}"
+    whole = default_mesh_shape(m, num_devices)
+    e, d = whole["ensemble"], whole["data"]
+    k_epoch = min(steps_per_epoch, cfg.epoch_cap or steps_per_epoch)
+    k_default = min(default_chunk_steps(platform, steps_per_epoch), k_epoch)
+    k8 = min(8, steps_per_epoch)
+    on_all = dict(members=m, devices=num_devices, ensemble=e, data=d, strategy=auto)
+    on_one = dict(members=m, devices=1, ensemble=1, data=1)
+    # The HOWTO's layout, which the pmap backend also needs: one member per device.
+    on_line = dict(members=m, devices=e, ensemble=e, data=1, strategy=auto)
+
+    cases = [
+        Case("matmul", "matmul", Spec("matmul", str(cfg.matmul_size)), "float32 matmul"),
+        Case(
+            "howto",
+            "howto",
+            Spec("howto", plain_model(model), m, e),
+            f"Flax HOWTO pmap, {e} member(s)/run x {m // e} run(s)",
+        ),
+        Case(
+            "ens_pmap",
+            "backends",
+            Spec("ensemble", model, backend="pmap", **on_line),
+            "Ensemble(backend=pmap).train_step",
+        ),
+        Case(
+            "ens_shard_map",
+            "backends",
+            Spec("ensemble", model, **on_line),
+            "Ensemble(backend=shard_map).train_step",
+        ),
+    ]
+    for name, k, what in (
+        ("chunk_default", k_default, f"train.py chunk, default K={k_default}"),
+        ("chunk_k1", 1, "train.py chunk, K=1"),
+        ("chunk_k8", k8, f"train.py chunk, K={k8} (lax.scan)"),
+        ("chunk_epoch", k_epoch, f"train.py chunk, K={k_epoch} (epoch {steps_per_epoch})"),
+    ):
+        cases.append(Case(name, "chunk", Spec("chunk", model, k=k, **on_all), what))
+    cases.append(
+        Case(
+            "sequential",
+            "sequential",
+            Spec("sequential", plain_model(model), m),
+            f"{m} members one after another, jitted step",
+        )
+    )
+    for n in cfg.members_per_device:
+        cases.append(
+            Case(
+                f"mpd_{n}",
+                "members",
+                Spec("ensemble", model, n, strategy=auto),
+                f"{n} member(s) on 1 device ({auto})",
+            )
+        )
+    for n in (1, 2, 4, 8):
+        if n <= num_devices:
+            en = math.gcd(m, n)
+            spec = Spec("ensemble", model, m, n, en, n // en, strategy=auto)
+            cases.append(Case(f"mesh_{n}", "mesh", spec, f"{m} members on {n} device(s)"))
+    for strategy in ("vmap", "loop"):
+        cases.append(
+            Case(
+                f"strategy_{strategy}",
+                "strategy",
+                Spec("ensemble", model, strategy=strategy, **on_one),
+                f"{m} members on 1 device, {strategy}",
+            )
+        )
+    mc = min(cfg.conv_members or m, m)
+    ec = math.gcd(mc, num_devices)
+    conv_one = dict(members=mc, devices=1, ensemble=1, data=1)
+    conv_all = dict(members=mc, devices=num_devices, ensemble=ec, data=num_devices // ec)
+    for name, model_id, strategy in (
+        ("reform_base_loop", f"{conv}-xla", "loop"),
+        ("reform_im2col_vmap", f"{conv}-im2col", "vmap"),
+        ("reform_im2col_loop", f"{conv}-im2col", "loop"),
+    ):
+        spec = Spec("ensemble", model_id, strategy=strategy, **conv_one)
+        cases.append(Case(name, "reform", spec, f"{model_id}, {mc} on 1 device, {strategy}"))
+    cases.append(
+        Case(
+            "reform_im2col_sequential",
+            "reform",
+            Spec("sequential", f"{conv}-im2col", mc),
+            f"{conv}-im2col, {mc} one after another, jitted step",
+        )
+    )
+    for name, model_id, k in (
+        ("scan_base_k1", f"{conv}-xla", 1),
+        ("scan_base_k8", f"{conv}-xla", k8),
+        ("scan_canonical_k1", f"{conv}-canonical", 1),
+        ("scan_canonical_k8", f"{conv}-canonical", k8),
+    ):
+        spec = Spec("chunk", model_id, k=k, strategy=auto, **conv_all)
+        cases.append(Case(name, "scan", spec, f"{model_id} chunk, K={k}"))
+
+    for precision in ("fp32", "bf16"):
+        spec = Spec("ensemble", model, precision=precision, **on_one, strategy=auto)
+        what = f"{m} members on 1 device, {precision}"
+        cases.append(Case(f"precision_{precision}", "precision", spec, what))
+
+    if cfg.cases:
+        chosen = {c for n in cfg.cases for c in GROUPS.get(n, (n,))}
+        cases = [c for c in cases if c.name in chosen]
+    return cases

@@ -1,0 +1,420 @@
+"""The results: per-case entries, the ratios, the issue's targets, the table, JSON, the plot.
+
+:func:`collect` turns the timed runners into the dict that ``--out`` holds;
+:func:`format_table` prints it, :func:`write_json` writes it and :func:`plot_members`
+draws time per step against members per device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform as platform_lib
+import sys
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from typing import Any
+
+import jax
+import numpy as np
+
+from meshensemble import plots
+from meshensemble.bench.cases import Runner
+from meshensemble.bench.config import BenchConfig, Case, Spec
+from meshensemble.bench.timing import stats
+from meshensemble.bench.workloads import Context
+
+TARGETS: dict[str, tuple[str, float]] = {
+    "one_device_over_sequential": ("<=", 0.75),
+    "shard_map_over_pmap": ("<=", 1.05),
+    "on_device_loop_over_howto": ("<=", 0.9),
+    "members_per_device_scaling_max": ("<=", 1.0),
+    "memory_over_state_activations": ("<=", 1.3),
+}
+"""The issue's targets: ratio name -> (comparison, bound)."""
+
+
+def collect(
+    cfg: BenchConfig,
+    ctx: Context,
+    cases: Sequence[Case],
+    runners: Mapping[Spec, Runner],
+    owner: Mapping[Spec, str],
+) -> dict[str, Any]:
+    """The results of timed runners, in the layout of ``--out``.
+
+    Args:
+      cfg: the config.
+      ctx: the shared inputs (data, FLOPs, memory floors).
+      cases: the planned cases, in order.
+      runners: each distinct spec's timed runner.
+      owner: each spec's first case (the others are reported ``same_as`` it).
+
+    Returns:
+      ``meta`` (date, versions, devices, config, data), ``cases`` (per case: time per
+      step, member-examples per second, FLOP/s, peak memory, memory per member ...),
+      ``ratios`` and ``targets``.
+
+    Example:
+      >>> results = collect(cfg, ctx, cases, runners, owner)
+    """
+    dataset = ctx.dataset
+    matmul = next((r for s, r in runners.items() if s.kind == "matmul"), None)
+    matmul_flops = None
+    if matmul is not None and matmul.samples:
+        matmul_flops = matmul.flops_per_call / float(np.median(matmul.samples))
+    out_cases: dict[str, Any] = {}
+    for case in cases:
+        r, spec = runners[case.spec], case.spec
+        entry: dict[str, Any] = {
+            "group": case.group,
+            "description": case.description,
+            "same_as": None if owner[spec] == case.name else owner[spec],
+            **dataclasses.asdict(spec),
+            "members_per_device": spec.members // max(spec.ensemble, 1),
+            "time_per_step_s": stats(r.samples),
+            "compile_s": r.compile_s,
+            "first_call_s": r.first_call_s,
+            "peak_memory_bytes": r.peak_bytes,
+            "memory_source": r.memory_source,
+        }
+        t = entry["time_per_step_s"]["median"]
+        if spec.kind == "matmul":
+            entry["members_per_device"] = None
+            entry["flops_per_s"] = matmul_flops
+            entry["member_examples_per_s"] = None
+        else:
+            if spec.kind == "howto":
+                entry["members_per_device"] = 1
+                entry["howto_runs"] = spec.members // spec.devices
+            flops = ctx.flops_per_example(spec.model)
+            entry["flops_per_example"] = flops
+            if spec.kind in ("ensemble", "sequential") and r.program_bytes:
+                on_device = 1 if spec.kind == "sequential" else entry["members_per_device"]
+                floor = ctx.footprint(spec.model)
+                per_member = r.program_bytes / on_device
+                entry["memory_per_member_bytes"] = per_member
+                entry["state_bytes_per_member"] = floor["state"]
+                entry["activation_bytes_per_member"] = floor["activations"]
+                entry["memory_over_state_activations"] = per_member / sum(floor.values())
+            entry["member_examples_per_s"] = spec.members * cfg.batch_size / t
+            entry["flops_per_s"] = entry["member_examples_per_s"] * flops
+        entry["fraction_of_matmul_flops"] = (
+            entry["flops_per_s"] / matmul_flops
+            if matmul_flops and entry.get("flops_per_s") is not None
+            else None
+        )
+        out_cases[case.name] = entry
+    ratios = compute_ratios(out_cases, cfg)
+    devices = jax.devices()
+    meta = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "jax_version": jax.__version__,
+        "jaxlib_version": _version("jaxlib"),
+        "flax_version": _version("flax"),
+        "python": platform_lib.python_version(),
+        "platform": devices[0].platform,
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+        "cpu_count": os.cpu_count(),
+        "machine": platform_lib.machine(),
+        "processor": _cpu_name(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "argv": sys.argv,
+        "config": dataclasses.asdict(cfg),
+        "data": {
+            "name": dataset.name,
+            "source": dataset.source,
+            "note": dataset.note,
+            "num_train": dataset.num_train,
+            "steps_per_epoch": ctx.steps_per_epoch,
+        },
+        "flops_per_example": ctx.flops,
+        "flops_source": ctx.flops_source,
+        "matmul_flops_per_s": matmul_flops,
+        "peak_memory_note": (
+            "per device: device.memory_stats() peak_bytes_in_use where the device reports it "
+            "(a process-wide running peak), else the compiled program's memory_analysis() "
+            "(arguments + outputs + temporaries - aliased)"
+        ),
+        "memory_per_member_note": (
+            "the compiled step's memory_analysis() per device divided by the members on "
+            "the device, against one member's parameters + optimizer state + the residuals "
+            "jax.vjp keeps for the backward pass of one batch"
+        ),
+    }
+    return {"meta": meta, "cases": out_cases, "ratios": ratios, "targets": check_targets(ratios)}
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform_lib.processor()
+
+
+def compute_ratios(c: Mapping[str, Any], cfg: BenchConfig) -> dict[str, Any]:
+    """The ratios between cases that the targets and the docs quote.
+
+    A ratio whose cases were not run is None (an empty dict for the per-size ones).
+
+    Args:
+      c: the ``cases`` of the results.
+      cfg: the config.
+
+    Returns:
+      Ratio name -> value (time ratios below 1 mean the first case is faster), and the
+      names of the cases some ratios picked (``one_device_case``, ``best_one_device_case``).
+
+    Example:
+      >>> compute_ratios(results["cases"], cfg)["shard_map_over_pmap"]
+    """
+
+    def t(name: str) -> float | None:
+        return c[name]["time_per_step_s"]["median"] if name in c else None
+
+    def div(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    def per_member_example(name: str) -> float | None:
+        return t(name) / (c[name]["members"] * cfg.batch_size) if t(name) is not None else None
+
+    auto = next(
+        (n for n in ("strategy_loop", "strategy_vmap") if n in c and c[n]["same_as"] is None),
+        None,
+    )
+    one_device = next(
+        (n for n in (f"mpd_{cfg.members}", "mesh_1", "strategy_loop", "strategy_vmap") if n in c),
+        auto,
+    )
+    r: dict[str, Any] = {
+        "shard_map_over_pmap": div(t("ens_shard_map"), t("ens_pmap")),
+        "one_device_over_sequential": div(t(one_device), t("sequential")) if one_device else None,
+        "one_device_case": one_device,
+        "loop_over_sequential": div(t("strategy_loop"), t("sequential")),
+        "vmap_over_sequential": div(t("strategy_vmap"), t("sequential")),
+        "vmap_over_loop": div(t("strategy_vmap"), t("strategy_loop")),
+        "reform_im2col_vmap_over_base_loop": div(t("reform_im2col_vmap"), t("reform_base_loop")),
+        "reform_im2col_loop_over_base_loop": div(t("reform_im2col_loop"), t("reform_base_loop")),
+        "reform_im2col_loop_over_im2col_sequential": div(
+            t("reform_im2col_loop"), t("reform_im2col_sequential")
+        ),
+        "on_device_loop_over_howto": div(
+            per_member_example("chunk_default"), per_member_example("howto")
+        ),
+        "on_device_loop_over_howto_by_k": {
+            n: div(per_member_example(n), per_member_example("howto"))
+            for n in ("chunk_k1", "chunk_k8", "chunk_epoch")
+            if n in c and "howto" in c
+        },
+        "ens_shard_map_over_howto": div(t("ens_shard_map"), t("howto")),
+        "scan_over_jit": div(t("chunk_k8"), t("chunk_k1")),
+        "scan_base_k8_over_k1": div(t("scan_base_k8"), t("scan_base_k1")),
+        "scan_canonical_k8_over_k1": div(t("scan_canonical_k8"), t("scan_canonical_k1")),
+        "scan_canonical_k8_over_base_k1": div(t("scan_canonical_k8"), t("scan_base_k1")),
+        "bf16_over_fp32": div(t("precision_bf16"), t("precision_fp32")),
+    }
+    # The fastest way found to train the members on one device, against the sequential
+    # loop (for the CNN the reform cases train the same members as the main cases).
+    same_model = cfg.model == "cnn" and (cfg.conv_members or cfg.members) == cfg.members
+    options = ["strategy_loop", "strategy_vmap"]
+    options += ["reform_im2col_loop", "reform_im2col_vmap"] if same_model else []
+    timed = {n: t(n) for n in options if t(n) is not None}
+    if timed and t("sequential"):
+        best = min(timed, key=lambda n: timed[n])
+        r["best_one_device_case"] = best
+        r["best_one_device_over_sequential"] = timed[best] / t("sequential")
+    else:
+        r["best_one_device_case"], r["best_one_device_over_sequential"] = None, None
+    # Memory per member of the members' step on one device, against state + activations.
+    r["memory_over_state_activations"] = (
+        c[one_device].get("memory_over_state_activations") if one_device else None
+    )
+    r["memory_over_state_activations_by_case"] = {
+        n: e["memory_over_state_activations"]
+        for n, e in c.items()
+        if e.get("memory_over_state_activations") is not None and e["same_as"] is None
+    }
+    mpd = {n: t(f"mpd_{n}") for n in cfg.members_per_device if f"mpd_{n}" in c}
+    if 1 in mpd:
+        r["members_per_device_scaling"] = {str(n): v / (n * mpd[1]) for n, v in mpd.items()}
+        r["members_per_device_scaling_max"] = max(r["members_per_device_scaling"].values())
+    else:
+        r["members_per_device_scaling"], r["members_per_device_scaling_max"] = {}, None
+    mesh = {n: t(f"mesh_{n}") for n in (1, 2, 4, 8) if f"mesh_{n}" in c}
+    if 1 in mesh:
+        r["mesh_speedup"] = {str(n): mesh[1] / v for n, v in mesh.items()}
+        r["mesh_efficiency"] = {str(n): mesh[1] / (n * v) for n, v in mesh.items()}
+    else:
+        r["mesh_speedup"], r["mesh_efficiency"] = {}, {}
+    return r
+
+
+def check_targets(ratios: Mapping[str, Any]) -> dict[str, Any]:
+    """Each target of :data:`TARGETS` with its measured value and whether it is met.
+
+    Args:
+      ratios: from :func:`compute_ratios`.
+
+    Returns:
+      Target name -> ``{"value", "target", "met"}`` (``met`` None when not measured).
+
+    Example:
+      >>> check_targets({"shard_map_over_pmap": 0.9})["shard_map_over_pmap"]["met"]
+      True
+    """
+    out = {}
+    for name, (op, bound) in TARGETS.items():
+        value = ratios.get(name)
+        met = None if value is None else (value <= bound if op == "<=" else value >= bound)
+        out[name] = {"value": value, "target": f"{op} {bound}", "met": met}
+    return out
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """The results as a text table, then the ratios and targets.
+
+    Args:
+      results: from :func:`meshensemble.bench.run_bench`.
+
+    Returns:
+      The text.
+
+    Example:
+      >>> print(format_table(run_bench(cfg)))
+    """
+    head = (
+        f"{'case':<20} {'M':>3} {'dev':>3} {'M/dev':>5} {'K':>4} {'ms/step':>9} {'IQR':>7} "
+        f"{'m-ex/s':>8} {'GFLOP/s':>8} {'%mm':>5} {'peak MiB':>8}  notes"
+    )
+    lines = [head, "-" * len(head)]
+    for name, e in results["cases"].items():
+        st = e["time_per_step_s"]
+        mex = e.get("member_examples_per_s")
+        fl = e.get("flops_per_s")
+        frac = e.get("fraction_of_matmul_flops")
+        peak = e.get("peak_memory_bytes")
+        note = f"= {e['same_as']}" if e["same_as"] else e["description"]
+        is_mm = e["kind"] == "matmul"
+        lines.append(
+            f"{name:<20} {'' if is_mm else e['members']:>3} {e['devices']:>3} "
+            f"{e['members_per_device'] or '':>5} {e['k']:>4} {1e3 * st['median']:>9.1f} "
+            f"{1e3 * st['iqr']:>7.1f} {'' if mex is None else f'{mex:.0f}':>8} "
+            f"{'' if fl is None else f'{fl / 1e9:.1f}':>8} "
+            f"{'' if frac is None else f'{100 * frac:.0f}':>5} "
+            f"{'' if peak is None else f'{peak / 2**20:.0f}':>8}  {note}"
+        )
+    lines.append("")
+    for name, v in results["ratios"].items():
+        if isinstance(v, dict):
+            if v:
+                lines.append(f"{name}: " + ", ".join(f"{k}={x:.2f}" for k, x in v.items()))
+        elif isinstance(v, float):
+            lines.append(f"{name}: {v:.3f}")
+    lines.append("")
+    for name, tgt in results["targets"].items():
+        met = {True: "MET", False: "NOT MET", None: "not measured"}[tgt["met"]]
+        value = "-" if tgt["value"] is None else f"{tgt['value']:.3f}"
+        lines.append(f"target {name} {tgt['target']}: {value} {met}")
+    return "\n".join(lines)
+
+
+def plot_members(results: dict[str, Any], path: str) -> bool:
+    """Plots time per step against members per device (the ``mpd_*`` cases).
+
+    Draws the measured median with its interquartile range, linear growth from one
+    member, and the sequential baseline's time per member.
+
+    Args:
+      results: from :func:`meshensemble.bench.run_bench`.
+      path: the PNG to write.
+
+    Returns:
+      Whether there was anything to plot (at least one ``mpd_*`` case).
+
+    Example:
+      >>> plot_members(results, "docs/_static/bench_members.png")
+    """
+    cases = results["cases"]
+    pts = sorted(
+        (e["members"], e["time_per_step_s"]) for n, e in cases.items() if n.startswith("mpd_")
+    )
+    if not pts:
+        return False
+    plt = plots.pyplot()
+    m = np.array([p[0] for p in pts], float)
+    med = np.array([p[1]["median"] for p in pts]) * 1e3
+    lo = med - np.array([p[1]["q1"] for p in pts]) * 1e3
+    hi = np.array([p[1]["q3"] for p in pts]) * 1e3 - med
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    ax.errorbar(m, med, yerr=[lo, hi], marker="o", capsize=3, label="ensemble, 1 device")
+    if m[0] == 1:
+        ax.plot(m, med[0] * m, ls="--", color="gray", label="linear from 1 member")
+    if "sequential" in cases:
+        seq = cases["sequential"]
+        per_member = seq["time_per_step_s"]["median"] * 1e3 / seq["members"]
+        ax.plot(m, per_member * m, ls=":", color="tab:red", label="sequential (jitted step)")
+    meta = results["meta"]
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="members per device",
+        ylabel="time per step (ms)",
+        title=(
+            f"{meta['config']['model']}, batch {meta['config']['batch_size']}: "
+            f"{meta['device_count']} {meta['device_kind']} device(s), "
+            f"{meta['cpu_count']} CPU cores, JAX {meta['jax_version']}"
+        ),
+    )
+    ax.set_xticks(m, [str(int(v)) for v in m])
+    ticks = [
+        v
+        for v in (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+        if med.min() / 1.5 <= v <= med.max() * 2
+    ]
+    if ticks:
+        ax.set_yticks(ticks, [str(v) for v in ticks])
+        ax.minorticks_off()
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_json(results: Mapping[str, Any], path: str) -> None:
+    """Writes the results as indented JSON, making the file's folder if needed.
+
+    Args:
+      results: from :func:`meshensemble.bench.run_bench`.
+      path: the file.
+
+    Example:
+      >>> write_json(results, "bench.json")
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1, default=_json_default)
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, tuple):
+        return list(v)
+    return str(v)

@@ -1,0 +1,341 @@
+"""What the cases share: the models, the data, the members' initial states and their costs.
+
+Everything a case trains starts here, on the host: member ``i`` of a model has the same
+parameters in every case, so the cases differ only in how they train, never in what.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from meshensemble import data, models
+from meshensemble.bench.config import BenchConfig, plain_model
+from meshensemble.core.mesh import member_sharding
+from meshensemble.core.state import EnsembleState
+from meshensemble.models.conv import CONV_IMPLS, conv_general_dilated
+
+CNN_TRAIN_FLOPS_PER_EXAMPLE = 27.4e6
+"""Forward + backward FLOPs of :class:`meshensemble.models.CNN` per 28x28 example."""
+
+
+class TinyConvNet(nn.Module):
+    """One 4-feature 3x3 convolution, ReLU, 2x2 average pooling and the output layer.
+
+    The conv model of the ``reform`` and ``scan`` cases when the main model is an MLP
+    (the tiny CI configuration): those cases compare convolution implementations, and
+    :class:`meshensemble.models.CNN` (32 and 64 features, a 256-wide dense layer, about
+    27 MFLOP per example) is far too large for a bench that must finish in a minute. The
+    zoo has no conv model this small, so the bench keeps this one. Inputs
+    ``[B, 28, 28, 1]``, outputs ``[B, num_classes]``; parameters ``Conv_0``, ``Dense_0``.
+
+    Attributes:
+      impl: the convolution, ``"auto"``, ``"xla"``, ``"im2col"`` or ``"canonical"``
+        (see :mod:`meshensemble.models.conv`).
+      num_classes: outputs.
+
+    Example:
+      >>> logits = TinyConvNet(impl="im2col").apply(params, images)  # [B, 10]
+    """
+
+    impl: str = "auto"
+    num_classes: int = 10
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        conv = nn.Conv(4, (3, 3), conv_general_dilated=conv_general_dilated(self.impl))
+        x = nn.avg_pool(nn.relu(conv(x)), window_shape=(2, 2), strides=(2, 2))
+        return nn.Dense(self.num_classes)(x.reshape((x.shape[0], -1)))
+
+
+def make_model(model_id: str) -> nn.Module:
+    """The Linen module of a bench model id.
+
+    Args:
+      model_id: ``"cnn"`` (:class:`meshensemble.models.CNN` as the library runs it, with
+        ``conv="auto"``), ``"cnn-xla"`` (the plain Flax CNN, XLA's convolution: what the
+        HOWTO and a sequential loop run), ``"cnn-im2col"``, ``"cnn-canonical"`` (the CNN
+        with those convolutions, see :mod:`meshensemble.models.conv`), ``"mlp"``
+        (:class:`meshensemble.models.MLP`), ``"mlp32"`` (``MLP((32,))``, the tiny
+        configuration's), ``"tinyconv"``, ``"tinyconv-xla"``, ``"tinyconv-im2col"``,
+        ``"tinyconv-canonical"`` (:class:`TinyConvNet`).
+
+    Returns:
+      A ``flax.linen.Module``.
+
+    Raises:
+      ValueError: an unknown id.
+
+    Example:
+      >>> make_model("cnn-im2col")
+    """
+    if model_id == "mlp":
+        return models.MLP()
+    if model_id == "mlp32":
+        return models.MLP((32,))
+    base, _, impl = model_id.partition("-")
+    if base == "cnn" and impl in ("", *CONV_IMPLS):
+        return models.CNN(conv=impl or "auto")
+    if base == "tinyconv" and impl in ("", *CONV_IMPLS):
+        return TinyConvNet(impl=impl or "auto")
+    raise ValueError(f"bench model {model_id!r} is unknown; choose cnn[-impl], mlp, mlp32")
+
+
+def load_data(cfg: BenchConfig, say: Callable[[str], None]) -> data.Dataset:
+    """The bench's data: ``cfg.data_file``, else the embedded sample, else synthetic.
+
+    Args:
+      cfg: the config (``tiny`` keeps the first 1,024 training examples).
+      say: where a note about a fallback goes.
+
+    Returns:
+      The :class:`meshensemble.data.Dataset`.
+
+    Raises:
+      DataError: an unreadable ``cfg.data_file``.
+
+    Example:
+      >>> ds = load_data(BenchConfig(tiny=True), print)
+    """
+    if cfg.data_file:
+        ds = data.load_npz(cfg.data_file)
+    else:
+        try:
+            ds = data.load_sample()
+        except data.DataError as err:
+            say(f"embedded sample unavailable ({err.reason}); using synthetic data")
+            ds = data.synthetic(num_train=2048, num_test=64, seed=cfg.seed)
+    if cfg.tiny and ds.num_train > 1024:
+        ds = data.Dataset(
+            ds.name,
+            ds.train_images[:1024],
+            ds.train_labels[:1024],
+            ds.test_images[:64],
+            ds.test_labels[:64],
+            ds.source,
+            f"{ds.note}; first 1,024 training examples",
+        )
+    return ds
+
+
+def single_step(module: nn.Module, tx: optax.GradientTransformation) -> Callable[..., Any]:
+    """One model's train step on uint8 images: the sequential baseline's step.
+
+    Args:
+      module: a Linen model.
+      tx: the optimizer.
+
+    Returns:
+      ``step(params, opt_state, images [B, 28, 28, 1] uint8, labels [B]) -> (params,
+      opt_state, loss [])``, not jitted.
+
+    Example:
+      >>> step = jax.jit(single_step(make_model("mlp32"), optax.sgd(0.1)))
+    """
+
+    def step(params, opt_state, images, labels):
+        x = data.normalize(images)
+
+        def loss_fn(p):
+            logits = module.apply({"params": p}, x)
+            return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def cost_flops(compiled: Any) -> float | None:
+    """FLOPs of one call of a compiled program, from XLA's cost analysis.
+
+    Args:
+      compiled: a ``jax.stages.Compiled``.
+
+    Returns:
+      The FLOPs, or None where the backend reports none.
+
+    Example:
+      >>> cost_flops(jax.jit(jnp.matmul).lower(a, b).compile())
+    """
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - not every backend implements it
+        return None
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else None
+    flops = (cost or {}).get("flops")
+    return float(flops) if flops and flops > 0 else None
+
+
+def _nbytes(tree: Any) -> int:
+    return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(tree))
+
+
+class Context:
+    """The cases' shared inputs: data, host batches, members' states, cached costs.
+
+    Attributes:
+      cfg: the config.
+      dataset: the training data.
+      images: ``[N, 28, 28, 1]`` uint8 training images.
+      labels: ``[N]`` int32 labels.
+      steps_per_epoch: full batches in the training set.
+      batches: up to 32 batches of example indices ``[batch_size]`` the cases cycle over.
+      tx: the optimizer, ``optax.sgd(0.1, 0.9)`` (the Flax MNIST example's and HOWTO's).
+      flops: FLOPs per training example of each plain model id.
+      flops_source: where each came from: ``"cost_analysis"``, ``"analytic"``,
+        ``"unavailable"``.
+
+    Example:
+      >>> ctx = Context(cfg, load_data(cfg, print))
+    """
+
+    def __init__(self, cfg: BenchConfig, dataset: data.Dataset):
+        self.cfg = cfg
+        self.dataset = dataset
+        self.images = dataset.train_images
+        self.labels = dataset.train_labels.astype(np.int32)
+        self.steps_per_epoch = len(self.labels) // cfg.batch_size
+        perm = np.random.default_rng(cfg.seed).permutation(len(self.labels))
+        n = min(self.steps_per_epoch, 32)
+        self.batches = [perm[i * cfg.batch_size : (i + 1) * cfg.batch_size] for i in range(n)]
+        self.tx = optax.sgd(0.1, 0.9)
+        self.flops: dict[str, float] = {}
+        self.flops_source: dict[str, str] = {}
+        self._float_images: np.ndarray | None = None
+        self._shapes: dict[str, Any] = {}
+        self._params: dict[tuple[str, int], Any] = {}
+        self._footprints: dict[str, dict[str, int]] = {}
+
+    def host_batch(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Batch ``i`` (cycling) as uint8 images ``[B, 28, 28, 1]`` and labels ``[B]``."""
+        idx = self.batches[i % len(self.batches)]
+        return self.images[idx], self.labels[idx]
+
+    def howto_batch(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Batch ``i`` as the HOWTO feeds it: float32 images in ``[0, 1]``, labels ``[B]``.
+
+        The HOWTO normalises the whole set to float32 once, then indexes on the host.
+        """
+        if self._float_images is None:
+            self._float_images = self.images.astype(np.float32) / 255.0
+        idx = self.batches[i % len(self.batches)]
+        return self._float_images[idx], self.labels[idx]
+
+    def member_params(self, model_id: str, i: int) -> Any:
+        """Member ``i``'s parameters as numpy: LeCun-normal kernels, zero biases.
+
+        Made on the host, so no case compiles an initialiser; every case that trains
+        member ``i`` of a model starts from the same values.
+        """
+        key = (model_id, i)
+        if key not in self._params:
+            if model_id not in self._shapes:
+                module = make_model(model_id)
+                sample = jnp.zeros((1, *self.images.shape[1:]), jnp.float32)
+                self._shapes[model_id] = jax.eval_shape(
+                    lambda k: module.init(k, sample)["params"], jax.random.key(0)
+                )
+            rng = np.random.default_rng([self.cfg.seed, i])
+
+            def leaf(path: Any, s: Any) -> np.ndarray:
+                if str(getattr(path[-1], "key", "")) == "kernel":
+                    fan_in = math.prod(s.shape[:-1])
+                    return (rng.standard_normal(s.shape) / math.sqrt(fan_in)).astype(s.dtype)
+                return np.zeros(s.shape, s.dtype)
+
+            self._params[key] = jax.tree_util.tree_map_with_path(leaf, self._shapes[model_id])
+        return self._params[key]
+
+    def stacked_params(self, model_id: str, members: int, first: int = 0) -> Any:
+        """Members ``first .. first + members - 1``, leaves ``[members, ...]`` (numpy)."""
+        trees = [self.member_params(model_id, first + i) for i in range(members)]
+        return jax.tree.map(lambda *v: np.stack(v), *trees)
+
+    def opt_state(self, params: Any) -> Any:
+        """The optimizer's initial state of ``params`` (stacked or not), as numpy zeros.
+
+        ``sgd`` with momentum starts from zeros of the parameters' shapes.
+        """
+        shapes = jax.eval_shape(self.tx.init, params)
+        return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
+    def ensemble_state(self, model_id: str, members: int, mesh: jax.sharding.Mesh) -> Any:
+        """An :class:`meshensemble.EnsembleState` of the members, placed on ``mesh``."""
+        params = self.stacked_params(model_id, members)
+        rng = np.random.default_rng([self.cfg.seed, 1 << 20])
+        state = EnsembleState(
+            step=np.zeros((members,), np.int32),
+            params=params,
+            opt_state=self.opt_state(params),
+            model_state={},
+            rng=rng.integers(0, 2**32, (members, 2), dtype=np.uint32),  # raw legacy keys
+        )
+        return jax.device_put(state, member_sharding(mesh))
+
+    def footprint(self, model_id: str) -> dict[str, int]:
+        """One member's state and activation bytes, the floor of a step's memory.
+
+        ``state``: parameters + optimizer state. ``activations``: what the backward pass
+        keeps of one member's step on one batch (the residuals of ``jax.vjp`` of the
+        loss: the layers' saved inputs and outputs, the batch, and any parameter the
+        backward pass reads), measured with ``jax.eval_shape``, so nothing runs.
+        """
+        if model_id not in self._footprints:
+            module = make_model(model_id)
+            params = self.member_params(model_id, 0)
+            x, y = self.host_batch(0)
+
+            def residuals(p):
+                def loss(p):
+                    logits = module.apply({"params": p}, data.normalize(x))
+                    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
+
+                return jax.tree.leaves(jax.vjp(loss, p)[1])
+
+            self._footprints[model_id] = {
+                "state": _nbytes(params) + _nbytes(self.opt_state(params)),
+                "activations": _nbytes(jax.eval_shape(residuals, params)),
+            }
+        return self._footprints[model_id]
+
+    def flops_per_example(self, model_id: str) -> float:
+        """Training FLOPs per example of ``model_id`` (cost analysis of a jitted step)."""
+        fid = plain_model(model_id)
+        if fid not in self.flops:
+            step = single_step(make_model(fid), self.tx)
+            x, y = self.host_batch(0)
+            params = self.member_params(fid, 0)
+            compiled = jax.jit(step).lower(params, self.opt_state(params), x, y).compile()
+            self.record_flops(fid, compiled)
+        return self.flops[fid]
+
+    def record_flops(self, model_id: str, compiled: Any, examples: int | None = None) -> None:
+        """Keeps the FLOPs per example of a compiled one-device program of ``model_id``.
+
+        Args:
+          model_id: the program's model; reformulated models are skipped (their FLOPs
+            are counted as their base model's).
+          compiled: the compiled train step.
+          examples: member-examples per call (default one member's batch).
+        """
+        fid = plain_model(model_id)
+        if fid in self.flops or fid != model_id:
+            return
+        flops = cost_flops(compiled)
+        examples = examples or self.cfg.batch_size
+        if flops:
+            self.flops[fid], self.flops_source[fid] = flops / examples, "cost_analysis"
+        elif fid == "cnn-xla":
+            self.flops[fid], self.flops_source[fid] = CNN_TRAIN_FLOPS_PER_EXAMPLE, "analytic"
+        else:
+            self.flops[fid], self.flops_source[fid] = float("nan"), "unavailable"
