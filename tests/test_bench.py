@@ -5,12 +5,14 @@ No assertions on speed: the machine is shared, the tiny configuration measures n
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 
 import pytest
 
 from meshensemble import bench
+from meshensemble.cli import bench as cli_bench
 from meshensemble.cli import main
 
 RATIO_KEYS = (
@@ -108,3 +110,47 @@ def test_bad_flags_exit_2(argv, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path / "b.json")]) == 2
     assert "error:" in capsys.readouterr().err
     assert not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "flag"),
+    [
+        ({"repeats": 0}, "--repeats 0"),
+        ({"members": -1}, "--members -1"),
+        ({"warmup": -1}, "--warmup -1"),
+        ({"case_budget": 0.0}, "--case-budget 0.0"),
+        ({"cases": "backends,nope"}, "unknown nope"),
+        ({"model": "resnet"}, "--model resnet"),
+        ({"workers": 2}, "unknown setting(s) workers"),
+    ],
+)
+def test_resolve_raises_one_line_value_error_naming_the_value(given, flag):
+    with pytest.raises(ValueError, match=flag.replace("(", r"\(").replace(")", r"\)")) as err:
+        bench.resolve(**given)
+    assert "\n" not in str(err.value)
+
+
+def test_resolve_tiny_defaults_yield_to_given_values():
+    cfg = bench.resolve(tiny=True, batch_size=16, cases=["howto", "backends"], seed=None)
+    assert (cfg.model, cfg.members, cfg.batch_size) == ("mlp32", 4, 16)
+    assert cfg.cases == ("howto", "backends") and cfg.seed == 0
+    assert bench.resolve().members == bench.BenchConfig().members == 8
+
+
+def test_every_flagged_config_field_is_a_bench_flag():
+    parser = argparse.ArgumentParser()
+    cli_bench.add_parser(parser.add_subparsers())
+    flags = {
+        "--matmul-size": "64",
+        "--seed": "3",
+        "--epoch-cap": "2",
+        "--case-budget": "1.5",
+        "--model": "mlp",
+        "--cases": "howto",
+    }
+    args = parser.parse_args(["bench", *(x for kv in flags.items() for x in kv)])
+    given = {name: getattr(args, name) for name in cli_bench.FLAG_FIELDS if name != "tiny"}
+    cfg = bench.resolve(tiny=args.tiny, **given)
+    assert (cfg.matmul_size, cfg.seed, cfg.epoch_cap, cfg.case_budget) == (64, 3, 2, 1.5)
+    assert (cfg.model, cfg.cases) == ("mlp", ("howto",))
+    assert set(cli_bench.FLAG_FIELDS) >= {"members", "batch_size", "repeats", "out", "plot"}
