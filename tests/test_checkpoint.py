@@ -192,6 +192,51 @@ def test_an_unverified_truncated_checkpoint_is_unreadable_and_the_previous_one_u
     chex.assert_tree_all_finite(state)
 
 
+def small_state(members=4):
+    ens = me.Ensemble(me.models.MLP(), TX, members, me.make_mesh(4, 1))
+    return ens, ens.init(jax.random.PRNGKey(0), DATA.test_images[:1])
+
+
+def test_the_checksum_is_recorded_when_the_save_finalises_not_at_the_next_save(tmp_path):
+    need_devices(8)
+    _, state = small_state()
+    folder = tmp_path / "w" / "checkpoints"
+    ckpt = me.Checkpointer(str(tmp_path / "w"), keep=2)
+    try:
+        ckpt.save(1, state, {"step": 1})
+        deadline = time.monotonic() + 120  # guards against a hang only
+        while "1" not in read_checksums(str(folder)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        sums = read_checksums(str(folder))
+        # neither a next save nor close() came: the save's own finalisation recorded it,
+        # over the finished folder's final contents
+        assert list_checkpoints(tmp_path / "w") == [1]
+        assert sums == {"1": me.checkpoint.checkpoint_digest(str(folder / "1"))}
+    finally:
+        ckpt.close()
+    assert read_checksums(str(folder)) == sums
+
+
+def test_a_checkpoint_without_a_checksum_is_unverified_but_used_when_it_reads_back(tmp_path):
+    need_devices(8)
+    ens, state = small_state()
+    ckpt = me.Checkpointer(str(tmp_path / "w"))
+    ckpt.save(1, state, {"step": 1})
+    ckpt.save(2, state, {"step": 2})
+    ckpt.close()
+    folder = tmp_path / "w" / "checkpoints"
+    (folder / CHECKSUMS).write_text(json.dumps({"1": read_checksums(str(folder))["1"]}))
+    messages: list[str] = []
+    _, loop, step = me.restore_checkpoint(
+        str(tmp_path / "w"), ens, DATA.test_images[:1], echo=messages.append
+    )
+    assert (step, loop) == (2, {"step": 2})
+    assert messages == [
+        "checkpoint 2 has no recorded checksum (the run stopped before recording it): "
+        "unverified, but it reads back; using it"
+    ]
+
+
 def test_nonfinite_loss_stops_naming_members_or_reinitialises_them(tmp_path, npz, capsys):
     need_devices(8)
     workdir = tmp_path / "nan"

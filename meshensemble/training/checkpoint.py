@@ -4,8 +4,17 @@ and a checksum of every finished checkpoint.
 Orbax writes each checkpoint atomically (a temporary folder renamed when complete) and
 restores it onto any mesh (each leaf is read as the target sharding says). It detects a
 truncated file but not a flipped bit, so :class:`Checkpointer` records a SHA-256 of each
-finished checkpoint in ``checkpoints/checksums.json`` and checks it on restore: a
-damaged checkpoint is reported and the previous good one is used.
+checkpoint in ``checkpoints/checksums.json`` as soon as the save finalises: a watcher
+thread looks every :data:`WATCH_INTERVAL` seconds for the folder orbax renames into
+place, reads it once and writes its checksum. That leaves a window, from the rename to
+the checksum write (the polling interval plus the time to read the checkpoint back:
+milliseconds for small ensembles, seconds for gigabytes), in which a killed process
+leaves a finished checkpoint without a checksum; :func:`restore_checkpoint` reports
+such a checkpoint as "unverified" and uses it only if it reads back.
+
+On restore a checkpoint whose checksum does not match, or whose files cannot be read
+(truncated, garbled), is damaged: it is reported, moved to ``checkpoints_damaged/``
+beside ``checkpoints/`` (kept for inspection) and the previous one is used.
 """
 
 from __future__ import annotations
@@ -15,6 +24,8 @@ import json
 import logging
 import os
 import shutil
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +42,8 @@ CHECKPOINT_DIR = "checkpoints"
 """Folder under a run's workdir that holds its checkpoints."""
 CHECKSUMS = "checksums.json"
 """File in the checkpoint folder with the SHA-256 of each finished checkpoint."""
+WATCH_INTERVAL = 0.02
+"""Seconds between a checksum watcher's looks for a finished save."""
 DAMAGED_DIR = "checkpoints_damaged"
 """Folder under a run's workdir where damaged checkpoints are moved, kept for inspection
 (outside :data:`CHECKPOINT_DIR`, so orbax never lists them and the run can save that step
@@ -109,8 +122,10 @@ def checkpoint_digest(path: str) -> str:
 class Checkpointer:
     """Asynchronous saves with checksums; restores the newest good checkpoint.
 
-    Only process 0 writes the checksum file; all processes take part in saves (orbax
-    coordinates multi-process writes).
+    Each save runs in orbax's background thread; a watcher thread records the
+    checkpoint's SHA-256 as soon as orbax has renamed its folder into place (see the
+    module docstring for the window this leaves). Only process 0 writes the checksum
+    file; all processes take part in saves (orbax coordinates multi-process writes).
 
     Args:
       workdir: the run's folder.
@@ -128,11 +143,21 @@ class Checkpointer:
         self.dir = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
         self.mngr = checkpoint_manager(workdir, keep)
         self.echo = echo or log.info
-        self._unhashed: list[int] = []
+        self._main = jax.process_index() == 0
+        self._lock = threading.Lock()
+        self._unhashed: list[int] = []  # saved (or being saved), checksum not yet recorded
+        self._watchers: list[threading.Thread] = []
+        self._closing = threading.Event()
+        self._watch_error: tuple[int, Exception] | None = None
         self._failed = False
 
     def save(self, step: int, state: EnsembleState, loop: dict[str, Any]) -> None:
         """Starts saving checkpoint ``step``; the previous save is finished and hashed first.
+
+        Args:
+          step: the run's global step.
+          state: the ensemble state.
+          loop: JSON-serialisable loop position.
 
         Raises:
           CheckpointError: the disk refused the write (full, read-only...).
@@ -142,28 +167,66 @@ class Checkpointer:
             save_checkpoint(self.mngr, step, state, loop)
         except Exception as err:  # orbax wraps OSError in several types
             raise self._error(step, err) from None
-        self._unhashed.append(step)
+        with self._lock:
+            self._unhashed.append(step)
+        if self._main:
+            self._watchers = [t for t in self._watchers if t.is_alive()]
+            watcher = threading.Thread(
+                target=self._watch, args=(step,), name=f"checksum-{step}", daemon=True
+            )
+            watcher.start()
+            self._watchers.append(watcher)
+
+    def _watch(self, step: int) -> None:
+        """Records ``step``'s checksum once orbax has renamed its folder into place."""
+        final = os.path.join(self.dir, str(step))
+        while not os.path.isdir(final):
+            if self._closing.is_set() or step not in self._unhashed:
+                return  # the main thread records it, or the save failed
+            if not self.mngr.is_saving_in_progress() and not os.path.isdir(final):
+                return  # the save failed: the main thread reports it
+            time.sleep(WATCH_INTERVAL)
+        try:
+            self._record([step])
+        except Exception as err:  # e.g. no space left for the checksum file
+            self._watch_error = (step, err)
+
+    def _record(self, steps: list[int]) -> None:
+        """Writes the checksums of those of ``steps`` still unhashed (process 0)."""
+        with self._lock:
+            todo = [s for s in self._unhashed if s in steps]
+            if not todo:
+                return
+            if self._main:
+                sums = read_checksums(self.dir)
+                for s in todo:
+                    path = os.path.join(self.dir, str(s))
+                    if os.path.isdir(path):  # absent: deleted already (keep=1)
+                        sums[str(s)] = checkpoint_digest(path)
+                live = set(list_checkpoints(self.workdir))
+                sums = {k: v for k, v in sums.items() if k.isdigit() and int(k) in live}
+                _atomic_json(os.path.join(self.dir, CHECKSUMS), sums)
+            self._unhashed = [s for s in self._unhashed if s not in todo]
 
     def _finish(self) -> None:
-        pending, self._unhashed = self._unhashed, []
+        """Waits for the save in flight and records the checksums not yet recorded."""
+        pending = list(self._unhashed)
         try:
             self.mngr.wait_until_finished()
         except Exception as err:
             raise self._error(pending[-1] if pending else -1, err) from None
-        if pending and jax.process_index() == 0:
-            try:
-                sums = read_checksums(self.dir)
-                live = set(self.mngr.all_steps())
-                for step in pending:
-                    if step in live:
-                        sums[str(step)] = checkpoint_digest(os.path.join(self.dir, str(step)))
-                sums = {k: v for k, v in sums.items() if int(k) in live}
-                _atomic_json(os.path.join(self.dir, CHECKSUMS), sums)
-            except OSError as err:  # e.g. the disk filled up right after the save
-                raise self._error(pending[-1], err) from None
+        try:
+            self._record(pending)
+        except OSError as err:  # e.g. the disk filled up right after the save
+            raise self._error(pending[-1], err) from None
+        if self._watch_error is not None:
+            step, err = self._watch_error
+            raise self._error(step, err) from None
 
     def _error(self, step: int, err: Exception) -> CheckpointError:
         self._failed = True
+        with self._lock:
+            self._unhashed = []
         good = [s for s in self.mngr.all_steps() if s != step]
         prev = f"checkpoint {max(good)} is intact" if good else "no earlier checkpoint exists"
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
@@ -173,11 +236,17 @@ class Checkpointer:
         """Waits for the last save, records its checksum and closes the manager.
 
         After a failed save it only closes the manager: the error was already raised.
+
+        Raises:
+          CheckpointError: the last save failed.
         """
         try:
             if not self._failed:
                 self._finish()
         finally:
+            self._closing.set()
+            for watcher in self._watchers:
+                watcher.join(timeout=60)
             try:
                 self.mngr.close()
             except Exception:
@@ -301,6 +370,11 @@ def restore_checkpoint(
                             state=ocp.args.StandardRestore(target), loop=ocp.args.JsonRestore()
                         ),
                     )
+                    if want is None:
+                        say(
+                            f"checkpoint {s} has no recorded checksum (the run stopped before "
+                            "recording it): unverified, but it reads back; using it"
+                        )
                     return restored["state"], dict(restored["loop"]), int(s)
                 except Exception as err:  # truncated or unreadable files
                     reason = str(err).splitlines()[0] if str(err) else type(err).__name__
