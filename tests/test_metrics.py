@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 from meshensemble import metrics
+from meshensemble.core import stats as core_stats
 
 M, N, C, BINS = 5, 120, 6, 15
 TOL = {"rtol": 2e-5, "atol": 2e-5}
@@ -528,3 +529,44 @@ def test_streaming_and_finalize_reject_bad_input(data):
         metrics.finalize_stats({**stats, "count": 0.0}, num_bins=BINS)
     with pytest.raises(ValueError, match="mask"):
         metrics.streaming_stats(mp, mean, y, None)
+
+
+# --------------------------------------------------------------------------- the public face
+
+PUBLIC = [
+    "EPS",
+    "OOD_KINDS",
+    "accuracy",
+    "aupr",
+    "auroc",
+    "brier",
+    "calibration_bins",
+    "disagreement",
+    "ece",
+    "ece_from_bins",
+    "ensemble_metrics",
+    "entropy",
+    "ENSEMBLE_STAT_KEYS",
+    "MEMBER_STAT_KEYS",
+    "expected_entropy",
+    "finalize_stats",
+    "mutual_information",
+    "nll",
+    "ood_score",
+    "prefix_metrics",
+    "reliability_diagram_data",
+    "reliability_from_bins",
+    "streaming_stats",
+]
+
+
+def test_public_face_keeps_its_names_and_shares_the_core_sums():
+    assert sorted(metrics.__all__) == sorted(PUBLIC)
+    assert all(hasattr(metrics, name) for name in PUBLIC)
+    # One implementation: the core's evaluation and the metrics use the same objects.
+    assert metrics.streaming_stats is core_stats.streaming_stats
+    assert metrics.finalize_stats is core_stats.finalize_stats
+    assert metrics.MEMBER_STAT_KEYS is core_stats.MEMBER_STAT_KEYS
+    assert metrics.ENSEMBLE_STAT_KEYS is core_stats.ENSEMBLE_STAT_KEYS
+    assert metrics.EPS == core_stats.EPS == 1e-12
+    assert metrics.OOD_KINDS is metrics.ood.OOD_KINDS
