@@ -3,6 +3,7 @@ disks, damaged checkpoints, non-finite losses and bad input. Real processes, not
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -17,6 +18,7 @@ import chex
 import jax
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 from conftest import need_devices
 
@@ -235,6 +237,125 @@ def test_a_checkpoint_without_a_checksum_is_unverified_but_used_when_it_reads_ba
         "checkpoint 2 has no recorded checksum (the run stopped before recording it): "
         "unverified, but it reads back; using it"
     ]
+
+
+@pytest.fixture(scope="module")
+def run8(tmp_path_factory) -> Path:
+    """Checkpoints 1 and 2 (and an inference save) of 8 MLP members with SGD + momentum."""
+    need_devices(8)
+    workdir = tmp_path_factory.mktemp("run8")
+    ens = me.Ensemble(me.models.MLP(), TX, 8, me.make_mesh(8, 1))
+    state = ens.init(jax.random.PRNGKey(0), DATA.test_images[:1])
+    ckpt = me.Checkpointer(str(workdir))
+    ckpt.save(1, state, {"step": 1})
+    ckpt.save(2, state, {"step": 2})
+    ckpt.close()
+    me.save_inference(str(workdir / "inference"), state)
+    return workdir
+
+
+MISMATCHES = [
+    (4, TX, me.models.MLP, "holds 8 members; this ensemble has 4 members:"),
+    (
+        8,
+        optax.adam(1e-3),
+        me.models.MLP,
+        "holds 8 members with optimizer state (trace) of 101,770 numbers in float32; this "
+        "ensemble has 8 members with optimizer state (count, mu, nu) of",
+    ),
+    (
+        8,
+        TX,
+        me.models.CNN,
+        "holds 8 members with params {Dense_0, Dense_1} of 101,770 numbers in float32; this "
+        "ensemble has 8 members with params {Conv_0, Conv_1, Dense_0, Dense_1} of",
+    ),
+]
+
+
+@pytest.mark.parametrize("members,tx,model,message", MISMATCHES, ids=["members", "adam", "cnn"])
+def test_a_mismatched_ensemble_is_told_what_differs_and_nothing_falls_back(
+    run8, tmp_path, members, tx, model, message
+):
+    run8 = shutil.copytree(run8, tmp_path / "run8")
+    ens = me.Ensemble(model(), tx, members, me.make_mesh(4, 1))
+    messages: list[str] = []
+    with pytest.raises(me.CheckpointError) as caught:
+        me.restore_checkpoint(str(run8), ens, DATA.test_images[:1], echo=messages.append)
+    text = str(caught.value)
+    assert text.startswith(f"checkpoint 2 in {run8 / 'checkpoints'} {message}"), text
+    assert text.endswith(
+        ": the checkpoint itself is fine; build the ensemble with the run's config (its "
+        "config.json), or use --overwrite to start the run over"
+    ), text
+    assert "\n" not in text and "unreadable" not in text and "do not match" not in text
+    assert messages == [] and list_checkpoints(run8) == [1, 2]  # no fallback, nothing moved
+    assert not (run8 / "checkpoints_damaged").exists()
+    if tx is not TX:  # an inference save holds no optimizer state: any optimizer loads it
+        me.load_inference(str(run8 / "inference"), ens, DATA.test_images[:1])
+        return
+    with pytest.raises(me.CheckpointError) as caught:
+        me.load_inference(str(run8 / "inference"), ens, DATA.test_images[:1])
+    text = str(caught.value)
+    assert text.startswith(f"inference checkpoint {run8 / 'inference'} {message}"), text
+    assert text.endswith(
+        ": the checkpoint itself is fine; build the ensemble with the model and member count "
+        "it was saved from"
+    ), text
+    assert "\n" not in text and "strict" not in text
+
+
+READ_FAILURES = [
+    (MemoryError(), True, "out of memory (MemoryError)", "fine (its checksum matches)"),
+    (
+        ValueError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.2GiB"),
+        False,
+        "out of memory (ValueError: RESOURCE_EXHAUSTED: Out of memory",
+        "not known to be damaged (it has no recorded checksum)",
+    ),
+    (
+        PermissionError(errno.EACCES, "Permission denied", "state/_METADATA"),
+        False,
+        "permission denied (PermissionError: [Errno 13] Permission denied",
+        "not known to be damaged (it has no recorded checksum)",
+    ),
+    (
+        OSError(errno.EIO, "Input/output error"),
+        True,
+        "I/O error (OSError: [Errno 5] Input/output error)",
+        "fine (its checksum matches)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "error,verified,cause,fine", READ_FAILURES, ids=["oom", "xla-oom", "permission", "eio"]
+)
+def test_a_read_failure_that_is_not_damage_stops_instead_of_rolling_back(
+    run8, tmp_path, monkeypatch, error, verified, cause, fine
+):
+    workdir = tmp_path / "w"
+    shutil.copytree(run8, workdir)
+    if not verified:
+        (workdir / "checkpoints" / CHECKSUMS).write_text("{}")
+    real = ocp.CheckpointManager.restore
+
+    def restore(self, step, *args, **kwargs):
+        if step == 2:
+            raise error
+        return real(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "restore", restore)
+    ens = me.Ensemble(me.models.MLP(), TX, 8, me.make_mesh(8, 1))
+    messages: list[str] = []
+    with pytest.raises(me.CheckpointError) as caught:
+        me.restore_checkpoint(str(workdir), ens, DATA.test_images[:1], echo=messages.append)
+    text = str(caught.value)
+    assert text.startswith(
+        f"could not restore checkpoint 2 from {workdir / 'checkpoints'}: {cause}"
+    ), text
+    assert f"; the checkpoint itself is {fine}; " in text and "\n" not in text, text
+    assert messages == [] and list_checkpoints(workdir) == [1, 2]  # no rollback, nothing moved
 
 
 def test_nonfinite_loss_stops_naming_members_or_reinitialises_them(tmp_path, npz, capsys):

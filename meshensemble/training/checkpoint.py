@@ -336,7 +336,10 @@ def restore_checkpoint(
 
     Raises:
       FileNotFoundError: no checkpoint (or not that step) in ``workdir``.
-      CheckpointError: every candidate checkpoint is damaged.
+      CheckpointError: every candidate checkpoint is damaged; or ``ens`` does not fit
+        the checkpoint (member count, model, optimizer: the message names both sides);
+        or reading failed for a reason other than damage (out of memory, permission,
+        I/O), which stops here instead of falling back to an older checkpoint.
 
     Example:
       >>> state, loop, step = me.restore_checkpoint("runs/mnist", ens, images[:1])
@@ -359,32 +362,170 @@ def restore_checkpoint(
     problems = []
     try:
         for s in candidates:
-            want = sums.get(str(s))
-            if want is not None and checkpoint_digest(os.path.join(directory, str(s))) != want:
+            path, want = os.path.join(directory, str(s)), sums.get(str(s))
+            if not os.path.isdir(path):
+                continue  # deleted meanwhile (a running job keeps only its newest)
+            try:
+                got = checkpoint_digest(path) if want is not None else None
+            except FileNotFoundError:
+                continue
+            except OSError as err:  # permission, I/O: the files may well be fine
+                raise _restore_error(s, directory, err, verified=False) from None
+            if got != want:
                 problems.append(f"checkpoint {s} is damaged (checksum mismatch)")
             else:
                 try:
+                    _check_structure(
+                        os.path.join(path, "state"), target, f"checkpoint {s} in {directory}"
+                    )
                     restored = mngr.restore(
                         s,
                         args=ocp.args.Composite(
                             state=ocp.args.StandardRestore(target), loop=ocp.args.JsonRestore()
                         ),
                     )
+                except CheckpointError:
+                    raise
+                except Exception as err:
+                    # a verified checkpoint holds the bytes that were written: not damaged
+                    if want is not None or _outside_cause(err):
+                        raise _restore_error(s, directory, err, verified=want is not None) from None
+                    problems.append(f"checkpoint {s} is unreadable ({_first_line(err)})")
+                else:
                     if want is None:
                         say(
                             f"checkpoint {s} has no recorded checksum (the run stopped before "
                             "recording it): unverified, but it reads back; using it"
                         )
                     return restored["state"], dict(restored["loop"]), int(s)
-                except Exception as err:  # truncated or unreadable files
-                    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-                    problems.append(f"checkpoint {s} is unreadable ({reason[:200]})")
             moved = _move_aside(workdir, s) if step is None and move_damaged else None
             where = f"; moved it to {moved}" if moved else ""
             say(f"{problems[-1]}{where}; trying the previous one")
     finally:
         mngr.close()
     raise CheckpointError(f"no good checkpoint in {directory}: {'; '.join(problems)}")
+
+
+def _first_line(err: BaseException, limit: int = 200) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    text = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _outside_cause(err: BaseException) -> str | None:
+    """What made a read fail when it is not the checkpoint's fault, else None."""
+    text = f"{type(err).__name__}: {err}"
+    low = text.lower()
+    if isinstance(err, MemoryError) or "resource_exhausted" in low or "out of memory" in low:
+        return "out of memory"
+    if isinstance(err, PermissionError) or "permission_denied" in low or "permission denied" in low:
+        return "permission denied"
+    if isinstance(err, OSError) and not isinstance(err, FileNotFoundError | IsADirectoryError):
+        return "I/O error"
+    if "Input/output error" in text or "UNAVAILABLE" in text or "DEADLINE_EXCEEDED" in text:
+        return "I/O error"
+    return None
+
+
+_FIXES = {
+    "out of memory": "free memory, or restore onto a mesh with more devices",
+    "permission denied": "make the folder readable by this user",
+    "I/O error": "check the disk, then run again",
+    None: "restore it with the meshensemble and orbax-checkpoint versions that wrote it",
+}
+
+
+def _restore_error(step: int, directory: str, err: BaseException, verified: bool):
+    cause = _outside_cause(err)
+    fine = (
+        "fine (its checksum matches)"
+        if verified
+        else "not known to be damaged (it has no recorded checksum)"
+    )
+    return CheckpointError(
+        f"could not restore checkpoint {step} from {directory}: {cause or 'error'} "
+        f"({_first_line(err)}); the checkpoint itself is {fine}; {_FIXES[cause]}"
+    )
+
+
+def _flat(tree: Any) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
+    """``path -> (shape, dtype)`` of a state tree or of orbax's metadata of one."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        key = tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+        out[key] = (tuple(getattr(leaf, "shape", ())), str(getattr(leaf, "dtype", "?")))
+    return out
+
+
+def _summary(part: str, flat: dict, sizes: bool = True) -> str:
+    """A few words on one part of a state (``params``, ``opt_state``...), per member."""
+    sub = {p[1:]: v for p, v in flat.items() if p[0] == part}
+    dtypes = sorted({d for _, d in sub.values()})
+    size = sum(int(np.prod(shape[1:], dtype=np.int64)) for shape, _ in sub.values())
+    if part == "opt_state":
+        params = {p[1:] for p in flat if p[0] == "params"}
+        names = set()
+        for p in sub:
+            cut = next((i for i in range(len(p)) if p[i:] in params), len(p))
+            names.add(".".join(c for c in p[:cut] if not c.isdigit()) or "-")
+        what = f"optimizer state ({', '.join(sorted(names)) or 'empty'})"
+    else:
+        label = {"params": "params", "model_state": "model state"}.get(part, part)
+        tops = sorted({p[0] for p in sub if p})
+        what = f"{label} {{{', '.join(tops)}}}" if tops else f"{label} (empty)"
+    if sub and sizes:
+        what += f" of {size:,} numbers in {'/'.join(dtypes)}"
+    return what
+
+
+def _check_structure(path: str, target: Any, what: str, fix: str | None = None) -> None:
+    """Raises one line when the state saved at ``path`` does not fit ``target``.
+
+    Args:
+      path: an orbax pytree folder (a checkpoint's ``state``, or :func:`save_inference`'s).
+      target: the tree it is restored into (shapes with the member axis first).
+      what: names the checkpoint in the message.
+      fix: what to do about it.
+
+    Raises:
+      CheckpointError: the saved tree differs (member count, model, optimizer state).
+      Exception: orbax's, when the metadata cannot be read.
+    """
+    with ocp.StandardCheckpointer() as reader:
+        meta = reader.metadata(path)
+    meta = getattr(meta, "item_metadata", meta)  # orbax >= 0.12 wraps it in StepMetadata
+    saved, want = _flat(getattr(meta, "tree", meta)), _flat(target)
+    if saved == want:
+        return
+
+    def members(flat):
+        shapes = [shape for p, (shape, _) in sorted(flat.items()) if p[0] in ("step", "params")]
+        return shapes[0][0] if shapes and shapes[0] else "?"
+
+    def strip(flat, part):
+        return {p: (shape[1:], d) for p, (shape, d) in flat.items() if p[0] == part}
+
+    order = ["params", "model_state", "opt_state"]
+    parts = sorted(
+        {p[0] for p in saved} | {p[0] for p in want},
+        key=lambda p: (p in order and order.index(p), p),
+    )
+    differ = [part for part in parts if strip(saved, part) != strip(want, part)]
+    if "params" in differ and _summary("opt_state", saved, False) == _summary(
+        "opt_state", want, False
+    ):  # the same optimizer over other params: say it once
+        differ = [part for part in differ if part != "opt_state"]
+    ours = ", ".join(_summary(part, saved) for part in differ)
+    theirs = ", ".join(_summary(part, want) for part in differ)
+    fix = fix or (
+        "build the ensemble with the run's config (its config.json), or use --overwrite "
+        "to start the run over"
+    )
+    raise CheckpointError(
+        f"{what} holds {members(saved)} members{' with ' + ours if ours else ''}; this "
+        f"ensemble has {members(want)} members{' with ' + theirs if theirs else ''}: "
+        f"the checkpoint itself is fine; {fix}"
+    )
 
 
 def _move_aside(workdir: str, step: int) -> str | None:
@@ -467,12 +608,28 @@ def load_inference(path: str, ens: Any, sample: Any) -> EnsembleState:
     Returns:
       An :class:`EnsembleState` ready for ``ens.predict``.
 
+    Raises:
+      FileNotFoundError: nothing at ``path``.
+      CheckpointError: ``ens`` does not fit what was saved (model, member count); one
+        line naming both.
+
     Example:
       >>> state = me.load_inference("runs/mnist/inference", ens, images[:1])
     """
     target = abstract_state(ens, sample)
     sub = {"params": target.params, "model_state": target.model_state}
+    path = os.path.abspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"no inference checkpoint in {path}; write one with me.save_inference(path, state)"
+        )
+    _check_structure(
+        path,
+        sub,
+        f"inference checkpoint {path}",
+        "build the ensemble with the model and member count it was saved from",
+    )
     with ocp.StandardCheckpointer() as ckptr:
-        tree = ckptr.restore(os.path.abspath(path), sub)
+        tree = ckptr.restore(path, sub)
     fresh = ens.init(jax.random.PRNGKey(0), sample)
     return fresh.replace(params=tree["params"], model_state=tree["model_state"])
