@@ -1,0 +1,363 @@
+"""``time_to_accuracy``: a training run's wall time to a test accuracy, cold and warm.
+
+Each run is a fresh Python process (``python -c``) that imports JAX and the library and
+calls :func:`meshensemble.training.train` with a fixed config (the bench's model,
+members, batch size and data; checkpoints off), timing from the start of ``train()`` to
+the end of the first epoch whose test ensemble accuracy reaches ``--target-accuracy``
+(the evaluation included; training stops there). Compilation is included: the run
+enables JAX's persistent compilation cache in a folder of its own
+(:func:`meshensemble.core.compilation.enable_compilation_cache`) and wraps ``train()``
+in a :class:`meshensemble.core.compilation.CompileLog`. The first run (**cold**) starts
+from an empty cache folder; the second (**warm**) is the same command on the same
+folder, so it loads its programs instead of compiling them.
+
+The process-start overhead is reported apart, from time stamps taken inside the child:
+interpreter start (from the parent's launch to the child's first line), ``import jax``,
+device initialisation (``jax.devices()``), ``import meshensemble``.
+
+The runs go before every other case, while the parent process has not started its own
+accelerator backend (on a GPU it would take most of the memory the child needs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from meshensemble import data
+from meshensemble.bench.config import BenchConfig
+from meshensemble.core.compilation import CompileLog, enable_compilation_cache
+from meshensemble.training import METRICS_FILE, TrainConfig, train
+
+MARKER = "MESHENSEMBLE_TIME_TO_ACCURACY "
+"""Prefix of the child's one line of JSON on stdout."""
+
+TIMEOUT_S = 3600.0
+"""The most seconds one child run may take."""
+
+CHILD_CODE = """\
+import time; t0 = time.time()
+import json, sys
+args = json.loads(sys.argv[1])
+import jax; t1 = time.time()
+if args["platforms"]: jax.config.update("jax_platforms", args["platforms"])
+if args["num_cpu_devices"] > 0: jax.config.update("jax_num_cpu_devices", args["num_cpu_devices"])
+jax.devices(); t2 = time.time()
+import meshensemble; t3 = time.time()
+from meshensemble.bench.accuracy import run_child
+run_child(args, [t0, t1, t2, t3])
+"""
+"""What ``python -c`` runs: time stamps around the imports and device start, then
+:func:`run_child`."""
+
+_MODELS = {"cnn": "cnn", "mlp": "mlp", "mlp32": "mlp"}
+
+
+class _Reached(Exception):
+    """Raised from ``train()``'s echo to stop at the first epoch end on target."""
+
+
+def train_config(cfg: BenchConfig, data_file: str, dataset: str, workdir: str) -> dict[str, Any]:
+    """The :class:`meshensemble.TrainConfig` fields of a time-to-accuracy run.
+
+    Args:
+      cfg: the bench config (model, members, batch size, seed, ``accuracy_epochs``).
+      data_file: the Keras-layout ``.npz`` to train on.
+      dataset: its dataset name (``"mnist"``).
+      workdir: the run's (fresh) workdir.
+
+    Returns:
+      The fields: the bench's model (``MLP((128,))`` for the tiny configuration's
+      ``MLP((32,))``, which the registry lacks), members and batch size, the library's
+      defaults otherwise (SGD 0.1 with momentum 0.9, the platform's chunk size), no
+      checkpoints, quiet.
+
+    Example:
+      >>> TrainConfig(**train_config(cfg, "mnist.npz", "mnist", "/tmp/run"))
+    """
+    return {
+        "dataset": dataset,
+        "source": "npz",
+        "data_file": data_file,
+        "model": _MODELS[cfg.model],
+        "members": cfg.members,
+        "batch_size": cfg.batch_size,
+        "epochs": cfg.accuracy_epochs,
+        "seed": cfg.seed,
+        "workdir": workdir,
+        "checkpoint": False,
+        "overwrite": True,
+        "quiet": True,
+    }
+
+
+def write_npz(dataset: data.Dataset, path: str) -> None:
+    """Writes a dataset as a Keras-layout ``.npz`` (``x_train``, ``y_train``, ``x_test``, ...).
+
+    Args:
+      dataset: the data.
+      path: the file.
+
+    Example:
+      >>> write_npz(data.load_sample(), "/tmp/sample.npz")
+    """
+    np.savez(
+        path,
+        x_train=dataset.train_images,
+        y_train=dataset.train_labels,
+        x_test=dataset.test_images,
+        y_test=dataset.test_labels,
+    )
+
+
+def time_to_accuracy(
+    cfg: BenchConfig, dataset: data.Dataset, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """Runs the cold and the warm time-to-accuracy processes and summarises them.
+
+    Args:
+      cfg: the bench config (``target_accuracy``, ``accuracy_epochs``, model, members,
+        batch size, ``data_file``).
+      dataset: the bench's data (written to a temporary ``.npz`` for the children unless
+        it is ``cfg.data_file`` as given).
+      say: where progress lines go.
+
+    Returns:
+      ``target_accuracy``, ``train_config`` (without the temporary paths), ``data``,
+      ``cold`` and ``warm`` (see :func:`summarise`), and ``warm_over_cold_compile`` (warm
+      compile seconds over cold; None when either is missing).
+
+    Example:
+      >>> time_to_accuracy(resolve(tiny=True), load_data(cfg, print), print)["cold"]
+    """
+    root = tempfile.mkdtemp(prefix="meshensemble-bench-tta-")
+    try:
+        if cfg.data_file and not cfg.tiny:
+            data_file = os.path.abspath(cfg.data_file)
+        else:
+            data_file = os.path.join(root, "data.npz")
+            write_npz(dataset, data_file)
+        name = dataset.name if dataset.name in data.DATASETS else "mnist"
+        cache = os.path.join(root, "compilation_cache")
+        runs = {}
+        for run in ("cold", "warm"):
+            fields = train_config(cfg, data_file, name, os.path.join(root, f"workdir_{run}"))
+            runs[run] = launch(fields, cfg.target_accuracy, cache)
+            say(f"  time_to_accuracy {run}: {describe(runs[run])}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    shown = {k: v for k, v in fields.items() if k not in ("data_file", "workdir")}
+    cold, warm = runs["cold"].get("compile_s"), runs["warm"].get("compile_s")
+    return {
+        "target_accuracy": cfg.target_accuracy,
+        "train_config": shown,
+        "data": {"note": dataset.note, "num_train": dataset.num_train},
+        "cold": runs["cold"],
+        "warm": runs["warm"],
+        "warm_over_cold_compile": warm / cold if cold and warm is not None else None,
+    }
+
+
+def launch(fields: Mapping[str, Any], target: float, cache_dir: str) -> dict[str, Any]:
+    """One child process: trains to ``target`` and returns its summary.
+
+    The child gets this process's device settings (``jax_platforms``,
+    ``jax_num_cpu_devices``: the fake CPU devices of ``--fake-devices``), none on a GPU.
+
+    Args:
+      fields: the :class:`meshensemble.TrainConfig` fields.
+      target: the test ensemble accuracy to reach.
+      cache_dir: the compilation cache folder.
+
+    Returns:
+      :func:`summarise` of the child's report, or ``{"error": ...}`` (with the child's
+      exit code and the last lines of its stderr) when it failed.
+
+    Example:
+      >>> launch(train_config(cfg, "mnist.npz", "mnist", "/tmp/w"), 0.99, "/tmp/cache")
+    """
+    args = {
+        "train": dict(fields),
+        "target": target,
+        "cache_dir": cache_dir,
+        "platforms": jax.config.jax_platforms or "",
+        "num_cpu_devices": int(jax.config.jax_num_cpu_devices),
+    }
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    command = [sys.executable, "-c", CHILD_CODE, json.dumps(args)]
+    launched = time.time()
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {TIMEOUT_S:.0f}s", "returncode": None}
+    ended = time.time()
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        return {"error": tail or "no result printed", "returncode": proc.returncode}
+    report = json.loads(lines[-1][len(MARKER) :])
+    return summarise(report, launched, ended)
+
+
+def summarise(report: Mapping[str, Any], launched: float, ended: float) -> dict[str, Any]:
+    """A child's report as seconds.
+
+    Args:
+      report: what :func:`run_child` printed.
+      launched: ``time.time()`` just before the parent started the child.
+      ended: ``time.time()`` when the child had exited.
+
+    Returns:
+      ``reached``, ``epoch``, ``step``, ``accuracy`` (at the first epoch on target, else
+      the last), ``epochs`` (every evaluation: epoch, step, accuracy, seconds since
+      ``train()`` started), ``time_to_accuracy_s`` (launch to that epoch end: everything),
+      ``train_to_accuracy_s`` (``train()``'s start to that epoch end), ``process_start``
+      (``interpreter_s``, ``import_jax_s``, ``device_init_s``,
+      ``import_meshensemble_s``, ``total_s``), ``setup_s`` (from ``import meshensemble``
+      to ``train()``: the bench's module and the cache), ``compile_s``, ``programs``,
+      ``cache_hits``, ``cache_misses``, ``by_program`` (the compile log until that epoch
+      end), ``process_wall_s``, and the child's ``platform``, ``device_kind``,
+      ``device_count``, ``cache_enabled``.
+
+    Example:
+      >>> summarise(report, launched, ended)["time_to_accuracy_s"]
+    """
+    t0, t_jax, t_dev, t_me = report["stamps"]
+    t_train = report["train_start"]
+    done = report["reached_at"] if report["reached"] else None
+    last = report["epochs"][-1] if report["epochs"] else {}
+    compile_log = report["compile"]
+    return {
+        "reached": report["reached"],
+        "epoch": last.get("epoch"),
+        "step": last.get("step"),
+        "accuracy": last.get("accuracy"),
+        "epochs": report["epochs"],
+        "time_to_accuracy_s": done - launched if done else None,
+        "train_to_accuracy_s": done - t_train if done else None,
+        "process_start": {
+            "interpreter_s": t0 - launched,
+            "import_jax_s": t_jax - t0,
+            "device_init_s": t_dev - t_jax,
+            "import_meshensemble_s": t_me - t_dev,
+            "total_s": t_me - launched,
+        },
+        "setup_s": t_train - t_me,
+        "compile_s": compile_log["seconds"],
+        "programs": compile_log["programs"],
+        "cache_hits": compile_log["cache_hits"],
+        "cache_misses": compile_log["cache_misses"],
+        "by_program": compile_log["by_program"],
+        "process_wall_s": ended - launched,
+        "platform": report["platform"],
+        "device_kind": report["device_kind"],
+        "device_count": report["device_count"],
+        "cache_enabled": report["cache_dir"] is not None,
+    }
+
+
+def describe(run: Mapping[str, Any]) -> str:
+    """One line about a run, for the progress output and the table.
+
+    Args:
+      run: a :func:`summarise` result (or an error).
+
+    Returns:
+      E.g. ``"99.31% at epoch 5 in 21.3s (train 18.0s, process start 3.3s, compile 3.1s,
+      7 programs, cache 0 hits / 7 misses)"``.
+
+    Example:
+      >>> describe(results["time_to_accuracy"]["cold"])
+    """
+    if "error" in run:
+        return f"failed (exit {run.get('returncode')}): {run['error'].splitlines()[-1:]}"
+    what = (
+        f"{100 * run['accuracy']:.2f}% at epoch {run['epoch']} in "
+        f"{run['time_to_accuracy_s']:.1f}s (train {run['train_to_accuracy_s']:.1f}s"
+        if run["reached"]
+        else f"target not reached: {100 * (run['accuracy'] or 0):.2f}% after epoch "
+        f"{run['epoch']} (train {run['epochs'][-1]['seconds'] if run['epochs'] else 0:.1f}s"
+    )
+    return (
+        f"{what}, process start {run['process_start']['total_s']:.1f}s, compile "
+        f"{run['compile_s']:.1f}s, {run['programs']} programs, cache {run['cache_hits']} hits / "
+        f"{run['cache_misses']} misses)"
+    )
+
+
+def run_child(args: Mapping[str, Any], stamps: list[float]) -> None:
+    """The child's part: trains to the target and prints one line of JSON.
+
+    Enables the compilation cache in ``args["cache_dir"]``, then runs
+    :func:`meshensemble.training.train` inside a
+    :class:`~meshensemble.core.compilation.CompileLog`. After each evaluation (read back
+    from the run's ``metrics.jsonl`` when ``train()`` reports it) it notes the time; at
+    the first on target it stops training.
+
+    Args:
+      args: ``train`` (the TrainConfig fields), ``target``, ``cache_dir``.
+      stamps: ``time.time()`` at the child's start, after ``import jax``, after
+        ``jax.devices()``, after ``import meshensemble``.
+
+    Example:
+      >>> run_child(args, [t0, t1, t2, t3])  # in the child, see CHILD_CODE
+    """
+    cache = enable_compilation_cache(args["cache_dir"])
+    cfg = TrainConfig(**args["train"])
+    metrics = os.path.join(cfg.workdir, METRICS_FILE)
+    target = float(args["target"])
+    epochs: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"reached": False, "reached_at": None}
+    log = CompileLog()
+
+    def echo(line: str) -> None:
+        del line  # the records are read from metrics.jsonl, not parsed from lines
+        now = time.time()
+        records = _records(metrics)
+        for r in records[len(epochs) :]:
+            acc = float(r["test_ensemble_accuracy"])
+            epochs.append(
+                {"epoch": r["epoch"], "step": r["step"], "accuracy": acc, "seconds": now - t_train}
+            )
+            if acc >= target and not result["reached"]:
+                result.update(reached=True, reached_at=now, compile=log.summary())
+                raise _Reached
+
+    with log:
+        t_train = time.time()
+        with contextlib.suppress(_Reached):  # stopped at the first epoch on target
+            train(cfg, echo=echo)
+    devices = jax.devices()
+    report = {
+        "stamps": stamps,
+        "train_start": t_train,
+        "epochs": epochs,
+        "compile": result.pop("compile", None) or log.summary(),
+        **result,
+        "cache_dir": cache,
+        "platform": devices[0].platform,
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+    }
+    print(MARKER + json.dumps(report), flush=True)
+
+
+def _records(path: str) -> list[dict[str, Any]]:
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
