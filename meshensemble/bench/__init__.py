@@ -11,7 +11,9 @@ im2col matmuls on CPU, see :mod:`meshensemble.models.conv`); the baselines (``ho
 
 Cases (``--cases`` takes these names or the group names in brackets):
 
-* ``matmul`` [matmul]: a large float32 matmul on one device, the FLOP/s yardstick.
+* ``matmul_fp32``, ``matmul_bf16`` [matmul]: a square matmul on one device in float32
+  and in bfloat16, the FLOP/s yardsticks (8192 x 8192 on a GPU or TPU, 2048 on a CPU,
+  ``--matmul-size`` overrides).
 * ``howto`` [howto]: the Flax "Ensembling on multiple devices" HOWTO: ``jax.pmap``
   ``apply_model`` + ``update_model`` with one member per device, host-side batch
   indexing and ``jax_utils.replicate`` of every batch. With fewer devices than members,
@@ -41,15 +43,28 @@ Cases (``--cases`` takes these names or the group names in brackets):
   in the layout XLA:CPU's fast kernels take), at ``K = 1`` and ``K = 8``.
 * ``precision_fp32``, ``precision_bf16`` [precision]: the members on one device in
   float32 and with mixed precision (``compute_dtype=bfloat16``, float32 master weights).
+* ``time_to_accuracy`` [time_to_accuracy]: :func:`meshensemble.training.train` in a fresh
+  process, from its start to the first epoch whose test ensemble accuracy reaches
+  ``--target-accuracy``, compilation included; twice: with an empty compilation cache
+  (cold) and with the same cache again (warm); the process-start overhead apart
+  (:mod:`meshensemble.bench.accuracy`). It runs first, in its own processes, and is not
+  part of the round-robin timing.
+
+FLOPs are counted analytically (:mod:`meshensemble.bench.flops`: the matmuls and
+convolutions of the jaxpr of one member's forward and backward pass), so they hold on
+any device; XLA's ``cost_analysis()``, which misses cuDNN's convolutions on a GPU, is
+kept as a cross-check in ``meta``.
 
 Cases that describe the same computation (e.g. ``mesh_8`` and ``ens_shard_map``) are
 timed once and reported under each name (``same_as`` in the JSON).
 
 Modules: :mod:`~meshensemble.bench.config` (the config, the groups, the plan of cases),
 :mod:`~meshensemble.bench.workloads` (the models, data and members' states the cases
-share), :mod:`~meshensemble.bench.cases` (the runners), :mod:`~meshensemble.bench.timing`
-(the round-robin timer), :mod:`~meshensemble.bench.report` (ratios, targets, table, JSON,
-plot). The command line (``meshensemble bench``) lives in :mod:`meshensemble.cli.bench`.
+share), :mod:`~meshensemble.bench.flops` (the analytic FLOP count),
+:mod:`~meshensemble.bench.cases` (the runners), :mod:`~meshensemble.bench.timing`
+(the round-robin timer), :mod:`~meshensemble.bench.accuracy` (time to accuracy),
+:mod:`~meshensemble.bench.report` (ratios, targets, table, JSON, plot). The command
+line (``meshensemble bench``) lives in :mod:`meshensemble.cli.bench`.
 
 Example:
   $ meshensemble bench --fake-devices 8 --data-file mnist.npz --out bench.json
@@ -68,6 +83,7 @@ from typing import Any
 
 import jax
 
+from meshensemble.bench.accuracy import time_to_accuracy
 from meshensemble.bench.cases import RUNNERS, Runner
 from meshensemble.bench.config import (
     GROUPS,
@@ -76,10 +92,13 @@ from meshensemble.bench.config import (
     Case,
     Spec,
     known_cases,
+    matmul_size,
     plain_model,
     plan,
     resolve,
+    runs_time_to_accuracy,
 )
+from meshensemble.bench.flops import count_flops, jaxpr_flops, train_flops
 from meshensemble.bench.report import TARGETS, collect, format_table, plot_members, write_json
 from meshensemble.bench.timing import loadavg, round_robin, timed
 from meshensemble.bench.workloads import Context, load_data, make_model
@@ -91,13 +110,18 @@ __all__ = [
     "BenchConfig",
     "Case",
     "Spec",
+    "count_flops",
     "format_table",
+    "jaxpr_flops",
     "known_cases",
     "make_model",
+    "matmul_size",
     "plan",
     "plot_members",
     "resolve",
     "run_bench",
+    "time_to_accuracy",
+    "train_flops",
     "write_json",
 ]
 
@@ -105,17 +129,20 @@ __all__ = [
 def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Runs the benchmark and returns the results (what ``--out`` holds).
 
-    Loads the data, plans the cases, prepares (compiles) each distinct computation once,
-    times them round-robin and collects the results.
+    Loads the data, runs ``time_to_accuracy`` in its own processes (first, before this
+    process starts its accelerator), plans the cases, prepares (compiles) each distinct
+    computation once, counts the models' FLOPs, times the cases round-robin and
+    collects the results.
 
     Args:
       cfg: what to run (see :func:`resolve`).
       say: where progress lines go (default: stderr).
 
     Returns:
-      A dict with ``meta`` (date, versions, devices, config, wall time, load averages),
-      ``cases`` (per case: time per step, member-examples per second, FLOP/s, peak
-      memory, ...), ``ratios`` and ``targets``.
+      A dict with ``meta`` (date, versions, devices, config, wall time, load averages,
+      FLOPs per example), ``cases`` (per case: time per step, member-examples per
+      second, FLOP/s, peak memory, ...), ``time_to_accuracy`` (None when not run),
+      ``ratios`` and ``targets``.
 
     Raises:
       ValueError: the batch is larger than the training set, or the members do not fit
@@ -134,6 +161,10 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dic
             f"--batch-size {cfg.batch_size} is larger than the {dataset.num_train} training "
             "examples"
         )
+    tta = None
+    if runs_time_to_accuracy(cfg):
+        say(f"bench: time_to_accuracy, target {cfg.target_accuracy}, two fresh processes")
+        tta = time_to_accuracy(cfg, dataset, say)
     ctx = Context(cfg, dataset)
     devices = jax.devices()
     platform = devices[0].platform
@@ -151,10 +182,11 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dic
     )
     for spec, runner in runners.items():  # compile (and first calls); nothing is timed
         say(f"  prepared {owner[spec]:<20s} in {timed(runner.prepare):6.1f}s")
-    # FLOPs per example come from the one-device programs' cost analysis; compile a plain
-    # step only for a model that has none.
+    # FLOPs per example are counted from the jaxpr; XLA's cost analysis is a cross-check
+    # (from a case's one-device program, else a plain step compiled here).
     for model_id in sorted({plain_model(s.model) for s in runners if s.kind != "matmul"}):
         ctx.flops_per_example(model_id)
+        ctx.cost_analysis_per_example(model_id)
     say(f"  compiled everything at {time.perf_counter() - t_start:6.1f}s")
     round_robin(
         runners.values(),
@@ -163,7 +195,7 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dic
         cfg.case_budget,
         lambda rep, n: say(f"  round {rep}/{n} done at {time.perf_counter() - t_start:6.1f}s"),
     )
-    results = collect(cfg, ctx, cases, runners, owner)
+    results = collect(cfg, ctx, cases, runners, owner, tta)
     results["meta"]["wall_s"] = time.perf_counter() - t_start
     results["meta"]["loadavg_start"], results["meta"]["loadavg_end"] = load_start, loadavg()
     return results

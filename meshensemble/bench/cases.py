@@ -20,6 +20,7 @@ from flax.training import train_state
 from jax import lax
 
 from meshensemble.bench.config import Spec
+from meshensemble.bench.flops import count_flops
 from meshensemble.bench.workloads import Context, make_model, single_step
 from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.mesh import make_mesh, replicated_sharding
@@ -89,7 +90,7 @@ class Runner:
       first_call_s: seconds of the untimed first call (None when compiled ahead).
       peak_bytes: peak memory per device (``memory_source`` says how it was measured).
       program_bytes: the compiled program's ``memory_analysis()`` bytes, or None.
-      flops_per_call: FLOPs of one call (the matmul only).
+      flops_per_call: FLOPs of one call (the matmuls only, ``2 * n**3``).
 
     Example:
       >>> runner = RUNNERS[spec.kind](ctx, spec); runner.prepare(); runner.run()
@@ -141,21 +142,30 @@ class Runner:
         raise NotImplementedError
 
 
+MATMUL_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
+"""The operands' dtype of each matmul case's precision."""
+
+
 class Matmul(Runner):
-    """A square float32 matmul on one device: the FLOP/s yardstick."""
+    """A square matmul on one device in float32 or bfloat16: the FLOP/s yardsticks.
+
+    JAX's default precision: on GPUs with TensorFloat-32 (A100, H100) the float32
+    matmul runs in TF32, as the float32 training steps' matmuls and convolutions do.
+    """
 
     needs_first_call = False
 
     def build(self) -> None:
         n = int(self.spec.model)
+        dtype = MATMUL_DTYPES[self.spec.precision]
         dev = jax.devices()[0]
         k1, k2 = jax.random.split(jax.random.key(1))
-        self.a = jax.device_put(jax.random.normal(k1, (n, n), jnp.float32), dev)
-        self.b = jax.device_put(jax.random.normal(k2, (n, n), jnp.float32), dev)
+        self.a = jax.device_put(jax.random.normal(k1, (n, n), dtype), dev)
+        self.b = jax.device_put(jax.random.normal(k2, (n, n), dtype), dev)
         t = time.perf_counter()
         self.fn = jax.jit(jnp.matmul).lower(self.a, self.b).compile()
         self.set_compiled(self.fn, time.perf_counter() - t)
-        self.flops_per_call = 2.0 * n**3
+        self.flops_per_call = count_flops(jnp.matmul, self.a, self.b)["total"]
 
     def run(self) -> None:
         self.fn(self.a, self.b).block_until_ready()

@@ -18,7 +18,7 @@ from meshensemble.models.conv import default_conv
 from meshensemble.training import default_chunk_steps, default_mesh_shape
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    "matmul": ("matmul",),
+    "matmul": ("matmul_fp32", "matmul_bf16"),
     "howto": ("howto",),
     "backends": ("ens_pmap", "ens_shard_map"),
     "chunk": ("chunk_default", "chunk_k1", "chunk_k8", "chunk_epoch"),
@@ -34,8 +34,22 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "scan": ("scan_base_k1", "scan_base_k8", "scan_canonical_k1", "scan_canonical_k8"),
     "precision": ("precision_fp32", "precision_bf16"),
+    "time_to_accuracy": ("time_to_accuracy",),
 }
-"""Case groups of ``--cases``, in the order the cases run and print."""
+"""Case groups of ``--cases``, in the order the cases run and print.
+
+``time_to_accuracy`` is not timed round-robin: it trains in two fresh processes before
+the other cases start (see :mod:`meshensemble.bench.accuracy`)."""
+
+TIME_TO_ACCURACY = "time_to_accuracy"
+"""The case (and group) name of the time-to-accuracy measurement."""
+
+MATMUL_SIZES = {"cpu": 2048}
+"""Side of the yardstick matmuls per platform when ``--matmul-size`` is not given;
+other platforms (GPU, TPU): :data:`MATMUL_SIZE_ACCELERATOR`."""
+
+MATMUL_SIZE_ACCELERATOR = 8192
+"""Side of the yardstick matmuls on an accelerator: large enough to reach its peak."""
 
 MODELS = ("cnn", "mlp")
 """The main models a user picks (the tiny configuration runs ``"mlp32"``)."""
@@ -65,9 +79,12 @@ class BenchConfig:
       epoch_cap: the most steps ``chunk_epoch`` runs per call (None: a whole epoch).
       case_budget: stop timing a case once its timed calls add up to this many seconds
         (it keeps at least one sample); None for no limit.
-      matmul_size: side of the square matmul of the ``matmul`` case.
+      matmul_size: side of the square matmuls of the ``matmul`` cases (None: per
+        platform, :func:`matmul_size`).
       members_per_device: the ``mpd_*`` sizes.
       seed: seeds initialisation and batch order.
+      target_accuracy: the test ensemble accuracy ``time_to_accuracy`` trains to.
+      accuracy_epochs: the most epochs ``time_to_accuracy`` trains before giving up.
 
     Example:
       >>> BenchConfig(members=4, cases=("backends",))
@@ -108,12 +125,26 @@ class BenchConfig:
     case_budget: float | None = dataclasses.field(
         default=None, metadata=_flag("stop timing a case after S seconds", metavar="S")
     )
-    matmul_size: int = dataclasses.field(
-        default=2048, metadata=_flag("side of the reference matmul (default 2048)")
+    matmul_size: int | None = dataclasses.field(
+        default=None,
+        metadata=_flag(
+            "side of the fp32 and bf16 yardstick matmuls (default 8192 on GPU/TPU, 2048 on "
+            "CPU; tiny 256)"
+        ),
     )
     members_per_device: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     seed: int = dataclasses.field(
         default=0, metadata=_flag("seed of initialisation and batch order (default 0)")
+    )
+    target_accuracy: float = dataclasses.field(
+        default=0.993,
+        metadata=_flag(
+            "test ensemble accuracy time_to_accuracy trains to (default 0.993; tiny 0.5)"
+        ),
+    )
+    accuracy_epochs: int = dataclasses.field(
+        default=10,
+        metadata=_flag("most epochs time_to_accuracy trains (default 10; tiny 2)", metavar="N"),
     )
 
 
@@ -126,10 +157,20 @@ TINY = {
     "epoch_cap": 8,
     "matmul_size": 256,
     "members_per_device": (1, 2, 4),
+    "target_accuracy": 0.5,
+    "accuracy_epochs": 2,
 }
 """The defaults that ``tiny=True`` changes (given values still override them)."""
 
-_POSITIVE = ("members", "conv_members", "batch_size", "repeats", "epoch_cap", "matmul_size")
+_POSITIVE = (
+    "members",
+    "conv_members",
+    "batch_size",
+    "repeats",
+    "epoch_cap",
+    "matmul_size",
+    "accuracy_epochs",
+)
 
 
 def known_cases() -> tuple[str, ...]:
@@ -151,7 +192,8 @@ def resolve(tiny: bool = False, **given: Any) -> BenchConfig:
     ``tiny=True`` changes the defaults (given values still override them, see
     :data:`TINY`): model ``MLP((32,))``, 4 members (2 in the conv cases), batch 32,
     2 repeats, members per device up to 4, at most 1,024 training examples, chunks
-    capped at 8 steps, a 256 x 256 matmul.
+    capped at 8 steps, 256 x 256 matmuls, and a ``time_to_accuracy`` of at most 2
+    epochs of ``MLP((128,))`` to 50 % test accuracy.
 
     Args:
       tiny: the CI configuration.
@@ -181,6 +223,9 @@ def resolve(tiny: bool = False, **given: Any) -> BenchConfig:
             raise ValueError(f"--{_dashed(name)} {value} must be a positive integer")
     if values.get("warmup", 0) < 0:
         raise ValueError(f"--warmup {values['warmup']} must be 0 or more")
+    target = values.get("target_accuracy", 0.5)
+    if not 0 < target <= 1:
+        raise ValueError(f"--target-accuracy {target} must be in (0, 1]")
     budget = values.get("case_budget")
     if budget is not None and not budget > 0:
         raise ValueError(f"--case-budget {budget} must be a positive number")
@@ -223,7 +268,8 @@ class Spec:
       backend: ``"shard_map"`` or ``"pmap"``.
       strategy: the resolved member strategy, ``"vmap"`` or ``"loop"``.
       k: steps per call.
-      precision: ``"fp32"`` or ``"bf16"`` (mixed precision, ``compute_dtype=bfloat16``).
+      precision: ``"fp32"`` or ``"bf16"`` (mixed precision, ``compute_dtype=bfloat16``;
+        for ``"matmul"``: the operands' dtype).
 
     Example:
       >>> Spec("ensemble", "mlp32", members=4, strategy="vmap")
@@ -252,7 +298,7 @@ class Case:
       description: one line for the table.
 
     Example:
-      >>> Case("matmul", "matmul", Spec("matmul", "256"), "float32 matmul")
+      >>> Case("matmul_fp32", "matmul", Spec("matmul", "256"), "float32 matmul 256")
     """
 
     name: str
@@ -280,6 +326,39 @@ def plain_model(model_id: str) -> str:
     return f"{base}-xla" if base in ("cnn", "tinyconv") else base
 
 
+def matmul_size(cfg: BenchConfig, platform: str) -> int:
+    """Side of the yardstick matmuls: ``cfg.matmul_size``, else the platform's.
+
+    Args:
+      cfg: the config.
+      platform: ``"cpu"``, ``"gpu"``, ``"tpu"`` ...
+
+    Returns:
+      2048 on CPU, 8192 elsewhere (see :data:`MATMUL_SIZES`), unless given.
+
+    Example:
+      >>> matmul_size(BenchConfig(), "gpu")
+      8192
+    """
+    return cfg.matmul_size or MATMUL_SIZES.get(platform, MATMUL_SIZE_ACCELERATOR)
+
+
+def runs_time_to_accuracy(cfg: BenchConfig) -> bool:
+    """Whether the config selects the ``time_to_accuracy`` case (all cases do).
+
+    Args:
+      cfg: the config.
+
+    Returns:
+      True when ``cfg.cases`` is empty or names it.
+
+    Example:
+      >>> runs_time_to_accuracy(BenchConfig(cases=("backends",)))
+      False
+    """
+    return not cfg.cases or TIME_TO_ACCURACY in cfg.cases
+
+
 def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int) -> list[Case]:
     """The cases a config runs, in order, with their specs.
 
@@ -290,7 +369,8 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
       steps_per_epoch: full batches in the training set.
 
     Returns:
-      The selected cases (cases that need more devices than exist are left out).
+      The selected cases (cases that need more devices than exist are left out; so is
+      ``time_to_accuracy``, which is no timed case, see :func:`runs_time_to_accuracy`).
 
     Example:
       >>> [c.name for c in plan(BenchConfig(cases=("mesh",)), 8, "cpu", 468)]
@@ -311,8 +391,17 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
     # The HOWTO's layout, which the pmap backend also needs: one member per device.
     on_line = dict(members=m, devices=e, ensemble=e, data=1, strategy=auto)
 
+    n_mm = matmul_size(cfg, platform)
     cases = [
-        Case("matmul", "matmul", Spec("matmul", str(cfg.matmul_size)), "float32 matmul"),
+        Case(
+            f"matmul_{p}",
+            "matmul",
+            Spec("matmul", str(n_mm), precision=p),
+            f"{dtype} matmul {n_mm} x {n_mm}",
+        )
+        for p, dtype in (("fp32", "float32"), ("bf16", "bfloat16"))
+    ]
+    cases += [
         Case(
             "howto",
             "howto",

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from meshensemble import plots
+from meshensemble.bench.accuracy import describe
 from meshensemble.bench.cases import Runner
 from meshensemble.bench.config import BenchConfig, Case, Spec
 from meshensemble.bench.timing import stats
@@ -32,8 +33,17 @@ TARGETS: dict[str, tuple[str, float]] = {
     "on_device_loop_over_howto": ("<=", 0.9),
     "members_per_device_scaling_max": ("<=", 1.0),
     "memory_over_state_activations": ("<=", 1.3),
+    "members_per_device_flops_over_bf16_matmul": (">=", 0.25),
+    "time_to_accuracy_cold_compile_s": ("<=", 4.0),
+    "time_to_accuracy_warm_compile_s": ("<=", 2.0),
+    "time_to_accuracy_programs": ("<=", 8),
+    "time_to_accuracy_warm_over_cold_compile": ("<=", 0.2),
 }
-"""The issue's targets: ratio name -> (comparison, bound)."""
+"""The issues' targets: ratio name -> (comparison, bound).
+
+The last five are the issue "Accelerator speed"'s, set for one H100: the FLOP/s of the
+most members per device measured (32 by default) against the bf16 matmul's, and the
+compile seconds and programs of ``time_to_accuracy`` (on a CPU they are only reported)."""
 
 
 def collect(
@@ -42,6 +52,7 @@ def collect(
     cases: Sequence[Case],
     runners: Mapping[Spec, Runner],
     owner: Mapping[Spec, str],
+    time_to_accuracy: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The results of timed runners, in the layout of ``--out``.
 
@@ -51,20 +62,20 @@ def collect(
       cases: the planned cases, in order.
       runners: each distinct spec's timed runner.
       owner: each spec's first case (the others are reported ``same_as`` it).
+      time_to_accuracy: the :func:`meshensemble.bench.accuracy.time_to_accuracy`
+        results, or None when that case did not run.
 
     Returns:
-      ``meta`` (date, versions, devices, config, data), ``cases`` (per case: time per
-      step, member-examples per second, FLOP/s, peak memory, memory per member ...),
-      ``ratios`` and ``targets``.
+      ``meta`` (date, versions, devices, config, data, FLOPs per example and their
+      source), ``cases`` (per case: time per step, member-examples per second, FLOP/s
+      and its fractions of the fp32 and bf16 matmuls', peak memory, memory per member
+      ...), ``time_to_accuracy`` (None when not run), ``ratios`` and ``targets``.
 
     Example:
       >>> results = collect(cfg, ctx, cases, runners, owner)
     """
     dataset = ctx.dataset
-    matmul = next((r for s, r in runners.items() if s.kind == "matmul"), None)
-    matmul_flops = None
-    if matmul is not None and matmul.samples:
-        matmul_flops = matmul.flops_per_call / float(np.median(matmul.samples))
+    matmul_flops, bf16_flops = (_matmul_flops(runners, p) for p in ("fp32", "bf16"))
     out_cases: dict[str, Any] = {}
     for case in cases:
         r, spec = runners[case.spec], case.spec
@@ -83,7 +94,8 @@ def collect(
         t = entry["time_per_step_s"]["median"]
         if spec.kind == "matmul":
             entry["members_per_device"] = None
-            entry["flops_per_s"] = matmul_flops
+            entry["flops_per_s"] = r.flops_per_call / t
+            entry["flops_per_call"] = r.flops_per_call
             entry["member_examples_per_s"] = None
         else:
             if spec.kind == "howto":
@@ -91,6 +103,7 @@ def collect(
                 entry["howto_runs"] = spec.members // spec.devices
             flops = ctx.flops_per_example(spec.model)
             entry["flops_per_example"] = flops
+            entry["flops_source"] = "analytic"
             if spec.kind in ("ensemble", "sequential") and r.program_bytes:
                 on_device = 1 if spec.kind == "sequential" else entry["members_per_device"]
                 floor = ctx.footprint(spec.model)
@@ -101,13 +114,12 @@ def collect(
                 entry["memory_over_state_activations"] = per_member / sum(floor.values())
             entry["member_examples_per_s"] = spec.members * cfg.batch_size / t
             entry["flops_per_s"] = entry["member_examples_per_s"] * flops
-        entry["fraction_of_matmul_flops"] = (
-            entry["flops_per_s"] / matmul_flops
-            if matmul_flops and entry.get("flops_per_s") is not None
-            else None
-        )
+        for key, ref in (("", matmul_flops), ("bf16_", bf16_flops)):
+            value = entry["flops_per_s"] / ref if ref and entry["flops_per_s"] else None
+            entry[f"fraction_of_{key}matmul_flops"] = value
         out_cases[case.name] = entry
     ratios = compute_ratios(out_cases, cfg)
+    ratios.update(accuracy_ratios(time_to_accuracy))
     devices = jax.devices()
     meta = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -132,8 +144,23 @@ def collect(
             "steps_per_epoch": ctx.steps_per_epoch,
         },
         "flops_per_example": ctx.flops,
-        "flops_source": ctx.flops_source,
+        "flops_source": "analytic",
+        "flops_by_primitive": ctx.flops_by_primitive,
+        "flops_per_example_cost_analysis": ctx.cost_analysis_flops,
+        "flops_note": (
+            "per member-example, forward and backward pass of the plain model (a "
+            "reformulated convolution does the same multiply-adds): 2*M*N*K of every "
+            "dot_general and 2*out*kernel_window*kernel_in_features of every "
+            "conv_general_dilated in the jaxpr of jax.value_and_grad of the loss; "
+            "elementwise ops and the update are not counted. cost_analysis() is a "
+            "cross-check only: it misses custom calls (cuDNN convolutions on a GPU)"
+        ),
         "matmul_flops_per_s": matmul_flops,
+        "matmul_bf16_flops_per_s": bf16_flops,
+        "matmul_size": next((int(s.model) for s in runners if s.kind == "matmul"), None),
+        "default_matmul_precision": jax.config.jax_default_matmul_precision,
+        "device_memory_bytes": _memory_limit(devices[0]),
+        "accelerator_plugins": _plugins(),
         "peak_memory_note": (
             "per device: device.memory_stats() peak_bytes_in_use where the device reports it "
             "(a process-wide running peak), else the compiled program's memory_analysis() "
@@ -145,7 +172,69 @@ def collect(
             "jax.vjp keeps for the backward pass of one batch"
         ),
     }
-    return {"meta": meta, "cases": out_cases, "ratios": ratios, "targets": check_targets(ratios)}
+    return {
+        "meta": meta,
+        "cases": out_cases,
+        "time_to_accuracy": dict(time_to_accuracy) if time_to_accuracy else None,
+        "ratios": ratios,
+        "targets": check_targets(ratios),
+    }
+
+
+def _matmul_flops(runners: Mapping[Spec, Runner], precision: str) -> float | None:
+    mm = [r for s, r in runners.items() if s.kind == "matmul" and s.precision == precision]
+    r = mm[0] if mm else None
+    if r is None or not r.samples:
+        return None
+    return r.flops_per_call / float(np.median(r.samples))
+
+
+def _memory_limit(device: jax.Device) -> int | None:
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 - not every backend reports memory
+        return None
+    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
+def _plugins() -> dict[str, str]:
+    """Versions of the installed JAX accelerator plugins (CUDA, ROCm, TPU)."""
+    names = (
+        "jax-cuda12-plugin",
+        "jax-cuda12-pjrt",
+        "jax-cuda13-plugin",
+        "jax-cuda13-pjrt",
+        "jax-rocm-plugin",
+        "libtpu",
+    )
+    return {n: v for n in names if (v := _version(n))}
+
+
+def accuracy_ratios(tta: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``time_to_accuracy`` numbers the targets check.
+
+    Args:
+      tta: the :func:`meshensemble.bench.accuracy.time_to_accuracy` results, or None.
+
+    Returns:
+      ``time_to_accuracy_cold_s`` / ``_warm_s`` (launch to the epoch on target),
+      ``time_to_accuracy_cold_compile_s`` / ``_warm_compile_s``,
+      ``time_to_accuracy_programs`` (the cold run's) and
+      ``time_to_accuracy_warm_over_cold_compile``; None where not measured.
+
+    Example:
+      >>> accuracy_ratios(results["time_to_accuracy"])["time_to_accuracy_programs"]
+    """
+    tta = tta or {}
+    cold, warm = tta.get("cold") or {}, tta.get("warm") or {}
+    return {
+        "time_to_accuracy_cold_s": cold.get("time_to_accuracy_s"),
+        "time_to_accuracy_warm_s": warm.get("time_to_accuracy_s"),
+        "time_to_accuracy_cold_compile_s": cold.get("compile_s"),
+        "time_to_accuracy_warm_compile_s": warm.get("compile_s"),
+        "time_to_accuracy_programs": cold.get("programs"),
+        "time_to_accuracy_warm_over_cold_compile": tta.get("warm_over_cold_compile"),
+    }
 
 
 def _version(name: str) -> str | None:
@@ -254,6 +343,20 @@ def compute_ratios(c: Mapping[str, Any], cfg: BenchConfig) -> dict[str, Any]:
         r["members_per_device_scaling_max"] = max(r["members_per_device_scaling"].values())
     else:
         r["members_per_device_scaling"], r["members_per_device_scaling_max"] = {}, None
+    # Achieved FLOP/s with the most members per device against the bf16 matmul's.
+    top = next((f"mpd_{n}" for n in sorted(mpd, reverse=True)), None)
+    r["members_per_device_flops_case"] = top
+    r["members_per_device_flops_over_bf16_matmul"] = (
+        c[top]["fraction_of_bf16_matmul_flops"] if top else None
+    )
+    r["flops_over_bf16_matmul_by_members_per_device"] = {
+        str(n): c[f"mpd_{n}"]["fraction_of_bf16_matmul_flops"]
+        for n in mpd
+        if c[f"mpd_{n}"]["fraction_of_bf16_matmul_flops"] is not None
+    }
+    r["bf16_matmul_over_fp32_matmul"] = (
+        c["matmul_bf16"]["fraction_of_matmul_flops"] if "matmul_bf16" in c else None
+    )
     mesh = {n: t(f"mesh_{n}") for n in (1, 2, 4, 8) if f"mesh_{n}" in c}
     if 1 in mesh:
         r["mesh_speedup"] = {str(n): mesh[1] / v for n, v in mesh.items()}
@@ -298,7 +401,7 @@ def format_table(results: dict[str, Any]) -> str:
     """
     head = (
         f"{'case':<20} {'M':>3} {'dev':>3} {'M/dev':>5} {'K':>4} {'ms/step':>9} {'IQR':>7} "
-        f"{'m-ex/s':>8} {'GFLOP/s':>8} {'%mm':>5} {'peak MiB':>8}  notes"
+        f"{'m-ex/s':>8} {'GFLOP/s':>8} {'%mm':>5} {'%bf16':>5} {'peak MiB':>8}  notes"
     )
     lines = [head, "-" * len(head)]
     for name, e in results["cases"].items():
@@ -306,6 +409,7 @@ def format_table(results: dict[str, Any]) -> str:
         mex = e.get("member_examples_per_s")
         fl = e.get("flops_per_s")
         frac = e.get("fraction_of_matmul_flops")
+        frac16 = e.get("fraction_of_bf16_matmul_flops")
         peak = e.get("peak_memory_bytes")
         note = f"= {e['same_as']}" if e["same_as"] else e["description"]
         is_mm = e["kind"] == "matmul"
@@ -315,8 +419,20 @@ def format_table(results: dict[str, Any]) -> str:
             f"{1e3 * st['iqr']:>7.1f} {'' if mex is None else f'{mex:.0f}':>8} "
             f"{'' if fl is None else f'{fl / 1e9:.1f}':>8} "
             f"{'' if frac is None else f'{100 * frac:.0f}':>5} "
+            f"{'' if frac16 is None else f'{100 * frac16:.0f}':>5} "
             f"{'' if peak is None else f'{peak / 2**20:.0f}':>8}  {note}"
         )
+    tta = results.get("time_to_accuracy")
+    if tta:
+        lines.append("")
+        lines.append(
+            f"time_to_accuracy (test ensemble accuracy >= {tta['target_accuracy']}, "
+            f"{tta['train_config']['model']}, {tta['train_config']['members']} members, "
+            f"batch {tta['train_config']['batch_size']}, at most "
+            f"{tta['train_config']['epochs']} epochs):"
+        )
+        for run in ("cold", "warm"):
+            lines.append(f"  {run}: {describe(tta[run])}")
     lines.append("")
     for name, v in results["ratios"].items():
         if isinstance(v, dict):
@@ -324,10 +440,13 @@ def format_table(results: dict[str, Any]) -> str:
                 lines.append(f"{name}: " + ", ".join(f"{k}={x:.2f}" for k, x in v.items()))
         elif isinstance(v, float):
             lines.append(f"{name}: {v:.3f}")
+        elif isinstance(v, int | str) and not isinstance(v, bool):
+            lines.append(f"{name}: {v}")
     lines.append("")
     for name, tgt in results["targets"].items():
         met = {True: "MET", False: "NOT MET", None: "not measured"}[tgt["met"]]
-        value = "-" if tgt["value"] is None else f"{tgt['value']:.3f}"
+        v = tgt["value"]
+        value = "-" if v is None else str(v) if isinstance(v, int) else f"{v:.3f}"
         lines.append(f"target {name} {tgt['target']}: {value} {met}")
     return "\n".join(lines)
 

@@ -18,12 +18,19 @@ import optax
 
 from meshensemble import data, models
 from meshensemble.bench.config import BenchConfig, plain_model
+from meshensemble.bench.flops import train_flops
 from meshensemble.core.mesh import member_sharding
 from meshensemble.core.state import EnsembleState
 from meshensemble.models.conv import CONV_IMPLS, conv_general_dilated
 
 CNN_TRAIN_FLOPS_PER_EXAMPLE = 27.4e6
-"""Forward + backward FLOPs of :class:`meshensemble.models.CNN` per 28x28 example."""
+"""Forward + backward FLOPs of :class:`meshensemble.models.CNN` per 28x28 example, by hand.
+
+Multiply-adds of the forward pass: conv 3x3x1->32 on 28x28 (225,792), conv 3x3x32->64 on
+14x14 (3,612,672), dense 3136->256 (802,816), dense 256->10 (2,560): 4,643,840. The
+backward pass computes every kernel's gradient (the same again) and the input gradient
+of every layer but the first (4,418,048): 13,705,728 multiply-adds, 27.41 MFLOP.
+:func:`meshensemble.bench.flops.train_flops` counts exactly this from the jaxpr."""
 
 
 class TinyConvNet(nn.Module):
@@ -125,6 +132,27 @@ def load_data(cfg: BenchConfig, say: Callable[[str], None]) -> data.Dataset:
     return ds
 
 
+def member_loss(module: nn.Module) -> Callable[..., jax.Array]:
+    """One member's training loss on uint8 images, as every case computes it.
+
+    Args:
+      module: a Linen model.
+
+    Returns:
+      ``loss(params, images [B, 28, 28, 1] uint8, labels [B] int) -> []``: the mean
+      softmax cross-entropy of the normalised images.
+
+    Example:
+      >>> member_loss(make_model("mlp32"))(params, images, labels)
+    """
+
+    def loss(params, images, labels):
+        logits = module.apply({"params": params}, data.normalize(images))
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
+
+    return loss
+
+
 def single_step(module: nn.Module, tx: optax.GradientTransformation) -> Callable[..., Any]:
     """One model's train step on uint8 images: the sequential baseline's step.
 
@@ -140,14 +168,10 @@ def single_step(module: nn.Module, tx: optax.GradientTransformation) -> Callable
       >>> step = jax.jit(single_step(make_model("mlp32"), optax.sgd(0.1)))
     """
 
+    loss_fn = member_loss(module)
+
     def step(params, opt_state, images, labels):
-        x = data.normalize(images)
-
-        def loss_fn(p):
-            logits = module.apply({"params": p}, x)
-            return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+        loss, grads = jax.value_and_grad(loss_fn)(params, images, labels)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -191,9 +215,13 @@ class Context:
       steps_per_epoch: full batches in the training set.
       batches: up to 32 batches of example indices ``[batch_size]`` the cases cycle over.
       tx: the optimizer, ``optax.sgd(0.1, 0.9)`` (the Flax MNIST example's and HOWTO's).
-      flops: FLOPs per training example of each plain model id.
-      flops_source: where each came from: ``"cost_analysis"``, ``"analytic"``,
-        ``"unavailable"``.
+      flops: FLOPs per training example of each plain model id, counted from the jaxpr
+        of one member's forward and backward pass (:mod:`meshensemble.bench.flops`).
+      flops_by_primitive: the same split into ``dot_general`` and
+        ``conv_general_dilated``.
+      cost_analysis_flops: per plain model id, XLA's ``cost_analysis()`` FLOPs per
+        example of a compiled step, or None where the backend reports none (a
+        cross-check only: it misses custom calls such as cuDNN convolutions).
 
     Example:
       >>> ctx = Context(cfg, load_data(cfg, print))
@@ -210,7 +238,8 @@ class Context:
         self.batches = [perm[i * cfg.batch_size : (i + 1) * cfg.batch_size] for i in range(n)]
         self.tx = optax.sgd(0.1, 0.9)
         self.flops: dict[str, float] = {}
-        self.flops_source: dict[str, str] = {}
+        self.flops_by_primitive: dict[str, dict[str, float]] = {}
+        self.cost_analysis_flops: dict[str, float | None] = {}
         self._float_images: np.ndarray | None = None
         self._shapes: dict[str, Any] = {}
         self._params: dict[tuple[str, int], Any] = {}
@@ -295,12 +324,10 @@ class Context:
             params = self.member_params(model_id, 0)
             x, y = self.host_batch(0)
 
-            def residuals(p):
-                def loss(p):
-                    logits = module.apply({"params": p}, data.normalize(x))
-                    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
+            loss = member_loss(module)
 
-                return jax.tree.leaves(jax.vjp(loss, p)[1])
+            def residuals(p):
+                return jax.tree.leaves(jax.vjp(lambda q: loss(q, x, y), p)[1])
 
             self._footprints[model_id] = {
                 "state": _nbytes(params) + _nbytes(self.opt_state(params)),
@@ -309,33 +336,59 @@ class Context:
         return self._footprints[model_id]
 
     def flops_per_example(self, model_id: str) -> float:
-        """Training FLOPs per example of ``model_id`` (cost analysis of a jitted step)."""
+        """Training FLOPs per example of ``model_id``'s useful work, counted analytically.
+
+        The count is of :func:`~meshensemble.bench.config.plain_model` (a reformulated
+        convolution does the same multiply-adds): the ``dot_general`` and
+        ``conv_general_dilated`` FLOPs of ``jax.value_and_grad`` of one member's loss on
+        one batch, over the batch size. Nothing is compiled or run.
+
+        Args:
+          model_id: a bench model id.
+
+        Returns:
+          FLOPs per member-example (forward and backward pass).
+        """
         fid = plain_model(model_id)
         if fid not in self.flops:
+            x, y = self.host_batch(0)
+            counted = train_flops(member_loss(make_model(fid)), self.member_params(fid, 0), x, y)
+            self.flops_by_primitive[fid] = {k: v / len(y) for k, v in counted.items()}
+            self.flops[fid] = counted["total"] / len(y)
+        return self.flops[fid]
+
+    def cost_analysis_per_example(self, model_id: str) -> float | None:
+        """XLA's ``cost_analysis()`` FLOPs per example of a plain step (the cross-check).
+
+        Taken from a program a case compiled (:meth:`record_flops`), else from a plain
+        jitted step compiled here.
+
+        Args:
+          model_id: a bench model id.
+
+        Returns:
+          The FLOPs per example, or None where the backend reports none.
+        """
+        fid = plain_model(model_id)
+        if fid not in self.cost_analysis_flops:
             step = single_step(make_model(fid), self.tx)
             x, y = self.host_batch(0)
             params = self.member_params(fid, 0)
             compiled = jax.jit(step).lower(params, self.opt_state(params), x, y).compile()
             self.record_flops(fid, compiled)
-        return self.flops[fid]
+        return self.cost_analysis_flops[fid]
 
     def record_flops(self, model_id: str, compiled: Any, examples: int | None = None) -> None:
-        """Keeps the FLOPs per example of a compiled one-device program of ``model_id``.
+        """Keeps XLA's cost-analysis FLOPs per example of a one-device program (cross-check).
 
         Args:
-          model_id: the program's model; reformulated models are skipped (their FLOPs
-            are counted as their base model's).
+          model_id: the program's model; reformulated models are skipped.
           compiled: the compiled train step.
           examples: member-examples per call (default one member's batch).
         """
         fid = plain_model(model_id)
-        if fid in self.flops or fid != model_id:
+        if fid in self.cost_analysis_flops or fid != model_id:
             return
         flops = cost_flops(compiled)
         examples = examples or self.cfg.batch_size
-        if flops:
-            self.flops[fid], self.flops_source[fid] = flops / examples, "cost_analysis"
-        elif fid == "cnn-xla":
-            self.flops[fid], self.flops_source[fid] = CNN_TRAIN_FLOPS_PER_EXAMPLE, "analytic"
-        else:
-            self.flops[fid], self.flops_source[fid] = float("nan"), "unavailable"
+        self.cost_analysis_flops[fid] = flops / examples if flops else None
