@@ -1,4 +1,4 @@
-"""``meshensemble bench --tiny`` runs every case in-process and writes complete JSON.
+"""``meshensemble bench --tiny`` runs every case and writes complete JSON; FLOP counts.
 
 No assertions on speed: the machine is shared, the tiny configuration measures noise.
 """
@@ -9,9 +9,14 @@ import argparse
 import json
 import math
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from meshensemble import bench
+from meshensemble import bench, models
+from meshensemble.bench import config as bench_config
+from meshensemble.bench.workloads import CNN_TRAIN_FLOPS_PER_EXAMPLE, member_loss
 from meshensemble.cli import bench as cli_bench
 from meshensemble.cli import main
 
@@ -48,8 +53,10 @@ def test_tiny_bench_writes_every_case(tiny):
     code, results, png = tiny
     assert code == 0
     expected = [c for cases in bench.GROUPS.values() for c in cases]
-    # mpd_8 .. mpd_32 are beyond the tiny configuration's 4 members per device.
-    expected = [c for c in expected if c not in ("mpd_8", "mpd_16", "mpd_32")]
+    # mpd_8 .. mpd_32 are beyond the tiny configuration's 4 members per device;
+    # time_to_accuracy has its own section.
+    skip = ("mpd_8", "mpd_16", "mpd_32", bench_config.TIME_TO_ACCURACY)
+    expected = [c for c in expected if c not in skip]
     assert sorted(results["cases"]) == sorted(expected)
     for name, case in results["cases"].items():
         t = case["time_per_step_s"]
@@ -154,3 +161,171 @@ def test_every_flagged_config_field_is_a_bench_flag():
     assert (cfg.matmul_size, cfg.seed, cfg.epoch_cap, cfg.case_budget) == (64, 3, 2, 1.5)
     assert (cfg.model, cfg.cases) == ("mlp", ("howto",))
     assert set(cli_bench.FLAG_FIELDS) >= {"members", "batch_size", "repeats", "out", "plot"}
+
+
+# ---------------------------------------------------------------------------------------
+# Analytic FLOPs
+
+
+def _cnn_train_flops(conv: str, batch: int = 2) -> dict[str, float]:
+    module = models.CNN(conv=conv)
+    images = np.zeros((batch, 28, 28, 1), np.uint8)
+    labels = np.zeros((batch,), np.int32)
+    params = jax.eval_shape(
+        lambda k: module.init(k, jnp.zeros((1, 28, 28, 1)))["params"], jax.random.key(0)
+    )
+    counted = bench.train_flops(member_loss(module), params, images, labels)
+    return {k: v / batch for k, v in counted.items()}
+
+
+def test_analytic_flops_of_the_cnn_are_the_documented_27_4_mflop_for_any_convolution():
+    xla, im2col = _cnn_train_flops("xla"), _cnn_train_flops("im2col")
+    # The hand count (workloads.CNN_TRAIN_FLOPS_PER_EXAMPLE): 13,705,728 multiply-adds of
+    # the forward pass, every kernel gradient and every input gradient but the image's.
+    assert xla["total"] == 2 * 13_705_728
+    assert xla["total"] == pytest.approx(CNN_TRAIN_FLOPS_PER_EXAMPLE, rel=0.01)
+    # im2col is the same arithmetic as matmuls: same total, nothing left as convolution.
+    assert im2col["total"] == xla["total"]
+    assert im2col["conv_general_dilated"] == 0 and xla["conv_general_dilated"] > 0
+    # The dense layers are matmuls in both: 3136x256 and 256x10, forward and 2 gradients
+    # (the first dense layer's input gradient feeds the convolutions).
+    assert xla["dot_general"] == 2 * 3 * (3136 * 256 + 256 * 10)
+
+
+def test_analytic_flops_count_what_the_jaxpr_states_for_a_custom_vjp():
+    # conv_canonical's backward rule also returns the image's gradient (3x3x1->32 on
+    # 28x28: 225,792 multiply-adds) that JAX then drops; the jaxpr states it, so it counts.
+    canonical, xla = _cnn_train_flops("canonical"), _cnn_train_flops("xla")
+    assert canonical["total"] - xla["total"] == 2 * 28 * 28 * 32 * 9
+
+
+def test_count_flops_of_matmuls_convolutions_and_loops():
+    n = 256
+    a = jax.ShapeDtypeStruct((n, n), jnp.float32)
+    assert bench.count_flops(jnp.matmul, a, a)["total"] == 2 * n**3
+    ab = jax.ShapeDtypeStruct((3, 8, 16), jnp.bfloat16)
+    b = jax.ShapeDtypeStruct((3, 16, 4), jnp.bfloat16)
+    assert bench.count_flops(jnp.matmul, ab, b)["dot_general"] == 2 * 3 * 8 * 16 * 4
+
+    def grouped(x, k):  # 8 input channels in 2 groups -> 6 outputs, 3x3, SAME
+        return jax.lax.conv_general_dilated(
+            x,
+            k,
+            (1, 1),
+            "SAME",
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            feature_group_count=2,
+        )
+
+    x = jax.ShapeDtypeStruct((5, 10, 10, 8), jnp.float32)
+    k = jax.ShapeDtypeStruct((3, 3, 4, 6), jnp.float32)
+    assert bench.count_flops(grouped, x, k)["conv_general_dilated"] == 2 * 5 * 100 * 6 * 9 * 4
+
+    def scanned(c):
+        return jax.lax.scan(lambda c, _: (jnp.tanh(c @ c), None), c, None, length=7)[0]
+
+    assert bench.count_flops(scanned, a)["total"] == 7 * 2 * n**3
+
+    def branches(p, c):
+        return jax.lax.cond(p, lambda c: c @ c @ c, lambda c: c @ c, c)
+
+    assert bench.count_flops(branches, True, a)["total"] == 2 * 2 * n**3  # the costlier one
+
+
+# ---------------------------------------------------------------------------------------
+# New cases and fields of the tiny bench
+
+
+def test_tiny_bench_flops_are_analytic_and_the_matmuls_are_fp32_and_bf16(tiny):
+    _, results, _ = tiny
+    meta, cases = results["meta"], results["cases"]
+    assert meta["flops_source"] == "analytic"
+    # MLP((32,)): forward 784*32 + 32*10 multiply-adds, both kernels' gradients, and the
+    # hidden layer's input gradient (the image's is never computed).
+    assert meta["flops_per_example"]["mlp32"] == 2 * (2 * (784 * 32 + 32 * 10) + 32 * 10)
+    assert set(meta["flops_per_example_cost_analysis"]) == set(meta["flops_per_example"])
+    for name, case in cases.items():
+        if case["kind"] != "matmul":
+            base = bench.plain_model(case["model"])
+            assert case["flops_per_example"] == meta["flops_per_example"][base], name
+            assert case["flops_source"] == "analytic", name
+            assert case["fraction_of_bf16_matmul_flops"] > 0, name
+    n = meta["matmul_size"]
+    assert n == bench.TINY["matmul_size"]
+    for precision in ("fp32", "bf16"):
+        mm = cases[f"matmul_{precision}"]
+        assert (mm["kind"], mm["precision"], mm["flops_per_call"]) == (
+            "matmul",
+            precision,
+            2 * n**3,
+        )
+        assert mm["flops_per_s"] > 0
+    assert cases["matmul_bf16"]["fraction_of_bf16_matmul_flops"] == pytest.approx(1.0)
+    assert meta["matmul_bf16_flops_per_s"] > 0
+    for key in ("device_kind", "jax_version", "jaxlib_version", "flax_version", "date"):
+        assert meta[key], key
+    ratios = results["ratios"]
+    assert ratios["members_per_device_flops_case"] == "mpd_4"  # the most the tiny run has
+    assert ratios["members_per_device_flops_over_bf16_matmul"] == pytest.approx(
+        cases["mpd_4"]["flops_per_s"] / meta["matmul_bf16_flops_per_s"]
+    )
+
+
+def test_tiny_bench_time_to_accuracy_cold_then_warm(tiny):
+    _, results, _ = tiny
+    tta = results["time_to_accuracy"]
+    target = tta["target_accuracy"]
+    assert target == bench.TINY["target_accuracy"]
+    assert tta["train_config"]["model"] == "mlp" and tta["train_config"]["members"] == 4
+    for run in ("cold", "warm"):
+        r = tta[run]
+        assert "error" not in r, r.get("error")
+        assert r["reached"] and r["accuracy"] >= target, run
+        assert not any(e["accuracy"] >= target for e in r["epochs"][:-1]), run  # the first
+        start = r["process_start"]
+        parts = ("interpreter_s", "import_jax_s", "device_init_s", "import_meshensemble_s")
+        assert start["total_s"] == pytest.approx(sum(start[p] for p in parts)), run
+        assert r["time_to_accuracy_s"] == pytest.approx(
+            start["total_s"] + r["setup_s"] + r["train_to_accuracy_s"]
+        ), run
+        assert r["cache_enabled"] and r["programs"] == len(r["by_program"]) > 0, run
+        assert (r["platform"], r["device_count"]) == ("cpu", 8), run  # the parent's devices
+    # The warm run reuses the cold run's cache folder: its programs come from the cache.
+    assert tta["cold"]["cache_hits"] == 0 and tta["cold"]["cache_misses"] > 0
+    assert tta["warm"]["cache_hits"] > 0 and tta["warm"]["cache_misses"] == 0
+    assert tta["warm_over_cold_compile"] == pytest.approx(
+        tta["warm"]["compile_s"] / tta["cold"]["compile_s"]
+    )
+    ratios = results["ratios"]
+    assert ratios["time_to_accuracy_programs"] == tta["cold"]["programs"]
+    assert ratios["time_to_accuracy_warm_compile_s"] == tta["warm"]["compile_s"]
+
+
+def test_matmul_size_per_platform_and_time_to_accuracy_is_no_timed_case():
+    def sizes(cfg, platform):
+        return {c.name: c.spec.model for c in bench.plan(cfg, 1, platform, 10)}
+
+    cfg = bench.resolve(cases="matmul")
+    assert sizes(cfg, "gpu") == {"matmul_fp32": "8192", "matmul_bf16": "8192"}
+    assert sizes(cfg, "tpu")["matmul_bf16"] == "8192"
+    assert sizes(cfg, "cpu")["matmul_fp32"] == "2048"
+    assert sizes(bench.resolve(cases="matmul", matmul_size=512), "gpu")["matmul_bf16"] == "512"
+    only = bench.resolve(cases="time_to_accuracy")
+    assert bench.plan(only, 8, "cpu", 10) == [] and bench_config.runs_time_to_accuracy(only)
+    assert bench_config.runs_time_to_accuracy(bench.resolve())
+    assert not bench_config.runs_time_to_accuracy(bench.resolve(cases="matmul"))
+
+
+def test_target_accuracy_flags():
+    parser = argparse.ArgumentParser()
+    cli_bench.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["bench", "--target-accuracy", "0.98", "--accuracy-epochs", "3"])
+    given = {name: getattr(args, name) for name in cli_bench.FLAG_FIELDS if name != "tiny"}
+    cfg = bench.resolve(**given)
+    assert (cfg.target_accuracy, cfg.accuracy_epochs) == (0.98, 3)
+    assert bench.resolve().target_accuracy == 0.993
+    for bad, flag in ((1.5, "--target-accuracy 1.5"), (0.0, "--target-accuracy 0.0")):
+        with pytest.raises(ValueError, match=flag):
+            bench.resolve(target_accuracy=bad)
+    with pytest.raises(ValueError, match="--accuracy-epochs 0"):
+        bench.resolve(accuracy_epochs=0)
