@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
+from conftest import need_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from sklearn.metrics import average_precision_score, roc_auc_score
 
+import meshensemble as me
 from meshensemble import metrics
 from meshensemble.core import stats as core_stats
 
@@ -72,18 +76,50 @@ def ref_ece(p: np.ndarray, y: np.ndarray, num_bins: int, w: np.ndarray) -> float
     return ece
 
 
+def ref_kl(p: np.ndarray, q: np.ndarray) -> float:
+    """KL(p || q) with 0 log 0 = 0 and q clipped at 1e-12 (the library's convention)."""
+    return sum(
+        float(a) * (math.log(a) - math.log(max(float(b), 1e-12))) for a, b in zip(p, q) if a > 0
+    )
+
+
 def ref_uncertainty(mp: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-example entropy of the mean, expected entropy, MI, disagreement of [M, N, C]."""
+    """Per-example entropy of the mean, expected entropy, MI and diversity of [M, N, C]."""
     m, n, _ = mp.shape
-    out = {k: np.zeros(n) for k in ("entropy", "expected_entropy", "mi", "disagreement")}
+    keys = ("entropy", "expected_entropy", "mi", "disagreement", "vs_ensemble", "pairwise_kl")
+    out = {k: np.zeros(n) for k in keys}
     for i in range(n):
         mean = mp[:, i].mean(axis=0)
         out["entropy"][i] = ref_entropy_row(mean)
         out["expected_entropy"][i] = sum(ref_entropy_row(mp[k, i]) for k in range(m)) / m
         out["mi"][i] = max(out["entropy"][i] - out["expected_entropy"][i], 0.0)
         ens_pred = int(np.argmax(mean))
-        out["disagreement"][i] = sum(int(np.argmax(mp[k, i])) != ens_pred for k in range(m)) / m
+        out["vs_ensemble"][i] = sum(int(np.argmax(mp[k, i])) != ens_pred for k in range(m)) / m
+        preds = [int(np.argmax(mp[k, i])) for k in range(m)]
+        pairs = [(j, k) for j in range(m) for k in range(j + 1, m)]
+        if pairs:  # unordered pairs whose argmax differ; ordered pairs for the KL
+            out["disagreement"][i] = sum(preds[j] != preds[k] for j, k in pairs) / len(pairs)
+            kls = [ref_kl(mp[j, i], mp[k, i]) for j in range(m) for k in range(m) if j != k]
+            out["pairwise_kl"][i] = sum(kls) / len(kls)
     return out
+
+
+def ref_adaptive_ece(p: np.ndarray, y: np.ndarray, num_bins: int, w: np.ndarray) -> float:
+    """Equal-mass bins: sorted by confidence (ties by index), n // B each, +1 in the first n % B."""
+    items = sorted((float(p[i].max()), i) for i in range(len(y)) if w[i] != 0)
+    base, extra = divmod(len(items), num_bins)
+    total_w = sum(w[i] for _, i in items)
+    ace, start = 0.0, 0
+    for b in range(num_bins):
+        size = base + (1 if b < extra else 0)
+        group, start = items[start : start + size], start + size
+        if not group:
+            continue
+        cnt = sum(w[i] for _, i in group)
+        acc = sum(w[i] * (int(np.argmax(p[i])) == y[i]) for _, i in group) / cnt
+        conf = sum(w[i] * c for c, i in group) / cnt
+        ace += cnt / total_w * abs(acc - conf)
+    return ace
 
 
 def ref_ensemble_metrics(mp: np.ndarray, y: np.ndarray, num_bins: int, w=None) -> dict:
@@ -92,19 +128,29 @@ def ref_ensemble_metrics(mp: np.ndarray, y: np.ndarray, num_bins: int, w=None) -
     mean = mp.mean(axis=0)
     out: dict = dict(ref_basic(mean, y, w))
     out["ece"] = ref_ece(mean, y, num_bins, w)
+    out["adaptive_ece"] = ref_adaptive_ece(mean, y, num_bins, w)
     unc = ref_uncertainty(mp)
     for key, ref_key in [
         ("entropy", "entropy"),
         ("expected_entropy", "expected_entropy"),
         ("mutual_information", "mi"),
         ("disagreement", "disagreement"),
+        ("pairwise_kl", "pairwise_kl"),
+        ("disagreement_vs_ensemble", "vs_ensemble"),
     ]:
         out[key] = float((unc[ref_key] * w).sum() / w.sum())
     per = [ref_basic(mp[k], y, w) for k in range(m)]
     for key in ("accuracy", "nll", "brier"):
         out[f"member_{key}"] = [d[key] for d in per]
     out["member_ece"] = [ref_ece(mp[k], y, num_bins, w) for k in range(m)]
-    for key in ("accuracy", "nll", "brier", "ece"):
+    out["member_disagreement_vs_ensemble"] = [
+        float(
+            sum(w[i] * (int(np.argmax(mp[k, i])) != int(np.argmax(mean[i]))) for i in range(n))
+            / w.sum()
+        )
+        for k in range(m)
+    ]
+    for key in ("accuracy", "nll", "brier", "ece", "disagreement_vs_ensemble"):
         out[f"mean_member_{key}"] = float(np.mean(out[f"member_{key}"]))
     return out
 
@@ -244,6 +290,43 @@ def test_reliability_diagram_data(data):
     assert np.isnan(d["accuracy"]).any()  # the first bins are empty: max prob >= 1 / C
 
 
+@pytest.mark.parametrize("use_mask", [False, True])
+@pytest.mark.parametrize("num_bins", [1, 7, BINS, 200])  # 200 > N: some bins stay empty
+def test_adaptive_ece_matches_reference(data, mask, use_mask, num_bins):
+    mp, y = data
+    p = mp.mean(0)
+    w = mask.astype(np.float64) if use_mask else np.ones(N)
+    got = metrics.adaptive_ece(p, y, num_bins, mask if use_mask else None)
+    assert isinstance(got, float)
+    assert got == pytest.approx(ref_adaptive_ece(p, y, num_bins, w), abs=1e-6)
+    if num_bins == 1:  # one bin: |accuracy - mean confidence|
+        want = abs(ref_basic(p, y, w)["accuracy"] - float((p.max(-1) * w).sum() / w.sum()))
+        assert got == pytest.approx(want, abs=1e-6)
+
+
+def test_adaptive_ece_bins_have_equal_counts_unlike_ece():
+    # 10 examples: 8 confident and right, 2 unsure and wrong. Equal-width bins put the 2 in
+    # one bin; 2 equal-mass bins of 5 mix three confident examples into the unsure bin.
+    conf = np.array([0.4, 0.45] + [0.95] * 8)
+    correct = np.array([0, 0] + [1] * 8)
+    want = (abs(3 - (0.4 + 0.45 + 3 * 0.95)) + abs(5 - 5 * 0.95)) / 10
+    assert metrics.adaptive_ece_from_examples(conf, correct, 2) == pytest.approx(want)
+    rest = (1 - conf) / 2
+    p = np.stack([conf, rest, rest], axis=1)  # 3 classes: the max is conf
+    y = np.where(correct == 1, 0, 1)
+    assert metrics.adaptive_ece(p, y, 2) == pytest.approx(want, abs=1e-6)
+    assert float(metrics.ece(p, y, 2)) == pytest.approx((0.85 + 8 * 0.05) / 10, abs=1e-6)
+    # weight 0 drops an example even when it is NaN; no example left: NaN
+    assert metrics.adaptive_ece_from_examples(
+        np.r_[conf, np.nan], np.r_[correct, 1], 2, np.r_[np.ones(10), 0]
+    ) == pytest.approx(want)
+    assert math.isnan(metrics.adaptive_ece_from_examples(conf, correct, 2, np.zeros(10)))
+    with pytest.raises(ValueError, match="one value per example"):
+        metrics.adaptive_ece_from_examples(conf, correct[:-1], 2)
+    with pytest.raises(ValueError, match="num_bins"):
+        metrics.adaptive_ece(p, y, 0)
+
+
 # --------------------------------------------------------------------------- uncertainty
 
 
@@ -254,6 +337,9 @@ def test_uncertainty_match_reference(data):
     np.testing.assert_allclose(metrics.expected_entropy(mp), want["expected_entropy"], **TOL)
     np.testing.assert_allclose(metrics.mutual_information(mp), want["mi"], **TOL)
     np.testing.assert_allclose(metrics.disagreement(mp), want["disagreement"], atol=1e-6)
+    np.testing.assert_allclose(metrics.disagreement_vs_ensemble(mp), want["vs_ensemble"], atol=1e-6)
+    np.testing.assert_allclose(metrics.pairwise_kl(mp), want["pairwise_kl"], **TOL)
+    assert (np.asarray(metrics.pairwise_kl(mp)) > 0).all()
     assert metrics.entropy(mp[0]).shape == (N,)
     assert float(jnp.min(metrics.mutual_information(mp))) >= 0.0
 
@@ -266,8 +352,11 @@ def test_one_hot_probabilities_are_finite():
     assert not np.signbit(ent).any()  # +0.0, not -0.0
     assert float(metrics.nll(onehot, y_wrong)) == pytest.approx(0.75 * LOG_EPS, rel=1e-5)
     mp = np.stack([onehot, np.eye(3)[[1, 1, 2, 0]]])
-    for fn in (metrics.expected_entropy, metrics.mutual_information, metrics.disagreement):
+    fns = (metrics.expected_entropy, metrics.mutual_information, metrics.disagreement)
+    for fn in (*fns, metrics.pairwise_kl, metrics.disagreement_vs_ensemble):
         assert np.isfinite(np.asarray(fn(mp))).all()
+    # member 0 puts 0 on the class member 1 predicts: KL = -log(eps) there, finite
+    np.testing.assert_allclose(metrics.pairwise_kl(mp), [LOG_EPS, 0, 0, 0], rtol=1e-5)
     got = metrics.ensemble_metrics(mp, y_wrong, num_bins=BINS)
     assert all(np.isfinite(v).all() for v in got.values())
     want = ref_ensemble_metrics(mp, y_wrong, BINS)
@@ -291,6 +380,35 @@ def test_ood_score_kinds(data):
         metrics.ood_score(mp, "energy")
     with pytest.raises(ValueError, match="3-D"):
         metrics.ood_score(mean, "entropy")
+
+
+def ref_logsumexp(z: np.ndarray) -> float:
+    top = max(float(v) for v in z)
+    return top + math.log(sum(math.exp(float(v) - top) for v in z))
+
+
+def test_ood_score_from_logits_matches_reference():
+    rng = np.random.default_rng(5)
+    z = rng.normal(0, 3, size=(M, N, C))
+    zf = z.astype(np.float32)
+    got = {k: np.asarray(metrics.ood_score_from_logits(zf, k)) for k in metrics.LOGIT_OOD_KINDS}
+    energy = [sum(-ref_logsumexp(z[m, i]) for m in range(M)) / M for i in range(N)]
+    max_logit = [sum(-float(z[m, i].max()) for m in range(M)) / M for i in range(N)]
+    np.testing.assert_allclose(got["energy"], energy, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["max_logit"], max_logit, rtol=1e-5, atol=1e-5)
+    probs = np.exp(z - z.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    for kind in metrics.OOD_KINDS:  # the probability kinds, from the softmax
+        np.testing.assert_allclose(got[kind], metrics.ood_score(probs, kind), **TOL, err_msg=kind)
+    # a constant added to each example's logits: softmax scores stay, the logit scores move
+    shifted = {k: np.asarray(metrics.ood_score_from_logits(zf + 5.0, k)) for k in got}
+    np.testing.assert_allclose(shifted["energy"], got["energy"] - 5.0, atol=1e-4)
+    np.testing.assert_allclose(shifted["max_logit"], got["max_logit"] - 5.0, atol=1e-4)
+    np.testing.assert_allclose(shifted["entropy"], got["entropy"], atol=1e-5)
+    with pytest.raises(ValueError, match="unknown OOD score kind"):
+        metrics.ood_score_from_logits(zf, "logit")
+    with pytest.raises(ValueError, match="member_logits.*3-D"):
+        metrics.ood_score_from_logits(zf[0], "energy")
 
 
 # --------------------------------------------------------------------------- AUROC / AUPR
@@ -420,35 +538,45 @@ def _sum_stats(parts: list[dict]) -> dict:
 
 def test_streaming_uneven_chunks_with_padding_match(data):
     mp, y = data
-    mean = mp.mean(0)
+    every = metrics.member_summaries(mp)  # all members here: no reduction over devices
     stats_fn = jax.jit(metrics.streaming_stats, static_argnames="num_bins")
     chunk = 50
-    parts = []
+    parts, examples = [], []
     for idx in np.split(np.arange(N), [37, 87]):  # 37, 50, 33 examples; pad each to 50
         n = len(idx)
+        mean, votes, logp = (
+            _pad(np.asarray(every[k])[idx], chunk, 0) for k in ("probs", "votes", "log_probs")
+        )
+        labels, mask = _pad(y[idx], chunk, 0), _pad(np.ones(n, np.float32), chunk, 0)
         parts.append(
             stats_fn(
                 _pad(mp[:, idx], chunk, 1),
-                _pad(mean[idx], chunk, 0),
-                _pad(y[idx], chunk, 0),
-                _pad(np.ones(n, np.float32), chunk, 0),
+                mean,
+                labels,
+                mask,
                 num_bins=BINS,
+                ensemble_votes=votes,
+                ensemble_log_probs=logp,
             )
         )
+        examples.append(metrics.example_stats(mean, labels, mask))
     total = _sum_stats(parts)
     assert total["count"] == N
-    got = metrics.finalize_stats(total, num_bins=BINS)
+    joined = {k: np.concatenate([e[k] for e in examples]) for k in metrics.EXAMPLE_STAT_KEYS}
+    assert joined["weight"].shape == (150,)  # padding included, dropped by its weight 0
+    got = metrics.finalize_stats(total, num_bins=BINS, examples=joined)
     assert_metrics_close(got, metrics.ensemble_metrics(mp, y, num_bins=BINS))
     assert_metrics_close(got, ref_ensemble_metrics(mp, y, BINS))
 
 
 def test_streaming_member_groups_concatenate(data, mask):
     mp, y = data
-    mean = mp.mean(0)
+    every = metrics.member_summaries(mp)
     w = mask.astype(np.float32)
+    kw = dict(num_bins=BINS, ensemble_votes=every["votes"], ensemble_log_probs=every["log_probs"])
     groups = [
-        metrics.streaming_stats(mp[:2], mean, y, w, num_bins=BINS),
-        metrics.streaming_stats(mp[2:], mean, y, w, num_bins=BINS),
+        metrics.streaming_stats(mp[:2], every["probs"], y, w, **kw),
+        metrics.streaming_stats(mp[2:], every["probs"], y, w, **kw),
     ]
     assert groups[0]["member_bin_count"].shape == (2, BINS)
     assert groups[1]["member_correct"].shape == (3,)
@@ -459,8 +587,40 @@ def test_streaming_member_groups_concatenate(data, mask):
         k: np.concatenate([g[k] for g in groups]) if k.startswith("member_") else groups[0][k]
         for k in groups[0]
     }
-    got = metrics.finalize_stats(joined, num_bins=BINS)
+    examples = metrics.example_stats(every["probs"], y, w)
+    got = metrics.finalize_stats(joined, num_bins=BINS, examples=examples)
     assert_metrics_close(got, ref_ensemble_metrics(mp, y, BINS, mask))
+
+
+def test_member_summaries_reduce_over_member_groups(data):
+    mp, _ = data
+    whole = metrics.member_summaries(mp[:4])
+    halves = [metrics.member_summaries(mp[:2]), metrics.member_summaries(mp[2:4])]
+    np.testing.assert_allclose(whole["votes"], halves[0]["votes"] + halves[1]["votes"])
+    for key in ("probs", "log_probs"):  # pmean over two equal groups
+        np.testing.assert_allclose(whole[key], (halves[0][key] + halves[1][key]) / 2, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(whole["votes"]).sum(-1), np.full(N, 4.0))
+    np.testing.assert_allclose(
+        whole["log_probs"], np.log(np.maximum(mp[:4], 1e-12)).mean(0), rtol=1e-5
+    )
+
+
+def test_pairwise_sums_are_nan_without_the_summaries_of_every_member(data):
+    """A device that sees only its own members cannot know the pairs: NaN, never a wrong
+    number; the other metrics are unaffected, and one member has no pairs (0)."""
+    mp, y = data
+    w = np.ones(N, np.float32)
+    stats = metrics.streaming_stats(mp, mp.mean(0), y, w, num_bins=BINS)
+    got = metrics.finalize_stats(stats, num_bins=BINS)
+    for key in ("disagreement", "pairwise_kl", "adaptive_ece"):
+        assert math.isnan(got[key]), key
+    want = ref_ensemble_metrics(mp, y, BINS)
+    for key in ("disagreement", "pairwise_kl", "adaptive_ece"):
+        del want[key]
+    assert_metrics_close(got, want)
+    one = metrics.ensemble_metrics(mp[:1], y, num_bins=BINS)
+    assert one["disagreement"] == 0.0 and one["pairwise_kl"] == 0.0
+    assert one["disagreement_vs_ensemble"] == 0.0
 
 
 def test_streaming_stats_keys_and_shapes(data):
@@ -486,26 +646,37 @@ def test_streaming_in_shard_map(data):
     mesh = jax.make_mesh((2, 4), ("ensemble", "data"))
 
     def step(member_probs, labels, mask):
-        local = jnp.sum(member_probs, axis=0) / 4.0  # 4 members in all
-        ens = jax.lax.psum(local, "ensemble")
-        stats = metrics.streaming_stats(member_probs, ens, labels, mask, num_bins=BINS)
-        return jax.tree.map(lambda x: jax.lax.psum(x, "data"), stats)
+        local = metrics.member_summaries(member_probs)  # this device's 2 of the 4 members
+        ens = jax.lax.pmean(local["probs"], "ensemble")
+        stats = metrics.streaming_stats(
+            member_probs,
+            ens,
+            labels,
+            mask,
+            num_bins=BINS,
+            ensemble_votes=jax.lax.psum(local["votes"], "ensemble"),
+            ensemble_log_probs=jax.lax.pmean(local["log_probs"], "ensemble"),
+        )
+        sums = jax.tree.map(lambda x: jax.lax.psum(x, "data"), stats)
+        return sums, metrics.example_stats(ens, labels, mask)
 
     template = metrics.streaming_stats(mp4[:2, :8], mp4[0, :8], yy[:8], w[:8], num_bins=BINS)
     out_specs = {k: P("ensemble") if k.startswith("member_") else P() for k in template}
+    example_specs = {k: P("data") for k in metrics.EXAMPLE_STAT_KEYS}
     fn = jax.jit(
         jax.shard_map(
             step,
             mesh=mesh,
             in_specs=(P("ensemble", "data"), P("data"), P("data")),
-            out_specs=out_specs,
+            out_specs=(out_specs, example_specs),
         )
     )
     args = [
         jax.device_put(x, NamedSharding(mesh, spec))
         for x, spec in [(mp4, P("ensemble", "data")), (yy, P("data")), (w, P("data"))]
     ]
-    got = metrics.finalize_stats(fn(*args), num_bins=BINS)
+    sums, examples = fn(*args)
+    got = metrics.finalize_stats(sums, num_bins=BINS, examples=examples)
     assert_metrics_close(got, ref_ensemble_metrics(mp4.astype(np.float64), yy, BINS))
 
 
@@ -529,6 +700,50 @@ def test_streaming_and_finalize_reject_bad_input(data):
         metrics.finalize_stats({**stats, "count": 0.0}, num_bins=BINS)
     with pytest.raises(ValueError, match="mask"):
         metrics.streaming_stats(mp, mean, y, None)
+    with pytest.raises(ValueError, match="ensemble_votes"):
+        metrics.streaming_stats(mp, mean, y, w, ensemble_votes=mean[:-1])
+    with pytest.raises(ValueError, match="ensemble_log_probs"):
+        metrics.streaming_stats(mp, mean, y, w, ensemble_log_probs=mean[:, :-1])
+    with pytest.raises(ValueError, match="examples.*lacks keys"):
+        metrics.finalize_stats(stats, BINS, examples={"confidence": w, "correct": w})
+
+
+class _TinyNet(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        x = x.reshape(x.shape[0], -1)
+        return nn.Dense(C)(nn.relu(nn.Dense(16)(x)))
+
+
+NEW_KEYS = ("disagreement", "disagreement_vs_ensemble", "pairwise_kl", "adaptive_ece")
+
+
+@pytest.mark.parametrize(
+    ("members", "ensemble", "data_axis", "backend"),
+    [(8, 8, 1, "shard_map"), (4, 2, 4, "shard_map"), (16, 8, 1, "pmap")],
+    ids=["1_per_device", "2_per_device_2d", "2_per_device_pmap"],
+)
+def test_ensemble_evaluate_equals_ensemble_metrics_of_gathered_probs(
+    members, ensemble, data_axis, backend
+):
+    """Ensemble.evaluate (sums and votes reduced on the mesh, per-example confidences for
+    the adaptive ECE) = ensemble_metrics of the gathered [members, N, C] = the reference;
+    N = 90 is divisible neither by the batch (32) nor by data=4 (padding and masks)."""
+    need_devices(8)
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(90, 4, 3)).astype(np.float32)
+    y = rng.integers(0, C, size=90)
+    mesh = me.make_mesh(ensemble=ensemble, data=data_axis)
+    ens = me.Ensemble(_TinyNet(), optax.sgd(0.1), members, mesh, backend=backend)
+    state = ens.init(jax.random.key(0), x[:1])
+    got = ens.evaluate(state, x, y, batch_size=32, num_bins=BINS)
+    mp = np.asarray(ens.predict_members(state, x))
+    host = metrics.ensemble_metrics(mp, y, num_bins=BINS)
+    assert set(got) == set(host) and set(NEW_KEYS) <= set(got)
+    assert len(got["member_disagreement_vs_ensemble"]) == members
+    assert_metrics_close(got, host)
+    assert_metrics_close(got, ref_ensemble_metrics(mp.astype(np.float64), y, BINS))
+    assert 0 < got["disagreement"] < 1 and got["pairwise_kl"] > 0  # diverse random members
 
 
 # --------------------------------------------------------------------------- the public face
@@ -536,23 +751,32 @@ def test_streaming_and_finalize_reject_bad_input(data):
 PUBLIC = [
     "EPS",
     "OOD_KINDS",
+    "LOGIT_OOD_KINDS",
     "accuracy",
+    "adaptive_ece",
+    "adaptive_ece_from_examples",
     "aupr",
     "auroc",
     "brier",
     "calibration_bins",
     "disagreement",
+    "disagreement_vs_ensemble",
     "ece",
     "ece_from_bins",
     "ensemble_metrics",
     "entropy",
     "ENSEMBLE_STAT_KEYS",
+    "EXAMPLE_STAT_KEYS",
     "MEMBER_STAT_KEYS",
+    "example_stats",
     "expected_entropy",
     "finalize_stats",
+    "member_summaries",
     "mutual_information",
     "nll",
     "ood_score",
+    "ood_score_from_logits",
+    "pairwise_kl",
     "prefix_metrics",
     "reliability_diagram_data",
     "reliability_from_bins",
@@ -570,3 +794,6 @@ def test_public_face_keeps_its_names_and_shares_the_core_sums():
     assert metrics.ENSEMBLE_STAT_KEYS is core_stats.ENSEMBLE_STAT_KEYS
     assert metrics.EPS == core_stats.EPS == 1e-12
     assert metrics.OOD_KINDS is metrics.ood.OOD_KINDS
+    assert metrics.member_summaries is core_stats.member_summaries
+    assert metrics.example_stats is core_stats.example_stats
+    assert metrics.EXAMPLE_STAT_KEYS is core_stats.EXAMPLE_STAT_KEYS

@@ -439,8 +439,9 @@ class Ensemble:
         """Ensemble and per-member metrics over a whole set, computed on the mesh.
 
         Streams over ``images`` in padded, masked batches; each batch's sums are reduced
-        with collectives over ``data`` (and the softmax averaged over ``ensemble``), then
-        added up on device. Only the sums reach the host, never
+        with collectives over ``data`` (the softmax averaged and the argmax votes counted
+        over ``ensemble``), then added up on device. Only the sums and, per example, the
+        ensemble's confidence and correctness (for the adaptive ECE) reach the host, never
         ``[members, N, classes]``.
 
         Args:
@@ -452,8 +453,9 @@ class Ensemble:
 
         Returns:
           The dict of :func:`meshensemble.metrics.ensemble_metrics`: ``accuracy``,
-          ``nll``, ``brier``, ``ece``, ``entropy``, ``expected_entropy``,
-          ``mutual_information``, ``disagreement`` (floats, for the ensemble),
+          ``nll``, ``brier``, ``ece``, ``adaptive_ece``, ``entropy``,
+          ``expected_entropy``, ``mutual_information``, ``disagreement`` (pairwise),
+          ``pairwise_kl``, ``disagreement_vs_ensemble`` (floats, for the ensemble),
           ``member_*`` (lists of length members) and ``mean_member_*`` (floats).
 
         Raises:
@@ -486,16 +488,20 @@ class Ensemble:
         )
         b = min(batch_size, n)
         b += -b % self.data_size
-        total = None
+        total, examples = None, []
         for start in range(0, n, b):
             x, y = images[start : start + b], labels[start : start + b]
             k = len(y)
             mask = np.arange(b) < k
             if k < b:
                 x, y = inputs.pad_to(x, b), np.concatenate([y, np.zeros(b - k, y.dtype)])
-            sums = self._dispatched(fn(state, x, y, mask))
+            sums, per_example = self._dispatched(fn(state, x, y, mask))
             total = sums if total is None else jax.tree.map(jnp.add, total, sums)
-        return stats.finalize_stats(fetch(total), num_bins)
+            examples.append(per_example)
+        # N floats each (confidence, correctness, mask) come to the host, for the adaptive ECE.
+        total, examples = fetch((total, examples))
+        joined = {k: np.concatenate([e[k] for e in examples]) for k in stats.EXAMPLE_STAT_KEYS}
+        return stats.finalize_stats(total, num_bins, examples=joined)
 
     def place(self, x: Any, per_member: bool = False, local: bool = False) -> jax.Array:
         """Puts a batch on the mesh: split over ``data`` (and ``ensemble`` per member).
@@ -589,6 +595,8 @@ class Ensemble:
             self._checked_labels = labels  # the same placed labels again: no new check
 
 
-def _eval_specs() -> dict[str, P]:
+def _eval_specs() -> tuple[dict[str, P], dict[str, P]]:
+    """Out specs of ``steps.eval_stats``: the sums, then the per-example values."""
     names = stats.MEMBER_STAT_KEYS + stats.ENSEMBLE_STAT_KEYS
-    return {k: (MEMBERS if k.startswith("member_") else REPLICATED) for k in names}
+    sums = {k: (MEMBERS if k.startswith("member_") else REPLICATED) for k in names}
+    return sums, {k: BATCH for k in stats.EXAMPLE_STAT_KEYS}

@@ -234,14 +234,18 @@ def eval_stats(
     images: jax.Array,
     labels: jax.Array,
     mask: jax.Array,
-) -> dict[str, jax.Array]:
+) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
     """Sums of evaluation statistics over this batch, reduced on the mesh.
 
     The members' softmax never leaves the devices: each device computes
-    :func:`meshensemble.metrics.streaming_stats` for its members on its part of the
-    batch, then the sums are ``psum``-ed over ``data``. ``member_*`` sums stay split
-    over ``ensemble`` (``[m, ...]``); the ensemble's sums use the ``pmean`` of the
-    softmax over ``ensemble`` and so are the same on every device.
+    :func:`meshensemble.core.stats.member_summaries` of its members and reduces them over
+    ``ensemble`` (``pmean`` of the mean softmax and of the mean clipped log-softmax,
+    ``psum`` of the per-class argmax counts), then
+    :func:`meshensemble.core.stats.streaming_stats` for its members on its part of the
+    batch; the sums are ``psum``-ed over ``data``. ``member_*`` sums stay split over
+    ``ensemble`` (``[m, ...]``); the ensemble's sums (pairwise ones included) use only the
+    reduced summaries and so are the same on every device. Per example, only the
+    ensemble's confidence, correctness and the mask leave (for the adaptive ECE).
 
     Args:
       cfg: the static configuration.
@@ -250,12 +254,26 @@ def eval_stats(
       images: ``[b, ...]``; labels ``[b]``; mask ``[b]`` (0 for padding).
 
     Returns:
-      The dict of :func:`meshensemble.metrics.streaming_stats`, summed over ``data``.
+      ``(sums, examples)``: the dict of :func:`meshensemble.core.stats.streaming_stats`,
+      summed over ``data``, and the dict of :func:`meshensemble.core.stats.example_stats`
+      of this device's ``[b]`` examples (split over ``data``, not summed).
     """
     probs = member_probs(cfg, state, images)
-    ens = lax.pmean(jnp.mean(probs, axis=0), ENSEMBLE)
-    sums = stats.streaming_stats(probs, ens, labels, mask.astype(jnp.float32), num_bins)
-    return lax.psum(sums, DATA)
+    local = stats.member_summaries(probs)
+    ens = lax.pmean(local["probs"], ENSEMBLE)
+    votes = lax.psum(local["votes"], ENSEMBLE)
+    log_probs = lax.pmean(local["log_probs"], ENSEMBLE)
+    mask = mask.astype(jnp.float32)
+    sums = stats.streaming_stats(
+        probs,
+        ens,
+        labels,
+        mask,
+        num_bins,
+        ensemble_votes=votes,
+        ensemble_log_probs=log_probs,
+    )
+    return lax.psum(sums, DATA), stats.example_stats(ens, labels, mask)
 
 
 def gather_batch(

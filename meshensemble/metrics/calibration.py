@@ -4,6 +4,9 @@ Bins are ``num_bins`` equal-width bins on the confidence (the max probability) i
 a confidence of exactly ``1.0`` falls in the last bin (conventions:
 :mod:`meshensemble.metrics`). :func:`calibration_bins` returns SUMS, so bins from shards or
 batches can be added before :func:`ece_from_bins` / :func:`reliability_from_bins`.
+:func:`adaptive_ece` uses equal-mass bins instead (equal counts of examples); those need
+every example's confidence, so it is a host function (:func:`adaptive_ece_from_examples`
+takes the per-example values that a sharded evaluation brings back).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from meshensemble.core import stats
+from meshensemble.core.stats import adaptive_ece_from_examples as adaptive_ece_from_examples
 
 
 def calibration_bins(
@@ -179,3 +183,44 @@ def reliability_from_bins(bins: Mapping[str, Any], num_bins: int) -> dict[str, n
         "count": count,
         "bin_edges": np.linspace(0.0, 1.0, num_bins + 1),
     }
+
+
+def adaptive_ece(
+    probs: ArrayLike, labels: ArrayLike, num_bins: int = 15, mask: ArrayLike | None = None
+) -> float:
+    """Adaptive (equal-mass) expected calibration error of one model (host function).
+
+    The masked-in examples are sorted by confidence ``conf_i = max_c p_ic`` (ties keep their
+    example order) and cut into ``num_bins`` groups of equal counts (``np.array_split``:
+    the first ``n % num_bins`` groups hold one more); then
+    ``ace = sum_b (n_b / n) |acc_b - conf_b|`` (Nixon et al. 2019, "Measuring calibration
+    in deep learning"; top-label and L1 as torch-uncertainty's
+    ``AdaptiveCalibrationError``). Unlike :func:`ece`, every bin holds about ``n / B``
+    examples, so the error is not dominated by the few bins where confident predictions
+    pile up. See :func:`adaptive_ece_from_examples` for the weighted form.
+
+    Args:
+      probs: `[N, classes]` predicted probabilities.
+      labels: `[N]` integer class indices.
+      num_bins: number of equal-mass bins ``B``.
+      mask: optional `[N]` bools or 0/1 weights; only masked-in examples count.
+
+    Returns:
+      The adaptive ECE in ``[0, 1]`` as a python float (``nan`` if no example is masked in).
+
+    Raises:
+      ValueError: if the shapes are wrong or ``num_bins < 1``.
+
+    Example:
+      >>> round(adaptive_ece([[0.9, 0.1], [0.4, 0.6], [0.8, 0.2], [0.3, 0.7]], [0, 0, 0, 1], 2), 4)
+      0.15
+    """
+    num_bins = stats.check_num_bins(num_bins)
+    probs, labels, mask = stats.check_basic(probs, labels, mask)
+    ex = jax.device_get(_examples_core(probs, labels, mask))
+    return adaptive_ece_from_examples(ex["confidence"], ex["correct"], num_bins, ex["weight"])
+
+
+@jax.jit
+def _examples_core(probs: Any, labels: Any, mask: Any) -> dict[str, jax.Array]:
+    return stats.example_stats(probs, labels, mask)

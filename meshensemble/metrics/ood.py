@@ -1,7 +1,9 @@
 """Out-of-distribution detection: per-example OOD scores, AUROC and AUPR.
 
-:func:`ood_score` is written with ``jax.numpy`` (jittable); :func:`auroc` and :func:`aupr`
-are host functions on numpy that match ``sklearn.metrics``, with OOD as the positive class.
+:func:`ood_score` (from probabilities) and :func:`ood_score_from_logits` (from logits, for
+the max-logit and energy scores) are written with ``jax.numpy`` (jittable); :func:`auroc`
+and :func:`aupr` are host functions on numpy that match ``sklearn.metrics``, with OOD as
+the positive class.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from meshensemble.metrics.uncertainty import mutual_information
 
 OOD_KINDS = ("max_prob", "entropy", "mutual_information")
 """The ``kind`` values that :func:`ood_score` accepts."""
+
+LOGIT_OOD_KINDS = (*OOD_KINDS, "max_logit", "energy")
+"""The ``kind`` values that :func:`ood_score_from_logits` accepts (every kind of
+:data:`OOD_KINDS`, from the softmax of the logits, and two that need the logits)."""
 
 
 def ood_score(member_probs: ArrayLike, kind: str = "max_prob") -> jax.Array:
@@ -58,6 +64,57 @@ def _ood_score_core(member_probs: Any, kind: str) -> jax.Array:
     if kind == "entropy":
         return stats.shannon_entropy(mean_probs)
     return 1.0 - jnp.max(mean_probs, axis=-1)
+
+
+def ood_score_from_logits(member_logits: ArrayLike, kind: str = "energy") -> jax.Array:
+    """Per-example OOD score of an ensemble from its members' logits; higher means more OOD.
+
+    The two logit scores are each member's single-model score averaged over members
+    (``z^m_i`` = member ``m``'s logits of example ``i``):
+
+    * ``"max_logit"``: ``-(1 / M) sum_m max_c z^m_ic``, the negated maximum logit
+      (MaxLogit, Hendrycks et al. 2022, "Scaling out-of-distribution detection for
+      real-world settings");
+    * ``"energy"``: ``(1 / M) sum_m E(z^m_i)`` with the free energy
+      ``E(z) = -logsumexp_c z_c`` (Liu et al. 2020, "Energy-based out-of-distribution
+      detection", temperature 1): in-distribution inputs get low energy;
+    * the kinds of :data:`OOD_KINDS`: :func:`ood_score` of ``softmax(member_logits)``.
+
+    Probabilities cannot give the two logit scores: the softmax is unchanged when a
+    constant is added to all of an example's logits, and that constant is exactly what
+    ``max_c z_c`` and ``logsumexp_c z_c`` keep (``log p_c = z_c - logsumexp(z)`` only holds
+    differences of logits), so the overall logit magnitude these scores use is lost.
+
+    Args:
+      member_logits: `[members, N, classes]` member logits (``logits[None]`` for a single
+        model).
+      kind: one of :data:`LOGIT_OOD_KINDS`.
+
+    Returns:
+      `[N]` scores.
+
+    Raises:
+      ValueError: if ``kind`` is unknown or ``member_logits`` is not 3-D.
+
+    Example:
+      >>> z = [[[4.0, 0.0], [0.5, 0.0]]]
+      >>> [round(float(v), 4) for v in ood_score_from_logits(z, "energy")]
+      [-4.0181, -0.9741]
+    """
+    if kind not in LOGIT_OOD_KINDS:
+        raise ValueError(f"unknown OOD score kind {kind!r}; use one of {LOGIT_OOD_KINDS}.")
+    member_logits = stats.check_probs(member_logits, 3, "member_logits")
+    return _ood_logits_core(member_logits, kind=kind)
+
+
+@functools.partial(jax.jit, static_argnames="kind")
+def _ood_logits_core(member_logits: Any, kind: str) -> jax.Array:
+    z = stats.as_float(member_logits)
+    if kind == "max_logit":
+        return 0.0 - jnp.mean(jnp.max(z, axis=-1), axis=0)
+    if kind == "energy":
+        return 0.0 - jnp.mean(jax.nn.logsumexp(z, axis=-1), axis=0)
+    return _ood_score_core(jax.nn.softmax(z, axis=-1), kind=kind)
 
 
 # --------------------------------------------------------------------------- OOD detection

@@ -1,6 +1,7 @@
 """The streaming form: per-shard sums on the mesh, metrics of a whole ensemble on the host.
 
-:func:`streaming_stats`, :func:`finalize_stats` and their key tuples live in the core
+:func:`streaming_stats`, :func:`finalize_stats`, :func:`member_summaries`,
+:func:`example_stats` and their key tuples live in the core
 (:mod:`meshensemble.core.stats`, which the core's evaluation uses) and are re-exported here;
 :func:`ensemble_metrics` runs both on one host array, :func:`prefix_metrics` names the
 results as the training loop's ``metrics.jsonl`` records do.
@@ -13,14 +14,16 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
 from meshensemble.core import stats
 from meshensemble.core.stats import ENSEMBLE_STAT_KEYS as ENSEMBLE_STAT_KEYS
+from meshensemble.core.stats import EXAMPLE_STAT_KEYS as EXAMPLE_STAT_KEYS
 from meshensemble.core.stats import MEMBER_STAT_KEYS as MEMBER_STAT_KEYS
+from meshensemble.core.stats import example_stats as example_stats
 from meshensemble.core.stats import finalize_stats as finalize_stats
+from meshensemble.core.stats import member_summaries as member_summaries
 from meshensemble.core.stats import streaming_stats as streaming_stats
 
 
@@ -40,11 +43,16 @@ def ensemble_metrics(
       mask: optional `[N]` bools or 0/1 weights (default: all ones).
 
     Returns:
-      Dict of python floats ``accuracy``, ``nll``, ``brier``, ``ece``, ``entropy`` (mean
-      predictive entropy), ``expected_entropy``, ``mutual_information``, ``disagreement``
+      Dict of python floats ``accuracy``, ``nll``, ``brier``, ``ece``, ``adaptive_ece``
+      (equal-mass bins), ``entropy`` (mean predictive entropy), ``expected_entropy``,
+      ``mutual_information``, ``disagreement`` (pairwise: the mean over member pairs of the
+      fraction of examples whose argmax differ), ``pairwise_kl`` (mean over ordered member
+      pairs of ``KL(p^j || p^k)``), ``disagreement_vs_ensemble`` (the mean fraction of members
+      whose argmax differs from the ensemble's; ``disagreement`` before the pairwise one)
       (all means over examples), ``mean_member_accuracy``, ``mean_member_nll``,
-      ``mean_member_brier``, ``mean_member_ece``; and python lists of length members
-      ``member_accuracy``, ``member_nll``, ``member_brier``, ``member_ece``.
+      ``mean_member_brier``, ``mean_member_ece``, ``mean_member_disagreement_vs_ensemble``;
+      and python lists of length members ``member_accuracy``, ``member_nll``,
+      ``member_brier``, ``member_ece``, ``member_disagreement_vs_ensemble``.
 
     Raises:
       ValueError: if ``member_probs`` is not 3-D, ``labels`` is not integer `[N]`, a label is
@@ -78,17 +86,26 @@ def ensemble_metrics(
     # One host dtype for the mask, so that None, bool and float masks share one compilation.
     mask = stats.check_mask(mask, n)
     mask = np.ones(n, np.float32) if mask is None else np.asarray(mask, np.float32)
-    sums = _ensemble_stats_core(member_probs, labels_np, mask, num_bins=num_bins)
-    return finalize_stats(sums, num_bins=num_bins)
+    sums, examples = _ensemble_stats_core(member_probs, labels_np, mask, num_bins=num_bins)
+    return finalize_stats(sums, num_bins=num_bins, examples=examples)
 
 
 @functools.partial(jax.jit, static_argnames="num_bins")
 def _ensemble_stats_core(
     member_probs: Any, labels: Any, mask: Any, num_bins: int
-) -> dict[str, jax.Array]:
+) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
     member_probs = stats.as_float(member_probs)
-    ensemble_probs = jnp.mean(member_probs, axis=0)
-    return stats.streaming_sums(member_probs, ensemble_probs, labels, mask, num_bins=num_bins)
+    every = stats.member_summaries(member_probs)  # all members are here: no reduction
+    sums = stats.streaming_sums(
+        member_probs,
+        every["probs"],
+        labels,
+        mask,
+        num_bins=num_bins,
+        ensemble_votes=every["votes"],
+        ensemble_log_probs=every["log_probs"],
+    )
+    return sums, stats.example_stats(every["probs"], labels, mask)
 
 
 def prefix_metrics(ev: Mapping[str, Any], split: str = "test") -> dict[str, Any]:
