@@ -10,6 +10,8 @@ import warnings as _warnings
 from meshensemble import data as data
 from meshensemble import metrics as metrics
 from meshensemble import models as models
+from meshensemble import testing as testing
+from meshensemble import core as core
 from meshensemble import training as training
 from meshensemble.core import distributed as distributed
 from meshensemble.core.adapters import FunctionModel as FunctionModel
@@ -68,6 +70,7 @@ __all__ = [
     "batch_sharding",
     "checkpoint_manager",
     "conv",
+    "core",
     "data",
     "default_strategy",
     "distributed",
@@ -84,6 +87,7 @@ __all__ = [
     "save_checkpoint",
     "save_inference",
     "softmax_cross_entropy",
+    "testing",
     "training",
     "checkpoint",
     "use_fake_cpu_devices",

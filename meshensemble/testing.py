@@ -13,6 +13,7 @@ from operator import itemgetter
 from typing import Any
 
 import chex
+import einops
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -235,8 +236,8 @@ def single_model_train_step(
       key (row ``i`` of ``EnsembleState.rng``, as a key) and ``step`` its step count.
 
     Raises:
-      ValueError: ``data_shards`` is not a positive integer; (from ``jnp.split``, when
-        called) the batch is not divisible by it.
+      ValueError: ``data_shards`` is not a positive integer; (when called) the batch is
+        not divisible by it.
 
     Example:
       >>> step = single_model_train_step(ens.model, ens.optimizer, data_shards=2)
@@ -250,7 +251,15 @@ def single_model_train_step(
 
     def objective(params, model_state, x, y, key):
         losses, states = [], []
-        for j, (xj, yj) in enumerate(zip(jnp.split(x, data_shards), jnp.split(y, data_shards))):
+        if x.shape[0] % data_shards:
+            raise ValueError(
+                f"a batch of {x.shape[0]} does not split into data_shards={data_shards} equal "
+                "parts; use a batch size divisible by the mesh's data axis"
+            )
+        # the global batch is the data shards one after another: [(d b), ...] -> [d, b, ...]
+        x = einops.rearrange(x, "(d b) ... -> d b ...", d=data_shards)
+        y = einops.rearrange(y, "(d b) -> d b", d=data_shards)
+        for j, (xj, yj) in enumerate(zip(x, y)):
             shard_key = jax.random.fold_in(key, j)
             logits, new_state = model.apply(params, model_state, xj, True, shard_key)
             losses.append(jnp.mean(loss_fn(logits, yj)))
