@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from meshensemble.core import stats
+from meshensemble.core import statmath
 
 __all__ = [
     "METHODS",
@@ -75,7 +75,7 @@ _GRID = 15  # interior points per round of the temperature search (one device ca
 
 def _check_labels(labels: Any, n: int, classes: int) -> Any:
     """``labels`` as an integer `[n]` array with values in ``[0, classes)`` (one-line errors)."""
-    labels = stats.check_labels(labels, n)
+    labels = statmath.check_labels(labels, n)
     if not jnp.issubdtype(labels.dtype, jnp.integer):
         raise ValueError(
             f"`labels` must be integer class indices, got dtype {labels.dtype}; "
@@ -151,12 +151,12 @@ def ensemble_logits(member_probs: ArrayLike) -> jax.Array:
       >>> np.round(np.exp(np.asarray(z)), 4).tolist()
       [[0.7, 0.3]]
     """
-    return _ensemble_logits_core(stats.check_probs(member_probs, 3, "member_probs"))
+    return _ensemble_logits_core(statmath.check_probs(member_probs, 3, "member_probs"))
 
 
 @jax.jit
 def _ensemble_logits_core(member_probs: Any) -> jax.Array:
-    return stats.clipped_log(jnp.mean(stats.as_float(member_probs), axis=0))
+    return statmath.clipped_log(jnp.mean(statmath.as_float(member_probs), axis=0))
 
 
 def apply_temperature(logits: ArrayLike, temperature: ArrayLike) -> jax.Array:
@@ -177,7 +177,7 @@ def apply_temperature(logits: ArrayLike, temperature: ArrayLike) -> jax.Array:
       >>> np.round(np.asarray(apply_temperature([[2.0, 0.0]], 2.0)), 4).tolist()
       [[0.7311, 0.2689]]
     """
-    logits = stats.as_float(stats.as_array(logits))
+    logits = statmath.as_float(statmath.as_array(logits))
     return _apply_core(logits, _temperature_array(temperature, logits))
 
 
@@ -207,8 +207,8 @@ def apply_temperature_to_probs(probs: ArrayLike, temperature: ArrayLike) -> jax.
       >>> np.round(np.asarray(apply_temperature_to_probs([[0.8, 0.2]], 0.5)), 4).tolist()
       [[0.9412, 0.0588]]
     """
-    probs = stats.as_float(stats.as_array(probs))
-    return _apply_core(stats.clipped_log(probs), _temperature_array(temperature, probs))
+    probs = statmath.as_float(statmath.as_array(probs))
+    return _apply_core(statmath.clipped_log(probs), _temperature_array(temperature, probs))
 
 
 def fit_temperature(
@@ -254,7 +254,7 @@ def fit_temperature(
       >>> calibrated = apply_temperature(test_logits, t)
       >>> ts = fit_temperature(member_logits, val_labels, per_member=True)  # [members]
     """
-    logits = stats.check_probs(logits, 3 if per_member else 2, "logits")
+    logits = statmath.check_probs(logits, 3 if per_member else 2, "logits")
     member_logits = logits if per_member else logits[None]
     _, n, c = member_logits.shape
     if n == 0:
@@ -308,7 +308,7 @@ def _all_finite(x: Any) -> jax.Array:
 @jax.jit
 def _dnll_dbeta(member_logits: Any, labels: Any, betas: Any) -> jax.Array:
     """``d NLL / d beta`` of each member at each ``beta``: `[M, K]` for ``betas`` `[M, K]`."""
-    z = stats.as_float(member_logits)  # [M, N, C]
+    z = statmath.as_float(member_logits)  # [M, N, C]
     z_true = jnp.take_along_axis(z, labels[None, :, None], axis=-1)  # [M, N, 1]
     diff = z - z_true  # [M, N, C], no cancellation of large logits
 
@@ -364,7 +364,7 @@ def conformal_scores(
       >>> np.round(np.asarray(conformal_scores([[0.6, 0.1, 0.3]], "aps")), 4).tolist()
       [[0.6, 1.0, 0.9]]
     """
-    probs = stats.check_probs(probs, 2, "probs")
+    probs = statmath.check_probs(probs, 2, "probs")
     _check_method(method)
     if isinstance(k_reg, bool) or not isinstance(k_reg, int | np.integer) or k_reg < 0:
         raise ValueError(f"`k_reg` must be an int >= 0, got {k_reg!r}.")
@@ -378,7 +378,7 @@ def conformal_scores(
 
 @functools.partial(jax.jit, static_argnames=("method", "k_reg", "lam"))
 def _scores_core(probs: Any, u: Any, method: str, k_reg: int, lam: float) -> jax.Array:
-    p = stats.as_float(probs)
+    p = statmath.as_float(probs)
     if method == "thr":
         return 1.0 - p
     order = jnp.argsort(-p, axis=-1, stable=True)  # descending, ties: lower class first
@@ -429,7 +429,7 @@ def conformal_quantile(
       >>> sets = prediction_sets(test_probs, q)
     """
     alpha = _check_alpha(alpha)
-    probs = stats.check_probs(probs, 2, "probs")
+    probs = statmath.check_probs(probs, 2, "probs")
     n, c = probs.shape
     labels = _check_labels(labels, n, c)
     # The small slack keeps (n + 1)(1 - alpha) = 9.000000000000002 from rounding up to 10.
@@ -521,7 +521,7 @@ def set_size(sets: ArrayLike) -> float:
       >>> set_size(np.array([[True, False], [True, True]]))
       1.5
     """
-    sets = stats.check_probs(sets, 2, "sets")
+    sets = statmath.check_probs(sets, 2, "sets")
     return float(jax.device_get(_mean_size(sets)))
 
 
@@ -547,7 +547,7 @@ def coverage(sets: ArrayLike, labels: ArrayLike) -> float:
       >>> coverage(np.array([[True, False], [False, True]]), np.array([0, 0]))
       0.5
     """
-    sets = stats.check_probs(sets, 2, "sets")
+    sets = statmath.check_probs(sets, 2, "sets")
     labels = _check_labels(labels, sets.shape[0], sets.shape[1])
     return float(jax.device_get(_covered(sets, labels)))
 

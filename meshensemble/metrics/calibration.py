@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from meshensemble.core import stats
+from meshensemble.core import statmath, stats
 from meshensemble.core.stats import adaptive_ece_from_examples as adaptive_ece_from_examples
 
 
@@ -53,16 +53,18 @@ def calibration_bins(
       >>> bins["count"].tolist()
       [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0]
     """
-    num_bins = stats.check_num_bins(num_bins)
-    return _calibration_bins_core(*stats.check_basic(probs, labels, mask), num_bins=num_bins)
+    num_bins = statmath.check_num_bins(num_bins)
+    return _calibration_bins_core(*statmath.check_basic(probs, labels, mask), num_bins=num_bins)
 
 
 @functools.partial(jax.jit, static_argnames="num_bins")
 def _calibration_bins_core(probs: Any, labels: Any, mask: Any, num_bins: int) -> dict:
-    probs = stats.as_float(probs)
-    w = stats.weights(mask, probs.shape[0], probs.dtype)
-    ex = stats.per_example(probs, labels, num_bins)  # XLA drops the parts not used here
-    count, conf_sum, correct_sum = stats.bin_sums(ex["conf"], ex["correct"], ex["bin"], w, num_bins)
+    probs = statmath.as_float(probs)
+    w = statmath.weights(mask, probs.shape[0], probs.dtype)
+    ex = statmath.per_example(probs, labels, num_bins)  # XLA drops the parts not used here
+    count, conf_sum, correct_sum = statmath.bin_sums(
+        ex["conf"], ex["correct"], ex["bin"], w, num_bins
+    )
     return {
         "count": count,
         "confidence_sum": conf_sum,
@@ -215,8 +217,8 @@ def adaptive_ece(
       >>> round(adaptive_ece([[0.9, 0.1], [0.4, 0.6], [0.8, 0.2], [0.3, 0.7]], [0, 0, 0, 1], 2), 4)
       0.15
     """
-    num_bins = stats.check_num_bins(num_bins)
-    probs, labels, mask = stats.check_basic(probs, labels, mask)
+    num_bins = statmath.check_num_bins(num_bins)
+    probs, labels, mask = statmath.check_basic(probs, labels, mask)
     ex = jax.device_get(_examples_core(probs, labels, mask))
     return adaptive_ece_from_examples(ex["confidence"], ex["correct"], num_bins, ex["weight"])
 

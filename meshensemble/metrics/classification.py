@@ -12,12 +12,12 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from meshensemble.core import stats
+from meshensemble.core import statmath
 
 
 def _wmean(x: jax.Array, w: jax.Array) -> jax.Array:
     """``sum(w * x) / sum(w)`` over the last axis."""
-    return stats.wsum(x, w) / jnp.sum(w, axis=-1)
+    return statmath.wsum(x, w) / jnp.sum(w, axis=-1)
 
 
 def accuracy(probs: ArrayLike, labels: ArrayLike, mask: ArrayLike | None = None) -> jax.Array:
@@ -41,13 +41,13 @@ def accuracy(probs: ArrayLike, labels: ArrayLike, mask: ArrayLike | None = None)
       >>> float(accuracy([[0.9, 0.1], [0.3, 0.7]], [0, 0]))
       0.5
     """
-    return _accuracy_core(*stats.check_basic(probs, labels, mask))
+    return _accuracy_core(*statmath.check_basic(probs, labels, mask))
 
 
 @jax.jit
 def _accuracy_core(probs: Any, labels: Any, mask: Any) -> jax.Array:
-    probs = stats.as_float(probs)
-    w = stats.weights(mask, probs.shape[0], probs.dtype)
+    probs = statmath.as_float(probs)
+    w = statmath.weights(mask, probs.shape[0], probs.dtype)
     pred = jnp.argmax(probs, axis=-1)
     return _wmean((pred == labels).astype(probs.dtype), w)
 
@@ -74,15 +74,15 @@ def nll(probs: ArrayLike, labels: ArrayLike, mask: ArrayLike | None = None) -> j
       >>> round(float(nll([[0.5, 0.5], [1.0, 0.0]], [0, 0])), 4)
       0.3466
     """
-    return _nll_core(*stats.check_basic(probs, labels, mask))
+    return _nll_core(*statmath.check_basic(probs, labels, mask))
 
 
 @jax.jit
 def _nll_core(probs: Any, labels: Any, mask: Any) -> jax.Array:
-    probs = stats.as_float(probs)
-    w = stats.weights(mask, probs.shape[0], probs.dtype)
-    true_p = jnp.sum(probs * stats.onehot(labels, probs.shape, probs.dtype), axis=-1)
-    return _wmean(-jnp.log(jnp.maximum(true_p, stats.nll_clip(probs.dtype))), w)
+    probs = statmath.as_float(probs)
+    w = statmath.weights(mask, probs.shape[0], probs.dtype)
+    true_p = jnp.sum(probs * statmath.onehot(labels, probs.shape, probs.dtype), axis=-1)
+    return _wmean(-jnp.log(jnp.maximum(true_p, statmath.nll_clip(probs.dtype))), w)
 
 
 def brier(probs: ArrayLike, labels: ArrayLike, mask: ArrayLike | None = None) -> jax.Array:
@@ -105,12 +105,12 @@ def brier(probs: ArrayLike, labels: ArrayLike, mask: ArrayLike | None = None) ->
       >>> round(float(brier([[0.5, 0.5], [1.0, 0.0]], [0, 0])), 4)
       0.25
     """
-    return _brier_core(*stats.check_basic(probs, labels, mask))
+    return _brier_core(*statmath.check_basic(probs, labels, mask))
 
 
 @jax.jit
 def _brier_core(probs: Any, labels: Any, mask: Any) -> jax.Array:
-    probs = stats.as_float(probs)
-    w = stats.weights(mask, probs.shape[0], probs.dtype)
-    sq = jnp.sum(jnp.square(probs - stats.onehot(labels, probs.shape, probs.dtype)), axis=-1)
+    probs = statmath.as_float(probs)
+    w = statmath.weights(mask, probs.shape[0], probs.dtype)
+    sq = jnp.sum(jnp.square(probs - statmath.onehot(labels, probs.shape, probs.dtype)), axis=-1)
     return _wmean(sq, w)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from meshensemble.core import stats
+from meshensemble.core import statmath
 from meshensemble.metrics.uncertainty import mutual_information
 
 OOD_KINDS = ("max_prob", "entropy", "mutual_information")
@@ -53,16 +53,16 @@ def ood_score(member_probs: ArrayLike, kind: str = "max_prob") -> jax.Array:
     """
     if kind not in OOD_KINDS:
         raise ValueError(f"unknown OOD score kind {kind!r}; use one of {OOD_KINDS}.")
-    return _ood_score_core(stats.check_probs(member_probs, 3, "member_probs"), kind=kind)
+    return _ood_score_core(statmath.check_probs(member_probs, 3, "member_probs"), kind=kind)
 
 
 @functools.partial(jax.jit, static_argnames="kind")
 def _ood_score_core(member_probs: Any, kind: str) -> jax.Array:
     if kind == "mutual_information":
         return mutual_information(member_probs)  # traced: its checks run at trace time
-    mean_probs = jnp.mean(stats.as_float(member_probs), axis=0)
+    mean_probs = jnp.mean(statmath.as_float(member_probs), axis=0)
     if kind == "entropy":
-        return stats.shannon_entropy(mean_probs)
+        return statmath.shannon_entropy(mean_probs)
     return 1.0 - jnp.max(mean_probs, axis=-1)
 
 
@@ -103,13 +103,13 @@ def ood_score_from_logits(member_logits: ArrayLike, kind: str = "energy") -> jax
     """
     if kind not in LOGIT_OOD_KINDS:
         raise ValueError(f"unknown OOD score kind {kind!r}; use one of {LOGIT_OOD_KINDS}.")
-    member_logits = stats.check_probs(member_logits, 3, "member_logits")
+    member_logits = statmath.check_probs(member_logits, 3, "member_logits")
     return _ood_logits_core(member_logits, kind=kind)
 
 
 @functools.partial(jax.jit, static_argnames="kind")
 def _ood_logits_core(member_logits: Any, kind: str) -> jax.Array:
-    z = stats.as_float(member_logits)
+    z = statmath.as_float(member_logits)
     if kind == "max_logit":
         return 0.0 - jnp.mean(jnp.max(z, axis=-1), axis=0)
     if kind == "energy":

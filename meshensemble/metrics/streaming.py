@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.typing import ArrayLike
 
-from meshensemble.core import stats
+from meshensemble.core import statmath, stats
 from meshensemble.core.stats import ENSEMBLE_STAT_KEYS as ENSEMBLE_STAT_KEYS
 from meshensemble.core.stats import EXAMPLE_STAT_KEYS as EXAMPLE_STAT_KEYS
 from meshensemble.core.stats import MEMBER_STAT_KEYS as MEMBER_STAT_KEYS
@@ -64,8 +64,8 @@ def ensemble_metrics(
       >>> r["accuracy"], r["member_accuracy"]
       (1.0, [1.0, 0.5])
     """
-    num_bins = stats.check_num_bins(num_bins)
-    member_probs = stats.check_probs(member_probs, 3, "member_probs")
+    num_bins = statmath.check_num_bins(num_bins)
+    member_probs = statmath.check_probs(member_probs, 3, "member_probs")
     _, n, c = member_probs.shape
     labels_np = np.asarray(labels)
     if labels_np.ndim != 1 or labels_np.shape[0] != n:
@@ -84,7 +84,7 @@ def ensemble_metrics(
             f"[{labels_np.min()}, {labels_np.max()}]; fix the labels or the class count."
         )
     # One host dtype for the mask, so that None, bool and float masks share one compilation.
-    mask = stats.check_mask(mask, n)
+    mask = statmath.check_mask(mask, n)
     mask = np.ones(n, np.float32) if mask is None else np.asarray(mask, np.float32)
     sums, examples = _ensemble_stats_core(member_probs, labels_np, mask, num_bins=num_bins)
     return finalize_stats(sums, num_bins=num_bins, examples=examples)
@@ -94,7 +94,7 @@ def ensemble_metrics(
 def _ensemble_stats_core(
     member_probs: Any, labels: Any, mask: Any, num_bins: int
 ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-    member_probs = stats.as_float(member_probs)
+    member_probs = statmath.as_float(member_probs)
     every = stats.member_summaries(member_probs)  # all members are here: no reduction
     sums = stats.streaming_sums(
         member_probs,

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from meshensemble.core import stats
+from meshensemble.core import statmath, stats
 
 
 def entropy(probs: ArrayLike) -> jax.Array:
@@ -34,10 +34,10 @@ def entropy(probs: ArrayLike) -> jax.Array:
       >>> [round(float(v), 4) for v in entropy([[1.0, 0.0], [0.5, 0.5]])]
       [0.0, 0.6931]
     """
-    return _entropy_core(stats.as_array(probs))
+    return _entropy_core(statmath.as_array(probs))
 
 
-_entropy_core = jax.jit(stats.shannon_entropy)
+_entropy_core = jax.jit(statmath.shannon_entropy)
 
 
 def expected_entropy(member_probs: ArrayLike) -> jax.Array:
@@ -58,12 +58,12 @@ def expected_entropy(member_probs: ArrayLike) -> jax.Array:
       >>> [round(float(v), 4) for v in expected_entropy([[[1.0, 0.0]], [[0.5, 0.5]]])]
       [0.3466]
     """
-    return _expected_entropy_core(stats.check_probs(member_probs, 3, "member_probs"))
+    return _expected_entropy_core(statmath.check_probs(member_probs, 3, "member_probs"))
 
 
 @jax.jit
 def _expected_entropy_core(member_probs: Any) -> jax.Array:
-    return jnp.mean(stats.shannon_entropy(member_probs), axis=0)
+    return jnp.mean(statmath.shannon_entropy(member_probs), axis=0)
 
 
 def mutual_information(member_probs: ArrayLike) -> jax.Array:
@@ -85,14 +85,14 @@ def mutual_information(member_probs: ArrayLike) -> jax.Array:
       >>> [round(float(v), 4) for v in mutual_information([[[1.0, 0.0]], [[0.0, 1.0]]])]
       [0.6931]
     """
-    return _mutual_information_core(stats.check_probs(member_probs, 3, "member_probs"))
+    return _mutual_information_core(statmath.check_probs(member_probs, 3, "member_probs"))
 
 
 @jax.jit
 def _mutual_information_core(member_probs: Any) -> jax.Array:
-    member_probs = stats.as_float(member_probs)
-    entropy_of_mean = stats.shannon_entropy(jnp.mean(member_probs, axis=0))
-    mi = entropy_of_mean - jnp.mean(stats.shannon_entropy(member_probs), axis=0)
+    member_probs = statmath.as_float(member_probs)
+    entropy_of_mean = statmath.shannon_entropy(jnp.mean(member_probs, axis=0))
+    mi = entropy_of_mean - jnp.mean(statmath.shannon_entropy(member_probs), axis=0)
     return jnp.maximum(mi, 0.0)
 
 
@@ -118,7 +118,7 @@ def disagreement(member_probs: ArrayLike) -> jax.Array:
       >>> [round(float(v), 4) for v in disagreement([[[0.9, 0.1]], [[0.8, 0.2]], [[0.4, 0.6]]])]
       [0.6667]
     """
-    return _disagreement_core(stats.check_probs(member_probs, 3, "member_probs"))
+    return _disagreement_core(statmath.check_probs(member_probs, 3, "member_probs"))
 
 
 @jax.jit
@@ -151,18 +151,18 @@ def pairwise_kl(member_probs: ArrayLike) -> jax.Array:
       >>> [round(float(v), 4) for v in pairwise_kl([[[0.5, 0.5]], [[0.9, 0.1]]])]
       [0.4394]
     """
-    return _pairwise_kl_core(stats.check_probs(member_probs, 3, "member_probs"))
+    return _pairwise_kl_core(statmath.check_probs(member_probs, 3, "member_probs"))
 
 
 @jax.jit
 def _pairwise_kl_core(member_probs: Any) -> jax.Array:
-    member_probs = stats.as_float(member_probs)
+    member_probs = statmath.as_float(member_probs)
     m = member_probs.shape[0]
     if m < 2:
         return jnp.zeros(member_probs.shape[1], member_probs.dtype)
     every = stats.member_summaries(member_probs)
     cross = stats.pairwise_terms(every["probs"], None, every["log_probs"])[1]
-    mean_entropy = jnp.mean(stats.shannon_entropy(member_probs), axis=0)
+    mean_entropy = jnp.mean(statmath.shannon_entropy(member_probs), axis=0)
     return m / (m - 1) * jnp.maximum(cross - mean_entropy, 0.0)
 
 
@@ -189,12 +189,12 @@ def disagreement_vs_ensemble(member_probs: ArrayLike) -> jax.Array:
       >>> [round(float(v), 4) for v in disagreement_vs_ensemble(ex)]
       [0.3333]
     """
-    return _disagreement_vs_ensemble_core(stats.check_probs(member_probs, 3, "member_probs"))
+    return _disagreement_vs_ensemble_core(statmath.check_probs(member_probs, 3, "member_probs"))
 
 
 @jax.jit
 def _disagreement_vs_ensemble_core(member_probs: Any) -> jax.Array:
-    member_probs = stats.as_float(member_probs)
+    member_probs = statmath.as_float(member_probs)
     ens_pred = jnp.argmax(jnp.mean(member_probs, axis=0), axis=-1)  # [N]
     member_pred = jnp.argmax(member_probs, axis=-1)  # [M, N]
     differs = member_pred != jnp.broadcast_to(ens_pred, member_pred.shape)
