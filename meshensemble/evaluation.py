@@ -1,4 +1,4 @@
-"""``meshensemble evaluate``: a trained run's test metrics, calibration and OOD detection.
+"""Evaluating a trained run: test metrics, calibration and OOD detection.
 
 :func:`evaluate_run` reloads a run from its workdir (``config.json`` and a checkpoint),
 on any mesh, and computes on the mesh:
@@ -17,7 +17,6 @@ Only ``[N]`` scores and ``[num_bins]`` sums leave the devices, never the members
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -34,6 +33,13 @@ from meshensemble import data as data_lib
 from meshensemble import metrics
 from meshensemble.core.distributed import fetch
 from meshensemble.core.mesh import REPLICATED, make_mesh, parse_mesh
+from meshensemble.training import CONFIG_FILE, TrainConfig, build_ensemble, final_table
+from meshensemble.training.checkpoint import (
+    CHECKPOINT_DIR,
+    checkpoint_manager,
+    restore_checkpoint,
+)
+from meshensemble.training.config import default_mesh_shape
 
 OOD_SETS = ("noise", "inverted", "fashion_mnist")
 """OOD sets :func:`evaluate_run` knows (see :func:`ood_images`)."""
@@ -72,8 +78,6 @@ def load_run_config(workdir: str) -> Any:
       >>> load_run_config("runs/mnist").members
       8
     """
-    from meshensemble.training import CONFIG_FILE, TrainConfig
-
     if not os.path.isdir(workdir):
         raise FileNotFoundError(
             f"{workdir}: no such run folder; train one with `meshensemble train --workdir "
@@ -272,8 +276,6 @@ def _reliability(sums: Mapping[str, np.ndarray], num_bins: int) -> dict[str, np.
 
 
 def _mesh_shape(mesh: Any, members: int) -> dict[str, int]:
-    from meshensemble.training import default_mesh_shape
-
     if mesh is None or mesh == "":
         return default_mesh_shape(members, jax.device_count())
     if isinstance(mesh, Mesh):
@@ -285,8 +287,6 @@ def _mesh_shape(mesh: Any, members: int) -> dict[str, int]:
 
 def _checkpoint_steps(workdir: str, step: int | None) -> None:
     """Fails early (before loading data) when the run has no checkpoint or not ``step``."""
-    from meshensemble.training.checkpoint import CHECKPOINT_DIR, checkpoint_manager
-
     folder = os.path.join(workdir, CHECKPOINT_DIR)
     steps = []
     if os.path.isdir(folder):
@@ -362,9 +362,6 @@ def evaluate_run(
       >>> r = evaluate_run("runs/mnist", mesh="ensemble=8,data=1", ood=["noise"])
       >>> r["test_ensemble_accuracy"], r["ood_noise_auroc_entropy"]
     """
-    from meshensemble.training import build_ensemble, final_table
-    from meshensemble.training.checkpoint import restore_checkpoint
-
     say = print if echo is None else echo
     cfg = load_run_config(workdir)
     names = [ood] if isinstance(ood, str) else list(ood)
@@ -496,60 +493,3 @@ def summary_table(result: Mapping[str, Any]) -> str:
                 vals = ", ".join(f"{k} {result[key + k]:.4f}" for k in MEMBER_OOD_KINDS)
                 rows.append(f"{s}: mean member (single model) AUROC {vals}")
     return "\n".join(rows)
-
-
-def add_parser(sub: Any) -> None:
-    """Registers the ``evaluate`` subcommand on the CLI's subparsers.
-
-    Args:
-      sub: the ``argparse`` subparsers object of ``meshensemble``.
-
-    Example:
-      >>> main(["evaluate", "--workdir", "runs/mnist", "--ood", "noise"])
-      0
-    """
-    p = sub.add_parser(
-        "evaluate",
-        help="evaluate a trained run: test metrics, calibration, OOD detection",
-        description=(
-            "Evaluate a trained run: test metrics of the ensemble and its members, "
-            "OOD detection (AUROC/AUPR of max_prob, entropy and mutual information) and "
-            f"calibration. Writes {EVALUATION_FILE}, {RELIABILITY_PLOT} and {OOD_PLOT} to "
-            "the workdir."
-        ),
-    )
-    p.set_defaults(run=_run_evaluate)
-    add = p.add_argument
-    add("--workdir", required=True, help="the run's folder (config.json, checkpoints/)")
-    add("--checkpoint", type=int, metavar="STEP", help="checkpoint step (default: the latest)")
-    add(
-        "--ood",
-        action="append",
-        choices=OOD_SETS,
-        help=f"an OOD set; repeat for several (default: {' and '.join(DEFAULT_OOD)})",
-    )
-    add("--ood-file", help="a Keras-layout Fashion-MNIST .npz for --ood fashion_mnist")
-    add("--fake-devices", type=int, metavar="N", help="N simulated CPU devices (CPU platform)")
-    add("--mesh", help="e.g. ensemble=2,data=4 (default: all devices, members first)")
-    add("--batch-size", type=int, default=1000, help="examples per call (default 1000)")
-    add("--num-bins", type=int, default=15, help="calibration bins (default 15)")
-    add("--source", choices=data_lib.SOURCES, help="override the run's data source")
-    add("--data-file", help="override the run's Keras-layout .npz")
-
-
-def _run_evaluate(args: argparse.Namespace) -> int:
-    from meshensemble.cli.app import setup_devices
-
-    setup_devices(args.fake_devices)
-    evaluate_run(
-        args.workdir,
-        checkpoint=args.checkpoint,
-        ood=tuple(args.ood) if args.ood else DEFAULT_OOD,
-        mesh=args.mesh,
-        batch_size=args.batch_size,
-        num_bins=args.num_bins,
-        source=args.source,
-        data_file=args.data_file,
-        ood_file=args.ood_file,
-    )
-    return 0

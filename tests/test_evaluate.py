@@ -12,9 +12,8 @@ import pytest
 from conftest import need_devices
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from meshensemble import data, metrics
+from meshensemble import cli, data, metrics
 from meshensemble import evaluation as evaluate
-from meshensemble.cli import app as cli
 from meshensemble.training import TrainConfig, train
 
 NUM_TEST = 90  # not a multiple of the batch or of data=4: exercises padding and masking

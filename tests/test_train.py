@@ -13,8 +13,9 @@ import pytest
 from conftest import need_devices
 
 import meshensemble as me
-from meshensemble.cli import app as cli
-from meshensemble.training import TrainConfig, train
+from meshensemble import cli
+from meshensemble.cli import train as cli_train
+from meshensemble.training import Feeder, TrainConfig, train
 
 DATA = me.data.synthetic(num_train=192, num_test=40, seed=0)
 
@@ -79,11 +80,9 @@ def test_streaming_path_matches_on_device_path(tmp_path, shuffle):
 
 def test_per_member_orders_are_distinct_permutations_drawn_on_device(tmp_path):
     need_devices(8)
-    from meshensemble.training.loop import _Feeder
-
     result = train(tiny(tmp_path, "p", max_steps=2, shuffle="per-member"), dataset=DATA)
     cfg = tiny(tmp_path, "p", shuffle="per-member")
-    feeder = _Feeder(result.ensemble, DATA, cfg, jax.random.key(1), 1, 6)
+    feeder = Feeder(result.ensemble, DATA, cfg, jax.random.key(1), 1, 6)
     order = feeder.order(1)
     assert order.shape == (4, 192)
     assert order.sharding.is_equivalent_to(me.member_sharding(result.ensemble.mesh), 2)
@@ -92,7 +91,7 @@ def test_per_member_orders_are_distinct_permutations_drawn_on_device(tmp_path):
         np.testing.assert_array_equal(np.sort(row), np.arange(192))
     assert len({tuple(r[:32]) for r in rows}) == 4  # each member its own first batch
     assert not np.array_equal(np.asarray(feeder.order(2)), rows)  # a new order each epoch
-    shared = _Feeder(result.ensemble, DATA, tiny(tmp_path, "q"), jax.random.key(1), 1, 6)
+    shared = Feeder(result.ensemble, DATA, tiny(tmp_path, "q"), jax.random.key(1), 1, 6)
     assert shared.order(1).shape == (192,)
 
 
@@ -200,8 +199,8 @@ def test_config_file_and_flags_override(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"members": 2, "epochs": 3, "model": "mlp"}))
     args = cli.build_parser().parse_args(["train", "--config", str(path), "--epochs", "1"])
-    cfg = cli.config_from_args(args)
+    cfg = cli_train.config_from_args(args)
     assert (cfg.members, cfg.epochs, cfg.model) == (2, 1, "mlp")
     path.write_text(json.dumps({"member": 2}))
     with pytest.raises(cli.UsageError, match="unknown key"):
-        cli.config_from_args(cli.build_parser().parse_args(["train", "--config", str(path)]))
+        cli_train.config_from_args(cli.build_parser().parse_args(["train", "--config", str(path)]))

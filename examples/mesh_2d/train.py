@@ -1,4 +1,4 @@
-"""A 2-D mesh run through the library's loop, ``me.train.train``.
+"""A 2-D mesh run through the library's loop, ``me.training.train``.
 
 ``ensemble=4, data=2`` with 8 members: the members are split over ``ensemble`` (2 per
 device) and every batch is split over ``data`` (each device of a row gets half of it).
@@ -17,7 +17,7 @@ import meshensemble as me
 
 
 def resolve_mesh(cfg: me.TrainConfig) -> jax.sharding.Mesh:
-    """The mesh ``cfg.mesh`` names, built as ``me.train.train`` builds it."""
+    """The mesh ``cfg.mesh`` names, built as ``me.training.train`` builds it."""
     return me.make_mesh(**me.parse_mesh(cfg.mesh))
 
 
@@ -52,7 +52,7 @@ def train_and_evaluate(
     dataset: me.data.Dataset | None = None,
     log: Callable[[str], Any] = print,
 ) -> me.TrainResult:
-    """Shows the mesh, then trains with ``me.train.train`` (which prints the final table).
+    """Shows the mesh, then trains with ``me.training.train`` (which prints the final table).
 
     Args:
       cfg: the run's config (see ``config.py``).
@@ -65,4 +65,4 @@ def train_and_evaluate(
     """
     cfg.validate()
     log(describe_mesh(resolve_mesh(cfg), cfg.members, cfg.batch_size))
-    return me.train.train(cfg, dataset=dataset, echo=log)
+    return me.training.train(cfg, dataset=dataset, echo=log)

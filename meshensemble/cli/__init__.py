@@ -1,9 +1,83 @@
 """The ``meshensemble`` command line: ``train``, ``evaluate`` and ``bench``.
 
-Nothing in the package imports this room; it imports the others.
+Nothing in the package imports this room; it imports the others. Modules:
+:mod:`~meshensemble.cli.common` (one-line errors, devices, processes),
+:mod:`~meshensemble.cli.train`, :mod:`~meshensemble.cli.evaluate` and
+:mod:`~meshensemble.cli.bench`, each with ``add_parser(sub)``.
+
+Every bad value gets one line on stderr naming it and the fix, and exit code 2, before
+anything is written to the workdir; a run that fails gets one line and exit code 1.
+
+Example:
+  >>> from meshensemble.cli import main
+  >>> main(["train", "--source", "sample", "--epochs", "1", "--workdir", "/tmp/run"])
+  0
 """
 
-from meshensemble.cli.app import UsageError as UsageError
-from meshensemble.cli.app import main as main
+from __future__ import annotations
 
-__all__ = ["UsageError", "main"]
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from meshensemble.cli import bench, evaluate, train
+from meshensemble.cli.common import Parser, UsageError, setup_devices
+from meshensemble.core.distributed import hard_exit
+from meshensemble.data import DataError
+
+__all__ = ["Parser", "UsageError", "build_parser", "main", "setup_devices"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``meshensemble`` argument parser, with every subcommand.
+
+    Returns:
+      An ``argparse.ArgumentParser``.
+
+    Example:
+      >>> build_parser().parse_args(["train", "--members", "4"]).members
+      4
+    """
+    parser = Parser(prog="meshensemble", description="Deep ensembles on a JAX device mesh.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    train.add_parser(sub)
+    evaluate.add_parser(sub)
+    bench.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``meshensemble`` console script.
+
+    Args:
+      argv: arguments (default ``sys.argv[1:]``).
+
+    Returns:
+      The exit code: 0 on success, 2 for bad input, 1 for a run that failed.
+
+    Example:
+      >>> main(["train", "--source", "sample", "--epochs", "1", "--workdir", "/tmp/run"])
+      0
+    """
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.run(args) or 0)
+    except (UsageError, DataError, ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:  # CheckpointError, NonFiniteError: the run failed
+        if type(err).__name__ not in ("CheckpointError", "NonFiniteError"):
+            raise
+        if type(err).__name__ == "CheckpointError":
+            # orbax's background threads may still hold the failed write: leave without
+            # their teardown noise, the one line being the last thing printed
+            hard_exit(1, f"error: {err}")
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

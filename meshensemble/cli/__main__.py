@@ -2,6 +2,6 @@
 
 import sys
 
-from meshensemble.cli.app import main
+from meshensemble.cli import main
 
 sys.exit(main())

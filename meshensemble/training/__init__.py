@@ -1,56 +1,58 @@
 """Training: the run's configuration, the on-device loop, checkpoints and outputs.
 
+Modules: :mod:`~meshensemble.training.config` (:class:`TrainConfig` and what is built
+from it), :mod:`~meshensemble.training.loop` (:func:`train`),
+:mod:`~meshensemble.training.feeder` (the steps' data),
+:mod:`~meshensemble.training.guards` (signals, non-finite losses),
+:mod:`~meshensemble.training.outputs` (files and printed lines) and
+:mod:`~meshensemble.training.checkpoint`.
+
 Example:
   >>> result = me.training.train(me.TrainConfig(epochs=1, workdir="runs/x"))
 """
 
 from meshensemble.training import checkpoint as checkpoint
-from meshensemble.training.loop import *  # noqa: F401,F403  (split into modules next)
-from meshensemble.training.loop import (
-    CONFIG_FILE as CONFIG_FILE,
-)
-from meshensemble.training.loop import (
-    METRICS_FILE as METRICS_FILE,
-)
-from meshensemble.training.loop import (
-    OPTIMIZERS as OPTIMIZERS,
-)
-from meshensemble.training.loop import (
-    PRECISIONS as PRECISIONS,
-)
-from meshensemble.training.loop import (
-    SCHEDULES as SCHEDULES,
-)
-from meshensemble.training.loop import (
-    SHUFFLES as SHUFFLES,
-)
-from meshensemble.training.loop import (
-    NonFiniteError as NonFiniteError,
-)
-from meshensemble.training.loop import (
-    RunWriter as RunWriter,
-)
-from meshensemble.training.loop import (
-    TrainConfig as TrainConfig,
-)
-from meshensemble.training.loop import (
-    TrainResult as TrainResult,
-)
-from meshensemble.training.loop import (
-    build_ensemble as build_ensemble,
-)
-from meshensemble.training.loop import (
-    default_chunk_steps as default_chunk_steps,
-)
-from meshensemble.training.loop import (
-    default_mesh_shape as default_mesh_shape,
-)
-from meshensemble.training.loop import (
-    final_table as final_table,
-)
-from meshensemble.training.loop import (
-    make_optimizer as make_optimizer,
-)
-from meshensemble.training.loop import (
-    train as train,
-)
+from meshensemble.training.config import CONFIG_FILE as CONFIG_FILE
+from meshensemble.training.config import CONV_MODELS as CONV_MODELS
+from meshensemble.training.config import METRICS_FILE as METRICS_FILE
+from meshensemble.training.config import ON_NONFINITE as ON_NONFINITE
+from meshensemble.training.config import OPTIMIZERS as OPTIMIZERS
+from meshensemble.training.config import PRECISIONS as PRECISIONS
+from meshensemble.training.config import SCHEDULES as SCHEDULES
+from meshensemble.training.config import SHUFFLES as SHUFFLES
+from meshensemble.training.config import TrainConfig as TrainConfig
+from meshensemble.training.config import build_ensemble as build_ensemble
+from meshensemble.training.config import default_chunk_steps as default_chunk_steps
+from meshensemble.training.config import default_mesh_shape as default_mesh_shape
+from meshensemble.training.config import make_optimizer as make_optimizer
+from meshensemble.training.feeder import Feeder as Feeder
+from meshensemble.training.guards import NonFiniteError as NonFiniteError
+from meshensemble.training.loop import LoopPosition as LoopPosition
+from meshensemble.training.loop import TrainResult as TrainResult
+from meshensemble.training.loop import train as train
+from meshensemble.training.outputs import RunWriter as RunWriter
+from meshensemble.training.outputs import final_table as final_table
+
+__all__ = [
+    "CONFIG_FILE",
+    "CONV_MODELS",
+    "METRICS_FILE",
+    "ON_NONFINITE",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "SCHEDULES",
+    "SHUFFLES",
+    "Feeder",
+    "LoopPosition",
+    "NonFiniteError",
+    "RunWriter",
+    "TrainConfig",
+    "TrainResult",
+    "build_ensemble",
+    "checkpoint",
+    "default_chunk_steps",
+    "default_mesh_shape",
+    "final_table",
+    "make_optimizer",
+    "train",
+]

@@ -1,0 +1,212 @@
+"""What every ``meshensemble`` subcommand shares: the one-line errors, devices, processes.
+
+Every bad value gets one line on stderr naming it and the fix.
+
+Example:
+  >>> parser = Parser(prog="meshensemble")
+  >>> add_fake_devices_flag(parser)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import typing
+from typing import Any
+
+from meshensemble.training.config import TrainConfig, config_field, field_choices, field_help
+
+
+class UsageError(ValueError):
+    """A bad command-line value; the CLI prints it on one line and exits 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are a :class:`UsageError` (one line, exit 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        """Raises :class:`UsageError` instead of printing the usage and exiting."""
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def format_default(value: Any) -> str:
+    """How a default appears in ``--help``: ``(default: X)``.
+
+    Example:
+      >>> format_default(None), format_default(""), format_default(0.1)
+      ('none', "''", '0.1')
+    """
+    if value is None:
+        return "none"
+    if value == "":
+        return "''"
+    return str(value)
+
+
+def add_field_flag(
+    p: argparse.ArgumentParser,
+    name: str,
+    *,
+    flag: str | None = None,
+    help: str | None = None,
+    default: Any = dataclasses.MISSING,
+    required: bool = False,
+) -> None:
+    """Adds the flag of the :class:`~meshensemble.TrainConfig` field ``name``.
+
+    Type, choices, metavar and help come from the field's metadata; booleans become
+    ``--flag/--no-flag``. The parser's default is None (so a flag left out is told apart
+    from one given) unless ``default`` is passed; the help shows the field's default.
+
+    Args:
+      p: the subcommand's parser.
+      name: the field.
+      flag: the flag (default ``--`` + the name with ``-`` for ``_``).
+      help: text to use instead of the field's help (for a flag whose meaning differs).
+      default: the parser's default (and the one shown); default: the field's, shown only.
+      required: the flag must be given.
+
+    Example:
+      >>> add_field_flag(parser, "mesh")
+    """
+    f = config_field(name)
+    hint = typing.get_type_hints(TrainConfig)[name]
+    types = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
+    typ = types[0]
+    shown = f.default if default is dataclasses.MISSING else default
+    text = (help if help is not None else field_help(f)).replace("%", "%%")
+    if not required:
+        text += f" (default: {format_default(shown)})".replace("%", "%%")
+    kwargs: dict[str, Any] = {"help": text, "dest": name}
+    kwargs["default"] = None if default is dataclasses.MISSING else default
+    if typ is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+    else:
+        kwargs["type"] = typ
+        choices = field_choices(f)
+        if choices is not None:
+            kwargs["choices"] = choices
+        elif f.metadata.get("metavar"):
+            kwargs["metavar"] = f.metadata["metavar"]
+        if required:
+            kwargs["required"] = True
+    p.add_argument(flag or "--" + name.replace("_", "-"), **kwargs)
+
+
+def setup_devices(fake_devices: int | None) -> None:
+    """Applies ``--fake-devices N`` (N simulated CPU devices) before JAX starts.
+
+    Args:
+      fake_devices: the flag's value, or None to leave the platform alone.
+
+    Raises:
+      UsageError: ``fake_devices`` is not positive.
+
+    Example:
+      >>> setup_devices(8)
+    """
+    if fake_devices is None:
+        return
+    if fake_devices < 1:
+        raise UsageError(f"--fake-devices {fake_devices} must be a positive integer")
+    from meshensemble.core.mesh import use_fake_cpu_devices
+
+    use_fake_cpu_devices(fake_devices)
+
+
+def add_fake_devices_flag(p: argparse.ArgumentParser) -> None:
+    """Adds ``--fake-devices N``.
+
+    Example:
+      >>> add_fake_devices_flag(parser)
+    """
+    p.add_argument(
+        "--fake-devices", type=int, metavar="N", help="N simulated CPU devices (CPU platform)"
+    )
+
+
+def add_distributed_flags(p: argparse.ArgumentParser) -> None:
+    """Adds the flags that run a command as one process of many.
+
+    Args:
+      p: a subcommand's parser.
+
+    Example:
+      >>> add_distributed_flags(parser)
+    """
+    add = p.add_argument
+    add("--coordinator", metavar="HOST:PORT", help="process 0's coordinator (multi-process)")
+    add("--num-processes", type=int, metavar="N", help="number of processes")
+    add("--process-id", type=int, metavar="I", help="this process's id in [0, N)")
+    add(
+        "--heartbeat-timeout",
+        type=int,
+        default=None,
+        metavar="S",
+        help="seconds before a silent peer counts as dead (default 10)",
+    )
+    add(
+        "--distributed-auto",
+        action="store_true",
+        help="let JAX detect the cluster (TPU pod, SLURM) and initialise from it",
+    )
+
+
+DISTRIBUTED_FLAGS = (
+    "--coordinator",
+    "--num-processes",
+    "--process-id",
+    "--heartbeat-timeout",
+    "--distributed-auto",
+)
+"""The flags :func:`add_distributed_flags` adds."""
+
+
+def setup_distributed(args: argparse.Namespace) -> None:
+    """Starts the multi-process runtime from ``--coordinator`` etc. or the environment.
+
+    Args:
+      args: parsed arguments with the flags of :func:`add_distributed_flags`.
+
+    Raises:
+      UsageError: an incomplete or inconsistent set of values.
+
+    Example:
+      >>> setup_distributed(args)
+    """
+    from meshensemble.core import distributed
+
+    try:
+        distributed.initialize(
+            args.coordinator,
+            args.num_processes,
+            args.process_id,
+            args.heartbeat_timeout or distributed.DEFAULT_HEARTBEAT_TIMEOUT,
+            auto=args.distributed_auto,
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def lost_peer(err: BaseException) -> str:
+    """One line about a failed multi-process collective, naming the lost process if known.
+
+    Args:
+      err: the exception raised in the survivor.
+
+    Returns:
+      A one-line description.
+
+    Example:
+      >>> lost_peer(RuntimeError("... /job:jax_worker/replica:0/task:1 ..."))
+      'lost contact with process 1 (RuntimeError); ...'
+    """
+    text = str(err)
+    found = sorted({int(m) for m in re.findall(r"task[:_ ]\s*(\d+)", text, re.IGNORECASE)})
+    who = f"process {', '.join(map(str, found))}" if found else "a peer process"
+    first = text.strip().splitlines()[0][:160] if text.strip() else type(err).__name__
+    return (
+        f"lost contact with {who} ({type(err).__name__}: {first}); the run stopped, "
+        "resume it from the last checkpoint once all processes are back"
+    )

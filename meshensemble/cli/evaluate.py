@@ -1,0 +1,106 @@
+"""``meshensemble evaluate``: a trained run's test metrics, calibration and OOD detection.
+
+The flags that mean a :class:`~meshensemble.TrainConfig` field (``--workdir``,
+``--mesh``, ``--source``, ``--data-file``, ``--batch-size`` as ``eval_batch_size``)
+take its type, choices and help from the field's metadata.
+
+Example:
+  >>> main(["evaluate", "--workdir", "runs/mnist", "--ood", "noise"])
+  0
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from meshensemble.cli.common import (
+    add_fake_devices_flag,
+    add_field_flag,
+    setup_devices,
+)
+from meshensemble.evaluation import (
+    DEFAULT_OOD,
+    EVALUATION_FILE,
+    OOD_PLOT,
+    OOD_SETS,
+    RELIABILITY_PLOT,
+    evaluate_run,
+)
+from meshensemble.training.config import config_field, field_help
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Registers the ``evaluate`` subcommand on the CLI's subparsers.
+
+    Args:
+      sub: the ``argparse`` subparsers object of ``meshensemble``.
+
+    Returns:
+      The subcommand's parser.
+
+    Example:
+      >>> add_parser(parser.add_subparsers())
+    """
+    p = sub.add_parser(
+        "evaluate",
+        help="evaluate a trained run: test metrics, calibration, OOD detection",
+        description=(
+            "Evaluate a trained run: test metrics of the ensemble and its members, "
+            "OOD detection (AUROC/AUPR of max_prob, entropy and mutual information) and "
+            f"calibration. Writes {EVALUATION_FILE}, {RELIABILITY_PLOT} and {OOD_PLOT} to "
+            "the workdir."
+        ),
+    )
+    p.set_defaults(run=run)
+    add = p.add_argument
+    add_field_flag(
+        p,
+        "workdir",
+        required=True,
+        help="the trained run's folder (config.json, checkpoints/); the results go there",
+    )
+    add("--checkpoint", type=int, metavar="STEP", help="checkpoint step (default: the latest)")
+    add(
+        "--ood",
+        action="append",
+        choices=OOD_SETS,
+        help=f"an OOD set; repeat for several (default: {' and '.join(DEFAULT_OOD)})",
+    )
+    add("--ood-file", help="a Keras-layout Fashion-MNIST .npz for --ood fashion_mnist")
+    add_fake_devices_flag(p)
+    add_field_flag(p, "mesh", help=field_help(config_field("mesh")) + " (may differ from training)")
+    add_field_flag(p, "eval_batch_size", flag="--batch-size", default=1000)
+    add("--num-bins", type=int, default=15, help="calibration bins (default: 15)")
+    for name in ("source", "data_file"):
+        add_field_flag(
+            p,
+            name,
+            help=f"overrides the run's {name}: {field_help(config_field(name))}",
+            default=None,
+        )
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``meshensemble evaluate`` from parsed arguments.
+
+    Returns:
+      0 on success.
+
+    Raises:
+      FileNotFoundError, ValueError, meshensemble.data.DataError: bad input (exit 2).
+    """
+    setup_devices(args.fake_devices)
+    evaluate_run(
+        args.workdir,
+        checkpoint=args.checkpoint,
+        ood=tuple(args.ood) if args.ood else DEFAULT_OOD,
+        mesh=args.mesh,
+        batch_size=args.eval_batch_size,
+        num_bins=args.num_bins,
+        source=args.source,
+        data_file=args.data_file,
+        ood_file=args.ood_file,
+    )
+    return 0

@@ -1,0 +1,177 @@
+"""``meshensemble train``: its flags are generated from :class:`~meshensemble.TrainConfig`.
+
+Every field ``name`` becomes ``--name-with-dashes`` with the type, choices and help of
+its metadata and its default in the help; booleans are ``--flag/--no-flag`` (e.g.
+``--checkpoint/--no-checkpoint``). Only ``--config``, ``--fake-devices`` and the
+distributed flags are not fields.
+
+A command given a workdir that holds a run takes the values it does not give from the
+run's ``config.json``, and refuses values of :data:`IDENTITY_FIELDS` that differ.
+
+Example:
+  >>> main(["train", "--source", "sample", "--epochs", "1", "--workdir", "/tmp/run"])
+  0
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from typing import Any
+
+from meshensemble.cli.common import (
+    DISTRIBUTED_FLAGS,
+    UsageError,
+    add_distributed_flags,
+    add_fake_devices_flag,
+    add_field_flag,
+    lost_peer,
+    setup_devices,
+    setup_distributed,
+)
+from meshensemble.core import distributed
+from meshensemble.training import CONFIG_FILE, TrainConfig, train
+
+OTHER_FLAGS = ("--config", "--fake-devices", *DISTRIBUTED_FLAGS)
+"""The ``train`` flags that are not :class:`TrainConfig` fields."""
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Registers the ``train`` subcommand on the CLI's subparsers.
+
+    Args:
+      sub: the ``argparse`` subparsers object of ``meshensemble``.
+
+    Returns:
+      The subcommand's parser.
+
+    Example:
+      >>> add_parser(parser.add_subparsers())
+    """
+    p = sub.add_parser(
+        "train",
+        help="train an ensemble",
+        description=(
+            "Train an ensemble. Every flag left out keeps the value of --config, else of "
+            f"the workdir's {CONFIG_FILE} when resuming, else the default shown."
+        ),
+    )
+    p.set_defaults(run=run)
+    p.add_argument(
+        "--config", metavar="FILE", help="JSON file of TrainConfig fields; flags override it"
+    )
+    add_fake_devices_flag(p)
+    for f in dataclasses.fields(TrainConfig):
+        add_field_flag(p, f.name)
+    add_distributed_flags(p)
+    return p
+
+
+def _read_config(path: str, fields: set[str], what: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            loaded = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        msg = " ".join(str(err).split())
+        raise UsageError(f"{what} {path}: cannot read JSON ({msg})") from None
+    if not isinstance(loaded, dict):
+        raise UsageError(f"{what} {path}: must hold a JSON object of fields")
+    unknown = sorted(set(loaded) - fields - {"resolved"})
+    if unknown:
+        raise UsageError(
+            f"{what} {path}: unknown key(s) {', '.join(unknown)}; known: "
+            f"{', '.join(sorted(fields))}"
+        )
+    return {k: v for k, v in loaded.items() if k in fields}
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Builds a :class:`TrainConfig`: defaults, the workdir's run, ``--config FILE``, flags.
+
+    Args:
+      args: parsed ``train`` arguments.
+
+    Returns:
+      The validated config.
+
+    Raises:
+      UsageError: an unreadable config file, an unknown key in it, or a bad value.
+
+    Example:
+      >>> cfg = config_from_args(build_parser().parse_args(["train", "--epochs", "1"]))
+    """
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    from_file: dict[str, Any] = {}
+    if args.config:
+        from_file = _read_config(args.config, fields, "--config")
+    given = from_file | {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    values: dict[str, Any] = {}
+    saved_path = os.path.join(given.get("workdir", TrainConfig.workdir), CONFIG_FILE)
+    resuming = given.get("resume", True) and not given.get("overwrite", False)
+    if resuming and os.path.exists(saved_path):
+        values = _read_config(saved_path, fields, "workdir config")
+        workdir = given.get("workdir", TrainConfig.workdir)
+        for name in IDENTITY_FIELDS:
+            if name in given and name in values and given[name] != values[name]:
+                raise UsageError(
+                    f"workdir {workdir} holds a run with {name}={values[name]!r}, but this "
+                    f"command says {name}={given[name]!r}; resume with the same value, or add "
+                    "--overwrite, or use another --workdir"
+                )
+    values.update(given)
+    try:
+        return TrainConfig(**values).validate()
+    except (TypeError, ValueError) as err:
+        raise UsageError(str(err)) from None
+
+
+IDENTITY_FIELDS = (
+    "dataset",
+    "model",
+    "members",
+    "optimizer",
+    "learning_rate",
+    "momentum",
+    "weight_decay",
+    "schedule",
+    "warmup_epochs",
+    "shuffle",
+    "seed",
+    "batch_size",
+)
+"""Fields a resumed run must keep: they define the members and their data order."""
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``meshensemble train`` from parsed arguments.
+
+    Returns:
+      0 when the run finished or stopped on a signal after saving.
+
+    Raises:
+      UsageError, ValueError, meshensemble.data.DataError: bad input (exit 2).
+      meshensemble.CheckpointError, meshensemble.training.NonFiniteError: the run failed
+        (exit 1).
+    """
+    cfg = config_from_args(args)
+    setup_devices(args.fake_devices)
+    setup_distributed(args)
+    import jax
+
+    try:
+        train(cfg)
+    except Exception as err:
+        if jax.process_count() == 1:
+            raise
+        # Several processes: leave now with one line, instead of blocking in the
+        # runtime's shutdown barrier waiting for peers that stopped or died.
+        from meshensemble.data import DataError
+
+        if isinstance(err, UsageError | ValueError | DataError | FileNotFoundError):
+            distributed.hard_exit(2, f"error: {err}")
+        if type(err).__name__ in ("CheckpointError", "NonFiniteError"):
+            distributed.hard_exit(1, f"error: {err}")
+        distributed.hard_exit(1, f"error: process {jax.process_index()}: {lost_peer(err)}")
+    return 0

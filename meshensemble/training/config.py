@@ -1,0 +1,395 @@
+"""A training run's configuration: :class:`TrainConfig` and what is built from it.
+
+Each field of :class:`TrainConfig` carries its help text (and, where it has them, its
+choices) in ``dataclasses.field(metadata=...)``. That metadata is the one source of
+truth: the class docstring's attribute list is generated from it, and so are the
+``meshensemble train`` flags (see :func:`field_help`, :func:`field_choices`).
+
+Example:
+  >>> cfg = TrainConfig(members=4, epochs=1).validate()
+  >>> ens = build_ensemble(cfg, me.make_mesh(ensemble=4), num_train=60000)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import textwrap
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from meshensemble import data as data_lib
+from meshensemble.core.backends import BACKENDS
+from meshensemble.core.ensemble import STRATEGIES, Ensemble
+from meshensemble.core.mesh import parse_mesh
+from meshensemble.models import REGISTRY as MODEL_REGISTRY
+from meshensemble.models import get_model
+from meshensemble.models.conv import CONV_CHOICES
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+"""Values of ``TrainConfig.optimizer``."""
+SCHEDULES = ("constant", "cosine", "warmup_cosine")
+"""Values of ``TrainConfig.schedule``."""
+SHUFFLES = ("shared", "per-member")
+"""Values of ``TrainConfig.shuffle``."""
+ON_NONFINITE = ("stop", "reinit")
+"""Values of ``TrainConfig.on_nonfinite``."""
+PRECISIONS: dict[str, Any] = {"fp32": None, "bf16": jnp.bfloat16}
+"""``TrainConfig.precision`` -> the ensemble's ``compute_dtype``."""
+CONV_MODELS = ("cnn", "howto_cnn")
+"""Models whose convolutions ``TrainConfig.conv`` picks."""
+CONFIG_FILE = "config.json"
+"""The run's config in its workdir: every field plus a ``resolved`` entry."""
+METRICS_FILE = "metrics.jsonl"
+"""One JSON record per evaluation in the run's workdir."""
+
+
+def _field(
+    default: Any,
+    help: str,
+    *,
+    choices: Sequence[str] | Callable[[], Sequence[str]] | None = None,
+    metavar: str | None = None,
+) -> Any:
+    """A ``dataclasses.field`` carrying its documentation.
+
+    Args:
+      default: the default value.
+      help: one sentence (no trailing period) for the docstring and the flag.
+      choices: the allowed values, or a function returning them (read when used, so a
+        registry extended later is seen).
+      metavar: the flag's placeholder.
+    """
+    meta = {"help": help, "choices": choices, "metavar": metavar}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything a training run needs; the ``meshensemble train`` flags are generated from it.
+
+    Defaults follow the Flax MNIST example (SGD 0.1 with momentum 0.9, batch 128,
+    constant rate, 10 epochs), with an 8-member ensemble.
+    """
+
+    dataset: str = _field("mnist", "the dataset", choices=data_lib.DATASETS)
+    source: str = _field(
+        "auto",
+        "where the data comes from (see meshensemble.data.load_dataset): auto tries "
+        "data_file, TFDS's prepared data, a TFDS download, then the embedded MNIST sample",
+        choices=data_lib.SOURCES,
+    )
+    data_file: str | None = _field(
+        None,
+        "a Keras-layout .npz (x_train, y_train, x_test, y_test), for source npz or auto",
+        metavar="PATH",
+    )
+    data_dir: str | None = _field(None, "the TFDS data folder", metavar="DIR")
+    model: str = _field(
+        "cnn",
+        "the member architecture, a name of meshensemble.models.REGISTRY",
+        choices=lambda: tuple(MODEL_REGISTRY),
+    )
+    members: int = _field(8, "ensemble size", metavar="M")
+    mesh: str = _field(
+        "",
+        "the mesh, e.g. ensemble=4,data=2; empty: all devices, ensemble = gcd(members, "
+        "devices) and the rest on data",
+        metavar="SPEC",
+    )
+    backend: str = _field("shard_map", "how steps are mapped over the mesh", choices=BACKENDS)
+    member_strategy: str = _field(
+        "auto",
+        "how a device computes the members it holds (vmap or a loop)",
+        choices=STRATEGIES,
+    )
+    conv: str = _field(
+        "auto",
+        "how the CNN computes its convolutions (cnn and howto_cnn only): auto is im2col "
+        "matmuls on CPU and XLA's convolution elsewhere; see meshensemble.models.conv",
+        choices=CONV_CHOICES,
+    )
+    precision: str = _field(
+        "fp32",
+        "fp32, or bf16 for mixed precision (bfloat16 compute, float32 weights and "
+        "optimizer state; for accelerators)",
+        choices=tuple(PRECISIONS),
+    )
+    epochs: int = _field(10, "epochs to train (a decaying schedule spans them)", metavar="N")
+    batch_size: int = _field(
+        128, "global batch size (every member sees this many examples a step)", metavar="B"
+    )
+    optimizer: str = _field("sgd", "the optimizer", choices=OPTIMIZERS)
+    learning_rate: float = _field(0.1, "peak learning rate", metavar="LR")
+    momentum: float = _field(0.9, "SGD momentum in [0, 1) (0 for none)")
+    weight_decay: float = _field(
+        0.0, "decoupled weight decay (adamw) or L2 added to the SGD/adam update"
+    )
+    schedule: str = _field(
+        "constant",
+        "the learning-rate schedule (warmup_cosine warms up for warmup_epochs)",
+        choices=SCHEDULES,
+    )
+    warmup_epochs: float = _field(1.0, "warm-up length of warmup_cosine, in epochs")
+    shuffle: str = _field(
+        "shared",
+        "shared: all members see the same batches (as in the Flax HOWTO); per-member: "
+        "each member its own order",
+        choices=SHUFFLES,
+    )
+    seed: int = _field(0, "seeds the members' initialisation and the data order")
+    max_steps: int | None = _field(
+        None,
+        "stop after this many steps of the whole run and evaluate; the schedule still "
+        "spans epochs, so a run resumed with a larger value continues exactly",
+        metavar="N",
+    )
+    chunk_steps: int | None = _field(
+        None,
+        "steps per compiled call (K); none: 1 on CPU, a whole epoch elsewhere",
+        metavar="K",
+    )
+    eval_batch_size: int = _field(1000, "examples per evaluation call", metavar="B")
+    streaming: bool = _field(
+        False, "feed host batches one step at a time instead of on-device data"
+    )
+    workdir: str = _field(
+        "runs/mnist", "where config, metrics, plots and checkpoints go", metavar="DIR"
+    )
+    tensorboard: bool = _field(False, "also write TensorBoard event files (needs tensorboardX)")
+    checkpoint: bool = _field(True, "save the state at each epoch end and at the end")
+    checkpoint_every: int | None = _field(
+        None, "also save every this many steps (at chunk boundaries)", metavar="N"
+    )
+    keep: int = _field(3, "how many checkpoints to keep (the newest)", metavar="K")
+    resume: bool = _field(
+        True,
+        "resume from the workdir's newest good checkpoint when there is one",
+    )
+    overwrite: bool = _field(
+        False, "start over in a workdir that holds a run (deletes its outputs)"
+    )
+    on_nonfinite: str = _field(
+        "stop",
+        "what a NaN/inf loss does: stop raises, keeping the last good checkpoint; reinit "
+        "re-initialises only the members whose loss became non-finite",
+        choices=ON_NONFINITE,
+    )
+    quiet: bool = _field(False, "print only the final table")
+
+    def validate(self) -> TrainConfig:
+        """Checks every field.
+
+        Returns:
+          ``self``, for chaining.
+
+        Raises:
+          ValueError: one line naming the bad field, its value and what is allowed.
+
+        Example:
+          >>> TrainConfig(members=4).validate().members
+          4
+        """
+        for f in dataclasses.fields(self):
+            allowed = field_choices(f)
+            value = getattr(self, f.name)
+            if allowed is not None and value not in allowed:
+                raise ValueError(
+                    f"{f.name}={value!r} is not allowed; choose one of {', '.join(allowed)}"
+                )
+        for name in ("members", "epochs", "batch_size", "eval_batch_size", "keep"):
+            _positive_int(name, getattr(self, name))
+        for name in ("max_steps", "chunk_steps", "checkpoint_every"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise ValueError(f"learning_rate={self.learning_rate!r} must be a positive number")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum={self.momentum!r} must be in [0, 1)")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay={self.weight_decay!r} must be >= 0")
+        if self.mesh:
+            parse_mesh(self.mesh)
+        if self.conv != "auto" and self.model not in CONV_MODELS:
+            raise ValueError(
+                f"conv={self.conv!r} applies to the models {', '.join(CONV_MODELS)}, not "
+                f"model={self.model!r}; leave conv at 'auto'"
+            )
+        return self
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer")
+
+
+def field_help(f: dataclasses.Field) -> str:
+    """A :class:`TrainConfig` field's help text (one sentence, no default).
+
+    Args:
+      f: one of ``dataclasses.fields(TrainConfig)``.
+
+    Returns:
+      The text from the field's metadata.
+
+    Example:
+      >>> field_help(dataclasses.fields(TrainConfig)[0])
+      'the dataset'
+    """
+    return str(f.metadata.get("help", ""))
+
+
+def field_choices(f: dataclasses.Field) -> tuple[str, ...] | None:
+    """A :class:`TrainConfig` field's allowed values, or None when any value of its type goes.
+
+    Example:
+      >>> field_choices(next(f for f in dataclasses.fields(TrainConfig) if f.name == "shuffle"))
+      ('shared', 'per-member')
+    """
+    choices = f.metadata.get("choices")
+    if choices is None:
+        return None
+    return tuple(choices() if callable(choices) else choices)
+
+
+def config_field(name: str) -> dataclasses.Field:
+    """The :class:`TrainConfig` field called ``name`` (for flags that reuse its metadata).
+
+    Raises:
+      KeyError: no such field.
+
+    Example:
+      >>> config_field("mesh").default
+      ''
+    """
+    for f in dataclasses.fields(TrainConfig):
+        if f.name == name:
+            return f
+    raise KeyError(f"TrainConfig has no field {name!r}")
+
+
+def _docstring() -> str:
+    """The class docstring with an ``Attributes:`` list generated from the metadata."""
+    lines = [inspect.cleandoc(TrainConfig.__doc__ or ""), "", "Attributes:"]
+    for f in dataclasses.fields(TrainConfig):
+        text = field_help(f)
+        choices = field_choices(f)
+        if choices is not None:
+            text += f"; one of {', '.join(repr(c) for c in choices)}"
+        text += f" (default ``{f.default!r}``)."
+        wrapped = textwrap.wrap(f"{f.name}: {text}", 88, subsequent_indent="    ")
+        lines += ["  " + w for w in wrapped]
+    return "\n".join(lines) + "\n"
+
+
+TrainConfig.__doc__ = _docstring()
+
+
+def make_optimizer(
+    cfg: TrainConfig, total_steps: int, steps_per_epoch: int
+) -> optax.GradientTransformation:
+    """The optax optimizer a config asks for.
+
+    Args:
+      cfg: the run's config.
+      total_steps: the run's length, for decaying schedules.
+      steps_per_epoch: for the warm-up length.
+
+    Returns:
+      An ``optax.GradientTransformation``.
+
+    Example:
+      >>> tx = make_optimizer(TrainConfig(), total_steps=4690, steps_per_epoch=469)
+    """
+    lr: Any = cfg.learning_rate
+    if cfg.schedule == "cosine":
+        lr = optax.cosine_decay_schedule(cfg.learning_rate, max(total_steps, 1))
+    elif cfg.schedule == "warmup_cosine":
+        warmup = max(1, int(cfg.warmup_epochs * steps_per_epoch))
+        lr = optax.warmup_cosine_decay_schedule(
+            0.0, cfg.learning_rate, min(warmup, max(total_steps - 1, 1)), max(total_steps, 2)
+        )
+    if cfg.optimizer == "adamw":
+        return optax.adamw(lr, weight_decay=cfg.weight_decay)
+    base = optax.sgd(lr, cfg.momentum or None) if cfg.optimizer == "sgd" else optax.adam(lr)
+    if cfg.weight_decay:
+        return optax.chain(optax.add_decayed_weights(cfg.weight_decay), base)
+    return base
+
+
+def build_ensemble(cfg: TrainConfig, mesh: Mesh, num_train: int) -> Ensemble:
+    """The :class:`meshensemble.Ensemble` a run's config describes, on ``mesh``.
+
+    The learning-rate schedule spans ``cfg.epochs`` epochs of ``num_train`` examples (not
+    ``max_steps``), so a run resumed with a larger ``max_steps`` continues exactly, and
+    evaluation rebuilds the same optimizer-state structure.
+
+    Args:
+      cfg: the run's config.
+      mesh: the mesh to run on (it may differ from the one the run was trained on).
+      num_train: training examples, for the steps per epoch.
+
+    Returns:
+      The ensemble, with on-device normalisation of uint8 images.
+
+    Example:
+      >>> ens = build_ensemble(cfg, me.make_mesh(ensemble=8), num_train=60000)
+    """
+    steps_per_epoch = max(num_train // cfg.batch_size, 1)
+    model = get_model(cfg.model)
+    if cfg.model in CONV_MODELS:
+        model = model.clone(conv=cfg.conv)
+    return Ensemble(
+        model,
+        make_optimizer(cfg, cfg.epochs * steps_per_epoch, steps_per_epoch),
+        cfg.members,
+        mesh,
+        backend=cfg.backend,
+        member_strategy=cfg.member_strategy,
+        input_transform=data_lib.normalize,
+        compute_dtype=PRECISIONS[cfg.precision],
+    )
+
+
+def default_mesh_shape(members: int, devices: int) -> dict[str, int]:
+    """The mesh a run uses when none is given: every device, members spread first.
+
+    Args:
+      members: the ensemble size.
+      devices: the number of devices.
+
+    Returns:
+      ``{"ensemble": gcd(members, devices), "data": devices / ensemble}``.
+
+    Example:
+      >>> default_mesh_shape(8, 8), default_mesh_shape(1, 8), default_mesh_shape(8, 1)
+      ({'ensemble': 8, 'data': 1}, {'ensemble': 1, 'data': 8}, {'ensemble': 1, 'data': 1})
+    """
+    e = math.gcd(members, devices)
+    return {"ensemble": e, "data": devices // e}
+
+
+def default_chunk_steps(platform: str, steps_per_epoch: int) -> int:
+    """Steps per compiled call measured best on ``platform``.
+
+    On CPU a train step inside a ``lax.scan`` body runs several times slower than as its
+    own jitted call, so K=1 (asynchronous dispatch of on-device steps already hides the
+    host); on accelerators a whole epoch per call removes the dispatch overhead.
+
+    Args:
+      platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``.
+      steps_per_epoch: the run's steps per epoch.
+
+    Returns:
+      K, the steps per compiled call.
+
+    Example:
+      >>> default_chunk_steps("cpu", 469), default_chunk_steps("gpu", 469)
+      (1, 469)
+    """
+    return 1 if platform == "cpu" else steps_per_epoch

@@ -1,0 +1,165 @@
+"""Feeding the steps: K-step chunks from on-device data, or host batches one step at a time.
+
+The training set is put on the mesh once (replicated: MNIST-sized sets fit on every
+device). Each epoch's order is drawn on device from the order key (so the batches are
+the same whatever the mesh) and every step gathers its batch on device, so no step waits
+on a host copy. ``K`` steps run per compiled call (a ``lax.scan`` when ``K > 1``). The
+streaming path (host batches, one step per call) is for data that does not fit.
+
+Each epoch uses ``N // batch_size`` full batches; the remaining ``N % batch_size``
+examples of that epoch's order are left out (each epoch draws a new order, so every
+example is used over a run).
+
+Example:
+  >>> feeder = Feeder(ens, dataset, cfg, order_key, k=8, steps_per_epoch=468)
+  >>> state, metrics = feeder.run(state, epoch=1, first=0, n=8)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from meshensemble import data as data_lib
+from meshensemble.core import steps
+from meshensemble.core.backends import put
+from meshensemble.core.distributed import fetch
+from meshensemble.core.ensemble import Ensemble
+from meshensemble.core.mesh import ENSEMBLE, MEMBERS, REPLICATED
+from meshensemble.core.state import EnsembleState
+from meshensemble.training.config import TrainConfig
+
+CHUNK_METRIC_SPECS = {
+    "loss": PartitionSpec(None, ENSEMBLE),
+    "accuracy": PartitionSpec(None, ENSEMBLE),
+    "ensemble_accuracy": REPLICATED,
+    "ensemble_nll": REPLICATED,
+}
+"""Shardings of a chunk's metrics: per-member ``[K, members]`` split over ``ensemble``."""
+
+
+class Feeder:
+    """Runs K steps from on-device data, or one step from a host batch (streaming).
+
+    Args:
+      ens: the ensemble being trained.
+      dataset: the training data (only its train split is used).
+      cfg: the run's config (``batch_size``, ``shuffle``, ``members``, ``streaming``).
+      order_key: the key each epoch's order is drawn from (``fold_in(order_key, epoch)``).
+      k: steps per compiled call.
+      steps_per_epoch: ``N // batch_size``.
+
+    Attributes:
+      images: the training images on the mesh, uint8 ``[N, 28, 28, 1]`` replicated (absent
+        when streaming).
+      labels: the training labels on the mesh, int32 ``[N]`` replicated (absent when
+        streaming).
+
+    Example:
+      >>> feeder = Feeder(ens, dataset, cfg, order_key, 8, 468)
+      >>> compiled = feeder.chunk(8).lower(state, feeder.images, feeder.labels,
+      ...                                  feeder.order(1), jnp.int32(0)).compile()
+    """
+
+    def __init__(
+        self,
+        ens: Ensemble,
+        dataset: data_lib.Dataset,
+        cfg: TrainConfig,
+        order_key: jax.Array,
+        k: int,
+        steps_per_epoch: int,
+    ):
+        self.ens, self.cfg, self.k = ens, cfg, k
+        self.steps_per_epoch = steps_per_epoch
+        self.batch = cfg.batch_size
+        self.per_member = cfg.shuffle == "per-member"
+        self.order_key = order_key
+        self.n = len(dataset.train_labels)
+        self.host = (dataset.train_images, dataset.train_labels)
+        self._order_spec = MEMBERS if self.per_member else REPLICATED
+        self._orders = jax.jit(
+            self._draw,
+            static_argnums=(1,),
+            out_shardings=NamedSharding(ens.mesh, self._order_spec),
+        )
+        self._epoch: tuple[int, jax.Array] | None = None
+        if not cfg.streaming:
+            self.images = put(dataset.train_images, ens.mesh, REPLICATED)
+            self.labels = put(dataset.train_labels.astype(np.int32), ens.mesh, REPLICATED)
+
+    def _draw(self, epoch: jax.Array, members: int) -> jax.Array:
+        key = jax.random.fold_in(self.order_key, epoch)
+        if members:
+            keys = jax.random.split(key, members)
+            return jax.vmap(lambda kk: jax.random.permutation(kk, self.n))(keys)
+        return jax.random.permutation(key, self.n)
+
+    def order(self, epoch: int) -> jax.Array:
+        """The epoch's order of the training examples; the same on any mesh.
+
+        Args:
+          epoch: the epoch, from 1.
+
+        Returns:
+          int32 ``[N]`` (shared, replicated) or ``[members, N]`` (per member, split
+          over ``ensemble``).
+        """
+        if self._epoch is None or self._epoch[0] != epoch:
+            members = self.cfg.members if self.per_member else 0
+            self._epoch = (epoch, self._orders(jnp.int32(epoch), members))
+        return self._epoch[1]
+
+    def chunk(self, n: int) -> Callable[..., Any]:
+        """The global program of ``n`` steps from on-device data (built once per ``n``).
+
+        Args:
+          n: steps per call.
+
+        Returns:
+          ``fn(state, images, labels, order, first) -> (state, metrics)``: steps
+          ``first .. first + n - 1`` of the epoch whose ``order`` is given; ``state`` is
+          donated; ``metrics["loss"]`` is ``[n, members]``. ``fn.lower(...)`` lowers it
+          ahead of time (``shard_map`` backend).
+
+        Raises:
+          ValueError: the feeder streams host batches (no on-device data).
+        """
+        if self.cfg.streaming:
+            raise ValueError("a streaming Feeder has no on-device chunk; use run()")
+        return self.ens.build(
+            ("chunk", n, self.batch, self._order_spec),
+            lambda step_cfg: functools.partial(steps.train_chunk, step_cfg, n, self.batch),
+            (MEMBERS, REPLICATED, REPLICATED, self._order_spec, REPLICATED),
+            (MEMBERS, CHUNK_METRIC_SPECS),
+            donate_argnums=(0,),
+        )
+
+    def run(
+        self, state: EnsembleState, epoch: int, first: int, n: int
+    ) -> tuple[EnsembleState, dict[str, jax.Array]]:
+        """Runs steps ``first .. first + n - 1`` of ``epoch`` (one step when streaming).
+
+        Args:
+          state: the ensemble state (donated).
+          epoch: the epoch, from 1.
+          first: the first step's index within the epoch, from 0.
+          n: how many steps (ignored when streaming: one).
+
+        Returns:
+          ``(state, metrics)`` with ``metrics["loss"]`` of shape ``[n, members]``.
+        """
+        order = self.order(epoch)
+        if self.cfg.streaming:
+            host_order = fetch(order)
+            idx = host_order[..., first * self.batch : (first + 1) * self.batch]
+            x, y = self.host[0][idx], self.host[1][idx].astype(np.int32)
+            state, metrics = self.ens.train_step(state, x, y)
+            return state, jax.tree.map(lambda v: v[None], metrics)
+        return self.chunk(n)(state, self.images, self.labels, order, jnp.int32(first))

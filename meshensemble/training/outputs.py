@@ -1,0 +1,283 @@
+"""A run's outputs: the workdir checks, its files, and what a person reads while it runs.
+
+:class:`RunWriter` writes ``config.json``, ``metrics.jsonl``, TensorBoard events and the
+plots (process 0 only). :class:`Progress` shows the live loss; :func:`epoch_line` and
+:func:`final_table` format the records.
+
+Example:
+  >>> check_writable("runs/mnist")
+  >>> writer = RunWriter("runs/mnist")
+  >>> writer.write_metrics(record)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from meshensemble.training.checkpoint import CHECKPOINT_DIR
+from meshensemble.training.config import CONFIG_FILE, METRICS_FILE
+
+PLOTS = ("learning_curves.png", "members.png")
+"""The plots a run writes to its workdir."""
+TENSORBOARD_DIR = "tensorboard"
+"""Folder of the TensorBoard event files under the workdir."""
+
+
+def check_writable(workdir: str) -> None:
+    """Creates ``workdir`` and checks that a file can be written there.
+
+    Raises:
+      ValueError: ``workdir W is not writable (REASON); pass a writable --workdir``.
+
+    Example:
+      >>> check_writable("runs/mnist")
+    """
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        probe = os.path.join(workdir, f".write-test-{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as err:
+        raise ValueError(
+            f"workdir {workdir} is not writable ({err.strerror or err}); pass a writable --workdir"
+        ) from None
+
+
+def clear_run(workdir: str) -> None:
+    """Deletes a run's outputs from ``workdir`` (for ``overwrite``); other files stay.
+
+    Example:
+      >>> clear_run("runs/mnist")
+    """
+    for name in (CHECKPOINT_DIR, TENSORBOARD_DIR):
+        shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
+    for name in (CONFIG_FILE, METRICS_FILE, *PLOTS):
+        path = os.path.join(workdir, name)
+        if os.path.isfile(path) or os.path.islink(path):
+            os.remove(path)
+
+
+class RunWriter:
+    """Writes a run's config, ``metrics.jsonl``, TensorBoard events and plots (process 0).
+
+    Args:
+      workdir: the run's folder (created).
+      enabled: False in processes other than 0.
+      tensorboard: also write TensorBoard event files (with ``tensorboardX``).
+      keep_until: when resuming, the restored step: records after it are dropped from
+        ``metrics.jsonl`` so no evaluation appears twice.
+
+    Raises:
+      ValueError: ``tensorboard`` without ``tensorboardX`` installed.
+
+    Example:
+      >>> writer = RunWriter("runs/mnist", keep_until=469)
+      >>> writer.history[-1]["step"]
+      469
+    """
+
+    def __init__(
+        self,
+        workdir: str,
+        enabled: bool = True,
+        tensorboard: bool = False,
+        keep_until: int | None = None,
+    ):
+        self.workdir = workdir
+        self.enabled = enabled
+        self.tb = None
+        self.history: list[dict[str, Any]] = []
+        self.metrics_path = os.path.join(workdir, METRICS_FILE)
+        if keep_until is not None and os.path.exists(self.metrics_path):
+            with open(self.metrics_path) as f:
+                records = [json.loads(line) for line in f if line.strip()]
+            self.history = [r for r in records if r["step"] <= keep_until]
+        if not enabled:
+            return
+        os.makedirs(workdir, exist_ok=True)
+        with open(self.metrics_path, "w") as f:  # cut back to the restored step
+            f.writelines(json.dumps(r) + "\n" for r in self.history)
+        if tensorboard:
+            try:
+                from tensorboardX import SummaryWriter
+            except ImportError as err:
+                raise ValueError(
+                    "--tensorboard needs tensorboardX; pip install tensorboardX"
+                ) from err
+            self.tb = SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR))
+
+    def write_config(self, cfg: Any, resolved: dict[str, Any]) -> None:
+        """Writes ``config.json``: every field of ``cfg`` and the ``resolved`` entry.
+
+        Args:
+          cfg: the run's :class:`~meshensemble.training.TrainConfig`.
+          resolved: what the run decided (mesh, chunk steps, data identity...).
+        """
+        if not self.enabled:
+            return
+        path = os.path.join(self.workdir, CONFIG_FILE)
+        with open(path, "w") as f:
+            json.dump(dataclasses.asdict(cfg) | {"resolved": resolved}, f, indent=2)
+
+    def write_metrics(self, record: dict[str, Any]) -> None:
+        """Appends one record to ``metrics.jsonl`` (and its scalars to TensorBoard)."""
+        if not self.enabled:
+            return
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for name, value in record.items():
+                if isinstance(value, float):
+                    self.tb.add_scalar(name, value, record["step"])
+            self.tb.flush()
+
+    def plots(self, history: list[dict[str, Any]]) -> None:
+        """Draws ``learning_curves.png`` and ``members.png`` from the records."""
+        if not self.enabled or not history:
+            return
+        from meshensemble import plots
+
+        curves, members = (os.path.join(self.workdir, name) for name in PLOTS)
+        plots.learning_curves(history, curves)
+        plots.member_vs_ensemble(history[-1], members)
+
+    def close(self) -> None:
+        """Closes the TensorBoard writer."""
+        if self.tb is not None:
+            self.tb.close()
+
+
+def epoch_line(r: dict[str, Any], epochs: int, seconds: float) -> str:
+    """The one line printed after each evaluation.
+
+    Args:
+      r: a ``metrics.jsonl`` record.
+      epochs: the run's epochs.
+      seconds: time since the run started.
+
+    Returns:
+      ``epoch E/N step S: train loss ... | test ensemble acc ... | mean member ... | Ts``.
+    """
+    loss = r.get("train_mean_member_loss", float("nan"))
+    return (
+        f"epoch {r['epoch']}/{epochs} step {r['step']}: train loss {loss:.4f} | test ensemble "
+        f"acc {100 * r['test_ensemble_accuracy']:.2f}% nll {r['test_ensemble_nll']:.4f} "
+        f"ece {r['test_ensemble_ece']:.4f} | mean member acc "
+        f"{100 * r['test_mean_member_accuracy']:.2f}% nll {r['test_mean_member_nll']:.4f} "
+        f"| {seconds:.1f}s"
+    )
+
+
+def final_table(r: dict[str, Any]) -> str:
+    """A text table of each member's and the ensemble's test metrics from a record.
+
+    Args:
+      r: a ``metrics.jsonl`` record.
+
+    Returns:
+      The table as one string.
+
+    Example:
+      >>> print(final_table(result.history[-1]))
+    """
+    head = f"{'':>10} {'accuracy':>9} {'nll':>8} {'brier':>8} {'ece':>8}"
+    rows = [head, "-" * len(head)]
+    members = zip(*(r[f"test_member_{k}"] for k in ("accuracy", "nll", "brier", "ece")))
+    for i, (a, n, b, e) in enumerate(members):
+        rows.append(f"{'member ' + str(i):>10} {100 * a:8.2f}% {n:8.4f} {b:8.4f} {e:8.4f}")
+    rows.append("-" * len(head))
+    for name, key in (("mean", "mean_member"), ("ensemble", "ensemble")):
+        rows.append(
+            f"{name:>10} {100 * r[f'test_{key}_accuracy']:8.2f}% {r[f'test_{key}_nll']:8.4f} "
+            f"{r[f'test_{key}_brier']:8.4f} {r[f'test_{key}_ece']:8.4f}"
+        )
+    return "\n".join(rows)
+
+
+class Progress:
+    """Live progress: a tqdm bar with the loss on a terminal, else a plain line per tenth.
+
+    Args:
+      say: where plain lines go.
+      enabled: False prints nothing (quiet runs, processes other than 0).
+
+    Example:
+      >>> progress = Progress(print, enabled=True)
+      >>> progress.start(epoch=1, epochs=10, total=469)
+      >>> progress.update(1, metrics); progress.close()
+    """
+
+    def __init__(self, say: Callable[[str], None], enabled: bool):
+        self.say = say
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.bar: Any = None
+        self._last: jax.Array | None = None
+        self._plain: tuple[int, int, int, float] | None = None  # epoch, done, total, t0
+        self._base = 0
+
+    @property
+    def started(self) -> bool:
+        """Whether an epoch's progress is showing."""
+        return self.bar is not None
+
+    def start(self, epoch: int, epochs: int, total: int, initial: int = 0) -> None:
+        """Starts an epoch's bar at step ``initial`` of ``total``."""
+        if not self.enabled:
+            return
+        if self.tty:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(
+                total=total, initial=initial, desc=f"epoch {epoch}/{epochs}", leave=False
+            )
+        else:
+            self.bar = True  # started
+            self._plain = (epoch, initial, total, 0.0)
+            self._base = initial
+
+    def _loss(self) -> str:
+        if self._last is None:
+            return "n/a"
+        local = [np.asarray(s.data) for s in self._last.addressable_shards]
+        return f"{float(np.mean(local)):.4f}"
+
+    def update(self, n: int, metrics: dict[str, jax.Array]) -> None:
+        """Counts ``n`` steps; shows the loss of a step that has finished (never waits)."""
+        if self.bar is None:
+            return
+        if self._plain is not None:
+            epoch, done, total, t0 = self._plain
+            if not t0:  # the first chunk includes compilation: rates count from its end
+                t0, self._base = time.perf_counter(), done + n
+            tenth = max(1, total // 10)
+            if (done + n) // tenth > done // tenth and done + n < total:
+                rate = (done + n - self._base) / max(time.perf_counter() - t0, 1e-9)
+                self.say(
+                    f"  epoch {epoch}: step {done + n}/{total}, member loss {self._loss()}, "
+                    f"{rate:.1f} steps/s"
+                )
+            self._plain = (epoch, done + n, total, t0)
+        else:
+            self.bar.update(n)
+            if self._last is not None and self.bar.n % 5 < n:  # a step that has finished
+                self.bar.set_postfix(loss=self._loss())
+        self._last = metrics["loss"][-1]
+
+    def close(self) -> None:
+        """Ends the epoch's bar."""
+        if self.bar is not None and self.bar is not True:
+            self.bar.close()
+        self.bar = None
+        self._plain = None

@@ -1,0 +1,96 @@
+"""The ``meshensemble`` command line: flags generated from TrainConfig, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+
+import meshensemble as me
+from meshensemble import cli, data
+from meshensemble.cli import common
+from meshensemble.cli import evaluate as cli_evaluate
+from meshensemble.cli import train as cli_train
+from meshensemble.training.config import config_field, field_choices, field_help
+
+FIELDS = {f.name: f for f in dataclasses.fields(me.TrainConfig)}
+
+
+def subparser(module) -> argparse.ArgumentParser:
+    return module.add_parser(common.Parser(prog="meshensemble").add_subparsers())
+
+
+def actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in parser._actions if a.option_strings and "-h" not in a.option_strings]
+
+
+def test_every_field_has_a_flag_with_its_help_choices_and_default():
+    parser = subparser(cli_train)
+    by_dest = {a.dest: a for a in actions(parser)}
+    for name, f in FIELDS.items():
+        assert name in by_dest, f"TrainConfig.{name} has no train flag"
+        action = by_dest[name]
+        assert f"--{name.replace('_', '-')}" in action.option_strings
+        assert field_help(f) and field_help(f).replace("%", "%%") in action.help
+        assert f"(default: {common.format_default(f.default)})" in action.help, action.help
+        if f.type in ("bool", bool):
+            assert f"--no-{name.replace('_', '-')}" in action.option_strings
+        if field_choices(f) is not None:
+            assert tuple(action.choices) == field_choices(f)
+        assert action.default is None  # "not given" is told apart from the default
+    text = parser.format_help()
+    assert "(default: " in text and "%" not in re.sub(r"\d%", "", text)
+
+
+def test_every_flag_is_a_field_or_one_of_the_few_others():
+    others = set(cli_train.OTHER_FLAGS)
+    for action in actions(subparser(cli_train)):
+        if action.dest in FIELDS:
+            continue
+        assert set(action.option_strings) <= others, action.option_strings
+
+
+def test_docstring_lists_every_field_with_its_help():
+    doc = me.TrainConfig.__doc__
+    listed = re.findall(r"^  (\w+): ", doc.split("Attributes:")[1], re.MULTILINE)
+    assert listed == list(FIELDS)
+    flat = " ".join(doc.split())
+    for name, f in FIELDS.items():
+        assert f"{name}: {field_help(f)}" in flat, name
+
+
+def test_model_choices_come_from_the_registry(monkeypatch):
+    assert field_choices(config_field("model")) == tuple(me.models.REGISTRY)
+    assert "resnet" in me.TrainConfig.__doc__ and "cnn or mlp" not in me.TrainConfig.__doc__
+    monkeypatch.setitem(me.models.REGISTRY, "tiny", me.models.MLP)
+    args = cli.build_parser().parse_args(["train", "--model", "tiny"])
+    assert cli_train.config_from_args(args).model == "tiny"
+
+
+def test_existing_flag_spellings_keep_working():
+    parse = lambda *argv: cli.build_parser().parse_args(["train", *argv])
+    args = parse("--no-checkpoint", "--no-resume", "--overwrite", "--streaming", "--tensorboard")
+    assert (args.checkpoint, args.resume, args.overwrite) == (False, False, True)
+    assert (args.streaming, args.tensorboard) == (True, True)
+    args = parse("--quiet", "--checkpoint-every", "5", "--keep", "2", "--max-steps", "3")
+    assert (args.quiet, args.checkpoint_every, args.keep, args.max_steps) == (True, 5, 2, 3)
+    assert parse("--checkpoint").checkpoint is True and parse().checkpoint is None
+    cfg = cli_train.config_from_args(parse("--learning-rate", "0.05", "--mesh", "ensemble=2"))
+    assert (cfg.learning_rate, cfg.mesh, cfg.members) == (0.05, "ensemble=2", 8)
+
+
+def test_evaluate_flags_reuse_the_fields_metadata():
+    by_flag = {a.option_strings[0]: a for a in actions(subparser(cli_evaluate))}
+    assert tuple(by_flag["--source"].choices) == data.SOURCES
+    for flag, name in (
+        ("--mesh", "mesh"),
+        ("--source", "source"),
+        ("--data-file", "data_file"),
+        ("--workdir", "workdir"),
+        ("--batch-size", "eval_batch_size"),
+    ):
+        if name != "workdir":
+            assert field_help(config_field(name)) in by_flag[flag].help, flag
+        assert by_flag[flag].dest == name
+    assert by_flag["--workdir"].required
+    assert by_flag["--batch-size"].default == 1000 and by_flag["--batch-size"].type is int
