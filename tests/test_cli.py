@@ -6,6 +6,8 @@ import argparse
 import dataclasses
 import re
 
+import pytest
+
 import meshensemble as me
 from meshensemble import cli, data
 from meshensemble.cli import common
@@ -94,3 +96,24 @@ def test_evaluate_flags_reuse_the_fields_metadata():
         assert by_flag[flag].dest == name
     assert by_flag["--workdir"].required
     assert by_flag["--batch-size"].default == 1000 and by_flag["--batch-size"].type is int
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--warmup-epochs", "-1"], "warmup_epochs=-1.0 must be >= 0"),
+        (["--warmup-epochs", "nan"], "warmup_epochs=nan must be >= 0"),
+        (["--learning-rate", "nan"], "learning_rate=nan must be a positive number"),
+        (["--learning-rate", "inf"], "learning_rate=inf must be a positive number"),
+        (["--weight-decay", "-0.1"], "weight_decay=-0.1 must be >= 0"),
+        (["--weight-decay", "nan"], "weight_decay=nan must be >= 0"),
+        (["--momentum", "nan"], "momentum=nan must be in [0, 1)"),
+        (["--momentum", "-0.5"], "momentum=-0.5 must be in [0, 1)"),
+    ],
+)
+def test_bad_numbers_are_one_line_errors(tmp_path, capsys, argv, message):
+    workdir = tmp_path / "w"
+    assert cli.main(["train", "--source", "sample", "--workdir", str(workdir), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {message}\n"
+    assert not workdir.exists()

@@ -128,14 +128,14 @@ class TrainConfig:
     learning_rate: float = _field(0.1, "peak learning rate", metavar="LR")
     momentum: float = _field(0.9, "SGD momentum in [0, 1) (0 for none)")
     weight_decay: float = _field(
-        0.0, "decoupled weight decay (adamw) or L2 added to the SGD/adam update"
+        0.0, "decoupled weight decay (adamw) or L2 added to the SGD/adam update (>= 0)"
     )
     schedule: str = _field(
         "constant",
         "the learning-rate schedule (warmup_cosine warms up for warmup_epochs)",
         choices=SCHEDULES,
     )
-    warmup_epochs: float = _field(1.0, "warm-up length of warmup_cosine, in epochs")
+    warmup_epochs: float = _field(1.0, "warm-up length of warmup_cosine, in epochs (>= 0)")
     shuffle: str = _field(
         "shared",
         "shared: all members see the same batches (as in the Flax HOWTO); per-member: "
@@ -207,12 +207,12 @@ class TrainConfig:
         for name in ("max_steps", "chunk_steps", "checkpoint_every"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
-        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
-            raise ValueError(f"learning_rate={self.learning_rate!r} must be a positive number")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"momentum={self.momentum!r} must be in [0, 1)")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay={self.weight_decay!r} must be >= 0")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"seed={self.seed!r} must be an integer")
+        _number("learning_rate", self.learning_rate, "a positive number", lambda v: v > 0)
+        _number("momentum", self.momentum, "in [0, 1)", lambda v: 0 <= v < 1)
+        _number("weight_decay", self.weight_decay, ">= 0", lambda v: v >= 0)
+        _number("warmup_epochs", self.warmup_epochs, ">= 0", lambda v: v >= 0)
         if self.mesh:
             parse_mesh(self.mesh)
         if self.conv != "auto" and self.model not in CONV_MODELS:
@@ -226,6 +226,12 @@ class TrainConfig:
 def _positive_int(name: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name}={value!r} must be a positive integer")
+
+
+def _number(name: str, value: Any, what: str, ok: Callable[[float], bool]) -> None:
+    good = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (good and math.isfinite(value) and ok(value)):
+        raise ValueError(f"{name}={value!r} must be {what}")
 
 
 def field_help(f: dataclasses.Field) -> str:
