@@ -15,7 +15,7 @@ from conftest import need_devices
 import meshensemble as me
 from meshensemble import cli
 from meshensemble.cli import train as cli_train
-from meshensemble.training import Feeder, TrainConfig, train
+from meshensemble.training import Feeder, TrainConfig, final_table, train
 
 DATA = me.data.synthetic(num_train=192, num_test=40, seed=0)
 
@@ -204,3 +204,26 @@ def test_config_file_and_flags_override(tmp_path):
     path.write_text(json.dumps({"member": 2}))
     with pytest.raises(cli.UsageError, match="unknown key"):
         cli_train.config_from_args(cli.build_parser().parse_args(["train", "--config", str(path)]))
+
+
+# --------------------------------------------------------------------- resuming a run
+@pytest.fixture
+def npz(tmp_path) -> str:
+    return me.data.save_npz(DATA, tmp_path / "data.npz")
+
+
+def cli_argv(npz, workdir, *extra) -> list[str]:
+    argv = ["train", "--source", "npz", "--data-file", npz, "--model", "mlp", "--members", "4"]
+    argv += ["--mesh", "ensemble=4,data=2", "--batch-size", "32", "--learning-rate", "0.05"]
+    return [*argv, "--eval-batch-size", "16", "--workdir", str(workdir), *extra]
+
+
+# --------------------------------------------------------------------- what is printed
+def test_quiet_prints_exactly_the_final_table(tmp_path, npz, capsys):
+    need_devices(8)
+    workdir = tmp_path / "q"
+    assert cli.main(cli_argv(npz, workdir, "--max-steps", "2", "--quiet")) == 0
+    out = capsys.readouterr().out
+    record = read_jsonl(workdir / "metrics.jsonl")[-1]
+    assert out == final_table(record) + "\n"
+    assert "  member 3 " in out and "  ensemble " in out

@@ -180,7 +180,7 @@ class TrainConfig:
         "re-initialises only the members whose loss became non-finite",
         choices=ON_NONFINITE,
     )
-    quiet: bool = _field(False, "print only the final table")
+    quiet: bool = _field(False, "print only the final table (and a line when resuming or stopping)")
 
     def validate(self) -> TrainConfig:
         """Checks every field.

@@ -126,7 +126,9 @@ def train(
     Args:
       cfg: the run's config.
       dataset: data to use instead of loading ``cfg.dataset`` from ``cfg.source``.
-      echo: where human-readable lines go (default ``print`` unless ``cfg.quiet``).
+      echo: where human-readable lines go (default ``print`` on process 0; with
+        ``cfg.quiet`` only the final table and the lines about resuming, stopping or
+        re-initialising members).
 
     Returns:
       A :class:`TrainResult`.
@@ -180,7 +182,7 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
     main = jax.process_index() == 0  # only process 0 prints and writes the run's files
     quiet = lambda s: None
     say = echo or (quiet if cfg.quiet or not main else print)
-    tell = echo or (print if main else quiet)  # resumes, preemption: even when --quiet
+    tell = echo or (print if main else quiet)  # final table, resumes, stops: even when quiet
     if dataset is None:
         dataset = data_lib.load_dataset(
             cfg.dataset, cfg.source, cfg.data_file, cfg.data_dir, log=say
@@ -215,7 +217,7 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
     sample = dataset.train_images[:1]
     restored = None
     if _resuming(cfg):
-        restored = restore_checkpoint(cfg.workdir, ens, sample, echo=say)
+        restored = restore_checkpoint(cfg.workdir, ens, sample, echo=tell)
     if jax.process_count() > 1:  # every process decided before process 0 writes anything
         from jax.experimental import multihost_utils
 
@@ -278,7 +280,7 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
     writer.plots(history)
     writer.close()
     if history:
-        say(final_table(history[-1]))
+        tell(final_table(history[-1]))
     say(f"done in {seconds:.1f}s; outputs in {cfg.workdir}")
     return TrainResult(ens, state, history, dataset, seconds)
 
@@ -324,7 +326,7 @@ class _Run:
                 n = min(k, steps_per_epoch - pos.epoch_step, total_steps - pos.step)
                 n = 1 if cfg.streaming else n
                 state, metrics = self.feeder.run(state, pos.epoch, pos.epoch_step, n)
-                state = guard.check(state, metrics, pos.step, self.say, self.last_checkpoint)
+                state = guard.check(state, metrics, pos.step, self.tell, self.last_checkpoint)
                 pos.loss_sum = add_loss(pos.loss_sum, metrics["loss"])
                 pos.loss_count += n
                 pos.step += n
@@ -334,14 +336,14 @@ class _Run:
                 last = pos.step == total_steps
                 if epoch_done or last:
                     progress.close()
-                    state = guard.flush(state, self.say, self.last_checkpoint)
+                    state = guard.flush(state, self.tell, self.last_checkpoint)
                     self.evaluate(state, pos)
                     pos.loss_sum, pos.loss_count = jnp.zeros_like(pos.loss_sum), 0
                 every = cfg.checkpoint_every
                 due = epoch_done or last or (every and pos.step // every > (pos.step - n) // every)
                 stopping = self.stop.requested(pos.step)
                 if self.ckpt is not None and (due or stopping):
-                    state = guard.flush(state, self.say, self.last_checkpoint)
+                    state = guard.flush(state, self.tell, self.last_checkpoint)
                     self.ckpt.save(pos.step, state, pos.to_json())
                     saved_at = pos.step
                 if epoch_done:
