@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
 
 import chex
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from conftest import need_devices
 
 import meshensemble as me
 from meshensemble import cli
 from meshensemble.cli import train as cli_train
-from meshensemble.training import Feeder, TrainConfig, final_table, train
+from meshensemble.training import Feeder, TrainConfig, build_ensemble, final_table, train
+from meshensemble.training.guards import NonFiniteGuard
 
 DATA = me.data.synthetic(num_train=192, num_test=40, seed=0)
 
@@ -216,6 +221,94 @@ def cli_argv(npz, workdir, *extra) -> list[str]:
     argv = ["train", "--source", "npz", "--data-file", npz, "--model", "mlp", "--members", "4"]
     argv += ["--mesh", "ensemble=4,data=2", "--batch-size", "32", "--learning-rate", "0.05"]
     return [*argv, "--eval-batch-size", "16", "--workdir", str(workdir), *extra]
+
+
+# --------------------------------------------------------------------- non-finite losses
+class PoisonMLP(nn.Module):
+    """An MLP whose logits are NaN for an image with a white top-left pixel."""
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        poison = x[:, 0, 0, 0] > 0.99
+        h = nn.relu(nn.Dense(32)(x.reshape((x.shape[0], -1))))
+        return nn.Dense(10)(h) + jnp.where(poison, jnp.nan, 0.0)[:, None]
+
+
+def test_reinit_guard_reinitialises_once_per_event_and_compiles_once():
+    need_devices(8)
+    ens = me.Ensemble(me.models.MLP(), optax.sgd(0.1), 4, me.make_mesh(4, 1))
+    key, sample = jax.random.key(0), DATA.train_images[:1]
+    state = ens.init(jax.random.key(5), sample)
+    messages: list[str] = []
+    guard = NonFiniteGuard(ens, "reinit", key, sample)
+    nan = float("nan")
+
+    def losses(*row):
+        return {"loss": jnp.asarray([row], jnp.float32)}
+
+    compiles: list[str] = []
+    listener = lambda event, *a, **k: compiles.append(event) if "/compile" in event else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        state = guard.check(state, losses(nan, 1, 1, 1), 0, messages.append)  # member 0 diverges
+        state = guard.check(state, losses(nan, 1, 1, 1), 1, messages.append)  # ran on the bad one
+        assert messages == ["non-finite loss in member(s) [0] at step 1: re-initialising them"]
+        state = guard.check(state, losses(1, 1, 1, 1), 2, messages.append)  # the fresh member
+        state = guard.check(state, losses(1, 1, nan, 1), 3, messages.append)
+        compiles.clear()
+        state = guard.check(state, losses(1, nan, nan, 1), 4, messages.append)
+        state = guard.flush(state, messages.append)  # member 2 stale, member 1 new
+        assert compiles == []  # the re-init program is built once
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert messages[1:] == [
+        "non-finite loss in member(s) [2] at step 4: re-initialising them",
+        "non-finite loss in member(s) [1] at step 5: re-initialising them",
+    ]
+    fresh = {
+        at: jax.device_get(ens.init(jax.random.fold_in(key, at), sample).params) for at in (1, 4, 5)
+    }
+    got = jax.device_get(state.params)
+    for member, at in ((0, 1), (2, 4), (1, 5)):
+        row = lambda tree, m=member: jax.tree.map(lambda v: v[m], tree)
+        chex.assert_trees_all_equal(row(got), row(fresh[at]))
+
+
+def test_training_reinitialises_a_diverged_member_once_and_goes_on(tmp_path, monkeypatch):
+    need_devices(8)
+    monkeypatch.setitem(me.models.REGISTRY, "poison", PoisonMLP)
+    images = DATA.train_images.copy()
+    images[:, 0, 0, 0] = 0
+    images[7, 0, 0, 0] = 255  # example 7 makes a member's loss NaN
+    data = dataclasses.replace(DATA, train_images=images)
+    cfg = tiny(tmp_path, "nan", model="poison", shuffle="per-member", on_nonfinite="reinit")
+    cfg = dataclasses.replace(cfg, epochs=2, mesh="ensemble=4,data=1")
+    # where each member meets example 7: its order, drawn as the loop draws it
+    order_key = jax.random.split(jax.random.key(cfg.seed))[1]
+    ens = build_ensemble(cfg, me.make_mesh(4, 1), 192)
+    feeder = Feeder(ens, data, cfg, order_key, 1, 6)
+    meets = {}
+    for epoch in (1, 2):
+        order = np.asarray(feeder.order(epoch))
+        for m in range(4):
+            meets[epoch, m] = (epoch - 1) * 6 + int(np.argmax(order[m] == 7)) // 32 + 1
+    last_clean = min(meets[2, m] for m in range(4)) - 1  # the run stops before epoch 2's
+    assert last_clean > 6, "pick another seed: a member meets example 7 first in epoch 2"
+    events: dict[int, list[int]] = {}
+    for (epoch, m), step in sorted(meets.items()):
+        if epoch == 1:
+            events.setdefault(step, []).append(m)
+    messages: list[str] = []
+    result = train(dataclasses.replace(cfg, max_steps=last_clean), data, echo=messages.append)
+    got = [m for m in messages if m.startswith("non-finite")]
+    assert got == [
+        f"non-finite loss in member(s) {sorted(ms)} at step {s}: re-initialising them"
+        for s, ms in sorted(events.items())
+    ]
+    chex.assert_tree_all_finite(result.state.params)
+    epoch1, epoch2 = result.history
+    assert epoch2["step"] == last_clean and np.all(np.isfinite(epoch2["train_loss"]))
+    assert np.isfinite(epoch2["test_ensemble_nll"])
 
 
 # --------------------------------------------------------------------- what is printed

@@ -90,11 +90,36 @@ class StopSignal:
             signal.signal(sig, old)
 
 
+@jax.jit
+def select_members(mask: jax.Array, fresh: Any, old: Any) -> Any:
+    """Takes the members where ``mask`` is True from ``fresh``, the others from ``old``.
+
+    Built once (a module-level ``jax.jit``): the mask is an argument, so re-initialising
+    other members later compiles nothing new.
+
+    Args:
+      mask: bool ``[members]``.
+      fresh: a state tree whose leaves are ``[members, ...]``.
+      old: a tree of the same structure.
+
+    Returns:
+      The merged tree, sharded as ``old``.
+
+    Example:
+      >>> state = select_members(np.array([True, False]), ens.init(key, x), state)
+    """
+    pick = lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+    return jax.tree.map(pick, fresh, old)
+
+
 class NonFiniteGuard:
-    """Detects a non-finite loss per member, one chunk behind (so it never stalls).
+    """Detects a non-finite loss per member, one chunk behind, once per event.
 
     ``on_nonfinite="stop"`` raises :class:`NonFiniteError` naming the members and the
-    step; ``"reinit"`` re-initialises only those members and goes on.
+    step; ``"reinit"`` re-initialises only those members (key ``fold_in(init_key, step)``,
+    fresh optimizer state) and goes on. The chunk dispatched before the re-initialisation
+    was computed from the bad members, so its losses of those members are ignored: each
+    event re-initialises a member once and training continues from the fresh member.
 
     Args:
       ens: the ensemble being trained.
@@ -113,7 +138,8 @@ class NonFiniteGuard:
             raise ValueError(f"on_nonfinite={on_nonfinite!r} is not allowed; choose stop, reinit")
         self.ens, self.on_nonfinite = ens, on_nonfinite
         self.init_key, self.sample = init_key, sample
-        self._pending: tuple[int, jax.Array] | None = None
+        # (step before the chunk, its losses [n, members], members to ignore [members])
+        self._pending: tuple[int, jax.Array, np.ndarray] | None = None
 
     def check(
         self,
@@ -138,10 +164,14 @@ class NonFiniteGuard:
         Raises:
           NonFiniteError: a bad loss with ``on_nonfinite="stop"``.
         """
-        previous, self._pending = self._pending, (step, metrics["loss"])
+        previous = self._pending
+        self._pending = (step, metrics["loss"], np.zeros(self.ens.num_members, bool))
         if previous is None:
             return state
-        return self._inspect(state, *previous, say, last_checkpoint)
+        state, redone = self._inspect(state, previous, say, last_checkpoint)
+        # this chunk ran on the bad members: their losses in it say nothing new
+        self._pending[2][redone] = True
+        return state
 
     def flush(
         self,
@@ -165,33 +195,25 @@ class NonFiniteGuard:
         previous, self._pending = self._pending, None
         if previous is None:
             return state
-        return self._inspect(state, *previous, say, last_checkpoint)
+        return self._inspect(state, previous, say, last_checkpoint)[0]
 
-    def _inspect(self, state, first_step, losses, say, last_checkpoint) -> EnsembleState:
+    def _inspect(self, state, pending, say, last_checkpoint) -> tuple[EnsembleState, np.ndarray]:
+        first_step, losses, ignore = pending
         bad = ~np.isfinite(fetch(losses))  # [n, members], already computed
+        bad[:, ignore] = False
+        redone = np.zeros(self.ens.num_members, bool)
         if not bad.any():
-            return state
+            return state, redone
         members = sorted(set(np.nonzero(bad)[1].tolist()))
         at = first_step + 1 + int(np.nonzero(bad.any(1))[0][0])
         if self.on_nonfinite == "reinit":
             say(f"non-finite loss in member(s) {members} at step {at}: re-initialising them")
-            key = jax.random.fold_in(self.init_key, at)
-            return _reinit_members(self.ens, state, members, key, self.sample)
+            redone[members] = True
+            fresh = self.ens.init(jax.random.fold_in(self.init_key, at), self.sample)
+            return select_members(jnp.asarray(redone), fresh, state), redone
         last = last_checkpoint()
         keep = f"the last good checkpoint is {last}" if last is not None else "no checkpoint"
         raise NonFiniteError(
             f"non-finite loss in member(s) {members} at step {at}; {keep}; lower the learning "
             "rate, or pass --on-nonfinite reinit to re-initialise only those members"
         )
-
-
-def _reinit_members(ens, state, members, key, sample):
-    fresh = ens.init(key, sample)
-    mask = np.zeros(state.num_members, bool)
-    mask[members] = True
-    pick = jax.jit(
-        lambda new, old: jax.tree.map(
-            lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old
-        )
-    )
-    return pick(fresh, state)
