@@ -223,6 +223,72 @@ def cli_argv(npz, workdir, *extra) -> list[str]:
     return [*argv, "--eval-batch-size", "16", "--workdir", str(workdir), *extra]
 
 
+def files(workdir) -> dict:
+    return {p: p.read_bytes() for p in Path(workdir).rglob("*") if p.is_file()}
+
+
+FIX = "or pass --overwrite (or overwrite=True), or use another workdir"
+
+
+def test_train_refuses_to_resume_another_run_and_changes_nothing(tmp_path):
+    need_devices(8)
+    cfg = tiny(tmp_path, "held", checkpoint=True, max_steps=2)
+    train(cfg, dataset=DATA)
+    before = files(cfg.workdir)
+    w = cfg.workdir
+    other = dataclasses.replace(DATA, train_labels=(DATA.train_labels + 1) % 10)
+    cases = [
+        (dict(seed=1), None, "holds a run with seed=0, this run has seed=1; resume with seed=0"),
+        (dict(learning_rate=0.1), None, "learning_rate=0.05, this run has learning_rate=0.1;"),
+        (dict(shuffle="per-member"), None, "shuffle='shared', this run has shuffle='per-member'"),
+        (dict(schedule="cosine"), None, "schedule='constant', this run has schedule='cosine'"),
+        (dict(model="cnn"), None, "model='mlp', this run has model='cnn'"),
+        (dict(), other, "holds a run with data fingerprint="),
+        (dict(), me.data.synthetic(num_train=64, num_test=40), "num_train=192, this run has "),
+    ]
+    for change, data, message in cases:
+        with pytest.raises(ValueError) as err:
+            train(dataclasses.replace(cfg, **change), dataset=data or DATA)
+        text = str(err.value)
+        assert text.startswith(f"workdir {w} holds a run with ") and text.endswith(FIX), text
+        assert message in text and "\n" not in text
+        assert files(w) == before, change  # config.json and the rest untouched
+    # what does not define the run may change: a constant rate is extended by more epochs
+    more = train(dataclasses.replace(cfg, epochs=2, max_steps=None, mesh="ensemble=2,data=4"), DATA)
+    assert more.history[-1]["step"] == 12
+    saved = json.loads(Path(w, "config.json").read_text())
+    assert saved["epochs"] == 2 and saved["max_steps"] is None
+    assert saved["resolved"]["data_identity"]["num_train"] == 192
+    # a decaying schedule spans the epochs: changing them is another run
+    cos = tiny(tmp_path, "cos", checkpoint=True, max_steps=2, schedule="cosine")
+    train(cos, dataset=DATA)
+    with pytest.raises(ValueError, match="holds a run with epochs=1, this run has epochs=2"):
+        train(dataclasses.replace(cos, epochs=2), dataset=DATA)
+
+
+def test_max_steps_is_per_command_and_a_split_epoch_keeps_its_whole_train_loss(
+    tmp_path, npz, capsys
+):
+    need_devices(8)
+    whole = train(
+        tiny(tmp_path, "whole", epochs=2, source="npz", data_file=npz, checkpoint=True)
+    ).history
+    workdir = tmp_path / "split"
+    assert cli.main(cli_argv(npz, workdir, "--epochs", "2", "--max-steps", "3")) == 0
+    assert cli.main(["train", "--workdir", str(workdir)]) == 0  # no --max-steps: to the end
+    assert "resumed from checkpoint 3" in capsys.readouterr().out
+    split = read_jsonl(workdir / "metrics.jsonl")
+    assert [r["step"] for r in split] == [3, 6, 12]  # one record per step, none twice
+    for a, b in zip(whole, split[1:]):  # epoch 1 is steps 1-6 also when split at 3
+        np.testing.assert_allclose(b["train_loss"], a["train_loss"], rtol=1e-5)
+        np.testing.assert_allclose(b["test_ensemble_nll"], a["test_ensemble_nll"], rtol=1e-5)
+    assert json.loads((workdir / "config.json").read_text())["max_steps"] is None
+    # a larger --max-steps continues; a rerun at the end trains nothing and adds nothing
+    assert cli.main(["train", "--workdir", str(workdir), "--epochs", "3", "--max-steps", "14"]) == 0
+    assert cli.main(["train", "--workdir", str(workdir), "--epochs", "3", "--max-steps", "14"]) == 0
+    assert [r["step"] for r in read_jsonl(workdir / "metrics.jsonl")] == [3, 6, 12, 14]
+
+
 # --------------------------------------------------------------------- non-finite losses
 class PoisonMLP(nn.Module):
     """An MLP whose logits are NaN for an image with a white top-left pixel."""

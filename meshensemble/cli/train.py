@@ -6,7 +6,8 @@ its metadata and its default in the help; booleans are ``--flag/--no-flag`` (e.g
 distributed flags are not fields.
 
 A command given a workdir that holds a run takes the values it does not give from the
-run's ``config.json``, and refuses values of :data:`IDENTITY_FIELDS` that differ.
+run's ``config.json`` (except ``max_steps``, ``resume`` and ``overwrite``, which belong
+to one command); :func:`meshensemble.training.train` then refuses a different run.
 
 Example:
   >>> main(["train", "--source", "sample", "--epochs", "1", "--workdir", "/tmp/run"])
@@ -33,6 +34,7 @@ from meshensemble.cli.common import (
 )
 from meshensemble.core import distributed
 from meshensemble.training import CONFIG_FILE, TrainConfig, train
+from meshensemble.training.config import inherited_fields
 
 OTHER_FLAGS = ("--config", "--fake-devices", *DISTRIBUTED_FLAGS)
 """The ``train`` flags that are not :class:`TrainConfig` fields."""
@@ -111,37 +113,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     saved_path = os.path.join(given.get("workdir", TrainConfig.workdir), CONFIG_FILE)
     resuming = given.get("resume", True) and not given.get("overwrite", False)
     if resuming and os.path.exists(saved_path):
-        values = _read_config(saved_path, fields, "workdir config")
-        workdir = given.get("workdir", TrainConfig.workdir)
-        for name in IDENTITY_FIELDS:
-            if name in given and name in values and given[name] != values[name]:
-                raise UsageError(
-                    f"workdir {workdir} holds a run with {name}={values[name]!r}, but this "
-                    f"command says {name}={given[name]!r}; resume with the same value, or add "
-                    "--overwrite, or use another --workdir"
-                )
+        saved = _read_config(saved_path, fields, "workdir config")
+        values = {k: v for k, v in saved.items() if k in inherited_fields()}
     values.update(given)
     try:
         return TrainConfig(**values).validate()
     except (TypeError, ValueError) as err:
         raise UsageError(str(err)) from None
-
-
-IDENTITY_FIELDS = (
-    "dataset",
-    "model",
-    "members",
-    "optimizer",
-    "learning_rate",
-    "momentum",
-    "weight_decay",
-    "schedule",
-    "warmup_epochs",
-    "shuffle",
-    "seed",
-    "batch_size",
-)
-"""Fields a resumed run must keep: they define the members and their data order."""
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ Modules: :mod:`~meshensemble.training.config` (:class:`TrainConfig` and what is 
 from it), :mod:`~meshensemble.training.loop` (:func:`train`),
 :mod:`~meshensemble.training.feeder` (the steps' data),
 :mod:`~meshensemble.training.guards` (signals, non-finite losses),
+:mod:`~meshensemble.training.identity` (what defines a run, for resuming),
 :mod:`~meshensemble.training.outputs` (files and printed lines) and
 :mod:`~meshensemble.training.checkpoint`.
 
@@ -27,6 +28,7 @@ from meshensemble.training.config import default_mesh_shape as default_mesh_shap
 from meshensemble.training.config import make_optimizer as make_optimizer
 from meshensemble.training.feeder import Feeder as Feeder
 from meshensemble.training.guards import NonFiniteError as NonFiniteError
+from meshensemble.training.identity import RUN_FIELDS as RUN_FIELDS
 from meshensemble.training.loop import LoopPosition as LoopPosition
 from meshensemble.training.loop import TrainResult as TrainResult
 from meshensemble.training.loop import train as train
@@ -40,6 +42,7 @@ __all__ = [
     "ON_NONFINITE",
     "OPTIMIZERS",
     "PRECISIONS",
+    "RUN_FIELDS",
     "SCHEDULES",
     "SHUFFLES",
     "Feeder",

@@ -55,6 +55,7 @@ def _field(
     *,
     choices: Sequence[str] | Callable[[], Sequence[str]] | None = None,
     metavar: str | None = None,
+    inherit: bool = True,
 ) -> Any:
     """A ``dataclasses.field`` carrying its documentation.
 
@@ -64,8 +65,10 @@ def _field(
       choices: the allowed values, or a function returning them (read when used, so a
         registry extended later is seen).
       metavar: the flag's placeholder.
+      inherit: whether a command resuming a run takes the value from the workdir's
+        ``config.json`` when the command does not give it (False: per invocation).
     """
-    meta = {"help": help, "choices": choices, "metavar": metavar}
+    meta = {"help": help, "choices": choices, "metavar": metavar, "inherit": inherit}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -146,8 +149,9 @@ class TrainConfig:
     max_steps: int | None = _field(
         None,
         "stop after this many steps of the whole run and evaluate; the schedule still "
-        "spans epochs, so a run resumed with a larger value continues exactly",
+        "spans epochs, so a rerun with a larger value (or none) continues exactly",
         metavar="N",
+        inherit=False,
     )
     chunk_steps: int | None = _field(
         None,
@@ -169,10 +173,11 @@ class TrainConfig:
     keep: int = _field(3, "how many checkpoints to keep (the newest)", metavar="K")
     resume: bool = _field(
         True,
-        "resume from the workdir's newest good checkpoint when there is one",
+        "resume from the workdir's newest good checkpoint when it holds the same run",
+        inherit=False,
     )
     overwrite: bool = _field(
-        False, "start over in a workdir that holds a run (deletes its outputs)"
+        False, "start over in a workdir that holds a run (deletes its outputs)", inherit=False
     )
     on_nonfinite: str = _field(
         "stop",
@@ -277,6 +282,18 @@ def config_field(name: str) -> dataclasses.Field:
         if f.name == name:
             return f
     raise KeyError(f"TrainConfig has no field {name!r}")
+
+
+def inherited_fields() -> tuple[str, ...]:
+    """Fields a resumed command takes from the workdir's ``config.json`` when not given.
+
+    ``max_steps``, ``resume`` and ``overwrite`` belong to one invocation only.
+
+    Example:
+      >>> "max_steps" in inherited_fields()
+      False
+    """
+    return tuple(f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("inherit"))
 
 
 def _docstring() -> str:

@@ -1,6 +1,8 @@
 """The training loop: :func:`train` sets a run up, resumes it, runs its chunks and evaluates.
 
-The steps come from a :class:`~meshensemble.training.feeder.Feeder` (K steps per
+A run in a workdir is resumed only when it is the same run (see
+:mod:`meshensemble.training.identity`); everything is checked before the workdir
+changes. The steps come from a :class:`~meshensemble.training.feeder.Feeder` (K steps per
 compiled call from on-device data, or host batches); the position in the run is a
 :class:`LoopPosition`, saved with every checkpoint.
 
@@ -45,6 +47,12 @@ from meshensemble.training.config import (
 )
 from meshensemble.training.feeder import Feeder
 from meshensemble.training.guards import NonFiniteGuard, StopSignal
+from meshensemble.training.identity import (
+    check_same_run,
+    data_identity,
+    read_saved_config,
+    run_fields,
+)
 from meshensemble.training.outputs import (
     Progress,
     RunWriter,
@@ -121,7 +129,11 @@ def train(
 ) -> TrainResult:
     """Trains an ensemble as ``cfg`` says and writes the run's outputs to ``cfg.workdir``.
 
-    A workdir that holds a run is resumed from its newest good checkpoint.
+    A workdir that holds a run is resumed from its newest good checkpoint, but only
+    when it is the same run: the fields of
+    :data:`~meshensemble.training.identity.RUN_FIELDS` and the data actually used must
+    match what its ``config.json`` recorded. ``max_steps`` belongs to one call: a
+    later call with a larger value (or none) continues the run.
 
     Args:
       cfg: the run's config.
@@ -134,7 +146,8 @@ def train(
       A :class:`TrainResult`.
 
     Raises:
-      ValueError: a bad config value, or a workdir that is not writable;
+      ValueError: a bad config value, a workdir that is not writable, or a workdir that
+        holds another run (one line naming the difference and the fixes);
         :class:`meshensemble.data.DataError` for data.
       meshensemble.training.NonFiniteError: a member's loss became NaN/inf
         (``on_nonfinite="stop"``).
@@ -158,11 +171,11 @@ def _held(workdir: str) -> list[str]:
     return [n for n in names if os.path.exists(os.path.join(workdir, n))]
 
 
-def _resuming(cfg: TrainConfig) -> bool:
-    """Whether to resume the workdir's run (False: start afresh); refuses to clobber."""
+def _saved_run(cfg: TrainConfig) -> dict[str, Any] | None:
+    """The saved config of the run to resume, or None to start afresh; refuses to clobber."""
     held = _held(cfg.workdir)
     if not held or cfg.overwrite:
-        return False
+        return None
     where = f"workdir {cfg.workdir} holds a run ({', '.join(held)})"
     if not cfg.resume:
         raise ValueError(
@@ -174,7 +187,14 @@ def _resuming(cfg: TrainConfig) -> bool:
             f"{where} but no checkpoint to resume from; add --overwrite to start over, or use "
             "another --workdir"
         )
-    return True
+    saved = read_saved_config(cfg.workdir)
+    if saved is None:
+        raise ValueError(
+            f"{where} but no {CONFIG_FILE} saying which run it is; add --overwrite to start "
+            "over, or use another --workdir"
+        )
+    check_same_run(cfg.workdir, saved, run_fields(cfg))
+    return saved
 
 
 def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
@@ -183,10 +203,14 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
     quiet = lambda s: None
     say = echo or (quiet if cfg.quiet or not main else print)
     tell = echo or (print if main else quiet)  # final table, resumes, stops: even when quiet
+    saved = _saved_run(cfg)
     if dataset is None:
         dataset = data_lib.load_dataset(
             cfg.dataset, cfg.source, cfg.data_file, cfg.data_dir, log=say
         )
+    identity = data_identity(dataset, cfg.data_file)
+    if saved is not None:
+        check_same_run(cfg.workdir, saved, run_fields(cfg), identity)
     n_train = len(dataset.train_labels)
     if cfg.batch_size > n_train:
         raise ValueError(
@@ -216,7 +240,7 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
         )
     sample = dataset.train_images[:1]
     restored = None
-    if _resuming(cfg):
+    if saved is not None:
         restored = restore_checkpoint(cfg.workdir, ens, sample, echo=tell)
     if jax.process_count() > 1:  # every process decided before process 0 writes anything
         from jax.experimental import multihost_utils
@@ -240,6 +264,7 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
             "member_strategy": ens.member_strategy,
             "conv": resolve_conv(cfg.conv) if cfg.model in CONV_MODELS else None,
             "data": dataset.note,
+            "data_identity": identity,
             "devices": jax.device_count(),
             "platform": platform,
             "jax": jax.__version__,
@@ -338,7 +363,8 @@ class _Run:
                     progress.close()
                     state = guard.flush(state, self.tell, self.last_checkpoint)
                     self.evaluate(state, pos)
-                    pos.loss_sum, pos.loss_count = jnp.zeros_like(pos.loss_sum), 0
+                    if epoch_done:  # a split epoch keeps its sum: its record covers it all
+                        pos.loss_sum, pos.loss_count = jnp.zeros_like(pos.loss_sum), 0
                 every = cfg.checkpoint_every
                 due = epoch_done or last or (every and pos.step // every > (pos.step - n) // every)
                 stopping = self.stop.requested(pos.step)
