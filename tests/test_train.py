@@ -289,6 +289,29 @@ def test_max_steps_is_per_command_and_a_split_epoch_keeps_its_whole_train_loss(
     assert [r["step"] for r in read_jsonl(workdir / "metrics.jsonl")] == [3, 6, 12, 14]
 
 
+def test_resuming_with_another_data_file_is_one_line(tmp_path, npz, capsys):
+    need_devices(8)
+    workdir = tmp_path / "d"
+    assert cli.main(cli_argv(npz, workdir, "--max-steps", "2")) == 0
+    before = files(workdir)
+    copy = tmp_path / "copy.npz"
+    copy.write_bytes(Path(npz).read_bytes())
+    fewer = me.data.save_npz(me.data.synthetic(num_train=64, num_test=40), tmp_path / "few.npz")
+    shuffled = dataclasses.replace(DATA, train_labels=DATA.train_labels[::-1].copy())
+    other = me.data.save_npz(shuffled, tmp_path / "other.npz")
+    capsys.readouterr()
+    for path, message in (
+        (fewer, "holds a run with num_train=192, this run has num_train=64"),
+        (other, "holds a run with data fingerprint="),
+        (str(copy), f"holds a run with data_file='{npz}', this run has data_file='{copy}'"),
+    ):
+        code = cli.main(["train", "--workdir", str(workdir), "--data-file", path])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("error: workdir ") and err.count("\n") == 1, err
+        assert message in err and "resume with the run's data (" in err and FIX in err, err
+        assert files(workdir) == before
+
+
 # --------------------------------------------------------------------- non-finite losses
 class PoisonMLP(nn.Module):
     """An MLP whose logits are NaN for an image with a white top-left pixel."""
