@@ -40,6 +40,7 @@ from meshensemble.training.checkpoint import (
     restore_checkpoint,
 )
 from meshensemble.training.config import default_mesh_shape
+from meshensemble.training.outputs import check_writable, writing
 
 OOD_SETS = ("noise", "inverted", "fashion_mnist")
 """OOD sets :func:`evaluate_run` knows (see :func:`ood_images`)."""
@@ -354,8 +355,10 @@ def evaluate_run(
     Raises:
       FileNotFoundError: ``workdir``, its ``config.json`` or the checkpoint is missing
         (the message lists the available steps).
-      ValueError: a corrupt ``config.json``, an unknown OOD set, a bad mesh, batch size
-        or bin count.
+      ValueError: a corrupt ``config.json``, a workdir that is not writable, an unknown
+        OOD set, a bad mesh, batch size or bin count.
+      meshensemble.training.OutputError: ``evaluation.json`` or a plot could not be
+        written (one line naming the file).
       meshensemble.data.DataError: the test data or an OOD set cannot be loaded.
 
     Example:
@@ -364,6 +367,12 @@ def evaluate_run(
     """
     say = print if echo is None else echo
     cfg = load_run_config(workdir)
+    if jax.process_index() == 0:  # before any work: process 0 writes the results there
+        check_writable(
+            workdir,
+            f"{EVALUATION_FILE} and the plots go there: make it writable, or copy the run to "
+            "a writable folder and evaluate the copy",
+        )
     names = [ood] if isinstance(ood, str) else list(ood)
     unknown = [n for n in names if n not in OOD_SETS]
     if unknown:
@@ -437,20 +446,25 @@ def _write(
 ) -> None:
     from meshensemble import plots
 
-    with open(os.path.join(workdir, EVALUATION_FILE), "w") as f:
+    path = os.path.join(workdir, EVALUATION_FILE)
+    with writing(path), open(path, "w") as f:
         json.dump(result, f, indent=2)
     members = f"members pooled (mean member ECE {result['test_mean_member_ece']:.4f})"
     curves = {
         f"ensemble (ECE {result['test_ensemble_ece']:.4f})": test["ensemble"],
         members: test["mean_member"],
     }
-    plots.reliability_diagram(curves, os.path.join(workdir, RELIABILITY_PLOT))
-    plots.ood_histogram(
-        test["scores"][HISTOGRAM_SCORE],
-        {n: s[HISTOGRAM_SCORE] for n, s in ood_scores.items()},
-        os.path.join(workdir, OOD_PLOT),
-        score=HISTOGRAM_SCORE,
-    )
+    path = os.path.join(workdir, RELIABILITY_PLOT)
+    with writing(path):
+        plots.reliability_diagram(curves, path)
+    path = os.path.join(workdir, OOD_PLOT)
+    with writing(path):
+        plots.ood_histogram(
+            test["scores"][HISTOGRAM_SCORE],
+            {n: s[HISTOGRAM_SCORE] for n, s in ood_scores.items()},
+            path,
+            score=HISTOGRAM_SCORE,
+        )
 
 
 def summary_table(result: Mapping[str, Any]) -> str:

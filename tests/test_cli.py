@@ -98,6 +98,31 @@ def test_evaluate_flags_reuse_the_fields_metadata():
     assert by_flag["--batch-size"].default == 1000 and by_flag["--batch-size"].type is int
 
 
+def test_every_subcommand_has_debug():
+    parser = cli.build_parser()
+    for command in ("train", "evaluate", "bench"):
+        argv = [command, "--debug"] + (["--workdir", "x"] if command == "evaluate" else [])
+        assert parser.parse_args(argv).debug is True, command
+
+
+def test_unexpected_errors_are_one_line_unless_debug(monkeypatch, capsys, tmp_path):
+    def boom(cfg):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(cli_train, "train", boom)
+    monkeypatch.delenv(common.DEBUG_ENV, raising=False)
+    argv = ["train", "--workdir", str(tmp_path / "w")]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err == "error: RuntimeError: boom second line (rerun with --debug for the traceback)\n"
+    assert cli.main([*argv, "--debug"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.endswith("traceback)\n")
+    monkeypatch.setenv(common.DEBUG_ENV, "1")
+    assert cli.main(argv) == 1
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import subprocess
 import types
 
 import numpy as np
@@ -229,3 +231,47 @@ def test_fashion_mnist_unavailable_offline(run, tmp_path, capsys) -> None:
         json.dump(cfg, f)
     argv = ["evaluate", "--workdir", workdir, "--ood", "fashion_mnist"]
     _one_line_error(capsys, argv, "fashion_mnist", "--ood-file")
+
+
+@contextlib.contextmanager
+def read_only(path: str):
+    """The folder ``path`` read-only: by its mode, or as root by a read-only bind mount."""
+    if os.geteuid() != 0:
+        os.chmod(path, 0o555)
+        try:
+            yield
+        finally:
+            os.chmod(path, 0o755)
+        return
+    mount = shutil.which("mount")
+    if not (mount and subprocess.run([mount, "--bind", path, path]).returncode == 0):
+        pytest.skip("cannot make a read-only folder here (root without mount)")
+    try:
+        if subprocess.run([mount, "-o", "remount,ro,bind", path]).returncode != 0:
+            pytest.skip("cannot remount read-only here")
+        yield
+    finally:
+        subprocess.run(["umount", path], check=False)
+
+
+def test_unwritable_workdir_is_refused_before_any_work(run, capsys) -> None:
+    workdir = _copy(run, "ro")
+    before = sorted(os.listdir(workdir))
+    with read_only(workdir):
+        err = _one_line_error(capsys, ["evaluate", "--workdir", workdir], workdir)
+        assert err.startswith(f"error: workdir {workdir} is not writable (")
+        assert "copy the run to a writable folder" in err and "Traceback" not in err
+        assert sorted(os.listdir(workdir)) == before
+
+
+def test_a_failed_write_is_one_line(run, capsys) -> None:
+    for name in (evaluate.EVALUATION_FILE, evaluate.OOD_PLOT):
+        workdir = _copy(run, f"blocked_{name}")
+        os.remove(os.path.join(workdir, name))
+        os.mkdir(os.path.join(workdir, name))  # a folder where the file goes
+        argv = ["evaluate", "--workdir", workdir, "--batch-size", str(BATCH)]
+        assert cli.main(argv) == 1
+        err = capsys.readouterr().err
+        path = os.path.join(workdir, name)
+        assert err.startswith(f"error: could not write {path}: Is a directory; "), err
+        assert err.count("\n") == 1 and "Traceback" not in err

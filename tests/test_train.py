@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import chex
@@ -409,3 +412,64 @@ def test_quiet_prints_exactly_the_final_table(tmp_path, npz, capsys):
     record = read_jsonl(workdir / "metrics.jsonl")[-1]
     assert out == final_table(record) + "\n"
     assert "  member 3 " in out and "  ensemble " in out
+
+
+@contextlib.contextmanager
+def read_only(path: Path):
+    """``path`` (a folder) read-only: by its mode, or as root by a read-only bind mount."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        try:
+            yield
+        finally:
+            path.chmod(0o755)
+        return
+    mount = shutil.which("mount")
+    ok = mount and subprocess.run([mount, "--bind", str(path), str(path)]).returncode == 0
+    if not ok:
+        pytest.skip("cannot make a read-only folder here (root without mount)")
+    try:
+        remount = [mount, "-o", "remount,ro,bind", str(path)]
+        if subprocess.run(remount).returncode != 0:
+            pytest.skip("cannot remount read-only here")
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=False)
+
+
+def test_unwritable_workdir_is_refused_before_any_work(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    argv = ["train", "--source", "npz", "--data-file", "/nonexistent.npz"]
+    workdir = blocker / "run"
+    assert cli.main([*argv, "--workdir", str(workdir)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: workdir {workdir} is not writable (Not a directory: {blocker}); "
+        "pass a writable --workdir\n"
+    )
+    ro = tmp_path / "ro"
+    with read_only(ro):
+        assert cli.main([*argv, "--workdir", str(ro)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: workdir {ro} is not writable (") and err.count("\n") == 1
+        assert "pass a writable --workdir" in err and "Traceback" not in err
+        assert list(ro.iterdir()) == []
+
+
+def test_a_failed_plot_is_one_line_and_a_rerun_writes_it(tmp_path, npz, capsys):
+    need_devices(8)
+    workdir = tmp_path / "p"
+    (workdir / "learning_curves.png").mkdir(parents=True)  # a folder where the plot goes
+    assert cli.main(cli_argv(npz, workdir, "--max-steps", "2")) == 1
+    err = capsys.readouterr().err
+    path = workdir / "learning_curves.png"
+    assert (
+        err.startswith(f"error: could not write {path}: Is a directory; ") and "\n" not in err[:-1]
+    )
+    assert "checkpoint and metrics.jsonl are saved" in err and "Traceback" not in err
+    (workdir / "learning_curves.png").rmdir()
+    assert cli.main(["train", "--workdir", str(workdir)]) == 0
+    assert "resumed from checkpoint 2" in capsys.readouterr().out
+    assert path.stat().st_size > 1000

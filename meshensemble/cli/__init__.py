@@ -7,6 +7,7 @@ Nothing in the package imports this room; it imports the others. Modules:
 
 Every bad value gets one line on stderr naming it and the fix, and exit code 2, before
 anything is written to the workdir; a run that fails gets one line and exit code 1.
+Tracebacks appear only with ``--debug`` or ``MESHENSEMBLE_DEBUG=1``.
 
 Example:
   >>> from meshensemble.cli import main
@@ -19,18 +20,26 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 from collections.abc import Sequence
 
 from meshensemble.cli import bench, evaluate, train
-from meshensemble.cli.common import Parser, UsageError, setup_devices
+from meshensemble.cli.common import (
+    Parser,
+    UsageError,
+    add_debug_flag,
+    debug_requested,
+    error_line,
+    exit_code,
+    setup_devices,
+)
 from meshensemble.core.distributed import hard_exit
-from meshensemble.data import DataError
 
 __all__ = ["Parser", "UsageError", "build_parser", "main", "setup_devices"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``meshensemble`` argument parser, with every subcommand.
+    """The ``meshensemble`` argument parser, with every subcommand and ``--debug`` on each.
 
     Returns:
       An ``argparse.ArgumentParser``.
@@ -44,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_parser(sub)
     evaluate.add_parser(sub)
     bench.add_parser(sub)
+    for p in sub.choices.values():
+        add_debug_flag(p)
     return parser
 
 
@@ -62,21 +73,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)
+    args = None
     try:
         args = build_parser().parse_args(argv)
         return int(args.run(args) or 0)
-    except (UsageError, DataError, ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except RuntimeError as err:  # CheckpointError, NonFiniteError: the run failed
-        if type(err).__name__ not in ("CheckpointError", "NonFiniteError"):
-            raise
+    except Exception as err:
+        code = exit_code(err)
+        if debug_requested(args):
+            traceback.print_exc()
         if type(err).__name__ == "CheckpointError":
             # orbax's background threads may still hold the failed write: leave without
             # their teardown noise, the one line being the last thing printed
-            hard_exit(1, f"error: {err}")
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+            hard_exit(code, error_line(err))
+        print(error_line(err), file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -1,21 +1,31 @@
 """What every ``meshensemble`` subcommand shares: the one-line errors, devices, processes.
 
-Every bad value gets one line on stderr naming it and the fix.
+Every bad value gets one line on stderr naming it and the fix. :func:`exit_code` maps an
+exception to the command's exit status (2 for bad input, 1 for a run that failed);
+tracebacks are shown only with ``--debug`` or ``MESHENSEMBLE_DEBUG=1``.
 
 Example:
   >>> parser = Parser(prog="meshensemble")
-  >>> add_fake_devices_flag(parser)
+  >>> add_debug_flag(parser)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import os
 import re
 import typing
 from typing import Any
 
+from meshensemble.data import DataError
 from meshensemble.training.config import TrainConfig, config_field, field_choices, field_help
+
+DEBUG_ENV = "MESHENSEMBLE_DEBUG"
+"""Environment variable: ``1`` shows tracebacks (as ``--debug`` does)."""
+FAILED_RUN_ERRORS = ("CheckpointError", "NonFiniteError", "OutputError")
+"""Exceptions of a run that failed (exit 1), reported in one line."""
 
 
 class UsageError(ValueError):
@@ -92,6 +102,63 @@ def add_field_flag(
         if required:
             kwargs["required"] = True
     p.add_argument(flag or "--" + name.replace("_", "-"), **kwargs)
+
+
+def add_debug_flag(p: argparse.ArgumentParser) -> None:
+    """Adds ``--debug`` (tracebacks for errors) unless ``p`` has it already.
+
+    Example:
+      >>> add_debug_flag(parser)
+    """
+    with contextlib.suppress(argparse.ArgumentError):  # already there: keep that one
+        p.add_argument(
+            "--debug",
+            action="store_true",
+            default=None,
+            help=f"show the traceback of an error (as {DEBUG_ENV}=1 does)",
+        )
+
+
+def debug_requested(args: argparse.Namespace | None = None) -> bool:
+    """Whether ``--debug`` was given or ``MESHENSEMBLE_DEBUG`` is set to ``1``.
+
+    Example:
+      >>> debug_requested(argparse.Namespace(debug=True))
+      True
+    """
+    env = os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes")
+    return env or bool(getattr(args, "debug", False))
+
+
+def exit_code(err: BaseException) -> int:
+    """The exit status for an exception: 2 for bad input, 1 for a failed run.
+
+    Example:
+      >>> exit_code(UsageError("bad")), exit_code(RuntimeError("boom"))
+      (2, 1)
+    """
+    if type(err).__name__ in FAILED_RUN_ERRORS:
+        return 1
+    if isinstance(err, UsageError | ValueError | DataError | FileNotFoundError):
+        return 2
+    return 1
+
+
+def error_line(err: BaseException) -> str:
+    """The one line printed for an exception (``error: ...``).
+
+    Expected errors print their message; anything else its type too, and a hint to
+    rerun with ``--debug``.
+
+    Example:
+      >>> error_line(ValueError("members=0 must be a positive integer"))
+      'error: members=0 must be a positive integer'
+    """
+    text = " ".join(str(err).split()) or type(err).__name__
+    expected = type(err).__name__ in FAILED_RUN_ERRORS or exit_code(err) == 2
+    if expected:
+        return f"error: {text}"
+    return f"error: {type(err).__name__}: {text[:300]} (rerun with --debug for the traceback)"
 
 
 def setup_devices(fake_devices: int | None) -> None:

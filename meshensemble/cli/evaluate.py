@@ -15,6 +15,7 @@ import argparse
 from typing import Any
 
 from meshensemble.cli.common import (
+    add_debug_flag,
     add_fake_devices_flag,
     add_field_flag,
     setup_devices,
@@ -79,6 +80,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
             help=f"overrides the run's {name}: {field_help(config_field(name))}",
             default=None,
         )
+    add_debug_flag(p)
     return p
 
 
@@ -90,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     Raises:
       FileNotFoundError, ValueError, meshensemble.data.DataError: bad input (exit 2).
+      meshensemble.training.OutputError: a result could not be written (exit 1).
     """
     setup_devices(args.fake_devices)
     evaluate_run(

@@ -2,8 +2,8 @@
 
 Every field ``name`` becomes ``--name-with-dashes`` with the type, choices and help of
 its metadata and its default in the help; booleans are ``--flag/--no-flag`` (e.g.
-``--checkpoint/--no-checkpoint``). Only ``--config``, ``--fake-devices`` and the
-distributed flags are not fields.
+``--checkpoint/--no-checkpoint``). Only ``--config``, ``--fake-devices``, ``--debug`` and
+the distributed flags are not fields.
 
 A command given a workdir that holds a run takes the values it does not give from the
 run's ``config.json`` (except ``max_steps``, ``resume`` and ``overwrite``, which belong
@@ -24,10 +24,14 @@ from typing import Any
 
 from meshensemble.cli.common import (
     DISTRIBUTED_FLAGS,
+    FAILED_RUN_ERRORS,
     UsageError,
+    add_debug_flag,
     add_distributed_flags,
     add_fake_devices_flag,
     add_field_flag,
+    error_line,
+    exit_code,
     lost_peer,
     setup_devices,
     setup_distributed,
@@ -36,7 +40,7 @@ from meshensemble.core import distributed
 from meshensemble.training import CONFIG_FILE, TrainConfig, train
 from meshensemble.training.config import inherited_fields
 
-OTHER_FLAGS = ("--config", "--fake-devices", *DISTRIBUTED_FLAGS)
+OTHER_FLAGS = ("--config", "--fake-devices", "--debug", *DISTRIBUTED_FLAGS)
 """The ``train`` flags that are not :class:`TrainConfig` fields."""
 
 
@@ -68,6 +72,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     for f in dataclasses.fields(TrainConfig):
         add_field_flag(p, f.name)
     add_distributed_flags(p)
+    add_debug_flag(p)
     return p
 
 
@@ -130,8 +135,8 @@ def run(args: argparse.Namespace) -> int:
 
     Raises:
       UsageError, ValueError, meshensemble.data.DataError: bad input (exit 2).
-      meshensemble.CheckpointError, meshensemble.training.NonFiniteError: the run failed
-        (exit 1).
+      meshensemble.CheckpointError, meshensemble.training.NonFiniteError,
+      meshensemble.training.OutputError: the run failed (exit 1).
     """
     cfg = config_from_args(args)
     setup_devices(args.fake_devices)
@@ -145,11 +150,8 @@ def run(args: argparse.Namespace) -> int:
             raise
         # Several processes: leave now with one line, instead of blocking in the
         # runtime's shutdown barrier waiting for peers that stopped or died.
-        from meshensemble.data import DataError
-
-        if isinstance(err, UsageError | ValueError | DataError | FileNotFoundError):
-            distributed.hard_exit(2, f"error: {err}")
-        if type(err).__name__ in ("CheckpointError", "NonFiniteError"):
-            distributed.hard_exit(1, f"error: {err}")
+        code = exit_code(err)
+        if code == 2 or type(err).__name__ in FAILED_RUN_ERRORS:
+            distributed.hard_exit(code, error_line(err))
         distributed.hard_exit(1, f"error: process {jax.process_index()}: {lost_peer(err)}")
     return 0

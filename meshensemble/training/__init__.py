@@ -32,6 +32,7 @@ from meshensemble.training.identity import RUN_FIELDS as RUN_FIELDS
 from meshensemble.training.loop import LoopPosition as LoopPosition
 from meshensemble.training.loop import TrainResult as TrainResult
 from meshensemble.training.loop import train as train
+from meshensemble.training.outputs import OutputError as OutputError
 from meshensemble.training.outputs import RunWriter as RunWriter
 from meshensemble.training.outputs import final_table as final_table
 
@@ -48,6 +49,7 @@ __all__ = [
     "Feeder",
     "LoopPosition",
     "NonFiniteError",
+    "OutputError",
     "RunWriter",
     "TrainConfig",
     "TrainResult",

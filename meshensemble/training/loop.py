@@ -152,6 +152,7 @@ def train(
       meshensemble.training.NonFiniteError: a member's loss became NaN/inf
         (``on_nonfinite="stop"``).
       meshensemble.CheckpointError: a checkpoint could not be written.
+      meshensemble.training.outputs.OutputError: an output file could not be written.
 
     Example:
       >>> cfg = me.TrainConfig(epochs=1, source="sample", workdir="/tmp/run")
@@ -203,6 +204,7 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
     quiet = lambda s: None
     say = echo or (quiet if cfg.quiet or not main else print)
     tell = echo or (print if main else quiet)  # final table, resumes, stops: even when quiet
+    check_writable(cfg.workdir)  # before any work
     saved = _saved_run(cfg)
     if dataset is None:
         dataset = data_lib.load_dataset(
@@ -246,8 +248,6 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices("meshensemble: workdir checked")
-    if main:
-        check_writable(cfg.workdir)
     if cfg.overwrite and main:
         clear_run(cfg.workdir)
     writer = RunWriter(

@@ -1,8 +1,9 @@
 """A run's outputs: the workdir checks, its files, and what a person reads while it runs.
 
 :class:`RunWriter` writes ``config.json``, ``metrics.jsonl``, TensorBoard events and the
-plots (process 0 only). :class:`Progress` shows the live loss; :func:`epoch_line` and
-:func:`final_table` format the records.
+plots (process 0 only); a failed write raises :class:`OutputError`, one line naming the
+file. :class:`Progress` shows the live loss; :func:`epoch_line` and :func:`final_table`
+format the records.
 
 Example:
   >>> check_writable("runs/mnist")
@@ -12,13 +13,15 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -33,25 +36,67 @@ TENSORBOARD_DIR = "tensorboard"
 """Folder of the TensorBoard event files under the workdir."""
 
 
-def check_writable(workdir: str) -> None:
-    """Creates ``workdir`` and checks that a file can be written there.
+class OutputError(RuntimeError):
+    """An output file could not be written (disk full, read-only, a folder in the way)."""
+
+
+@contextlib.contextmanager
+def writing(path: str, after: str = "") -> Iterator[None]:
+    """Turns an ``OSError`` while writing ``path`` into one line naming it.
+
+    Args:
+      path: the file being written.
+      after: what is still fine, appended to the message (e.g. the checkpoint is saved).
 
     Raises:
-      ValueError: ``workdir W is not writable (REASON); pass a writable --workdir``.
+      OutputError: ``could not write PATH: REASON; ...``.
+
+    Example:
+      >>> with writing("runs/mnist/evaluation.json"):
+      ...     open("runs/mnist/evaluation.json", "w").write("{}")
+    """
+    try:
+        yield
+    except OSError as err:
+        reason = err.strerror or str(err) or type(err).__name__
+        raise OutputError(
+            f"could not write {path}: {reason}; free the disk or fix the permissions"
+            f"{after}, then run the command again"
+        ) from None
+
+
+def check_writable(workdir: str, what: str = "pass a writable --workdir") -> None:
+    """Checks that ``workdir`` can be written, without creating it.
+
+    An existing folder gets a probe file written and removed; for a folder that does not
+    exist yet, its nearest existing parent is probed.
+
+    Args:
+      workdir: the run's folder.
+      what: the fix to name in the message.
+
+    Raises:
+      ValueError: ``workdir W is not writable (REASON); FIX``.
 
     Example:
       >>> check_writable("runs/mnist")
     """
+    target = os.path.abspath(workdir)
+    while not os.path.exists(target):
+        parent = os.path.dirname(target)
+        if parent == target:
+            break
+        target = parent
     try:
-        os.makedirs(workdir, exist_ok=True)
-        probe = os.path.join(workdir, f".write-test-{os.getpid()}")
-        with open(probe, "w") as f:
-            f.write("ok")
+        if not os.path.isdir(target):
+            raise NotADirectoryError(20, "Not a directory", target)
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=target)
+        os.close(fd)
         os.remove(probe)
     except OSError as err:
-        raise ValueError(
-            f"workdir {workdir} is not writable ({err.strerror or err}); pass a writable --workdir"
-        ) from None
+        reason = err.strerror or str(err)
+        where = "" if target == os.path.abspath(workdir) else f": {target}"
+        raise ValueError(f"workdir {workdir} is not writable ({reason}{where}); {what}") from None
 
 
 def clear_run(workdir: str) -> None:
@@ -79,6 +124,7 @@ class RunWriter:
         ``metrics.jsonl`` so no evaluation appears twice.
 
     Raises:
+      OutputError: a file could not be written.
       ValueError: ``tensorboard`` without ``tensorboardX`` installed.
 
     Example:
@@ -105,9 +151,10 @@ class RunWriter:
             self.history = [r for r in records if r["step"] <= keep_until]
         if not enabled:
             return
-        os.makedirs(workdir, exist_ok=True)
-        with open(self.metrics_path, "w") as f:  # cut back to the restored step
-            f.writelines(json.dumps(r) + "\n" for r in self.history)
+        with writing(self.metrics_path):
+            os.makedirs(workdir, exist_ok=True)
+            with open(self.metrics_path, "w") as f:  # cut back to the restored step
+                f.writelines(json.dumps(r) + "\n" for r in self.history)
         if tensorboard:
             try:
                 from tensorboardX import SummaryWriter
@@ -115,7 +162,9 @@ class RunWriter:
                 raise ValueError(
                     "--tensorboard needs tensorboardX; pip install tensorboardX"
                 ) from err
-            self.tb = SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR))
+            path = os.path.join(workdir, TENSORBOARD_DIR)
+            with writing(path):
+                self.tb = SummaryWriter(path)
 
     def write_config(self, cfg: Any, resolved: dict[str, Any]) -> None:
         """Writes ``config.json``: every field of ``cfg`` and the ``resolved`` entry.
@@ -127,14 +176,14 @@ class RunWriter:
         if not self.enabled:
             return
         path = os.path.join(self.workdir, CONFIG_FILE)
-        with open(path, "w") as f:
+        with writing(path), open(path, "w") as f:
             json.dump(dataclasses.asdict(cfg) | {"resolved": resolved}, f, indent=2)
 
     def write_metrics(self, record: dict[str, Any]) -> None:
         """Appends one record to ``metrics.jsonl`` (and its scalars to TensorBoard)."""
         if not self.enabled:
             return
-        with open(self.metrics_path, "a") as f:
+        with writing(self.metrics_path), open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self.tb is not None:
             for name, value in record.items():
@@ -148,9 +197,12 @@ class RunWriter:
             return
         from meshensemble import plots
 
+        after = " (the trained checkpoint and metrics.jsonl are saved)"
         curves, members = (os.path.join(self.workdir, name) for name in PLOTS)
-        plots.learning_curves(history, curves)
-        plots.member_vs_ensemble(history[-1], members)
+        with writing(curves, after):
+            plots.learning_curves(history, curves)
+        with writing(members, after):
+            plots.member_vs_ensemble(history[-1], members)
 
     def close(self) -> None:
         """Closes the TensorBoard writer."""
