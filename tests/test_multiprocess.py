@@ -127,32 +127,52 @@ def start_pair(npz, workdir, *extra) -> list[subprocess.Popen]:
     ]
 
 
-def test_a_dead_process_makes_the_others_fail_promptly(npz, tmp_path):
+HANG = 600
+"""Seconds after which a wait counts as a hang (a guard only: nothing here is timed)."""
+
+
+def restored4(workdir):
+    """The newest good checkpoint of a ``start_pair`` run (4 members), on one process."""
+    ens = me.Ensemble(me.models.MLP(), TX, 4, me.make_mesh(4, 1), input_transform=me.data.normalize)
+    state, _, step = me.restore_checkpoint(str(workdir), ens, DATA.test_images[:1])
+    return jax.device_get(state), step
+
+
+def wait_for(condition, procs, what: str) -> None:
+    """Waits until ``condition()``; fails if a process ends first or after :data:`HANG`."""
+    t0 = time.monotonic()
+    while not condition():
+        if any(p.poll() is not None for p in procs):
+            pytest.fail(f"a process ended before {what}: {procs[0].stderr.read()[-2000:]}")
+        if time.monotonic() - t0 > HANG:
+            pytest.fail(f"no {what} after {HANG}s")
+        time.sleep(0.1)
+
+
+def test_a_dead_process_makes_the_others_fail_on_their_own(npz, tmp_path):
     need_devices(8)
     workdir = tmp_path / "dead"
     procs = start_pair(npz, workdir, "--checkpoint-every", "1")
     try:
-        t0 = time.time()
-        while not list_checkpoints(workdir) and time.time() - t0 < 120:
-            assert all(p.poll() is None for p in procs), procs[0].stderr.read()
-            time.sleep(0.1)
-        assert list_checkpoints(workdir), "training never reached a checkpoint"
+        wait_for(lambda: list_checkpoints(workdir), procs, "a checkpoint")
         procs[1].send_signal(signal.SIGKILL)
-        t_kill = time.time()
-        _, err = procs[0].communicate(timeout=60)
-        elapsed = time.time() - t_kill
+        # the survivor leaves by itself (its heartbeat notices the lost peer): only a hang
+        # guard here, never a speed bound
+        _, err = procs[0].communicate(timeout=HANG)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
             p.wait()
-    assert procs[0].returncode not in (0, None)
-    assert elapsed < 45, elapsed
+    assert procs[0].returncode == 1, err[-2000:]
     lines = [s for s in err.splitlines() if s.startswith("error:")]
     # the survivor's next collective fails: a train step (lost contact) or the
     # checkpoint save the peer died in (orbax's barrier names the lost task)
     assert lines, err[-2000:]
     assert "lost contact with" in lines[-1] or "could not save checkpoint" in lines[-1], lines
+    state, step = restored4(workdir)  # the run is left resumable: a good checkpoint remains
+    assert step in list_checkpoints(workdir)
+    chex.assert_tree_all_finite(state)
 
 
 def test_sigterm_to_one_process_stops_all_at_the_same_step(npz, tmp_path):
@@ -160,13 +180,9 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(npz, tmp_path):
     workdir = tmp_path / "term"
     procs = start_pair(npz, workdir, "--checkpoint-every", "1000")
     try:
-        t0 = time.time()
-        while not (workdir / "config.json").exists() and time.time() - t0 < 120:
-            assert all(p.poll() is None for p in procs), procs[0].stderr.read()
-            time.sleep(0.1)
-        time.sleep(3)  # training is under way
+        wait_for(lambda: (workdir / "config.json").exists(), procs, "config.json")
         procs[1].send_signal(signal.SIGTERM)  # only one process is told
-        outs = [p.communicate(timeout=90) for p in procs]
+        outs = [p.communicate(timeout=HANG) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -177,4 +193,6 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(npz, tmp_path):
     assert line, outs[0]
     step = int(line[0].split("at step ")[1].split(":")[0])
     assert f"saved checkpoint {step}" in line[0]
-    assert list_checkpoints(workdir) == [step]  # one agreed step, saved by both processes
+    # one agreed step, saved by both processes: the newest checkpoint, and it restores
+    assert list_checkpoints(workdir)[-1] == step
+    assert restored4(workdir)[1] == step
