@@ -311,13 +311,13 @@ READ_FAILURES = [
         ValueError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.2GiB"),
         False,
         "out of memory (ValueError: RESOURCE_EXHAUSTED: Out of memory",
-        "not known to be damaged (it has no recorded checksum)",
+        "not known to be damaged (no checksum)",
     ),
     (
         PermissionError(errno.EACCES, "Permission denied", "state/_METADATA"),
         False,
         "permission denied (PermissionError: [Errno 13] Permission denied",
-        "not known to be damaged (it has no recorded checksum)",
+        "not known to be damaged (no checksum)",
     ),
     (
         OSError(errno.EIO, "Input/output error"),
@@ -538,14 +538,73 @@ def test_full_disk_gives_a_clear_error_and_the_previous_checkpoint_restores(npz,
         workdir = mnt / "run"
         done = run_cli(cli_cmd(npz, workdir, "--keep", "5"))
         assert done.returncode == 1, done.stdout + done.stderr
-        err = done.stderr.strip().splitlines()[-1]
-        assert err.startswith("error: could not save checkpoint") and "intact" in err, done.stderr
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1, done.stderr
+        assert lines[0].startswith("error: could not save checkpoint"), done.stderr
+        assert ": no space left on device; checkpoint " in lines[0] and "intact" in lines[0]
+        assert not list((workdir / "checkpoints").glob("*orbax-checkpoint-tmp*"))
         steps = list_checkpoints(workdir)
         assert steps, "the first checkpoints fit"
         state, step = _params(workdir)
         chex.assert_tree_all_finite(state)
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+DISK_FULL = """
+import errno, os, re, sys
+
+from etils import epath
+
+real = type(epath.Path("/")).write_text
+
+
+def write_text(self, *args, **kwargs):  # orbax writes its metadata and JSON items with it
+    found = re.search(r"/checkpoints/(\\d+)", str(self))
+    if found and int(found.group(1)) >= 2:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+    return real(self, *args, **kwargs)
+
+
+type(epath.Path("/")).write_text = write_text
+from meshensemble.cli import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_simulated_full_disk_gives_one_line_and_no_unfinished_save(npz, tmp_path, uninterrupted):
+    script = tmp_path / "disk_full.py"
+    script.write_text(DISK_FULL)
+    workdir = tmp_path / "full"
+    argv = cli_cmd(npz, workdir)[3:]  # train ...
+    done = run_cli([sys.executable, str(script), *argv])
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        f"error: could not save checkpoint 2 in {workdir / 'checkpoints'}: no space left on "
+        "device; checkpoint 1 is intact; free space there (or keep fewer checkpoints: --keep) "
+        "and run the same command to resume, or use another --workdir"
+    ], done.stderr
+    assert not list((workdir / "checkpoints").glob("*orbax-checkpoint-tmp*"))
+    assert list_checkpoints(workdir) == [1]
+    # space freed: the same command resumes and ends where an uninterrupted run does
+    resumed = run_cli(cli_cmd(npz, workdir))
+    assert resumed.returncode == 0, resumed.stderr
+    chex.assert_trees_all_equal(_params(workdir), _params(uninterrupted))
+
+
+def test_opening_a_checkpoint_folder_removes_unfinished_saves(tmp_path):
+    unfinished = tmp_path / "w" / "checkpoints" / "7.orbax-checkpoint-tmp" / "state"
+    unfinished.mkdir(parents=True)
+    (unfinished / "_METADATA").write_text("{")
+    messages: list[str] = []
+    ckpt = me.Checkpointer(str(tmp_path / "w"), echo=messages.append)
+    ckpt.close()
+    assert messages == [
+        f"removed 7.orbax-checkpoint-tmp in {tmp_path / 'w' / 'checkpoints'}: an unfinished "
+        "save of a stopped run"
+    ]
+    assert os.listdir(tmp_path / "w" / "checkpoints") == []
 
 
 def test_read_only_workdir_is_refused_and_its_run_still_restores(npz, tmp_path, uninterrupted):

@@ -1,31 +1,33 @@
-"""Checkpoints with orbax-checkpoint: the stacked, sharded ensemble state, the loop position,
-and a checksum of every finished checkpoint.
+"""Checkpoints with orbax-checkpoint: the stacked, sharded ensemble state, the loop
+position and a checksum of every finished checkpoint.
 
 Orbax writes each checkpoint atomically (a temporary folder renamed when complete) and
-restores it onto any mesh (each leaf is read as the target sharding says). It detects a
-truncated file but not a flipped bit, so :class:`Checkpointer` records a SHA-256 of each
-checkpoint in ``checkpoints/checksums.json`` as soon as the save finalises: a watcher
-thread looks every :data:`WATCH_INTERVAL` seconds for the folder orbax renames into
-place, reads it once and writes its checksum. That leaves a window, from the rename to
-the checksum write (the polling interval plus the time to read the checkpoint back:
-milliseconds for small ensembles, seconds for gigabytes), in which a killed process
-leaves a finished checkpoint without a checksum; :func:`restore_checkpoint` reports
-such a checkpoint as "unverified" and uses it only if it reads back.
+restores it onto any mesh. It notices a truncated file but not a flipped bit, so
+:class:`Checkpointer` records each checkpoint's SHA-256 in ``checkpoints/checksums.json``
+when its save finalises: a watcher thread looks every :data:`WATCH_INTERVAL` seconds for
+the folder orbax renames into place, reads it once and writes the checksum. A process
+killed in between (the polling interval plus one read of the checkpoint: milliseconds for
+small ensembles, seconds for gigabytes) leaves a finished checkpoint without a checksum,
+which :func:`restore_checkpoint` reports as "unverified" and uses only if it reads back.
 
-On restore a checkpoint whose checksum does not match, or whose files cannot be read
-(truncated, garbled), is damaged: it is reported, moved to ``checkpoints_damaged/``
-beside ``checkpoints/`` (kept for inspection) and the previous one is used.
+On restore, a checksum mismatch or unreadable files (truncated, garbled) mark a
+checkpoint damaged: it is reported, moved to ``checkpoints_damaged/`` (kept for
+inspection) and the previous one is used. Other failures raise :class:`CheckpointError`.
 """
 
 from __future__ import annotations
 
+import errno
+import gc
 import hashlib
 import json
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +35,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from meshensemble.core.distributed import fetch
 from meshensemble.core.mesh import member_sharding
 from meshensemble.core.state import EnsembleState
 
@@ -45,9 +48,8 @@ CHECKSUMS = "checksums.json"
 WATCH_INTERVAL = 0.02
 """Seconds between a checksum watcher's looks for a finished save."""
 DAMAGED_DIR = "checkpoints_damaged"
-"""Folder under a run's workdir where damaged checkpoints are moved, kept for inspection
-(outside :data:`CHECKPOINT_DIR`, so orbax never lists them and the run can save that step
-again)."""
+"""Folder under a run's workdir that keeps damaged checkpoints for inspection (outside
+:data:`CHECKPOINT_DIR`: orbax never lists them, and the run can save that step again)."""
 
 
 class CheckpointError(RuntimeError):
@@ -141,13 +143,16 @@ class Checkpointer:
     def __init__(self, workdir: str, keep: int = 3, echo: Callable[[str], None] | None = None):
         self.workdir = workdir
         self.dir = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
-        self.mngr = checkpoint_manager(workdir, keep)
         self.echo = echo or log.info
         self._main = jax.process_index() == 0
+        if self._main:
+            for name in _remove_unfinished(self.dir):
+                self.echo(f"removed {name} in {self.dir}: an unfinished save of a stopped run")
+        self.mngr = checkpoint_manager(workdir, keep)
+        _quiet_orbax(True)
         self._lock = threading.Lock()
         self._unhashed: list[int] = []  # saved (or being saved), checksum not yet recorded
         self._watchers: list[threading.Thread] = []
-        self._closing = threading.Event()
         self._watch_error: tuple[int, Exception] | None = None
         self._failed = False
 
@@ -171,20 +176,16 @@ class Checkpointer:
             self._unhashed.append(step)
         if self._main:
             self._watchers = [t for t in self._watchers if t.is_alive()]
-            watcher = threading.Thread(
-                target=self._watch, args=(step,), name=f"checksum-{step}", daemon=True
-            )
-            watcher.start()
-            self._watchers.append(watcher)
+            self._watchers.append(threading.Thread(target=self._watch, args=(step,), daemon=True))
+            self._watchers[-1].start()
 
     def _watch(self, step: int) -> None:
         """Records ``step``'s checksum once orbax has renamed its folder into place."""
         final = os.path.join(self.dir, str(step))
         while not os.path.isdir(final):
-            if self._closing.is_set() or step not in self._unhashed:
-                return  # the main thread records it, or the save failed
-            if not self.mngr.is_saving_in_progress() and not os.path.isdir(final):
-                return  # the save failed: the main thread reports it
+            failed = not self.mngr.is_saving_in_progress() and not os.path.isdir(final)
+            if failed or step not in self._unhashed:
+                return  # the main thread reports the failure, or records the checksum
             time.sleep(WATCH_INTERVAL)
         try:
             self._record([step])
@@ -218,19 +219,28 @@ class Checkpointer:
         try:
             self._record(pending)
         except OSError as err:  # e.g. the disk filled up right after the save
-            raise self._error(pending[-1], err) from None
+            self._watch_error = self._watch_error or (pending[-1], err)
         if self._watch_error is not None:
-            step, err = self._watch_error
-            raise self._error(step, err) from None
+            raise self._error(*self._watch_error) from None
 
     def _error(self, step: int, err: Exception) -> CheckpointError:
         self._failed = True
         with self._lock:
             self._unhashed = []
-        good = [s for s in self.mngr.all_steps() if s != step]
+        if self._main:  # orbax gave up; writes it had started may still land: let them
+            calm, deadline = time.monotonic(), time.monotonic() + 10
+            while time.monotonic() - calm < 1 and time.monotonic() < deadline:
+                calm = calm if not _remove_unfinished(self.dir) else time.monotonic()
+                time.sleep(WATCH_INTERVAL)
+        good = [s for s in list_checkpoints(self.workdir) if s != step]
         prev = f"checkpoint {max(good)} is intact" if good else "no earlier checkpoint exists"
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        return CheckpointError(f"could not save checkpoint {step} in {self.dir}: {reason}; {prev}")
+        cause, fix = _save_cause(err), "make it writable"
+        fix = "fix that" if cause is None else fix if "space" not in cause else _FREE_SPACE
+        fix += " and run the same command to resume, or use another --workdir"
+        return CheckpointError(
+            f"could not save checkpoint {step} in {self.dir}: {cause or _first_line(err)}; "
+            f"{prev}; {fix}"
+        )
 
     def close(self) -> None:
         """Waits for the last save, records its checksum and closes the manager.
@@ -244,7 +254,6 @@ class Checkpointer:
             if not self._failed:
                 self._finish()
         finally:
-            self._closing.set()
             for watcher in self._watchers:
                 watcher.join(timeout=60)
             try:
@@ -252,6 +261,8 @@ class Checkpointer:
             except Exception:
                 if not self._failed:
                     raise
+            finally:
+                _quiet_orbax(False)
 
 
 def read_checksums(directory: str) -> dict[str, str]:
@@ -262,6 +273,79 @@ def read_checksums(directory: str) -> dict[str, str]:
         return {str(k): str(v) for k, v in data.items()}
     except (OSError, ValueError, AttributeError):
         return {}
+
+
+_SAVE_CAUSES = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded (no space left for this user)",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+}
+_FREE_SPACE = "free space there (or keep fewer checkpoints: --keep)"
+
+
+def _save_cause(err: BaseException) -> str | None:
+    """The cause of a failed write in a few words (from its errno or message), or None."""
+    low = str(err).lower()
+    found = [c for c in _SAVE_CAUSES.values() if c.split(" (")[0] in low]
+    return _SAVE_CAUSES.get(getattr(err, "errno", None)) or (found[0] if found else None)
+
+
+_UNFINISHED = ".orbax-checkpoint-tmp"
+
+
+def _remove_unfinished(directory: str) -> list[str]:
+    """Deletes orbax's unfinished saves (``*.orbax-checkpoint-tmp*``); the names removed."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if _UNFINISHED in n)
+    except OSError:
+        return []
+    for name in names:
+        path = os.path.join(directory, name)
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+    return names
+
+
+def _drop_orbax_errors(record: logging.LogRecord) -> bool:
+    """Logging filter: orbax's error logs of failed background saves go to DEBUG (the
+    Checkpointer raises them as one line)."""
+    if record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname:
+        log.debug("orbax: %s", record.getMessage())
+        return False
+    return True
+
+
+_QUIET = [0]  # open Checkpointers
+
+
+def _quiet_orbax(on: bool) -> None:
+    """Drops orbax's error logs while a Checkpointer is open; see :func:`_drop_leftovers`."""
+    _QUIET[0] = max(0, _QUIET[0] + (1 if on else -1))
+    absl = logging.getLogger("absl")
+    absl.addFilter(_drop_orbax_errors) if _QUIET[0] else absl.removeFilter(_drop_orbax_errors)
+    _drop_leftovers()
+
+
+def _drop_leftovers() -> None:
+    """Installs once per process a ``sys.unraisablehook`` that drops the leftovers of a
+    failed orbax operation: "Event loop is closed" from tensorstore writes finishing after
+    the save's event loop ended, and the errors of orbax's abandoned read coroutines when
+    they are garbage-collected. Other unraisable exceptions go to the previous hook."""
+    if getattr(sys.unraisablehook, "meshensemble", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        names = {f.name for f in traceback.extract_tb(unraisable.exc_traceback)}
+        late = (
+            "call_soon_threadsafe" in names and str(unraisable.exc_value) == "Event loop is closed"
+        )
+        code = getattr(unraisable.object, "cr_code", None)
+        if not late and not (code and f"{os.sep}orbax{os.sep}" in code.co_filename):
+            previous(unraisable)
+
+    hook.meshensemble = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def _atomic_json(path: str, value: Any) -> None:
@@ -357,7 +441,9 @@ def restore_checkpoint(
         )
     candidates = [step] if step is not None else sorted(steps, reverse=True)
     sums = read_checksums(directory)
+    _drop_leftovers()
     target = abstract_state(ens, sample)
+    args = ocp.args.Composite(state=ocp.args.StandardRestore(target), loop=ocp.args.JsonRestore())
     mngr = checkpoint_manager(workdir, create=False)
     problems = []
     try:
@@ -378,12 +464,7 @@ def restore_checkpoint(
                     _check_structure(
                         os.path.join(path, "state"), target, f"checkpoint {s} in {directory}"
                     )
-                    restored = mngr.restore(
-                        s,
-                        args=ocp.args.Composite(
-                            state=ocp.args.StandardRestore(target), loop=ocp.args.JsonRestore()
-                        ),
-                    )
+                    restored = mngr.restore(s, args=args)
                 except CheckpointError:
                     raise
                 except Exception as err:
@@ -391,6 +472,7 @@ def restore_checkpoint(
                     if want is not None or _outside_cause(err):
                         raise _restore_error(s, directory, err, verified=want is not None) from None
                     problems.append(f"checkpoint {s} is unreadable ({_first_line(err)})")
+                    gc.collect()  # orbax's abandoned reads, while _drop_leftovers is in place
                 else:
                     if want is None:
                         say(
@@ -412,39 +494,28 @@ def _first_line(err: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _outside_cause(err: BaseException) -> str | None:
-    """What made a read fail when it is not the checkpoint's fault, else None."""
-    text = f"{type(err).__name__}: {err}"
-    low = text.lower()
+def _outside_cause(err: BaseException) -> tuple[str, str] | None:
+    """``(cause, fix)`` of a failed read that is not the checkpoint's fault, else None."""
+    low = f"{type(err).__name__}: {err}".lower()
     if isinstance(err, MemoryError) or "resource_exhausted" in low or "out of memory" in low:
-        return "out of memory"
+        return "out of memory", "free memory, or restore onto a mesh with more devices"
     if isinstance(err, PermissionError) or "permission_denied" in low or "permission denied" in low:
-        return "permission denied"
-    if isinstance(err, OSError) and not isinstance(err, FileNotFoundError | IsADirectoryError):
-        return "I/O error"
-    if "Input/output error" in text or "UNAVAILABLE" in text or "DEADLINE_EXCEEDED" in text:
-        return "I/O error"
-    return None
-
-
-_FIXES = {
-    "out of memory": "free memory, or restore onto a mesh with more devices",
-    "permission denied": "make the folder readable by this user",
-    "I/O error": "check the disk, then run again",
-    None: "restore it with the meshensemble and orbax-checkpoint versions that wrote it",
-}
+        return "permission denied", "make the folder readable by this user"
+    io = isinstance(err, OSError) and not isinstance(err, FileNotFoundError | IsADirectoryError)
+    words = ("input/output error", "unavailable", "deadline_exceeded")
+    io = io or any(w in low for w in words)
+    return ("I/O error", "check the disk, then run again") if io else None
 
 
 def _restore_error(step: int, directory: str, err: BaseException, verified: bool):
-    cause = _outside_cause(err)
-    fine = (
-        "fine (its checksum matches)"
-        if verified
-        else "not known to be damaged (it has no recorded checksum)"
+    cause, fix = _outside_cause(err) or (
+        "error",
+        "restore it with the meshensemble and orbax-checkpoint versions that wrote it",
     )
+    fine = "fine (its checksum matches)" if verified else "not known to be damaged (no checksum)"
     return CheckpointError(
-        f"could not restore checkpoint {step} from {directory}: {cause or 'error'} "
-        f"({_first_line(err)}); the checkpoint itself is {fine}; {_FIXES[cause]}"
+        f"could not restore checkpoint {step} from {directory}: {cause} "
+        f"({_first_line(err)}); the checkpoint itself is {fine}; {fix}"
     )
 
 
@@ -460,37 +531,24 @@ def _flat(tree: Any) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
 def _summary(part: str, flat: dict, sizes: bool = True) -> str:
     """A few words on one part of a state (``params``, ``opt_state``...), per member."""
     sub = {p[1:]: v for p, v in flat.items() if p[0] == part}
-    dtypes = sorted({d for _, d in sub.values()})
-    size = sum(int(np.prod(shape[1:], dtype=np.int64)) for shape, _ in sub.values())
-    if part == "opt_state":
+    if part == "opt_state":  # the optimizer's names, without the params' own paths
         params = {p[1:] for p in flat if p[0] == "params"}
-        names = set()
-        for p in sub:
-            cut = next((i for i in range(len(p)) if p[i:] in params), len(p))
-            names.add(".".join(c for c in p[:cut] if not c.isdigit()) or "-")
+        cut = lambda p: next((i for i in range(len(p)) if p[i:] in params), len(p))
+        names = {".".join(c for c in p[: cut(p)] if not c.isdigit()) or "-" for p in sub}
         what = f"optimizer state ({', '.join(sorted(names)) or 'empty'})"
     else:
-        label = {"params": "params", "model_state": "model state"}.get(part, part)
-        tops = sorted({p[0] for p in sub if p})
-        what = f"{label} {{{', '.join(tops)}}}" if tops else f"{label} (empty)"
+        tops = ", ".join(sorted({p[0] for p in sub if p}))
+        what = part.replace("_", " ") + (f" {{{tops}}}" if tops else " (empty)")
     if sub and sizes:
-        what += f" of {size:,} numbers in {'/'.join(dtypes)}"
+        size = sum(int(np.prod(shape[1:], dtype=np.int64)) for shape, _ in sub.values())
+        what += f" of {size:,} numbers in {'/'.join(sorted({d for _, d in sub.values()}))}"
     return what
 
 
 def _check_structure(path: str, target: Any, what: str, fix: str | None = None) -> None:
-    """Raises one line when the state saved at ``path`` does not fit ``target``.
-
-    Args:
-      path: an orbax pytree folder (a checkpoint's ``state``, or :func:`save_inference`'s).
-      target: the tree it is restored into (shapes with the member axis first).
-      what: names the checkpoint in the message.
-      fix: what to do about it.
-
-    Raises:
-      CheckpointError: the saved tree differs (member count, model, optimizer state).
-      Exception: orbax's, when the metadata cannot be read.
-    """
+    """Raises CheckpointError, one line naming both sides, when the tree saved in the orbax
+    folder ``path`` does not fit ``target`` (member count, model, optimizer state); orbax's
+    own error when its metadata cannot be read."""
     with ocp.StandardCheckpointer() as reader:
         meta = reader.metadata(path)
     meta = getattr(meta, "item_metadata", meta)  # orbax >= 0.12 wraps it in StepMetadata
@@ -505,11 +563,7 @@ def _check_structure(path: str, target: Any, what: str, fix: str | None = None) 
     def strip(flat, part):
         return {p: (shape[1:], d) for p, (shape, d) in flat.items() if p[0] == part}
 
-    order = ["params", "model_state", "opt_state"]
-    parts = sorted(
-        {p[0] for p in saved} | {p[0] for p in want},
-        key=lambda p: (p in order and order.index(p), p),
-    )
+    parts = ["params", "model_state", "opt_state", "step", "rng"]
     differ = [part for part in parts if strip(saved, part) != strip(want, part)]
     if "params" in differ and _summary("opt_state", saved, False) == _summary(
         "opt_state", want, False
@@ -572,8 +626,6 @@ def extract_members(state: EnsembleState, members: int | list[int]) -> Any:
     bad = [i for i in idx if not 0 <= int(i) < m]
     if bad or not idx:
         raise ValueError(f"member index {bad or idx} out of range; the ensemble has {m} members")
-    from meshensemble.core.distributed import fetch
-
     host = fetch(state.params)
     if isinstance(members, int | np.integer):
         return jax.tree.map(lambda v: np.asarray(v)[int(members)], host)
