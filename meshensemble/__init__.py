@@ -7,11 +7,12 @@ the mesh axis ``ensemble``; batches are split over ``data``; steps run under
 
 import warnings as _warnings
 
+from meshensemble import calibration as calibration
+from meshensemble import core as core
 from meshensemble import data as data
 from meshensemble import metrics as metrics
 from meshensemble import models as models
 from meshensemble import testing as testing
-from meshensemble import core as core
 from meshensemble import training as training
 from meshensemble.core import distributed as distributed
 from meshensemble.core.adapters import FunctionModel as FunctionModel
@@ -67,6 +68,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "as_model",
+    "calibration",
     "batch_sharding",
     "checkpoint_manager",
     "conv",

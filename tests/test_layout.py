@@ -1,6 +1,7 @@
 """The package's layout rules, read from the source (function-level imports included).
 
-* Rooms from low to high: ``core`` < ``models``, ``metrics``, ``data``, ``plots`` <
+* Rooms from low to high: ``core`` < ``models``, ``metrics``, ``calibration``, ``data``,
+  ``plots`` <
   ``training`` < ``evaluation``, ``testing`` < ``bench`` < ``cli``. A module imports only
   its own room and lower rooms; nothing outside ``cli`` imports ``cli``.
 * No import cycle among the package's modules.
@@ -23,6 +24,7 @@ RANK = {
     "core": 0,
     "models": 1,
     "metrics": 1,
+    "calibration": 1,
     "data": 1,
     "plots": 1,
     "training": 2,

@@ -8,7 +8,7 @@ evaluation, cli): those build on the core.
 * :mod:`meshensemble.core.state`: ``EnsembleState``.
 * :mod:`meshensemble.core.steps`: per-device functions, the only home of collectives.
 * :mod:`meshensemble.core.stats`: the sums an evaluation streams over batches, and their
-  finalisation on the host.
+  finalisation on the host; :mod:`meshensemble.core.statmath`, the arithmetic they share.
 * :mod:`meshensemble.core.inputs`: checks of what users hand the ``Ensemble``.
 * :mod:`meshensemble.core.compilation`: the persistent compilation cache and a compile log.
 * :mod:`meshensemble.core.autotune`: defaults chosen by timing candidates on the device.
