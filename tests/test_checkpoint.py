@@ -358,6 +358,31 @@ def test_a_read_failure_that_is_not_damage_stops_instead_of_rolling_back(
     assert messages == [] and list_checkpoints(workdir) == [1, 2]  # no rollback, nothing moved
 
 
+def test_extract_members_gives_each_members_batchnorm_statistics():
+    need_devices(8)
+    model = me.models.MLP(batch_norm=True)
+    ens = me.Ensemble(model, TX, 4, me.make_mesh(4, 1), input_transform=me.data.normalize)
+    state = ens.init(jax.random.PRNGKey(0), DATA.test_images[:1])
+    for i in range(2):  # running statistics that differ between members
+        batch = slice(32 * i, 32 * (i + 1))
+        state, _ = ens.train_step(state, DATA.train_images[batch], DATA.train_labels[batch])
+    rows = jax.device_get(state.model_state)
+    params, extra = me.extract_members(state, 3, with_model_state=True)
+    assert set(extra) == {"batch_stats"}
+    jax.tree.map(lambda got, all_: np.testing.assert_array_equal(got, all_[3]), extra, rows)
+    jax.tree.map(np.testing.assert_array_equal, params, me.extract_members(state, 3))
+    mean = extra["batch_stats"]["BatchNorm_0"]["mean"]
+    assert not np.array_equal(mean, rows["batch_stats"]["BatchNorm_0"]["mean"][0])
+    # member 3 as a plain model, with its own statistics, predicts what the ensemble's does
+    logits = model.apply(
+        {"params": params, **extra}, me.data.normalize(DATA.test_images), train=False
+    )
+    member = np.asarray(ens.predict_members(state, DATA.test_images))[3]
+    np.testing.assert_allclose(np.asarray(jax.nn.softmax(logits)), member, atol=1e-5)
+    _, subset = me.extract_members(state, [1, 3], with_model_state=True)
+    jax.tree.map(lambda got, all_: np.testing.assert_array_equal(got, all_[[1, 3]]), subset, rows)
+
+
 def test_nonfinite_loss_stops_naming_members_or_reinitialises_them(tmp_path, npz, capsys):
     need_devices(8)
     workdir = tmp_path / "nan"

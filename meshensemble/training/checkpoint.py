@@ -603,16 +603,21 @@ def _move_aside(workdir: str, step: int) -> str | None:
     return dest
 
 
-def extract_members(state: EnsembleState, members: int | list[int]) -> Any:
-    """One member's (or a subset's) parameters as a plain single-model tree.
+def extract_members(
+    state: EnsembleState, members: int | list[int], with_model_state: bool = False
+) -> Any:
+    """One member's (or a subset's) parameters, and optionally model state, as plain trees.
 
     Args:
       state: an ensemble state.
       members: an index (returns leaves without the member axis, ready for
         ``model.apply({"params": p}, x)``) or a list of indices (leaves ``[len, ...]``).
+      with_model_state: also return the members' ``model_state`` (BatchNorm's
+        ``batch_stats``; ``{}`` for models without any), picked the same way.
 
     Returns:
-      The parameters, as numpy arrays on the host.
+      The parameters as numpy arrays on the host; with ``with_model_state``, the pair
+      ``(params, model_state)``.
 
     Raises:
       ValueError: an index out of range.
@@ -620,16 +625,19 @@ def extract_members(state: EnsembleState, members: int | list[int]) -> Any:
     Example:
       >>> params = me.extract_members(state, 3)
       >>> logits = me.models.CNN().apply({"params": params}, images)
+      >>> params, extra = me.extract_members(state, 3, with_model_state=True)
+      >>> logits = me.models.ResNet().apply({"params": params, **extra}, images, train=False)
     """
     m = state.num_members
     idx = [members] if isinstance(members, int | np.integer) else list(members)
     bad = [i for i in idx if not 0 <= int(i) < m]
     if bad or not idx:
         raise ValueError(f"member index {bad or idx} out of range; the ensemble has {m} members")
-    host = fetch(state.params)
-    if isinstance(members, int | np.integer):
-        return jax.tree.map(lambda v: np.asarray(v)[int(members)], host)
-    return jax.tree.map(lambda v: np.asarray(v)[np.asarray(idx)], host)
+    rows = int(members) if isinstance(members, int | np.integer) else np.asarray(idx)
+    params = jax.tree.map(lambda v: np.asarray(v)[rows], fetch(state.params))
+    if not with_model_state:
+        return params
+    return params, jax.tree.map(lambda v: np.asarray(v)[rows], fetch(state.model_state))
 
 
 def save_inference(path: str, state: EnsembleState) -> None:
