@@ -12,6 +12,7 @@ from jax import lax
 
 from meshensemble.core.mesh import DATA
 from meshensemble.models.conv import conv_general_dilated
+from meshensemble.models.vit import ViT
 
 
 class CNN(nn.Module):
@@ -225,10 +226,11 @@ class ResNet(nn.Module):
         return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
 
 
-REGISTRY = {"cnn": CNN, "mlp": MLP, "howto_cnn": HowtoCNN, "resnet": ResNet}
+REGISTRY = {"cnn": CNN, "mlp": MLP, "howto_cnn": HowtoCNN, "resnet": ResNet, "vit": ViT}
 """Model names :func:`get_model` and the CLI's ``--model`` accept. ``cnn``, ``howto_cnn``
 and ``mlp`` take MNIST's ``[B, 28, 28, 1]``; ``resnet`` is made for CIFAR-sized
-``[B, 32, 32, 3]`` and, with its global pooling, runs on MNIST too."""
+``[B, 32, 32, 3]`` and, with its global pooling, runs on MNIST too; ``vit`` (a small
+Vision Transformer with logical axis names on its parameters, patches of 4) takes both."""
 
 
 def get_model(name: str) -> nn.Module:
