@@ -23,14 +23,12 @@ import pytest
 from conftest import need_devices
 
 import meshensemble as me
-from meshensemble.cli import app as cli
-from meshensemble.training import TrainConfig, train
-from meshensemble.training.checkpoint import (
-    CHECKSUMS,
-    Checkpointer,
-    list_checkpoints,
-    read_checksums,
-)
+from meshensemble.cli import main
+
+CHECKSUMS = me.checkpoint.CHECKSUMS
+list_checkpoints = me.checkpoint.list_checkpoints
+read_checksums = me.checkpoint.read_checksums
+train = me.training.train
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = me.data.synthetic(num_train=192, num_test=40, seed=0)
@@ -44,7 +42,7 @@ def npz(tmp_path_factory) -> str:
     return me.data.save_npz(DATA, path)
 
 
-def cfg(workdir, **kw) -> TrainConfig:
+def cfg(workdir, **kw) -> me.TrainConfig:
     base = dict(
         model="mlp",
         members=4,
@@ -56,7 +54,7 @@ def cfg(workdir, **kw) -> TrainConfig:
         quiet=True,
         eval_batch_size=40,
     )
-    return TrainConfig(**(base | kw))
+    return me.TrainConfig(**(base | kw))
 
 
 def final_params(workdir, mesh=(4, 2)) -> dict:
@@ -412,7 +410,7 @@ def test_nonfinite_loss_stops_naming_members_or_reinitialises_them(tmp_path, npz
         str(workdir),
         "--quiet",
     ]
-    assert cli.main(argv) == 1
+    assert main(argv) == 1
     err = capsys.readouterr().err.strip()
     assert "non-finite loss in member(s) [" in err and " at step " in err and "\n" not in err
     for step in list_checkpoints(workdir):  # nothing non-finite was saved
@@ -689,7 +687,7 @@ BAD = [
 def test_bad_input_table(tmp_path, capsys, argv, message):
     need_devices(8)
     workdir = tmp_path / "bad"
-    code = cli.main(["train", "--source", "sample", "--workdir", str(workdir), *argv])
+    code = main(["train", "--source", "sample", "--workdir", str(workdir), *argv])
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and "\n" not in err, err
     assert not workdir.exists()
@@ -705,7 +703,7 @@ def test_bad_input_table(tmp_path, capsys, argv, message):
 )
 def test_a_run_in_the_workdir_is_never_clobbered(finished_run, capsys, argv, message):
     before = {p: p.read_bytes() for p in finished_run.rglob("*") if p.is_file()}
-    code = cli.main(["train", "--workdir", str(finished_run), *argv])
+    code = main(["train", "--workdir", str(finished_run), *argv])
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and "\n" not in err, err
     after = {p: p.read_bytes() for p in finished_run.rglob("*") if p.is_file()}
@@ -716,7 +714,7 @@ def test_corrupt_workdir_config_is_refused(tmp_path, capsys):
     workdir = tmp_path / "c"
     workdir.mkdir()
     (workdir / "config.json").write_text("{not json")
-    assert cli.main(["train", "--workdir", str(workdir)]) == 2
+    assert main(["train", "--workdir", str(workdir)]) == 2
     err = capsys.readouterr().err
     assert "workdir config" in err and "cannot read JSON" in err
     assert (workdir / "config.json").read_text() == "{not json"
@@ -725,12 +723,12 @@ def test_corrupt_workdir_config_is_refused(tmp_path, capsys):
 def test_resume_says_so_and_overwrite_starts_over(finished_run, tmp_path, capsys):
     workdir = tmp_path / "again"
     shutil.copytree(finished_run, workdir)
-    assert cli.main(["train", "--workdir", str(workdir), "--epochs", "2"]) == 0
+    assert main(["train", "--workdir", str(workdir), "--epochs", "2"]) == 0
     out = capsys.readouterr().out
     assert "resumed from checkpoint 6" in out
     assert [r["step"] for r in records(workdir)] == [6, 12]
     assert (
-        cli.main(
+        main(
             [
                 "train",
                 "--workdir",
@@ -750,10 +748,24 @@ def test_resume_says_so_and_overwrite_starts_over(finished_run, tmp_path, capsys
 
 def test_checkpointer_reports_unwritable_target(tmp_path):
     need_devices(8)
-    ckpt = Checkpointer(str(tmp_path / "w"))
-    ens = me.Ensemble(me.models.MLP(), TX, 4, me.make_mesh(4, 1))
-    state = ens.init(jax.random.PRNGKey(0), DATA.test_images[:1])
-    ckpt.save(1, state, {"step": 1})
-    ckpt.close()
-    assert list_checkpoints(tmp_path / "w") == [1]
-    assert read_checksums(str(tmp_path / "w" / "checkpoints"))["1"]
+    _, state = small_state()
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root ignores the mode: nobody creates under a file
+            (tmp_path / "file").write_text("")
+            target, cause = tmp_path / "file" / "w", "not a directory (a file is in the way)"
+        else:
+            target, cause = locked / "w", "permission denied"
+        with pytest.raises(me.CheckpointError) as caught:
+            ckpt = me.Checkpointer(str(target))
+            ckpt.save(1, state, {"step": 1})
+            ckpt.close()
+        assert str(caught.value) == (
+            f"cannot create {target / 'checkpoints'}: {cause}; make it writable, or use "
+            "another --workdir"
+        )
+        assert not target.exists()
+    finally:
+        locked.chmod(0o700)

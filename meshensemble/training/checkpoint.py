@@ -148,7 +148,11 @@ class Checkpointer:
         if self._main:
             for name in _remove_unfinished(self.dir):
                 self.echo(f"removed {name} in {self.dir}: an unfinished save of a stopped run")
-        self.mngr = checkpoint_manager(workdir, keep)
+        try:
+            self.mngr = checkpoint_manager(workdir, keep)
+        except OSError as err:  # e.g. read-only, or a file in the way
+            cause = _save_cause(err) or _first_line(err)
+            raise CheckpointError(f"cannot create {self.dir}: {cause}; {_WRITABLE}") from None
         _quiet_orbax(True)
         self._lock = threading.Lock()
         self._unhashed: list[int] = []  # saved (or being saved), checksum not yet recorded
@@ -234,9 +238,11 @@ class Checkpointer:
                 time.sleep(WATCH_INTERVAL)
         good = [s for s in list_checkpoints(self.workdir) if s != step]
         prev = f"checkpoint {max(good)} is intact" if good else "no earlier checkpoint exists"
-        cause, fix = _save_cause(err), "make it writable"
-        fix = "fix that" if cause is None else fix if "space" not in cause else _FREE_SPACE
-        fix += " and run the same command to resume, or use another --workdir"
+        cause = _save_cause(err)
+        todo = (
+            "fix that" if cause is None else _FREE_SPACE if "space" in cause else "make it writable"
+        )
+        fix = f"{todo} and run the same command to resume, or use another --workdir"
         return CheckpointError(
             f"could not save checkpoint {step} in {self.dir}: {cause or _first_line(err)}; "
             f"{prev}; {fix}"
@@ -280,8 +286,10 @@ _SAVE_CAUSES = {
     errno.EDQUOT: "disk quota exceeded (no space left for this user)",
     errno.EROFS: "read-only file system",
     errno.EACCES: "permission denied",
+    errno.ENOTDIR: "not a directory (a file is in the way)",
 }
 _FREE_SPACE = "free space there (or keep fewer checkpoints: --keep)"
+_WRITABLE = "make it writable, or use another --workdir"
 
 
 def _save_cause(err: BaseException) -> str | None:
@@ -556,18 +564,12 @@ def _check_structure(path: str, target: Any, what: str, fix: str | None = None) 
     if saved == want:
         return
 
-    def members(flat):
-        shapes = [shape for p, (shape, _) in sorted(flat.items()) if p[0] in ("step", "params")]
-        return shapes[0][0] if shapes and shapes[0] else "?"
-
-    def strip(flat, part):
-        return {p: (shape[1:], d) for p, (shape, d) in flat.items() if p[0] == part}
-
+    members = lambda f: next((s[0] for p, (s, _) in sorted(f.items()) if p[0] == "params"), "?")
+    strip = lambda f, part: {p: (s[1:], d) for p, (s, d) in f.items() if p[0] == part}
     parts = ["params", "model_state", "opt_state", "step", "rng"]
     differ = [part for part in parts if strip(saved, part) != strip(want, part)]
-    if "params" in differ and _summary("opt_state", saved, False) == _summary(
-        "opt_state", want, False
-    ):  # the same optimizer over other params: say it once
+    same_optimizer = _summary("opt_state", saved, False) == _summary("opt_state", want, False)
+    if "params" in differ and same_optimizer:  # the same optimizer over other params: once
         differ = [part for part in differ if part != "opt_state"]
     ours = ", ".join(_summary(part, saved) for part in differ)
     theirs = ", ".join(_summary(part, want) for part in differ)
