@@ -29,8 +29,11 @@ ENSEMBLE_KEYS = (
     "expected_entropy",
     "mutual_information",
     "disagreement",
+    "disagreement_vs_ensemble",
+    "pairwise_kl",
+    "adaptive_ece",
 )
-MEMBER_KEYS = ("accuracy", "nll", "brier", "ece")
+MEMBER_KEYS = ("accuracy", "nll", "brier", "ece", "disagreement_vs_ensemble")
 
 
 @pytest.fixture(scope="module")
