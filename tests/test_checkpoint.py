@@ -697,7 +697,7 @@ def test_bad_input_table(tmp_path, capsys, argv, message):
     "argv,message",
     [
         (["--no-resume"], "holds a run (config.json, metrics.jsonl, checkpoints); --no-resume"),
-        (["--members", "8"], "holds a run with members=4, but this command says members=8"),
+        (["--members", "8"], "holds a run with members=4, this run has members=8"),
         (["--seed", "3"], "holds a run with seed=0"),
     ],
 )
