@@ -82,7 +82,9 @@ class LinenModel:
         return _mode_kwargs(self.module.__call__, train)
 
     def init(self, rng: jax.Array, x: jax.Array) -> tuple[PyTree, PyTree]:
-        variables = dict(self.module.init({"params": rng}, x, **self._kwargs(False)))
+        # Parameters annotated with logical axes (nn.with_logical_partitioning) come boxed;
+        # the ensemble stacks and shards plain arrays (the names are read separately).
+        variables = dict(nn.meta.unbox(self.module.init({"params": rng}, x, **self._kwargs(False))))
         params = variables.pop("params", {})
         return params, variables
 

@@ -237,7 +237,8 @@ def get_model(name: str) -> nn.Module:
     """Returns a fresh model by its CLI name.
 
     Args:
-      name: one of ``REGISTRY`` (``"cnn"``, ``"mlp"``, ``"howto_cnn"``, ``"resnet"``).
+      name: one of ``REGISTRY`` (``"cnn"``, ``"mlp"``, ``"howto_cnn"``, ``"resnet"``,
+        ``"vit"``).
 
     Returns:
       The Linen module with its defaults.
