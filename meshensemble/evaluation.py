@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import json
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -29,10 +30,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
+from meshensemble import calibration, metrics
 from meshensemble import data as data_lib
-from meshensemble import metrics
 from meshensemble.core.distributed import fetch
 from meshensemble.core.mesh import REPLICATED, make_mesh, parse_mesh
+from meshensemble.data.split import split_validation
 from meshensemble.training import CONFIG_FILE, TrainConfig, build_ensemble, final_table
 from meshensemble.training.checkpoint import (
     CHECKPOINT_DIR,
@@ -40,6 +42,7 @@ from meshensemble.training.checkpoint import (
     restore_checkpoint,
 )
 from meshensemble.training.config import default_mesh_shape
+from meshensemble.training.identity import read_saved_config
 from meshensemble.training.outputs import check_writable, writing
 
 OOD_SETS = ("noise", "inverted", "fashion_mnist")
@@ -53,6 +56,10 @@ MEMBER_OOD_KINDS = ("max_prob", "entropy")
 EVALUATION_FILE = "evaluation.json"
 RELIABILITY_PLOT = "reliability_diagram.png"
 OOD_PLOT = "ood_histogram.png"
+TEMPERATURE_BOUNDS = (1e-3, 1e3)
+"""Range searched for T; at a bound (the NLL still falls there) ``temperature_at_bound``."""
+CALIBRATION_PLOT = "calibration.png"
+"""Reliability before / after temperature scaling and the conformal set-size histogram."""
 HISTOGRAM_SCORE = "entropy"
 """The OOD score drawn in ``ood_histogram.png``."""
 _BIN_KEYS = ("count", "confidence_sum", "correct_sum")
@@ -318,6 +325,9 @@ def evaluate_run(
     *,
     ood_file: str | None = None,
     echo: Callable[[str], Any] | None = None,
+    calibrate: bool = False,
+    alpha: float = 0.1,
+    conformal: str = "thr",
 ) -> dict[str, Any]:
     """Evaluates a trained run: test metrics, OOD detection and calibration plots.
 
@@ -341,6 +351,11 @@ def evaluate_run(
       data_file: overrides the run's Keras-layout npz.
       ood_file: a Keras-layout Fashion-MNIST npz for the ``fashion_mnist`` OOD set.
       echo: where the summary lines go (default ``print``).
+      calibrate: also fit a temperature and a conformal threshold on the run's validation
+        split (see :func:`calibrate_ensemble`); adds the ``calibration`` section and
+        writes ``calibration.png``.
+      alpha: the conformal miscoverage rate in ``(0, 1)``.
+      conformal: the conformal score, one of :data:`meshensemble.calibration.METHODS`.
 
     Returns:
       A flat dict: ``test_ensemble_{accuracy,nll,brier,ece,entropy,expected_entropy,
@@ -350,13 +365,15 @@ def evaluate_run(
       of :data:`meshensemble.metrics.OOD_KINDS`; each member as a single model:
       ``ood_{set}_member_auroc_{kind}`` (a list) and ``ood_{set}_mean_member_auroc_{kind}``
       for the kinds of :data:`MEMBER_OOD_KINDS`; ``checkpoint_step``, ``num_test`` and
-      ``ood_sets`` (the list of OOD set names).
+      ``ood_sets`` (the list of OOD set names); with ``calibrate`` a nested
+      ``calibration`` dict (:func:`calibrate_ensemble`).
 
     Raises:
       FileNotFoundError: ``workdir``, its ``config.json`` or the checkpoint is missing
         (the message lists the available steps).
       ValueError: a corrupt ``config.json``, a workdir that is not writable, an unknown
-        OOD set, a bad mesh, batch size or bin count.
+        OOD set, a bad mesh, batch size or bin count; ``calibrate`` for a run without a
+        validation split ("train with --validation N first"), a bad ``alpha`` or method.
       meshensemble.training.OutputError: ``evaluation.json`` or a plot could not be
         written (one line naming the file).
       meshensemble.data.DataError: the test data or an OOD set cannot be loaded.
@@ -389,6 +406,8 @@ def evaluate_run(
             raise ValueError(f"{name}={value!r} must be a positive integer")
     if checkpoint is not None and (not isinstance(checkpoint, int) or checkpoint < 0):
         raise ValueError(f"checkpoint={checkpoint!r} must be a step number (>= 0)")
+    if calibrate:
+        _check_calibrate(workdir, cfg, alpha, conformal)
     _checkpoint_steps(workdir, checkpoint)
 
     shape = _mesh_shape(mesh, cfg.members)
@@ -404,7 +423,10 @@ def evaluate_run(
         n: ood_images(n, dataset.test_images, ood_file, cfg.data_dir, log=say) for n in names
     }
 
-    ens = build_ensemble(cfg, device_mesh, dataset.num_train)
+    split = split_validation(dataset, cfg.validation, cfg.seed) if cfg.validation else None
+    if calibrate:
+        _check_split(workdir, split)
+    ens = build_ensemble(cfg, device_mesh, (split.train if split else dataset).num_train)
     state, _, step = restore_checkpoint(workdir, ens, dataset.test_images[:1], checkpoint)
 
     ev = ens.evaluate(state, dataset.test_images, dataset.test_labels, batch_size, num_bins)
@@ -424,17 +446,28 @@ def evaluate_run(
             result[f"ood_{n}_member_auroc_{kind}"] = per_member
             result[f"ood_{n}_mean_member_auroc_{kind}"] = float(np.mean(per_member))
     result.update(checkpoint_step=int(step), num_test=dataset.num_test, ood_sets=names)
+    curves = None
+    if calibrate and split is not None:
+        held, test_set = (split.images, split.labels), (dataset.test_images, dataset.test_labels)
+        result["calibration"], curves = calibrate_ensemble(
+            ens, state, held, test_set, alpha, conformal, batch_size, num_bins
+        )
 
     if jax.process_index() == 0:
         _write(workdir, result, test, ood_scores)
+        if curves is not None:
+            _write_calibration_plot(workdir, result["calibration"], curves)
     say(
         f"checkpoint {step} of {workdir} on mesh ensemble={ens.mesh.shape['ensemble']} x "
         f"data={ens.data_size}: {dataset.num_test} test examples"
     )
     say(final_table(result))
     say(summary_table(result))
+    if curves is not None:
+        say(calibration_line(result["calibration"]))
     if jax.process_index() == 0:
-        say(f"wrote {EVALUATION_FILE}, {RELIABILITY_PLOT} and {OOD_PLOT} to {workdir}")
+        files = [RELIABILITY_PLOT, OOD_PLOT] + ([CALIBRATION_PLOT] if curves is not None else [])
+        say(f"wrote {EVALUATION_FILE}, {', '.join(files[:-1])} and {files[-1]} to {workdir}")
     return result
 
 
@@ -507,3 +540,161 @@ def summary_table(result: Mapping[str, Any]) -> str:
                 vals = ", ".join(f"{k} {result[key + k]:.4f}" for k in MEMBER_OOD_KINDS)
                 rows.append(f"{s}: mean member (single model) AUROC {vals}")
     return "\n".join(rows)
+
+
+def _check_calibrate(workdir: str, cfg: Any, alpha: float, method: str) -> None:
+    """One-line refusals before any work: no validation split, bad alpha or method."""
+    if not cfg.validation:
+        raise ValueError(
+            f"run {workdir} has no validation split to calibrate on (the test set is never "
+            "used for fitting); train with --validation N first"
+        )
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
+        raise ValueError(f"alpha={alpha!r} must lie in (0, 1), e.g. 0.1 for 90% coverage")
+    if method not in calibration.METHODS:
+        raise ValueError(f"unknown conformal method {method!r}; use {calibration.METHODS}")
+
+
+def _check_split(workdir: str, split: Any) -> None:
+    """The rebuilt validation split must be the one training held out (its fingerprint)."""
+    held = ((read_saved_config(workdir) or {}).get("resolved") or {}).get("validation") or {}
+    if split is not None and held.get("fingerprint") not in (None, split.fingerprint):
+        raise ValueError(
+            f"the validation split rebuilt from this data (fingerprint {split.fingerprint}) "
+            f"is not the one run {workdir} held out ({held['fingerprint']}); evaluate with "
+            "the run's data (its --source and --data-file)"
+        )
+
+
+def stream_ensemble_logits(ens: Any, state: Any, images: Any, batch_size: int = 1000) -> Any:
+    """The ensemble's logits ``log(mean_m p^m)`` of every image, streamed on the mesh.
+
+    Per batch, ``ens.predict_members`` is pooled on device by
+    :func:`meshensemble.calibration.ensemble_logits`; only ``[b, classes]`` reaches the host.
+
+    Args:
+      ens: the :class:`meshensemble.Ensemble`; state: its state; images: ``[N, ...]``.
+      batch_size: examples per call.
+
+    Returns:
+      float32 numpy ``[N, classes]``.
+
+    Example:
+      >>> t = me.calibration.fit_temperature(stream_ensemble_logits(ens, state, xv), yv)
+    """
+    n = int(np.shape(images)[0])
+    parts = [
+        np.asarray(fetch(calibration.ensemble_logits(ens.predict_members(state, images[i:j]))))
+        for i, j in ((i, min(i + batch_size, n)) for i in range(0, n, batch_size))
+    ]
+    return np.concatenate(parts).astype(np.float32)
+
+
+def _scores(probs: Any, labels: np.ndarray, num_bins: int) -> dict[str, float]:
+    return {
+        "accuracy": float(np.mean(np.argmax(probs, axis=-1) == labels)),
+        "nll": float(metrics.nll(probs, labels)),
+        "ece": float(metrics.ece(probs, labels, num_bins)),
+        "adaptive_ece": float(metrics.adaptive_ece(probs, labels, num_bins)),
+        "brier": float(metrics.brier(probs, labels)),
+    }
+
+
+def calibrate_ensemble(
+    ens: Any,
+    state: Any,
+    validation: tuple[Any, Any],
+    test: tuple[Any, Any],
+    alpha: float = 0.1,
+    method: str = "thr",
+    batch_size: int = 1000,
+    num_bins: int = 15,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Fits a temperature and a conformal threshold on validation data; scores the test set.
+
+    "Pool, then calibrate": ``T`` minimises the validation NLL of
+    ``softmax(log(mean_m p^m) / T)`` (:func:`meshensemble.calibration.fit_temperature`);
+    the conformal threshold ``q`` is the split-conformal quantile of the validation
+    examples' calibrated probabilities at ``alpha``; the test set is scored with the
+    uncalibrated and calibrated ensemble, and its prediction sets' size and coverage.
+
+    Args:
+      ens: the :class:`meshensemble.Ensemble`; state: its state.
+      validation: ``(images, labels)`` held out of training; test: ``(images, labels)``.
+      alpha: the miscoverage rate; method: one of :data:`meshensemble.calibration.METHODS`.
+      batch_size: examples per call; num_bins: bins of the ECE and the adaptive ECE.
+
+    Returns:
+      ``(section, curves)``: ``section`` = ``{"temperature", "num_validation",
+      "validation_nll_before", "validation_nll_after", "before", "after", "conformal"}``;
+      ``before`` / ``after``: the test ``accuracy, nll, ece, adaptive_ece, brier``;
+      ``conformal``: ``method, alpha, threshold, mean_set_size, coverage`` and
+      ``set_size_counts[k]``, test sets of size ``k``. ``curves``: reliability data.
+
+    Raises:
+      ValueError: bad alpha or method, or too few validation examples for ``alpha``.
+
+    Example:
+      >>> section, _ = calibrate_ensemble(ens, state, (xv, yv), (xt, yt), alpha=0.1)
+      >>> section["temperature"], section["conformal"]["coverage"]
+    """
+    (xv, yv), (xt, yt) = validation, test
+    yv, yt = np.asarray(yv, np.int32), np.asarray(yt, np.int32)
+    zv = stream_ensemble_logits(ens, state, xv, batch_size)
+    with warnings.catch_warnings():  # at a bound: recorded in the section instead
+        warnings.simplefilter("ignore")
+        t = calibration.fit_temperature(zv, yv, bounds=TEMPERATURE_BOUNDS)
+    pv = np.asarray(calibration.apply_temperature(zv, t))
+    q = calibration.conformal_quantile(pv, yv, alpha, method)
+    zt = stream_ensemble_logits(ens, state, xt, batch_size)
+    before = np.asarray(calibration.apply_temperature(zt, 1.0))
+    after = np.asarray(calibration.apply_temperature(zt, t))
+    sets = calibration.prediction_sets(after, q, method)
+    sizes = np.asarray(fetch(sets)).sum(axis=-1)
+    section = {
+        "temperature": float(t),
+        "temperature_at_bound": t in TEMPERATURE_BOUNDS,
+        "num_validation": int(len(yv)),
+        "validation_nll_before": float(metrics.nll(calibration.apply_temperature(zv, 1.0), yv)),
+        "validation_nll_after": float(metrics.nll(pv, yv)),
+        "before": _scores(before, yt, num_bins),
+        "after": _scores(after, yt, num_bins),
+        "conformal": {
+            "method": method,
+            "alpha": float(alpha),
+            "threshold": float(q),
+            "mean_set_size": calibration.set_size(sets),
+            "coverage": calibration.coverage(sets, yt),
+            "set_size_counts": np.bincount(sizes, minlength=after.shape[-1] + 1).tolist(),
+        },
+    }
+    pairs = (("before", before), ("after", after))
+    curves = {k: metrics.reliability_diagram_data(p, yt, num_bins) for k, p in pairs}
+    return section, curves
+
+
+def calibration_line(section: Mapping[str, Any]) -> str:
+    """One summary line of a ``calibration`` section; e.g. ``print(calibration_line(s))``."""
+    b, a, c = section["before"], section["after"], section["conformal"]
+    at = " (a search bound)" if section.get("temperature_at_bound") else ""
+    names = (("NLL", "nll"), ("ECE", "ece"), ("adaptive ECE", "adaptive_ece"), ("Brier", "brier"))
+    pairs = ", ".join(f"{n} {b[k]:.4f} -> {a[k]:.4f}" for n, k in names)
+    return (
+        f"calibration: T={section['temperature']:.4f}{at} on {section['num_validation']} "
+        f"validation examples; test {pairs}; conformal {c['method']} at alpha={c['alpha']:g}: "
+        f"mean set size {c['mean_set_size']:.3f}, coverage {c['coverage']:.4f}"
+    )
+
+
+def _write_calibration_plot(workdir: str, section: Mapping[str, Any], curves: Any) -> None:
+    from meshensemble import plots
+
+    path = os.path.join(workdir, CALIBRATION_PLOT)
+    b, a, c = section["before"], section["after"], section["conformal"]
+    labelled = {
+        f"ensemble (ECE {b['ece']:.4f})": curves["before"],
+        f"T={section['temperature']:.3f} (ECE {a['ece']:.4f})": curves["after"],
+    }
+    title = f"{c['method']}, alpha={c['alpha']:g}"
+    with writing(path):
+        plots.calibration_summary(labelled, c["set_size_counts"], path, title)

@@ -168,3 +168,41 @@ def ood_histogram(
     fig.subplots_adjust(left=0.11, right=0.97, top=0.92, bottom=0.12)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def calibration_summary(
+    curves: dict[str, dict[str, Any]], set_size_counts: Any, path: str, title: str = ""
+) -> None:
+    """Reliability before / after calibration beside the histogram of conformal set sizes.
+
+    Args:
+      curves: label to per-bin data in the layout of
+        :func:`meshensemble.metrics.reliability_diagram_data` (e.g. before and after
+        temperature scaling), drawn in order.
+      set_size_counts: ``[classes + 1]`` counts: ``set_size_counts[k]`` test examples got a
+        prediction set of ``k`` classes.
+      path: the PNG to write.
+      title: what the set sizes are of, e.g. ``"thr, alpha=0.1"``.
+
+    Example:
+      >>> calibration_summary({"before": d0, "after": d1}, [0, 9800, 200], "calibration.png")
+    """
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
+    ax1.plot([0, 1], [0, 1], color="black", ls="--", lw=1, label="perfect calibration")
+    colors = ["tab:red", "tab:blue", "tab:green", "tab:orange"]
+    for i, (label, d) in enumerate(curves.items()):
+        acc, conf = np.asarray(d["accuracy"], float), np.asarray(d["confidence"], float)
+        keep = np.isfinite(acc) & np.isfinite(conf)
+        color = colors[i % len(colors)]
+        ax1.plot(conf[keep], acc[keep], color=color, marker="o", ms=4, lw=1.5, label=label)
+    ax1.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
+    ax1.set_title("reliability before / after calibration")
+    ax1.legend(loc="upper left", fontsize="small")
+    counts = np.asarray(set_size_counts, float)
+    ax2.bar(np.arange(len(counts)), counts, color="tab:blue")
+    ax2.set(xlabel="prediction set size (classes)", ylabel="test examples", yscale="symlog")
+    ax2.set_title(f"conformal set sizes ({title})" if title else "conformal set sizes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from meshensemble.calibration import METHODS
 from meshensemble.cli.common import (
     add_debug_flag,
     add_fake_devices_flag,
@@ -21,6 +22,7 @@ from meshensemble.cli.common import (
     setup_devices,
 )
 from meshensemble.evaluation import (
+    CALIBRATION_PLOT,
     DEFAULT_OOD,
     EVALUATION_FILE,
     OOD_PLOT,
@@ -73,6 +75,24 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add_field_flag(p, "mesh", help=field_help(config_field("mesh")) + " (may differ from training)")
     add_field_flag(p, "eval_batch_size", flag="--batch-size", default=1000)
     add("--num-bins", type=int, default=15, help="calibration bins (default: 15)")
+    add(
+        "--calibrate",
+        action="store_true",
+        help="fit a temperature and a conformal threshold on the run's validation split "
+        f"(train with --validation N); reports before/after and writes {CALIBRATION_PLOT}",
+    )
+    add(
+        "--alpha",
+        type=float,
+        default=0.1,
+        help="conformal miscoverage rate for --calibrate (default: 0.1, i.e. 90%% coverage)",
+    )
+    add(
+        "--conformal",
+        choices=METHODS,
+        default="thr",
+        help="conformal score for --calibrate (default: thr)",
+    )
     for name in ("source", "data_file"):
         add_field_flag(
             p,
@@ -105,5 +125,8 @@ def run(args: argparse.Namespace) -> int:
         source=args.source,
         data_file=args.data_file,
         ood_file=args.ood_file,
+        calibrate=args.calibrate,
+        alpha=args.alpha,
+        conformal=args.conformal,
     )
     return 0

@@ -14,7 +14,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshensemble.core import inputs, stats, steps
+from meshensemble.core import inputs, statmath, stats, steps
 from meshensemble.core.adapters import as_model
 from meshensemble.core.backends import make_backend, put
 from meshensemble.core.distributed import fetch
@@ -358,12 +358,22 @@ class Ensemble:
         inputs.consume(state)
         return out
 
-    def predict_members(self, state: EnsembleState, images: Any) -> jax.Array:
-        """Every member's softmax prediction.
+    def predict_members(
+        self, state: EnsembleState, images: Any, temperature: Any = None
+    ) -> jax.Array:
+        """Every member's softmax prediction, optionally temperature-scaled.
+
+        With ``temperature`` each member's prediction is ``softmax(z_m / T_m)``, computed
+        on the mesh from its float32 softmax as ``softmax(log max(p_m, eps) / T_m)``
+        (``eps = 1e-12``, the clip of ``me.calibration.ensemble_logits``; equal to it up to
+        float32 rounding except for classes less likely than ``eps``).
 
         Args:
           state: the ensemble state.
           images: ``[N, ...]``, any ``N`` (padded to the ``data`` axis internally).
+          temperature: None (no scaling: exactly the unscaled program), a scalar
+            ``T > 0`` for every member, or ``[members]`` temperatures, one per member
+            (as ``me.calibration.fit_temperature(..., per_member=True)`` returns).
 
         Returns:
           ``[members, N, classes]`` probabilities, members sharded over ``ensemble``; the
@@ -372,33 +382,65 @@ class Ensemble:
           made ``N`` divisible is dropped).
 
         Raises:
-          ValueError: the state belongs to another ensemble size.
+          ValueError: the state belongs to another ensemble size, or ``temperature`` is
+            not positive, not finite, or neither a scalar nor ``[members]``.
 
         Example:
           >>> ens.predict_members(state, images).shape  # (8, N, 10)
+          >>> ens.predict_members(state, images, temperature=[1.2] * 8)  # per member
         """
-        return self._predict(state, images, members=True)
+        t = self._check_temperature(temperature)
+        out = self._predict(state, images, members=True)
+        return out if t is None else _tempered(out, t)
 
-    def predict(self, state: EnsembleState, images: Any) -> jax.Array:
-        """The ensemble's prediction: the mean of the members' softmax.
+    def predict(self, state: EnsembleState, images: Any, temperature: Any = None) -> jax.Array:
+        """The ensemble's prediction: the mean of the members' softmax, optionally calibrated.
 
         Computed on the mesh: each device averages its local members, then
-        ``lax.pmean`` over ``ensemble``.
+        ``lax.pmean`` over ``ensemble``. A scalar ``temperature`` calibrates the pooled
+        prediction ("pool, then calibrate", what ``meshensemble evaluate --calibrate``
+        fits): ``softmax(log max(mean_m p_m, eps) / T)``, i.e.
+        ``me.calibration.apply_temperature(me.calibration.ensemble_logits(member_probs), T)``.
+        ``[members]`` temperatures scale each member first ("calibrate, then pool"):
+        ``mean_m softmax(z_m / T_m)``.
 
         Args:
           state: the ensemble state.
           images: ``[N, ...]``, any ``N``.
+          temperature: None (today's prediction, bitwise), a scalar ``T > 0``, or
+            ``[members]`` temperatures.
 
         Returns:
           ``[N, classes]`` probabilities.
 
         Raises:
-          ValueError: the state belongs to another ensemble size.
+          ValueError: the state belongs to another ensemble size, or ``temperature`` is
+            not positive, not finite, or neither a scalar nor ``[members]``.
 
         Example:
           >>> ens.predict(state, images).argmax(-1)  # the ensemble's classes, [N]
+          >>> ens.predict(state, images, temperature=1.3)  # calibrated probabilities
         """
-        return self._predict(state, images, members=False)
+        t = self._check_temperature(temperature)
+        if t is None:
+            return self._predict(state, images, members=False)
+        if t.ndim == 0:
+            return _tempered(self._predict(state, images, members=False), t)
+        return _mean_members(_tempered(self._predict(state, images, members=True), t))
+
+    def _check_temperature(self, temperature: Any) -> np.ndarray | None:
+        """``temperature`` as float32 numpy (scalar or ``[members]``), or None; one-line errors."""
+        if temperature is None:
+            return None
+        t = np.asarray(temperature, np.float32)
+        if t.ndim not in (0, 1) or (t.ndim == 1 and t.shape[0] != self.num_members):
+            raise ValueError(
+                f"temperature of shape {t.shape} must be a scalar or [members] = "
+                f"[{self.num_members}]; give one T or one per member"
+            )
+        if not np.all(np.isfinite(t)) or not np.all(t > 0):
+            raise ValueError(f"temperature {t.tolist()} must be finite and > 0")
+        return t
 
     def _predict(self, state: EnsembleState, images: Any, members: bool) -> jax.Array:
         self._check_state(state)
@@ -600,3 +642,16 @@ def _eval_specs() -> tuple[dict[str, P], dict[str, P]]:
     names = stats.MEMBER_STAT_KEYS + stats.ENSEMBLE_STAT_KEYS
     sums = {k: (MEMBERS if k.startswith("member_") else REPLICATED) for k in names}
     return sums, {k: BATCH for k in stats.EXAMPLE_STAT_KEYS}
+
+
+@jax.jit
+def _tempered(probs: jax.Array, t: jax.Array) -> jax.Array:
+    """``softmax(log max(p, eps) / T)`` over the last axis; ``T`` scalar or ``[members]``."""
+    t = t[:, None, None] if t.ndim == 1 else t
+    logits = statmath.clipped_log(probs)
+    return jax.nn.softmax(logits / t.astype(probs.dtype), axis=-1)
+
+
+@jax.jit
+def _mean_members(probs: jax.Array) -> jax.Array:
+    return jnp.mean(probs, axis=0)

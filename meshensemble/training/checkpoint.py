@@ -38,6 +38,7 @@ import orbax.checkpoint as ocp
 from meshensemble.core.distributed import fetch
 from meshensemble.core.mesh import member_sharding
 from meshensemble.core.state import EnsembleState
+from meshensemble.training.inference import check_temperature, read_temperature, write_temperature
 
 log = logging.getLogger("meshensemble")
 
@@ -642,41 +643,46 @@ def extract_members(
     return params, jax.tree.map(lambda v: np.asarray(v)[rows], fetch(state.model_state))
 
 
-def save_inference(path: str, state: EnsembleState) -> None:
-    """Saves an inference-only ensemble: parameters and model state, no optimizer state.
+def save_inference(path: str, state: EnsembleState, temperature: Any = None) -> None:
+    """Saves an inference-only ensemble: parameters, model state and the temperature.
 
     Args:
       path: a folder that does not exist yet (orbax refuses to overwrite).
-      state: the ensemble state.
+      state: the ensemble state (no optimizer state is saved).
+      temperature: None, ``T > 0`` or ``[members]``; kept in ``path/temperature.json``.
+
+    Raises:
+      ValueError: a bad temperature (checked before anything is written).
 
     Example:
-      >>> me.save_inference("runs/mnist/inference", state)
+      >>> me.save_inference("runs/mnist/inference", state, temperature=1.31)
     """
+    check_temperature(temperature)
     tree = {"params": state.params, "model_state": state.model_state}
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(os.path.abspath(path), tree)
+    write_temperature(os.path.abspath(path), temperature)
 
 
-def load_inference(path: str, ens: Any, sample: Any) -> EnsembleState:
+def load_inference(path: str, ens: Any, sample: Any, *, with_temperature: bool = False) -> Any:
     """Loads :func:`save_inference` output onto ``ens``'s mesh as a state for predicting.
-
-    The optimizer state is freshly initialised (training can go on from the weights).
 
     Args:
       path: the folder written by :func:`save_inference`.
       ens: the ensemble to load into (any mesh).
       sample: an input batch for the structure.
+      with_temperature: also return the bundle's temperature.
 
     Returns:
-      An :class:`EnsembleState` ready for ``ens.predict``.
+      An :class:`EnsembleState` (fresh optimizer state) for ``ens.predict``; with
+      ``with_temperature``, ``(state, T)``: T None (none saved), a float or ``[members]``.
 
     Raises:
       FileNotFoundError: nothing at ``path``.
-      CheckpointError: ``ens`` does not fit what was saved (model, member count); one
-        line naming both.
+      CheckpointError: ``ens`` does not fit what was saved (model, member count).
 
     Example:
-      >>> state = me.load_inference("runs/mnist/inference", ens, images[:1])
+      >>> state, t = me.load_inference("runs/mnist/inference", ens, x[:1], with_temperature=True)
     """
     target = abstract_state(ens, sample)
     sub = {"params": target.params, "model_state": target.model_state}
@@ -685,13 +691,10 @@ def load_inference(path: str, ens: Any, sample: Any) -> EnsembleState:
         raise FileNotFoundError(
             f"no inference checkpoint in {path}; write one with me.save_inference(path, state)"
         )
-    _check_structure(
-        path,
-        sub,
-        f"inference checkpoint {path}",
-        "build the ensemble with the model and member count it was saved from",
-    )
+    fix = "build the ensemble with the model and member count it was saved from"
+    _check_structure(path, sub, f"inference checkpoint {path}", fix)
     with ocp.StandardCheckpointer() as ckptr:
         tree = ckptr.restore(path, sub)
     fresh = ens.init(jax.random.PRNGKey(0), sample)
-    return fresh.replace(params=tree["params"], model_state=tree["model_state"])
+    state = fresh.replace(params=tree["params"], model_state=tree["model_state"])
+    return (state, read_temperature(path)) if with_temperature else state

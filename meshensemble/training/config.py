@@ -146,6 +146,12 @@ class TrainConfig:
         choices=SHUFFLES,
     )
     seed: int = _field(0, "seeds the members' initialisation and the data order")
+    validation: int = _field(
+        0,
+        "training examples held out for calibration (stratified by class, seeded by --seed, "
+        "never trained on; recorded in config.json); 0 for none",
+        metavar="N",
+    )
     max_steps: int | None = _field(
         None,
         "stop after this many steps of the whole run and evaluate; the schedule still "
@@ -214,6 +220,12 @@ class TrainConfig:
                 _positive_int(name, getattr(self, name))
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed={self.seed!r} must be an integer")
+        v = self.validation
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(
+                f"validation={v!r} must be an integer >= 0 (training examples held out); "
+                "use 0 for none"
+            )
         _number("learning_rate", self.learning_rate, "a positive number", lambda v: v > 0)
         _number("momentum", self.momentum, "in [0, 1)", lambda v: 0 <= v < 1)
         _number("weight_decay", self.weight_decay, ">= 0", lambda v: v >= 0)

@@ -36,10 +36,12 @@ RUN_FIELDS = (
     "epochs",
     "shuffle",
     "dataset",
+    "validation",
 )
 """Config fields a resumed run must keep: they define the members, their optimizer and
-schedule and their data order. ``epochs`` counts only for a decaying schedule (a constant
-rate can be extended by more epochs) and ``warmup_epochs`` only for ``warmup_cosine``."""
+schedule, their data order and the held-out validation split. ``epochs`` counts only for
+a decaying schedule (a constant rate can be extended by more epochs) and
+``warmup_epochs`` only for ``warmup_cosine``."""
 DATA_KEYS = ("source", "num_train", "num_test", "fingerprint", "data_file")
 """Keys of :func:`data_identity`, compared in this order."""
 FINGERPRINT_SAMPLES = 1024

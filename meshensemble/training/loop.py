@@ -28,6 +28,7 @@ from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.mesh import ENSEMBLE, MEMBERS, make_mesh, parse_mesh
 from meshensemble.core.state import EnsembleState
+from meshensemble.data.split import split_validation
 from meshensemble.metrics import prefix_metrics
 from meshensemble.models.conv import resolve_conv
 from meshensemble.training.checkpoint import (
@@ -213,6 +214,10 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
     identity = data_identity(dataset, cfg.data_file)
     if saved is not None:
         check_same_run(cfg.workdir, saved, run_fields(cfg), identity)
+    held_out = None  # the validation split: never trained on; recorded in config.json
+    if cfg.validation:
+        split = split_validation(dataset, cfg.validation, cfg.seed, batch_size=cfg.batch_size)
+        dataset, held_out = split.train, split.record()
     n_train = len(dataset.train_labels)
     if cfg.batch_size > n_train:
         raise ValueError(
@@ -265,6 +270,7 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
             "conv": resolve_conv(cfg.conv) if cfg.model in CONV_MODELS else None,
             "data": dataset.note,
             "data_identity": identity,
+            "validation": held_out,
             "devices": jax.device_count(),
             "platform": platform,
             "jax": jax.__version__,
