@@ -108,14 +108,22 @@ class TrainConfig:
     backend: str = _field("shard_map", "how steps are mapped over the mesh", choices=BACKENDS)
     member_strategy: str = _field(
         "auto",
-        "how a device computes the members it holds (vmap or a loop)",
+        "how a device computes the members it holds (vmap or a loop); auto: the faster "
+        "measured on this device (see autotune)",
         choices=STRATEGIES,
     )
     conv: str = _field(
         "auto",
-        "how the CNN computes its convolutions (cnn and howto_cnn only): auto is im2col "
-        "matmuls on CPU and XLA's convolution elsewhere; see meshensemble.models.conv",
+        "how the CNN computes its convolutions (cnn and howto_cnn only): auto measures xla "
+        "and im2col on this device (see autotune; without it: im2col matmuls on CPU, XLA's "
+        "convolution elsewhere); see meshensemble.models.conv",
         choices=CONV_CHOICES,
+    )
+    autotune: bool = _field(
+        True,
+        "with member_strategy or conv at auto, time the candidates on this device and "
+        "model at setup and keep the fastest (remembered beside the compilation cache); "
+        "off: the platform defaults",
     )
     precision: str = _field(
         "fp32",
@@ -167,6 +175,19 @@ class TrainConfig:
     eval_batch_size: int = _field(1000, "examples per evaluation call", metavar="B")
     streaming: bool = _field(
         False, "feed host batches one step at a time instead of on-device data"
+    )
+    compile_cache: bool = _field(
+        True,
+        "use JAX's persistent compilation cache (sets JAX's global cache options for the "
+        "process), so a rerun loads its programs instead of compiling them",
+        inherit=False,
+    )
+    compile_cache_dir: str | None = _field(
+        None,
+        "the compilation cache's folder; none: $JAX_COMPILATION_CACHE_DIR, else "
+        "~/.cache/meshensemble/jax",
+        metavar="DIR",
+        inherit=False,
     )
     workdir: str = _field(
         "runs/mnist", "where config, metrics, plots and checkpoints go", metavar="DIR"

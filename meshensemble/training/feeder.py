@@ -22,7 +22,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -113,7 +112,7 @@ class Feeder:
         """
         if self._epoch is None or self._epoch[0] != epoch:
             members = self.cfg.members if self.per_member else 0
-            self._epoch = (epoch, self._orders(jnp.int32(epoch), members))
+            self._epoch = (epoch, self._orders(np.int32(epoch), members))
         return self._epoch[1]
 
     def chunk(self, n: int) -> Callable[..., Any]:
@@ -162,4 +161,4 @@ class Feeder:
             x, y = self.host[0][idx], self.host[1][idx].astype(np.int32)
             state, metrics = self.ens.train_step(state, x, y)
             return state, jax.tree.map(lambda v: v[None], metrics)
-        return self.chunk(n)(state, self.images, self.labels, order, jnp.int32(first))
+        return self.chunk(n)(state, self.images, self.labels, order, np.int32(first))

@@ -19,18 +19,17 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
 
 from meshensemble import data as data_lib
-from meshensemble.core.backends import put
+from meshensemble.core.compilation import CompileLog, enable_compilation_cache
 from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
-from meshensemble.core.mesh import ENSEMBLE, MEMBERS, make_mesh, parse_mesh
+from meshensemble.core.mesh import ENSEMBLE, make_mesh, parse_mesh
 from meshensemble.core.state import EnsembleState
 from meshensemble.data.split import split_validation
 from meshensemble.metrics import prefix_metrics
-from meshensemble.models.conv import resolve_conv
 from meshensemble.training.checkpoint import (
     CHECKPOINT_DIR,
     Checkpointer,
@@ -39,7 +38,6 @@ from meshensemble.training.checkpoint import (
 )
 from meshensemble.training.config import (
     CONFIG_FILE,
-    CONV_MODELS,
     METRICS_FILE,
     TrainConfig,
     build_ensemble,
@@ -62,6 +60,10 @@ from meshensemble.training.outputs import (
     epoch_line,
     final_table,
 )
+from meshensemble.training.tuning import concrete, resolve_choices
+
+SETTLE_EVERY = 64
+"""Chunks whose losses a run keeps on device before adding the older ones on the host."""
 
 
 @dataclasses.dataclass
@@ -73,8 +75,11 @@ class LoopPosition:
       epoch_step: steps done in that epoch (``steps_per_epoch`` once it is complete).
       step: steps done in the whole run.
       loss_sum: the per-member sum of the train losses of this epoch so far, ``[members]``
-        (a device array while training, a list in JSON, None before the first step).
-      loss_count: how many steps ``loss_sum`` holds.
+        (host float32 while training, a list in JSON, None before the first step).
+      loss_count: how many steps ``loss_sum`` and ``pending`` hold.
+      pending: the ``[n, members]`` device losses of chunks not yet added to ``loss_sum``
+        (added on the host by :meth:`settle`, so summing compiles no program of its own;
+        not saved).
 
     Example:
       >>> LoopPosition.from_json({"epoch": 2, "epoch_step": 0, "step": 469,
@@ -87,18 +92,38 @@ class LoopPosition:
     step: int = 0
     loss_sum: Any = None
     loss_count: int = 0
+    pending: list[Any] = dataclasses.field(default_factory=list, repr=False)
+
+    def settle(self, keep: int = 0) -> None:
+        """Adds the pending chunk losses, all but the newest ``keep``, into ``loss_sum``.
+
+        Args:
+          keep: how many of the newest chunks to leave pending (those may still run;
+            fetching them would wait for them).
+        """
+        done = self.pending[: max(len(self.pending) - keep, 0)]
+        if not done:
+            return
+        self.pending = self.pending[len(done) :]
+        total = np.zeros(np.shape(done[0])[1:], np.float32)
+        total = total if self.loss_sum is None else np.asarray(self.loss_sum, np.float32)
+        for losses in fetch(done):
+            total = total + np.sum(losses, axis=0, dtype=np.float32)
+        self.loss_sum = total
 
     def to_json(self) -> dict[str, Any]:
-        """The checkpoint's ``loop`` entry (``loss_sum`` fetched to a list of floats)."""
-        out = dataclasses.asdict(self)
+        """The checkpoint's ``loop`` entry (``loss_sum`` as a list of floats)."""
+        self.settle()
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del out["pending"]
         if self.loss_sum is not None:
-            out["loss_sum"] = np.asarray(fetch(self.loss_sum)).tolist()
+            out["loss_sum"] = [float(v) for v in np.asarray(self.loss_sum, np.float32)]
         return out
 
     @classmethod
     def from_json(cls, loop: dict[str, Any]) -> LoopPosition:
         """Reads a checkpoint's ``loop`` entry (keys it does not know are ignored)."""
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = {f.name for f in dataclasses.fields(cls)} - {"pending"}
         return cls(**{k: v for k, v in loop.items() if k in names})
 
 
@@ -113,6 +138,9 @@ class TrainResult:
       dataset: the data used.
       seconds: wall time of the run, compilation included.
       preempted: the run stopped on SIGTERM/SIGINT after saving a checkpoint.
+      compile: what the run compiled
+        (:meth:`meshensemble.core.compilation.CompileLog.summary`, also in the workdir's
+        ``compile.json``).
     """
 
     ensemble: Ensemble
@@ -121,6 +149,7 @@ class TrainResult:
     dataset: data_lib.Dataset
     seconds: float
     preempted: bool = False
+    compile: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def train(
@@ -129,6 +158,13 @@ def train(
     echo: Callable[[str], None] | None = None,
 ) -> TrainResult:
     """Trains an ensemble as ``cfg`` says and writes the run's outputs to ``cfg.workdir``.
+
+    With ``cfg.compile_cache`` (the default) JAX's persistent compilation cache is turned
+    on first (:func:`use_compilation_cache`: this sets JAX's global cache options for the
+    whole process); every compilation of the run is logged, printed in one line after the
+    first evaluation and written to ``compile.json`` in the workdir. With
+    ``member_strategy``/``conv`` at ``auto`` and ``cfg.autotune``, the candidates are
+    timed first (:mod:`meshensemble.training.tuning`).
 
     A workdir that holds a run is resumed from its newest good checkpoint, but only
     when it is the same run: the fields of
@@ -163,9 +199,69 @@ def train(
     cfg.validate()
     stop = StopSignal.install()  # from the start: a SIGTERM during compilation counts too
     try:
-        return _train(cfg, dataset, echo, stop)
+        cache_dir = use_compilation_cache(cfg)
+        with CompileLog() as log:
+            return _train(cfg, dataset, echo, stop, log, cache_dir)
     finally:
         stop.uninstall()
+
+
+def use_compilation_cache(cfg: TrainConfig) -> str | None:
+    """Sets JAX's persistent compilation cache as ``cfg`` says, for the whole process.
+
+    With ``cfg.compile_cache`` the cache is enabled in ``cfg.compile_cache_dir`` (default
+    :func:`meshensemble.core.compilation.default_cache_dir`, which honours
+    ``$JAX_COMPILATION_CACHE_DIR``) for every program, small ones included; without, JAX's
+    cache is disabled. These are JAX's global options: they stay set after the run. A
+    change of folder or of on/off takes effect at once (JAX's cache is re-initialised).
+
+    Args:
+      cfg: the run's config.
+
+    Returns:
+      The cache folder in use, or None (off, or the folder cannot be written: the run
+      then compiles as usual).
+
+    Example:
+      >>> use_compilation_cache(me.TrainConfig())
+      '/home/me/.cache/meshensemble/jax'
+    """
+    before = (jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir)
+    path = None
+    if cfg.compile_cache:
+        path = enable_compilation_cache(cfg.compile_cache_dir)
+    if path is not None:
+        jax.config.update("jax_enable_compilation_cache", True)
+    elif not cfg.compile_cache:
+        jax.config.update("jax_enable_compilation_cache", False)
+    after = (jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir)
+    if after != before:
+        compilation_cache.reset_cache()  # JAX reads its options once: make it read them again
+    return path
+
+
+@jax.jit
+def _split_seed(seed: jax.Array) -> tuple[jax.Array, jax.Array]:
+    init_key, order_key = jax.random.split(jax.random.key(seed))
+    return init_key, order_key
+
+
+def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
+    """The run's two keys, ``jax.random.split(jax.random.key(seed))``, in one program.
+
+    Args:
+      seed: ``TrainConfig.seed``.
+
+    Returns:
+      ``(init_key, order_key)``, typed keys equal to the split of ``jax.random.key(seed)``.
+
+    Example:
+      >>> init_key, order_key = run_keys(0)
+    """
+    if -(2**31) <= seed < 2**31:
+        return _split_seed(np.int32(seed))
+    init_key, order_key = jax.random.split(jax.random.key(seed))
+    return init_key, order_key
 
 
 def _held(workdir: str) -> list[str]:
@@ -199,7 +295,7 @@ def _saved_run(cfg: TrainConfig) -> dict[str, Any] | None:
     return saved
 
 
-def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
+def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal, log, cache_dir) -> TrainResult:
     t0 = time.perf_counter()
     main = jax.process_index() == 0  # only process 0 prints and writes the run's files
     quiet = lambda s: None
@@ -232,11 +328,11 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
     total_steps = cfg.epochs * steps_per_epoch
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
-    ens = build_ensemble(cfg, mesh, n_train)
-    if cfg.batch_size % ens.data_size:
+    data_size = int(mesh.shape["data"])
+    if cfg.batch_size % data_size:
         raise ValueError(
             f"batch_size={cfg.batch_size} is not divisible by the mesh's data axis "
-            f"({ens.data_size}); use a multiple of {ens.data_size}"
+            f"({data_size}); use a multiple of {data_size}"
         )
     platform = mesh.devices.flat[0].platform
     k = min(cfg.chunk_steps or default_chunk_steps(platform, steps_per_epoch), steps_per_epoch)
@@ -245,6 +341,12 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
             f"chunk_steps={k} does not divide the {steps_per_epoch} steps of an epoch; "
             f"pick a divisor of {steps_per_epoch}"
         )
+    init_key, order_key = run_keys(cfg.seed)
+    recorded = saved.get("resolved") if saved is not None else None
+    choice = resolve_choices(cfg, mesh, dataset, init_key, cache_dir, recorded)
+    ens = choice.ensemble or build_ensemble(
+        concrete(cfg, choice.member_strategy, choice.conv), mesh, n_train
+    )
     sample = dataset.train_images[:1]
     restored = None
     if saved is not None:
@@ -266,8 +368,8 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
         {
             "mesh": mesh_shape,
             "chunk_steps": k,
-            "member_strategy": ens.member_strategy,
-            "conv": resolve_conv(cfg.conv) if cfg.model in CONV_MODELS else None,
+            **choice.resolved(),
+            "compile_cache": cache_dir,
             "data": dataset.note,
             "data_identity": identity,
             "validation": held_out,
@@ -282,8 +384,9 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
         f"{ens.members_per_device} member(s)/device), backend={cfg.backend}, "
         f"strategy={ens.member_strategy}, {steps_per_epoch} steps/epoch, K={k}"
     )
+    if choice.how != "given":
+        say(choice.line())
 
-    init_key, order_key = jax.random.split(jax.random.key(cfg.seed))
     if restored is None:
         state, pos = ens.init(init_key, sample), LoopPosition()
     else:
@@ -292,13 +395,17 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
     ckpt = Checkpointer(cfg.workdir, cfg.keep, echo=tell) if cfg.checkpoint else None
     feeder = Feeder(ens, dataset, cfg, order_key, k, steps_per_epoch)
     guard = NonFiniteGuard(ens, cfg.on_nonfinite, init_key, sample)
-    run = _Run(cfg, ens, dataset, feeder, guard, ckpt, writer, stop, say, tell, t0)
+    run = _Run(cfg, ens, dataset, feeder, guard, ckpt, writer, stop, say, tell, t0, log)
     try:
         state, pos, saved_at = run.loop(state, pos, steps_per_epoch, total_steps, k, main)
     finally:
         if ckpt is not None:
             ckpt.close()
     seconds = time.perf_counter() - t0
+    compiled = log.summary()
+    if not run.compile_reported:
+        say(log.line())
+    writer.write_compile(compiled)
     history = writer.history
     if stop.signal is not None:
         where = "no checkpoint"
@@ -307,13 +414,13 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal) -> TrainResult:
         tell(
             f"stopped by {stop.signal} at step {pos.step}: {where}; run the same command to resume"
         )
-        return TrainResult(ens, state, history, dataset, seconds, preempted=True)
+        return TrainResult(ens, state, history, dataset, seconds, True, compiled)
     writer.plots(history)
     writer.close()
     if history:
         tell(final_table(history[-1]))
     say(f"done in {seconds:.1f}s; outputs in {cfg.workdir}")
-    return TrainResult(ens, state, history, dataset, seconds)
+    return TrainResult(ens, state, history, dataset, seconds, False, compiled)
 
 
 @dataclasses.dataclass
@@ -331,6 +438,8 @@ class _Run:
     say: Callable[[str], None]
     tell: Callable[[str], None]
     t0: float
+    log: CompileLog
+    compile_reported: bool = False
 
     def last_checkpoint(self) -> int | None:
         return self.ckpt.mngr.latest_step() if self.ckpt is not None else None
@@ -339,13 +448,8 @@ class _Run:
         """Runs chunks until ``total_steps`` or a stop signal; returns the state, position
         and the step of the last checkpoint saved (or None)."""
         cfg, guard = self.cfg, self.guard
-        add_loss = jax.jit(lambda acc, losses: acc + jnp.sum(losses, axis=0))
         zeros = np.zeros((cfg.members,), np.float32)
-        pos.loss_sum = put(
-            zeros if pos.loss_sum is None else np.asarray(pos.loss_sum, np.float32),
-            self.ens.mesh,
-            MEMBERS,
-        )
+        pos.loss_sum = zeros if pos.loss_sum is None else np.asarray(pos.loss_sum, np.float32)
         if pos.epoch_step == steps_per_epoch:
             pos.epoch, pos.epoch_step = pos.epoch + 1, 0
         progress = Progress(self.say, enabled=main and not cfg.quiet)
@@ -358,7 +462,9 @@ class _Run:
                 n = 1 if cfg.streaming else n
                 state, metrics = self.feeder.run(state, pos.epoch, pos.epoch_step, n)
                 state = guard.check(state, metrics, pos.step, self.tell, self.last_checkpoint)
-                pos.loss_sum = add_loss(pos.loss_sum, metrics["loss"])
+                pos.pending.append(metrics["loss"])  # summed on the host, never waited for
+                if len(pos.pending) > SETTLE_EVERY:
+                    pos.settle(keep=2)
                 pos.loss_count += n
                 pos.step += n
                 pos.epoch_step += n
@@ -370,7 +476,7 @@ class _Run:
                     state = guard.flush(state, self.tell, self.last_checkpoint)
                     self.evaluate(state, pos)
                     if epoch_done:  # a split epoch keeps its sum: its record covers it all
-                        pos.loss_sum, pos.loss_count = jnp.zeros_like(pos.loss_sum), 0
+                        pos.loss_sum, pos.loss_count = np.zeros_like(pos.loss_sum), 0
                 every = cfg.checkpoint_every
                 due = epoch_done or last or (every and pos.step // every > (pos.step - n) // every)
                 stopping = self.stop.requested(pos.step)
@@ -391,11 +497,16 @@ class _Run:
         ds, cfg = self.dataset, self.cfg
         ev = self.ens.evaluate(state, ds.test_images, ds.test_labels, cfg.eval_batch_size)
         record: dict[str, Any] = {"epoch": pos.epoch, "step": pos.step}
+        pos.settle()
         if pos.loss_count:
-            losses = fetch(pos.loss_sum).astype(np.float64) / pos.loss_count
+            losses = np.asarray(pos.loss_sum, np.float64) / pos.loss_count
             record["train_loss"] = [float(v) for v in losses]
             record["train_mean_member_loss"] = float(losses.mean())
         record.update(prefix_metrics(ev, "test"))
         self.writer.history.append(record)
         self.writer.write_metrics(record)
         self.say(epoch_line(record, cfg.epochs, time.perf_counter() - self.t0))
+        if not self.compile_reported:  # the run's programs are all compiled by now
+            self.compile_reported = True
+            self.say(self.log.line())
+            self.writer.write_compile(self.log.summary())

@@ -33,6 +33,10 @@ from meshensemble.training.config import CONFIG_FILE, METRICS_FILE
 PLOTS = ("learning_curves.png", "members.png")
 """The plots a run writes to its workdir."""
 TENSORBOARD_DIR = "tensorboard"
+COMPILE_FILE = "compile.json"
+"""The run's compile report in its workdir: the summary of a
+:class:`meshensemble.core.compilation.CompileLog` (``programs``, ``seconds``,
+``cache_hits``, ``cache_misses``, ``by_program``) of this command."""
 """Folder of the TensorBoard event files under the workdir."""
 
 
@@ -107,7 +111,7 @@ def clear_run(workdir: str) -> None:
     """
     for name in (CHECKPOINT_DIR, TENSORBOARD_DIR):
         shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
-    for name in (CONFIG_FILE, METRICS_FILE, *PLOTS):
+    for name in (CONFIG_FILE, METRICS_FILE, COMPILE_FILE, *PLOTS):
         path = os.path.join(workdir, name)
         if os.path.isfile(path) or os.path.islink(path):
             os.remove(path)
@@ -178,6 +182,18 @@ class RunWriter:
         path = os.path.join(self.workdir, CONFIG_FILE)
         with writing(path), open(path, "w") as f:
             json.dump(dataclasses.asdict(cfg) | {"resolved": resolved}, f, indent=2)
+
+    def write_compile(self, summary: dict[str, Any]) -> None:
+        """Writes :data:`COMPILE_FILE`: what this command compiled (replaced by each command).
+
+        Args:
+          summary: :meth:`meshensemble.core.compilation.CompileLog.summary`.
+        """
+        if not self.enabled:
+            return
+        path = os.path.join(self.workdir, COMPILE_FILE)
+        with writing(path), open(path, "w") as f:
+            json.dump(summary, f, indent=2)
 
     def write_metrics(self, record: dict[str, Any]) -> None:
         """Appends one record to ``metrics.jsonl`` (and its scalars to TensorBoard)."""
@@ -302,7 +318,8 @@ class Progress:
     def _loss(self) -> str:
         if self._last is None:
             return "n/a"
-        local = [np.asarray(s.data) for s in self._last.addressable_shards]
+        # the chunk's last step, taken on the host (indexing on device compiles a program)
+        local = [np.asarray(s.data)[-1] for s in self._last.addressable_shards]
         return f"{float(np.mean(local)):.4f}"
 
     def update(self, n: int, metrics: dict[str, jax.Array]) -> None:
@@ -325,7 +342,7 @@ class Progress:
             self.bar.update(n)
             if self._last is not None and self.bar.n % 5 < n:  # a step that has finished
                 self.bar.set_postfix(loss=self._loss())
-        self._last = metrics["loss"][-1]
+        self._last = metrics["loss"]
 
     def close(self) -> None:
         """Ends the epoch's bar."""

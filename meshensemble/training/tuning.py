@@ -1,0 +1,245 @@
+"""Measured defaults for a run: the member strategy (and the CNN's convolution) by timing.
+
+With ``TrainConfig.member_strategy="auto"`` (and ``conv="auto"`` for the CNN models) and
+``autotune`` on, :func:`resolve_choices` times one training step of every candidate
+(``vmap``/``loop``, times ``xla``/``im2col`` when the convolution is also open) on the
+run's own device, model and batch, with :func:`meshensemble.core.autotune.choose`, and
+keeps the fastest. The choice is remembered in the choices file beside the compilation
+cache (:func:`~meshensemble.core.autotune.choices_path`), so the next run of the same
+configuration reads it instead of measuring; with the compilation cache off it is
+measured each run and not kept. A resumed run takes the choice its ``config.json``
+recorded (bitwise resume); ``autotune=False`` takes the platform defaults
+(:func:`~meshensemble.core.ensemble.default_strategy`,
+:func:`~meshensemble.models.conv.default_conv`); an explicit strategy or convolution is
+used as given and not measured.
+
+Every candidate runs on its own ensemble and its own copy of the state (:func:`step_candidate`),
+so no measurement touches the run's state.
+
+Example:
+  >>> choice = resolve_choices(cfg, mesh, dataset, init_key, cache_dir=None)
+  >>> choice.member_strategy, choice.conv, choice.reason
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from meshensemble import data as data_lib
+from meshensemble.core import autotune
+from meshensemble.core.ensemble import Ensemble, default_strategy
+from meshensemble.core.mesh import ENSEMBLE
+from meshensemble.core.state import EnsembleState
+from meshensemble.models.conv import default_conv
+from meshensemble.training.config import CONV_MODELS, TrainConfig, build_ensemble
+
+STRATEGY_CANDIDATES = ("vmap", "loop")
+"""Member strategies measured when ``member_strategy="auto"``."""
+CONV_CANDIDATES = ("xla", "im2col")
+"""Convolutions measured when ``conv="auto"`` (CNN models only)."""
+
+
+@dataclasses.dataclass
+class Choice:
+    """What a run uses for the two settings that ``auto`` leaves open.
+
+    Attributes:
+      member_strategy: ``"vmap"`` or ``"loop"``.
+      conv: the convolution (``"xla"``, ``"im2col"``, ``"canonical"``), or None for a
+        model without one.
+      how: ``"given"`` (explicit), ``"default"`` (platform default, autotune off),
+        ``"recorded"`` (a resumed run's ``config.json``), ``"cached"`` (measured by an
+        earlier run) or ``"measured"`` (measured now).
+      reason: one line saying why, e.g. ``"loop: 9.1 ms/step against vmap 12.0 ms
+        (measured now)"``.
+      ensemble: when measured now, the winner's ensemble, already initialised with the
+        run's key (reusing it saves compiling the initialisation again); else None.
+    """
+
+    member_strategy: str
+    conv: str | None
+    how: str
+    reason: str
+    ensemble: Ensemble | None = dataclasses.field(default=None, repr=False)
+
+    def line(self) -> str:
+        """The line a run prints, e.g. ``member strategy: loop, conv: im2col (...)``."""
+        conv = f", conv: {self.conv}" if self.conv is not None else ""
+        return f"member strategy: {self.member_strategy}{conv} ({self.reason})"
+
+    def resolved(self) -> dict[str, Any]:
+        """The ``config.json`` ``resolved`` entries: the choices and ``tuning``."""
+        return {
+            "member_strategy": self.member_strategy,
+            "conv": self.conv,
+            "tuning": {"how": self.how, "reason": self.reason},
+        }
+
+
+def copy_state(state: EnsembleState) -> EnsembleState:
+    """A copy of ``state`` in new buffers (the same shardings), safe to donate.
+
+    Args:
+      state: an ensemble state.
+
+    Returns:
+      An equal :class:`~meshensemble.core.state.EnsembleState` that shares no buffer.
+
+    Example:
+      >>> mine = copy_state(state)   # train on `mine`; `state` stays usable
+    """
+    return _copy(state)
+
+
+@jax.jit
+def _copy(tree: Any) -> Any:
+    return jax.tree.map(jnp.copy, tree)
+
+
+def step_candidate(
+    ens: Ensemble, state: EnsembleState, images: Any, labels: Any, copy: bool = True
+) -> Callable[[], Any]:
+    """A one-step callable of ``ens`` on a private copy of ``state`` and one batch.
+
+    Args:
+      ens: the candidate's ensemble.
+      state: a state of that ensemble's shape (copied now: it is never donated).
+      images: one batch ``[B, ...]``.
+      labels: its labels ``[B]``.
+      copy: False when ``state`` was made for this candidate alone (it is then trained
+        in place, saving the copy's program).
+
+    Returns:
+      ``fn()``: one ``train_step`` of the copy (which it keeps), returning the metrics.
+
+    Example:
+      >>> fn = step_candidate(ens, state, images[:128], labels[:128]); fn()
+    """
+    own = [copy_state(state) if copy else state]
+    x = ens.place(images)
+    y = np.asarray(labels, np.int32)
+
+    def step() -> Any:
+        own[0], metrics = ens.train_step(own[0], x, y)
+        return metrics
+
+    return step
+
+
+def open_settings(cfg: TrainConfig) -> tuple[bool, bool]:
+    """Whether the run leaves the member strategy and the convolution to be chosen.
+
+    Returns:
+      ``(strategy_open, conv_open)``; the convolution is open only for
+      :data:`~meshensemble.training.config.CONV_MODELS`.
+    """
+    return cfg.member_strategy == "auto", cfg.conv == "auto" and cfg.model in CONV_MODELS
+
+
+def resolve_choices(
+    cfg: TrainConfig,
+    mesh: Mesh,
+    dataset: data_lib.Dataset,
+    init_key: jax.Array,
+    cache_dir: str | None,
+    recorded: dict[str, Any] | None = None,
+    *,
+    rounds: int = 3,
+    timer: Callable[[], float] = time.perf_counter,
+) -> Choice:
+    """The member strategy and convolution the run uses, measured when ``auto`` asks for it.
+
+    Args:
+      cfg: the run's config.
+      mesh: the run's mesh.
+      dataset: the run's data (its first ``batch_size`` training examples are the batch).
+      init_key: the members' initialisation key (each candidate initialises its own state).
+      cache_dir: the compilation cache folder in use, or None (then a measurement is not
+        kept).
+      recorded: a resumed run's ``config.json`` ``resolved`` entry, whose choices win.
+      rounds: timed steps per candidate.
+      timer: the clock (injectable for tests).
+
+    Returns:
+      A :class:`Choice`.
+
+    Example:
+      >>> resolve_choices(cfg, mesh, dataset, init_key, None).line()
+      'member strategy: loop, conv: im2col (loop/im2col: 310.0 ms/step against ...)'
+    """
+    platform = mesh.devices.flat[0].platform
+    strategy_open, conv_open = open_settings(cfg)
+    has_conv = cfg.model in CONV_MODELS
+    strategy = cfg.member_strategy if not strategy_open else default_strategy(platform)
+    conv = (cfg.conv if not conv_open else default_conv(platform)) if has_conv else None
+    if not (strategy_open or conv_open):
+        return Choice(strategy, conv, "given", "as given")
+    if recorded and recorded.get("member_strategy") in STRATEGY_CANDIDATES:
+        strategy = recorded["member_strategy"] if strategy_open else strategy
+        conv = recorded.get("conv", conv) if conv_open else conv
+        return Choice(strategy, conv, "recorded", "recorded in the resumed run's config.json")
+    if not cfg.autotune:
+        return Choice(strategy, conv, "default", f"platform default for {platform}")
+    strategies = STRATEGY_CANDIDATES if strategy_open else (strategy,)
+    convs = CONV_CANDIDATES if conv_open else (conv,)
+    names = {_name(s, c, strategy_open, conv_open): (s, c) for s in strategies for c in convs}
+    sample = dataset.train_images[:1]
+    images, labels = dataset.train_images[: cfg.batch_size], dataset.train_labels[: cfg.batch_size]
+
+    built: dict[tuple[str, str | None], Ensemble] = {}
+
+    def make(s: str, c: str | None) -> Callable[[], Callable[[], Any]]:
+        def build() -> Callable[[], Any]:
+            ens = built[s, c] = build_ensemble(concrete(cfg, s, c), mesh, len(dataset.train_labels))
+            # its own state, from the run's key: the run's state is made after the choice
+            return step_candidate(ens, ens.init(init_key, sample), images, labels, copy=False)
+
+        return build
+
+    key = autotune.tuning_key(
+        what="member_strategy,conv",
+        candidates=sorted(names),
+        model=cfg.model,
+        members=cfg.members,
+        members_per_device=cfg.members // int(mesh.shape[ENSEMBLE]),
+        mesh=dict(mesh.shape),
+        batch=cfg.batch_size,
+        data=(tuple(dataset.train_images.shape[1:]), str(dataset.train_images.dtype)),
+        precision=cfg.precision,
+        backend=cfg.backend,
+    )
+    path = autotune.choices_path(cache_dir) if cache_dir else None
+    candidates = {n: make(*sc) for n, sc in names.items()}
+    name, reason = autotune.choose(key, candidates, path, rounds=rounds, timer=timer)
+    strategy, conv = names[name]
+    how = "cached" if "cached" in reason else "measured"
+    return Choice(strategy, conv, how, reason, built.get((strategy, conv)))
+
+
+def concrete(cfg: TrainConfig, strategy: str, conv: str | None) -> TrainConfig:
+    """``cfg`` with the chosen strategy and convolution in place of ``auto``.
+
+    Args:
+      cfg: the run's config.
+      strategy: the member strategy.
+      conv: the convolution, or None for a model without one.
+
+    Returns:
+      A copy of ``cfg`` (what :func:`~meshensemble.training.config.build_ensemble` takes).
+    """
+    return dataclasses.replace(
+        cfg, member_strategy=strategy, conv=cfg.conv if conv is None else conv
+    )
+
+
+def _name(strategy: str, conv: str | None, strategy_open: bool, conv_open: bool) -> str:
+    parts = ([strategy] if strategy_open else []) + ([str(conv)] if conv_open else [])
+    return "/".join(parts)

@@ -1,0 +1,192 @@
+"""The training side of compilation and measured defaults: the persistent cache's settings,
+the compile report, the run's program count, and the member strategy chosen by measurement
+(never asserting speed: the clock or the measurement is injected)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from conftest import need_devices
+from jax.experimental.compilation_cache import compilation_cache
+
+import meshensemble as me
+from meshensemble import cli
+from meshensemble.cli import train as cli_train
+from meshensemble.core import autotune
+from meshensemble.core.compilation import ENV_CACHE_DIR, CompileLog
+from meshensemble.training import TrainConfig, build_ensemble, train
+from meshensemble.training.loop import run_keys, use_compilation_cache
+from meshensemble.training.tuning import resolve_choices, step_candidate
+
+DATA = me.data.synthetic(num_train=192, num_test=40, seed=0)
+RUN_PROGRAMS = {
+    "jit(_split_seed)",
+    "jit(init)",
+    "jit(_draw)",
+    "jit(train_chunk)",
+    "jit(eval_stats)",
+}
+"""What a run compiles once its member strategy is decided (5 programs)."""
+
+
+@pytest.fixture(autouse=True)
+def jax_cache_options():
+    """Puts JAX's global cache options back after each test."""
+    names = ("jax_enable_compilation_cache", "jax_compilation_cache_dir")
+    before = {n: getattr(jax.config, n) for n in names}
+    yield
+    for n, v in before.items():
+        jax.config.update(n, v)
+    compilation_cache.reset_cache()
+
+
+def tiny(tmp_path, name="run", **kw) -> TrainConfig:
+    base = dict(
+        model="mlp",
+        members=4,
+        mesh="ensemble=4,data=2",
+        epochs=1,
+        batch_size=32,
+        learning_rate=0.05,
+        workdir=str(tmp_path / name),
+        quiet=True,
+        checkpoint=False,
+        eval_batch_size=40,  # one evaluation batch: no partial sums to add
+        compile_cache_dir=str(tmp_path / "cache" / "jax"),
+    )
+    return TrainConfig(**(base | kw))
+
+
+def no_measuring(*args, **kwargs):
+    raise AssertionError("measured, but the choice was given, recorded or turned off")
+
+
+def test_cache_flags_and_env(tmp_path, monkeypatch):
+    parse = lambda *argv: cli_train.config_from_args(
+        cli.build_parser().parse_args(["train", "--workdir", str(tmp_path / "w"), *argv])
+    )
+    cfg = parse()
+    assert cfg.compile_cache and cfg.compile_cache_dir is None and cfg.autotune
+    cfg = parse("--no-compile-cache", "--no-autotune", "--compile-cache-dir", "/x/y")
+    assert not cfg.compile_cache and cfg.compile_cache_dir == "/x/y" and not cfg.autotune
+
+    given = str(tmp_path / "given")
+    assert use_compilation_cache(TrainConfig(compile_cache_dir=given)) == given
+    assert jax.config.jax_compilation_cache_dir == given and os.path.isdir(given)
+    assert jax.config.jax_enable_compilation_cache
+    monkeypatch.setenv(ENV_CACHE_DIR, str(tmp_path / "env"))
+    assert use_compilation_cache(TrainConfig()) == str(tmp_path / "env")
+    assert use_compilation_cache(TrainConfig(compile_cache=False)) is None
+    assert not jax.config.jax_enable_compilation_cache
+    # an unwritable folder: the run compiles as usual, never fails
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert use_compilation_cache(TrainConfig(compile_cache_dir=str(blocker / "jax"))) is None
+
+
+def test_compile_summary_written_and_printed(tmp_path, capsys):
+    need_devices(8)
+    lines: list[str] = []
+    cfg = tiny(tmp_path, quiet=False, max_steps=2, member_strategy="loop")
+    result = train(cfg, dataset=DATA, echo=lines.append)
+    report = [line for line in lines if line.startswith("compiled ")]
+    assert len(report) == 1 and "persistent cache:" in report[0]
+    saved = json.loads((tmp_path / "run" / "compile.json").read_text())
+    assert set(saved) == {"programs", "seconds", "cache_hits", "cache_misses", "by_program"}
+    assert saved == result.compile
+    assert saved["programs"] == len(saved["by_program"])
+    assert {p["cache"] for p in saved["by_program"]} <= {"hit", "miss"}  # the cache is on
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["resolved"]["compile_cache"] == str(tmp_path / "cache" / "jax")
+
+    capsys.readouterr()
+    train(tiny(tmp_path, "quiet", max_steps=2, member_strategy="loop"), DATA)  # quiet=True
+    assert "compiled " not in capsys.readouterr().out
+
+
+def test_a_run_compiles_few_programs(tmp_path):
+    need_devices(8)
+    with CompileLog() as log:
+        result = train(tiny(tmp_path, max_steps=4, chunk_steps=2, member_strategy="vmap"), DATA)
+    names = [p.name for p in log.programs]
+    assert set(names) <= RUN_PROGRAMS, names
+    assert len(names) <= len(RUN_PROGRAMS) and result.compile["programs"] == len(names)
+
+
+@pytest.mark.parametrize("seed", [0, 7, -1, 2**31 - 1, 2**40])
+def test_run_keys_equal_the_split_of_the_seed_key(seed):
+    want = jax.random.split(jax.random.key(seed))
+    got = run_keys(seed)
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_array_equal(jax.random.key_data(g), jax.random.key_data(w))
+
+
+def test_a_resumed_run_reuses_the_recorded_choice(tmp_path, monkeypatch):
+    need_devices(8)
+    monkeypatch.setattr(autotune, "time_candidates", lambda c, *a: {"vmap": 1.0, "loop": 2.0})
+    cfg = tiny(tmp_path, checkpoint=True, max_steps=2)
+    first = train(cfg, DATA)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["resolved"]["member_strategy"] == "vmap"  # not the CPU default: measured
+    assert config["resolved"]["tuning"]["how"] == "measured"
+    assert config["member_strategy"] == "auto"  # the fields stay as given
+    assert first.ensemble.member_strategy == "vmap"
+    os.remove(autotune.choices_path(cfg.compile_cache_dir))  # nothing cached to read
+    monkeypatch.setattr(autotune, "time_candidates", no_measuring)
+    resumed = train(tiny(tmp_path, checkpoint=True, max_steps=4), DATA)
+    assert resumed.ensemble.member_strategy == "vmap" and resumed.history[-1]["step"] == 4
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["resolved"]["tuning"]["how"] == "recorded"
+
+
+def test_measured_once_then_read_from_the_choices_file(tmp_path, monkeypatch):
+    need_devices(8)
+    cfg = tiny(tmp_path).validate()
+    mesh = me.make_mesh(ensemble=4, data=2)
+    key = jax.random.key(0)
+    ticks = iter(np.arange(100.0) ** 2)  # each call takes longer than the one before
+    cache = str(tmp_path / "cache" / "jax")
+    choice = resolve_choices(cfg, mesh, DATA, key, cache, timer=lambda: float(next(ticks)))
+    assert choice.how == "measured" and choice.member_strategy == "vmap"  # timed first
+    assert choice.line().startswith("member strategy: vmap (vmap: ")
+    assert choice.ensemble is not None and choice.ensemble.member_strategy == "vmap"
+    monkeypatch.setattr(autotune, "time_candidates", no_measuring)
+    again = resolve_choices(cfg, mesh, DATA, key, cache)
+    assert again.how == "cached" and again.member_strategy == "vmap"
+    assert resolve_choices(cfg, mesh, DATA, key, None, {"member_strategy": "loop"}).how == (
+        "recorded"
+    )
+
+
+def test_no_autotune_and_explicit_choices_skip_measuring(tmp_path, monkeypatch):
+    need_devices(8)
+    monkeypatch.setattr(autotune, "time_candidates", no_measuring)
+    off = train(tiny(tmp_path, "off", autotune=False, max_steps=2), DATA)
+    assert off.ensemble.member_strategy == me.default_strategy("cpu")
+    given = train(tiny(tmp_path, "given", member_strategy="vmap", max_steps=2), DATA)
+    assert given.ensemble.member_strategy == "vmap"
+    mesh = me.make_mesh(ensemble=4, data=2)
+    cnn = TrainConfig(model="cnn", members=4, conv="im2col", autotune=False).validate()
+    choice = resolve_choices(cnn, mesh, DATA, jax.random.key(0), None)
+    assert (choice.member_strategy, choice.conv, choice.how) == ("loop", "im2col", "default")
+    given = TrainConfig(model="cnn", members=4, member_strategy="vmap", conv="xla").validate()
+    choice = resolve_choices(given, mesh, DATA, jax.random.key(0), None)
+    assert (choice.member_strategy, choice.conv, choice.how) == ("vmap", "xla", "given")
+
+
+def test_measuring_never_consumes_the_given_state(tmp_path):
+    need_devices(8)
+    cfg = tiny(tmp_path).validate()
+    ens = build_ensemble(cfg, me.make_mesh(ensemble=4, data=2), len(DATA.train_labels))
+    state = ens.init(jax.random.key(0), DATA.train_images[:1])
+    before = jax.device_get(state.params)
+    step = step_candidate(ens, state, DATA.train_images[:32], DATA.train_labels[:32])
+    for _ in range(3):
+        jax.block_until_ready(step())
+    assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(state))
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), before)
+    state, _ = ens.train_step(state, DATA.train_images[:32], DATA.train_labels[:32])
