@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import types
+from functools import partial
 
 import jax
 import numpy as np
@@ -16,6 +17,8 @@ from conftest import need_devices
 import meshensemble as me
 from meshensemble import calibration, cli, data
 from meshensemble import evaluation as evaluate
+from meshensemble.core import steps
+from meshensemble.core.mesh import BATCH, MEMBERS
 from meshensemble.data.split import split_validation
 from meshensemble.training import TrainConfig, train
 from meshensemble.training.identity import check_same_run, read_saved_config, run_fields
@@ -154,6 +157,14 @@ def test_predict_with_temperature(run) -> None:
     ens, state = run.trained.ensemble, run.trained.state
     x = run.ds.test_images[:50]
     base = np.asarray(ens.predict(state, x))
+    # None runs today's program: the per-device ensemble_probs, bitwise
+    ref = ens.build(
+        ("test_ref", "ensemble_probs"),
+        lambda c: partial(steps.ensemble_probs, c),
+        (MEMBERS, BATCH),
+        BATCH,
+    )
+    np.testing.assert_array_equal(base, np.asarray(ref(state, x)))
     np.testing.assert_array_equal(np.asarray(ens.predict(state, x, temperature=None)), base)
     np.testing.assert_allclose(np.asarray(ens.predict(state, x, temperature=1.0)), base, atol=1e-6)
     members = np.asarray(ens.predict_members(state, x))
@@ -212,7 +223,8 @@ def test_evaluate_calibrate_writes_the_section(run, capsys) -> None:
     assert "calibration: T=" in out and "coverage" in out
     with open(os.path.join(workdir, evaluate.EVALUATION_FILE)) as f:
         section = json.load(f)["calibration"]
-    assert os.path.isfile(os.path.join(workdir, evaluate.CALIBRATION_PLOT))
+    with open(os.path.join(workdir, evaluate.CALIBRATION_PLOT), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert section["num_validation"] == NUM_VAL and section["temperature"] > 0
     assert not section["temperature_at_bound"]
     # T is fitted on the validation split: its NLL cannot get worse

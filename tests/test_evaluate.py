@@ -117,6 +117,7 @@ def test_report_keys_files_and_training_names(run) -> None:
         assert os.path.getsize(path) > 1000
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert not os.path.exists(os.path.join(run.workdir, evaluate.CALIBRATION_PLOT))
     # The same names and values as the training loop's last record (same final state).
     last = {k: v for k, v in run.trained.history[-1].items() if k.startswith("test_")}
     assert set(last) == {k for k in r if k.startswith("test_")}
