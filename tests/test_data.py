@@ -260,6 +260,8 @@ PUBLIC = [
     "normalize",
     "synthetic",
     "validate",
+    "ValidationSplit",
+    "split_validation",
 ]
 
 

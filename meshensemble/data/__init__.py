@@ -41,6 +41,8 @@ from meshensemble.data.dataset import validate as validate
 from meshensemble.data.npz import load_npz as load_npz
 from meshensemble.data.npz import save_npz as save_npz
 from meshensemble.data.sample import load_sample as load_sample
+from meshensemble.data.split import ValidationSplit as ValidationSplit
+from meshensemble.data.split import split_validation as split_validation
 from meshensemble.data.synthetic import synthetic as synthetic
 from meshensemble.data.tfds import load_tfds as load_tfds
 
@@ -68,10 +70,12 @@ __all__ = [
     "SAMPLE_TEST_PER_CLASS",
     "SOURCES",
     "DataError",
+    "ValidationSplit",
     "Dataset",
     "load_dataset",
     "load_npz",
     "save_npz",
+    "split_validation",
     "load_sample",
     "load_tfds",
     "normalize",
