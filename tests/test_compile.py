@@ -74,8 +74,13 @@ def test_cache_flags_and_env(tmp_path, monkeypatch):
     cfg = parse("--no-compile-cache", "--no-autotune", "--compile-cache-dir", "/x/y")
     assert not cfg.compile_cache and cfg.compile_cache_dir == "/x/y" and not cfg.autotune
 
+    assert use_compilation_cache(TrainConfig(compile_cache=False)) is None
+    jax.jit(lambda x: x * 3)(1.0)  # JAX reads its cache options now: off
     given = str(tmp_path / "given")
     assert use_compilation_cache(TrainConfig(compile_cache_dir=given)) == given
+    with CompileLog() as log:  # turned on in the same process: it takes effect at once
+        jax.jit(lambda x: x * 5 + 1)(2.0)
+    assert [p.cache for p in log.programs] == ["miss"]
     assert jax.config.jax_compilation_cache_dir == given and os.path.isdir(given)
     assert jax.config.jax_enable_compilation_cache
     monkeypatch.setenv(ENV_CACHE_DIR, str(tmp_path / "env"))
