@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from meshensemble import cli
 from meshensemble.cli import train as cli_train
 from meshensemble.core import autotune
 from meshensemble.core.compilation import ENV_CACHE_DIR, CompileLog
-from meshensemble.training import TrainConfig, build_ensemble, train
+from meshensemble.training import Feeder, TrainConfig, build_ensemble, loop, train
 from meshensemble.training.loop import run_keys, use_compilation_cache
 from meshensemble.training.tuning import resolve_choices, step_candidate
 
@@ -195,3 +196,27 @@ def test_measuring_never_consumes_the_given_state(tmp_path):
     assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(state))
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), before)
     state, _ = ens.train_step(state, DATA.train_images[:32], DATA.train_labels[:32])
+
+
+def test_the_chunk_compiled_ahead_of_time_gives_the_same_members(tmp_path, monkeypatch):
+    need_devices(8)
+    started: list[bool] = []
+    original = Feeder.compile_ahead
+    monkeypatch.setattr(
+        Feeder, "compile_ahead", lambda self, init: started.append(original(self, init))
+    )
+    kw = dict(max_steps=4, chunk_steps=2, member_strategy="loop", shuffle="per-member")
+    with CompileLog() as log:
+        ahead = train(tiny(tmp_path, "ahead", **kw), DATA)
+    assert started == [True]
+    assert [p.name for p in log.programs].count("jit(train_chunk)") == 1  # used, not redone
+    monkeypatch.setattr(loop, "AHEAD_OF_TIME", False)
+    lazy = train(tiny(tmp_path, "lazy", **kw), DATA)
+    assert started == [True]
+    chex.assert_trees_all_equal(ahead.state.params, lazy.state.params)
+    chex.assert_trees_all_equal(ahead.state.opt_state, lazy.state.opt_state)
+    assert ahead.history[-1]["train_loss"] == lazy.history[-1]["train_loss"]
+
+    monkeypatch.setattr(loop, "AHEAD_OF_TIME", True)  # pmap has no lower(): compiled lazily
+    pmap = train(tiny(tmp_path, "pmap", mesh="ensemble=4,data=1", backend="pmap", **kw), DATA)
+    assert started == [True, False] and pmap.history[-1]["step"] == 4

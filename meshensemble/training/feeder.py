@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +31,7 @@ from meshensemble.core import steps
 from meshensemble.core.backends import put
 from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
-from meshensemble.core.mesh import ENSEMBLE, MEMBERS, REPLICATED
+from meshensemble.core.mesh import ENSEMBLE, MEMBERS, REPLICATED, member_sharding
 from meshensemble.core.state import EnsembleState
 from meshensemble.training.config import TrainConfig
 
@@ -89,6 +90,7 @@ class Feeder:
             out_shardings=NamedSharding(ens.mesh, self._order_spec),
         )
         self._epoch: tuple[int, jax.Array] | None = None
+        self._ahead: concurrent.futures.Future | None = None
         if not cfg.streaming:
             self.images = put(dataset.train_images, ens.mesh, REPLICATED)
             self.labels = put(dataset.train_labels.astype(np.int32), ens.mesh, REPLICATED)
@@ -140,6 +142,52 @@ class Feeder:
             donate_argnums=(0,),
         )
 
+    def compile_ahead(self, init: Callable[[], EnsembleState]) -> bool:
+        """Starts compiling the K-step chunk in a thread, from the state's shapes.
+
+        Meant to run while the members' initialisation compiles (XLA releases the GIL):
+        :meth:`run` then calls the compiled program (the same program a lazy call would
+        compile, so the results are the same). Only on the ``shard_map`` backend, in one
+        process, from on-device data; elsewhere the chunk compiles at its first call.
+
+        Args:
+          init: ``() -> state``, the initialisation the run will call (only traced here,
+            with ``jax.eval_shape``).
+
+        Returns:
+          Whether the compilation was started.
+
+        Example:
+          >>> feeder.compile_ahead(lambda: ens.init(key, images[:1]))
+          >>> state = ens.init(key, images[:1])   # both compile at once
+        """
+        chunk = None if self.cfg.streaming else self.chunk(self.k)
+        if chunk is None or not hasattr(chunk, "lower") or jax.process_count() > 1:
+            return False
+        members = member_sharding(self.ens.mesh)
+        shapes = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=members),
+            jax.eval_shape(init),
+        )
+        width = (self.cfg.members, self.n) if self.per_member else (self.n,)
+        order = jax.ShapeDtypeStruct(
+            width, np.int32, sharding=NamedSharding(self.ens.mesh, self._order_spec)
+        )
+        args = (shapes, self.images, self.labels, order, np.int32(0))
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="meshensemble-aot")
+        self._ahead = pool.submit(lambda: chunk.lower(*args).compile())
+        pool.shutdown(wait=False)
+        return True
+
+    def _compiled(self, n: int) -> Callable[..., Any]:
+        """The ahead-of-time chunk when it was built for ``n`` steps and compiled cleanly."""
+        if self._ahead is not None and n == self.k:
+            try:
+                return self._ahead.result()
+            except Exception:  # e.g. a layout it cannot take: compile at the call instead
+                self._ahead = None
+        return self.chunk(n)
+
     def run(
         self, state: EnsembleState, epoch: int, first: int, n: int
     ) -> tuple[EnsembleState, dict[str, jax.Array]]:
@@ -161,4 +209,4 @@ class Feeder:
             x, y = self.host[0][idx], self.host[1][idx].astype(np.int32)
             state, metrics = self.ens.train_step(state, x, y)
             return state, jax.tree.map(lambda v: v[None], metrics)
-        return self.chunk(n)(state, self.images, self.labels, order, np.int32(first))
+        return self._compiled(n)(state, self.images, self.labels, order, np.int32(first))

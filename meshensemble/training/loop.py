@@ -62,6 +62,9 @@ from meshensemble.training.outputs import (
 )
 from meshensemble.training.tuning import concrete, resolve_choices
 
+AHEAD_OF_TIME = True
+"""Whether a fresh run compiles its training chunk in a thread while the members'
+initialisation compiles (:meth:`~meshensemble.training.feeder.Feeder.compile_ahead`)."""
 SETTLE_EVERY = 64
 """Chunks whose losses a run keeps on device before adding the older ones on the host."""
 
@@ -387,13 +390,15 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal, log, cache_dir) ->
     if choice.how != "given":
         say(choice.line())
 
+    feeder = Feeder(ens, dataset, cfg, order_key, k, steps_per_epoch)
     if restored is None:
+        if AHEAD_OF_TIME:  # the chunk compiles in a thread while the initialisation does
+            feeder.compile_ahead(lambda: ens.init(init_key, sample))
         state, pos = ens.init(init_key, sample), LoopPosition()
     else:
         state, pos = restored[0], LoopPosition.from_json(restored[1])
         tell(f"resumed from checkpoint {pos.step} in {cfg.workdir} (epoch {pos.epoch})")
     ckpt = Checkpointer(cfg.workdir, cfg.keep, echo=tell) if cfg.checkpoint else None
-    feeder = Feeder(ens, dataset, cfg, order_key, k, steps_per_epoch)
     guard = NonFiniteGuard(ens, cfg.on_nonfinite, init_key, sample)
     run = _Run(cfg, ens, dataset, feeder, guard, ckpt, writer, stop, say, tell, t0, log)
     try:
