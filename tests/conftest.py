@@ -1,7 +1,10 @@
 """Test setup: 8 fake CPU devices, set once before JAX initialises its backends."""
 
+import atexit
 import functools
 import os
+import shutil
+import tempfile
 
 import flax.linen as nn
 import jax
@@ -11,11 +14,22 @@ import optax
 import pytest
 
 import meshensemble as me
+from meshensemble.core import compilation
 from meshensemble.testing import need_devices as need_devices  # the test modules import it here
 from meshensemble.testing import set_fake_cpu_devices
 
 set_fake_cpu_devices(8)  # JAX_PLATFORMS=cpu and jax_num_cpu_devices, before any computation
 jax.config.update("jax_numpy_rank_promotion", "raise")
+# One persistent compilation cache per test process (each xdist worker runs its tests one
+# after another): the same program in another test, e.g. the same model on the same mesh,
+# is loaded instead of compiled again, as in a user's second run. The env variable points
+# the runs the tests start (the CLI in-process, subprocesses) there too, never to ~/.cache.
+# The tuner's measured choices go beside the cache folder, so both live in one temp folder.
+_TMP = tempfile.mkdtemp(prefix="meshensemble-test-")
+_CACHE = os.path.join(_TMP, "jax")
+atexit.register(shutil.rmtree, _TMP, True)
+os.environ[compilation.ENV_CACHE_DIR] = _CACHE
+compilation.enable_compilation_cache(_CACHE)
 # Random numbers: JAX's default mode (partitionable threefry), the one users' code, the CLI
 # and the library all run in; nothing here changes it.
 

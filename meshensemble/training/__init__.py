@@ -13,6 +13,7 @@ Example:
 """
 
 from meshensemble.training import checkpoint as checkpoint
+from meshensemble.training import tuning as tuning
 from meshensemble.training.config import CONFIG_FILE as CONFIG_FILE
 from meshensemble.training.config import CONV_MODELS as CONV_MODELS
 from meshensemble.training.config import METRICS_FILE as METRICS_FILE
@@ -31,7 +32,9 @@ from meshensemble.training.guards import NonFiniteError as NonFiniteError
 from meshensemble.training.identity import RUN_FIELDS as RUN_FIELDS
 from meshensemble.training.loop import LoopPosition as LoopPosition
 from meshensemble.training.loop import TrainResult as TrainResult
+from meshensemble.training.loop import run_keys as run_keys
 from meshensemble.training.loop import train as train
+from meshensemble.training.loop import use_compilation_cache as use_compilation_cache
 from meshensemble.training.outputs import OutputError as OutputError
 from meshensemble.training.outputs import RunWriter as RunWriter
 from meshensemble.training.outputs import final_table as final_table
@@ -59,5 +62,8 @@ __all__ = [
     "default_mesh_shape",
     "final_table",
     "make_optimizer",
+    "run_keys",
     "train",
+    "tuning",
+    "use_compilation_cache",
 ]
