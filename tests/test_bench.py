@@ -291,7 +291,9 @@ def test_tiny_bench_time_to_accuracy_cold_then_warm(tiny):
         assert r["cache_enabled"] and r["programs"] == len(r["by_program"]) > 0, run
         assert (r["platform"], r["device_count"]) == ("cpu", 8), run  # the parent's devices
     # The warm run reuses the cold run's cache folder: its programs come from the cache.
-    assert tta["cold"]["cache_hits"] == 0 and tta["cold"]["cache_misses"] > 0
+    # cold: an empty folder; a program compiled twice in the run (e.g. the same init for each
+    # measured candidate of the member strategy) is a hit the second time, never the first
+    assert tta["cold"]["cache_misses"] > 0 and tta["cold"]["cache_hits"] < tta["cold"]["programs"]
     assert tta["warm"]["cache_hits"] > 0 and tta["warm"]["cache_misses"] == 0
     assert tta["warm_over_cold_compile"] == pytest.approx(
         tta["warm"]["compile_s"] / tta["cold"]["compile_s"]

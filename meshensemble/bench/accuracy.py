@@ -188,7 +188,8 @@ def launch(fields: Mapping[str, Any], target: float, cache_dir: str) -> dict[str
       >>> launch(train_config(cfg, "mnist.npz", "mnist", "/tmp/w"), 0.99, "/tmp/cache")
     """
     args = {
-        "train": dict(fields),
+        # the run's own cache folder, whatever $JAX_COMPILATION_CACHE_DIR says
+        "train": {**fields, "compile_cache_dir": cache_dir},
         "target": target,
         "cache_dir": cache_dir,
         "platforms": jax.config.jax_platforms or "",
