@@ -4,7 +4,9 @@ Both backends take the same per-device function (from :mod:`meshensemble.core.st
 the same ``PartitionSpec`` of each argument and result, and return a callable on global
 arrays laid out as the specs say. They differ only in the machinery:
 
-* :class:`ShardMapBackend`: ``jax.jit(jax.shard_map(...))``, the modern path, any 2-D mesh.
+* :class:`ShardMapBackend`: ``jax.jit(jax.shard_map(...))``, the modern path, any 2-D mesh;
+  on a mesh with a ``model`` axis the ``shard_map`` is manual over ``ensemble`` and
+  ``data`` only and the compiler partitions ``model`` (``axis_names=``).
 * :class:`PmapBackend`: ``jax.pmap`` over the devices, the legacy path kept for parity
   tests; meshes ``ensemble=N, data=1`` or ``ensemble=1, data=N``. The mesh axis that
   ``pmap`` does not map is bound by a size-1 ``vmap`` so both axis names exist.
@@ -21,7 +23,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshensemble.core.mesh import DATA, ENSEMBLE
+from meshensemble.core.mesh import DATA, ENSEMBLE, MODEL
+from meshensemble.core.sharding import manual_spec
 
 BACKENDS = ("shard_map", "pmap")
 """Backend names accepted by :class:`meshensemble.Ensemble`."""
@@ -73,9 +76,28 @@ class ShardMapBackend:
         out_specs: Any,
         donate_argnums: tuple[int, ...] = (),
     ) -> Callable[..., Any]:
-        """Returns ``jit(shard_map(fn))`` taking and returning global arrays."""
-        mapped = jax.shard_map(fn, mesh=self.mesh, in_specs=tuple(in_specs), out_specs=out_specs)
-        jitted = jax.jit(mapped, donate_argnums=donate_argnums)
+        """Returns ``jit(shard_map(fn))`` taking and returning global arrays.
+
+        Specs may name the ``model`` axis (on a mesh that has one): arguments are placed
+        with it, results come back with it, and ``fn`` sees those dimensions whole (the
+        compiler splits them).
+        """
+        if MODEL in self.mesh.axis_names:
+            mapped = jax.shard_map(
+                fn,
+                mesh=self.mesh,
+                in_specs=manual_spec(tuple(in_specs)),
+                out_specs=manual_spec(out_specs),
+                axis_names={ENSEMBLE, DATA},
+            )
+            is_spec = lambda s: isinstance(s, P)
+            out = jax.tree.map(lambda s: NamedSharding(self.mesh, s), out_specs, is_leaf=is_spec)
+            jitted = jax.jit(mapped, donate_argnums=donate_argnums, out_shardings=out)
+        else:
+            mapped = jax.shard_map(
+                fn, mesh=self.mesh, in_specs=tuple(in_specs), out_specs=out_specs
+            )
+            jitted = jax.jit(mapped, donate_argnums=donate_argnums)
         specs = tuple(in_specs)
 
         def call(*args: Any) -> Any:
@@ -105,6 +127,11 @@ class PmapBackend:
     grad_mode = "pmean"
 
     def __init__(self, mesh: Mesh):
+        if MODEL in mesh.axis_names:
+            raise ValueError(
+                "backend='pmap' (legacy) has no 'model' axis; use backend='shard_map' for a "
+                "mesh made with make_mesh(..., model=P)"
+            )
         e, d = mesh.shape[ENSEMBLE], mesh.shape[DATA]
         if e > 1 and d > 1:
             raise ValueError(
@@ -216,21 +243,34 @@ def _put_all(args: Sequence[Any], specs: Sequence[Any], mesh: Mesh) -> list[Any]
     return out
 
 
-def make_backend(name: str, mesh: Mesh) -> ShardMapBackend | PmapBackend:
+def make_backend(
+    name: str, mesh: Mesh, shard_members: bool = False
+) -> ShardMapBackend | PmapBackend:
     """Returns the backend called ``name`` for ``mesh``.
 
     Args:
       name: ``"shard_map"`` or ``"pmap"``.
       mesh: the ensemble mesh.
+      shard_members: whether members are FSDP-sharded over ``data`` (shard_map only).
 
     Returns:
       The backend.
 
     Raises:
-      ValueError: an unknown name, or ``"pmap"`` on a 2-D mesh.
+      ValueError: an unknown name, or ``"pmap"`` on a 2-D mesh, with a ``model`` axis
+        or with ``shard_members``.
+
+    Example:
+      >>> make_backend("shard_map", me.make_mesh()).grad_mode
+      'vma'
     """
     if name == "shard_map":
         return ShardMapBackend(mesh)
     if name == "pmap":
+        if shard_members:
+            raise ValueError(
+                "shard_members=True needs backend='shard_map'; the legacy pmap backend "
+                "keeps members whole"
+            )
         return PmapBackend(mesh)
     raise ValueError(f"backend={name!r} is unknown; choose one of {', '.join(BACKENDS)}")

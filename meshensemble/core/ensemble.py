@@ -14,7 +14,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshensemble.core import inputs, statmath, stats, steps
+from meshensemble.core import inputs, sharding, statmath, stats, steps
 from meshensemble.core.adapters import as_model
 from meshensemble.core.backends import make_backend, put
 from meshensemble.core.distributed import fetch
@@ -25,6 +25,7 @@ from meshensemble.core.mesh import (
     ENSEMBLE,
     MEMBER_BATCH,
     MEMBERS,
+    MODEL,
     REPLICATED,
     make_mesh,
     member_sharding,
@@ -98,6 +99,11 @@ class Ensemble:
         parameters, optimizer state and updates stay float32 (master weights) and the
         loss and softmax are float32. For accelerators (bf16 is slow on most CPUs).
         Default None (compute in the parameters' dtype).
+      shard_members: FSDP: split each member's parameters and optimizer state over
+        ``data`` (rules: :mod:`meshensemble.core.sharding`), gathered for the passes,
+        gradients reduce-scattered. For element-wise optimizers. Default False.
+      axis_rules: ``(logical name, mesh axis)`` pairs for a ``model`` axis; default
+        :data:`meshensemble.core.sharding.DEFAULT_RULES`.
 
     Raises:
       ValueError: the mesh lacks the axes, ``num_members`` is not a multiple of the
@@ -131,13 +137,15 @@ class Ensemble:
         input_transform: Callable[[jax.Array], jax.Array] | None = None,
         hyperparams: Mapping[str, Any] | None = None,
         compute_dtype: Any = None,
+        shard_members: bool = False,
+        axis_rules: Any = None,
     ):
         inputs.check_optimizer(optimizer)
         mesh = make_mesh() if mesh is None else mesh
-        if tuple(mesh.axis_names) != AXES:
+        if tuple(mesh.axis_names) not in (AXES, (*AXES, MODEL)):
             raise ValueError(
-                f"mesh axes {tuple(mesh.axis_names)} are not {AXES}; build it with "
-                "me.make_mesh(ensemble=..., data=...)"
+                f"mesh axes {tuple(mesh.axis_names)} are not {AXES} (or with {MODEL!r}); "
+                "build it with me.make_mesh(ensemble=..., data=..., model=...)"
             )
         self.members_per_device = members_per_device(mesh, num_members)
         if member_strategy not in STRATEGIES:
@@ -147,7 +155,7 @@ class Ensemble:
             )
         self.mesh = mesh
         self.num_members = int(num_members)
-        self.backend = make_backend(backend, mesh)
+        self.backend = make_backend(backend, mesh, shard_members)
         if member_strategy == "auto":
             member_strategy = default_strategy(mesh.devices.flat[0].platform)
         self.member_strategy = member_strategy
@@ -162,6 +170,10 @@ class Ensemble:
         self._num_classes: int | None = None
         self._checked_labels: jax.Array | None = None
         self._in_flight: collections.deque[Any] = collections.deque()
+        self.shard_members = bool(shard_members)
+        self.axis_rules = tuple(axis_rules or sharding.DEFAULT_RULES)
+        self._sharded = self.shard_members or MODEL in mesh.axis_names
+        self._state_specs: EnsembleState | None = None
 
     # ------------------------------------------------------------------ building
     @property
@@ -189,7 +201,29 @@ class Ensemble:
             rng_impl=self._rng_impl,
             input_transform=self.input_transform,
             compute_dtype=self.compute_dtype,
+            gather_axes=(
+                sharding.gather_axes(self.state_spec.params) if self.shard_members else None
+            ),
         )
+
+    @property
+    def state_spec(self) -> Any:
+        """The state's ``PartitionSpec`` (for :meth:`build`): ``P("ensemble")``, or per leaf.
+
+        Per leaf (an :class:`EnsembleState` of specs, known after :meth:`init`) when members
+        are sharded inside their devices (``shard_members`` or a ``model`` axis).
+
+        Raises:
+          ValueError: members are sharded and :meth:`init` has not run yet.
+
+        Example:
+          >>> ens.build("mine", make, (ens.state_spec, me.BATCH), ens.state_spec)
+        """
+        if not self._sharded:
+            return MEMBERS
+        if self._state_specs is None:
+            raise ValueError("the sharded state's layout is unknown; call ens.init first")
+        return self._state_specs
 
     def build(
         self,
@@ -274,8 +308,8 @@ class Ensemble:
             ("train", per_member),
             lambda: self.backend.build(
                 functools.partial(steps.train_step, self.step_config()),
-                (MEMBERS, spec, spec),
-                (MEMBERS, metric_specs),
+                (self.state_spec, spec, spec),
+                (self.state_spec, metric_specs),
                 donate_argnums=(0,),
             ),
         )
@@ -310,10 +344,12 @@ class Ensemble:
             )
         self._rng_impl = jax.random.key_impl(key) if typed else None
         sample = np.asarray(sample) if not isinstance(sample, jax.Array) else sample
-        init = self._fn(("init", sample.shape, str(sample.dtype)), lambda: self._build_init(typed))
+        init = self._fn(
+            ("init", sample.shape, str(sample.dtype)), lambda: self._build_init(typed, sample)
+        )
         return init(key, sample)
 
-    def _build_init(self, typed: bool) -> Callable[..., Any]:
+    def _build_init(self, typed: bool, sample: Any) -> Callable[..., Any]:
         init = init_members(
             self.model,
             self.optimizer,
@@ -322,7 +358,10 @@ class Ensemble:
             self.hyperparams,
             typed,
         )
-        return jax.jit(init, out_shardings=member_sharding(self.mesh))
+        if not self._sharded:
+            return jax.jit(init, out_shardings=member_sharding(self.mesh))
+        self._state_specs = sharding.init_layout(self, init, typed, sample)
+        return jax.jit(init, out_shardings=sharding.state_shardings(self._state_specs, self.mesh))
 
     def train_step(
         self, state: EnsembleState, images: Any, labels: Any
@@ -457,7 +496,7 @@ class Ensemble:
                 functools.partial(
                     steps.member_probs if members else steps.ensemble_probs, self.step_config()
                 ),
-                (MEMBERS, BATCH),
+                (self.state_spec, BATCH),
                 MEMBER_BATCH if members else BATCH,
             ),
         )
@@ -524,7 +563,7 @@ class Ensemble:
             ("evaluate", num_bins),
             lambda: self.backend.build(
                 functools.partial(steps.eval_stats, self.step_config(), num_bins),
-                (MEMBERS, BATCH, BATCH, BATCH),
+                (self.state_spec, BATCH, BATCH, BATCH),
                 _eval_specs(),
             ),
         )

@@ -1,11 +1,15 @@
 """The device mesh: axis names, mesh construction and the shardings users need.
 
-The mesh has two named axes:
+The mesh has two named axes, and optionally a third:
 
 * ``ensemble`` (outer): members are split over it. Members talk only when their
   predictions are averaged, so this axis may span hosts or slices.
-* ``data`` (inner, fastest interconnect): the batch is split over it and the
-  gradients are all-reduced over it every step.
+* ``data`` (inner, fast interconnect): the batch is split over it and the
+  gradients are all-reduced over it every step (with ``shard_members=True`` each
+  member's parameters and optimizer state are split over it too: FSDP).
+* ``model`` (innermost, only when ``make_mesh(model=P)`` asks for it): tensor
+  parallelism inside a member, driven by the model's logical axis annotations
+  (see :mod:`meshensemble.core.sharding` and ``docs/sharding.md``).
 
 The Flax HOWTO "Ensembling on multiple devices" is the mesh ``ensemble=N, data=1``;
 data-parallel training of one model is ``ensemble=1, data=N``.
@@ -25,8 +29,10 @@ ENSEMBLE = "ensemble"
 """Name of the mesh axis that members are split over."""
 DATA = "data"
 """Name of the mesh axis that the batch is split over."""
+MODEL = "model"
+"""Name of the optional third mesh axis: tensor parallelism inside a member."""
 AXES = (ENSEMBLE, DATA)
-"""Mesh axis names, outer to inner."""
+"""Mesh axis names, outer to inner (a mesh with a ``model`` axis has ``AXES + (MODEL,)``)."""
 
 # Partition specs, built from the axis names in one place.
 MEMBERS = P(ENSEMBLE)
@@ -42,26 +48,32 @@ REPLICATED = P()
 def make_mesh(
     ensemble: int | None = None,
     data: int = 1,
+    model: int | None = None,
     *,
     devices: Sequence[jax.Device] | None = None,
     axis_types: str | AxisType | tuple[AxisType, AxisType] = "explicit",
 ) -> Mesh:
-    """Builds a ``jax.sharding.Mesh`` with axes ``("ensemble", "data")``.
+    """Builds a ``jax.sharding.Mesh`` with axes ``("ensemble", "data")`` (and ``"model"``).
 
     ``data`` is the inner axis: devices that share a ``data`` group are neighbours in
     the device order (the same host, the fastest links), because gradients are
     all-reduced over ``data`` every step while ``ensemble`` talks only to average
-    predictions.
+    predictions. A ``model`` axis, when asked for, is innermost (tensor parallelism
+    talks inside every layer) and always of type ``Auto``: the steps are manual over
+    ``ensemble`` and ``data`` and leave ``model`` to the compiler.
 
     Args:
-      ensemble: size of the ``ensemble`` axis. Default: all devices not used by ``data``.
+      ensemble: size of the ``ensemble`` axis. Default: all devices not used by
+        ``data`` and ``model``.
       data: size of the ``data`` axis. Default 1.
+      model: size of the ``model`` axis; None (default) makes a 2-axis mesh.
       devices: the devices to use, in order. Default: ``jax.devices()`` (all processes).
       axis_types: ``"explicit"`` (the default of ``jax.make_mesh``), ``"auto"``, a
-        ``jax.sharding.AxisType`` or a pair of them.
+        ``jax.sharding.AxisType`` or a pair of them, for ``ensemble`` and ``data``.
 
     Returns:
-      A ``Mesh`` of shape ``{"ensemble": ensemble, "data": data}``.
+      A ``Mesh`` of shape ``{"ensemble": ensemble, "data": data}``, or with
+      ``"model": model`` appended.
 
     Raises:
       ValueError: a size is not a positive whole number, the mesh needs more devices
@@ -71,25 +83,33 @@ def make_mesh(
       >>> mesh = me.make_mesh(ensemble=4, data=2)
       >>> dict(mesh.shape)
       {'ensemble': 4, 'data': 2}
+      >>> dict(me.make_mesh(ensemble=2, data=2, model=2).shape)
+      {'ensemble': 2, 'data': 2, 'model': 2}
     """
     devs = list(jax.devices() if devices is None else devices)
     _check_size("data", data)
+    if model is not None:
+        _check_size("model", model)
+    inner = data * (model or 1)
     if ensemble is None:
-        if len(devs) % data:
+        if len(devs) % inner:
             raise ValueError(
-                f"data={data} does not divide the {len(devs)} devices; "
-                f"pass ensemble= explicitly or pick data from the divisors of {len(devs)}"
+                f"data={data} x model={model or 1} does not divide the {len(devs)} devices; "
+                f"pass ensemble= explicitly or pick sizes from the divisors of {len(devs)}"
             )
-        ensemble = len(devs) // data
+        ensemble = len(devs) // inner
     _check_size("ensemble", ensemble)
-    need = ensemble * data
+    need = ensemble * inner
     if need > len(devs):
         raise ValueError(
-            f"mesh ensemble={ensemble} x data={data} needs {need} devices but only "
-            f"{len(devs)} exist; use a smaller mesh (or more fake CPU devices: "
-            f"me.use_fake_cpu_devices({need}) before JAX starts)"
+            f"mesh ensemble={ensemble} x data={data} x model={model or 1} needs {need} "
+            f"devices but only {len(devs)} exist; use a smaller mesh (or more fake CPU "
+            f"devices: me.use_fake_cpu_devices({need}) before JAX starts)"
         )
     types = _axis_types(axis_types)
+    if model is not None:
+        grid = np.asarray(devs[:need], dtype=object).reshape(ensemble, data, model)
+        return Mesh(grid, (*AXES, MODEL), axis_types=(*types, AxisType.Auto))
     slices = len({getattr(d, "slice_index", 0) for d in devs[:need]})
     if slices > 1 and ensemble % slices == 0:
         # Multi-slice (TPU pods over DCN): `ensemble` spans slices, `data` stays in one.
@@ -129,8 +149,8 @@ def parse_mesh(spec: str) -> dict[str, int]:
     """Parses a mesh description such as ``"ensemble=4,data=2"``.
 
     Args:
-      spec: comma-separated ``axis=size`` pairs over the axes ``ensemble`` and ``data``;
-        a missing axis is left out of the result.
+      spec: comma-separated ``axis=size`` pairs over the axes ``ensemble``, ``data``
+        and ``model``; a missing axis is left out of the result.
 
     Returns:
       A dict such as ``{"ensemble": 4, "data": 2}``, ready for ``make_mesh(**d)``.
@@ -146,10 +166,10 @@ def parse_mesh(spec: str) -> dict[str, int]:
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, sep, value = part.partition("=")
         name = name.strip()
-        if not sep or name not in AXES or name in out:
+        if not sep or name not in (*AXES, MODEL) or name in out:
             raise ValueError(
                 f"mesh {spec!r}: bad part {part!r}; write e.g. 'ensemble=4,data=2' "
-                f"(axes {', '.join(AXES)}, each once)"
+                f"(axes {', '.join((*AXES, MODEL))}, each once)"
             )
         try:
             size = int(value)

@@ -52,6 +52,9 @@ class StepConfig:
         and inputs cast to this dtype (e.g. ``jnp.bfloat16``); the parameters, optimizer
         state and gradients stay in their own dtype (float32 master weights), and the
         logits are cast to float32 before the loss and the softmax. None: no casting.
+      gather_axes: FSDP (``shard_members``): for each parameter leaf (flattening order)
+        the dimension split over ``data``, or None; see :func:`gather_params`. None
+        (the default): parameters are whole on every device.
     """
 
     model: Model
@@ -62,6 +65,7 @@ class StepConfig:
     rng_impl: Any = None
     input_transform: Callable[[jax.Array], jax.Array] | None = None
     compute_dtype: Any = None
+    gather_axes: tuple[int | None, ...] | None = None
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -130,12 +134,38 @@ def _apply(cfg: StepConfig, params, model_state, x, train: bool, rng):
     return logits, new_model_state
 
 
+def gather_params(cfg: StepConfig, params: PyTree) -> PyTree:
+    """One member's whole parameters from this device's FSDP slices (``all_gather`` over ``data``).
+
+    Each leaf that ``cfg.gather_axes`` splits is ``lax.all_gather(..., tiled=True)`` along
+    its dimension; others pass through. Differentiated, the all-gather's transpose is a
+    reduce-scatter (``psum_scatter`` over ``data``): with the loss averaged over ``data``
+    (``grad_mode="vma"``), each device gets its slice of the data-mean gradient.
+
+    Args:
+      cfg: the static configuration.
+      params: one member's parameters, FSDP leaves split (no member axis).
+
+    Returns:
+      The parameters with every leaf whole.
+    """
+    if cfg.gather_axes is None:
+        return params
+    leaves, treedef = jax.tree.flatten(params)
+    whole = [
+        v if a is None else lax.all_gather(v, DATA, axis=a, tiled=True)
+        for v, a in zip(leaves, cfg.gather_axes)
+    ]
+    return jax.tree.unflatten(treedef, whole)
+
+
 def _member_step(cfg: StepConfig, state: EnsembleState, x: jax.Array, y: jax.Array):
     """One member's step on its local batch; ``state`` leaves have no member axis."""
     rng = _member_key(cfg, state.rng, state.step)
 
     def loss_of(params):
-        logits, new_model_state = _apply(cfg, params, state.model_state, x, True, rng)
+        whole = gather_params(cfg, params)
+        logits, new_model_state = _apply(cfg, whole, state.model_state, x, True, rng)
         loss = jnp.mean(cfg.loss_fn(logits, y))
         # Under check_vma, the gradient of data-invariant params is summed over `data`
         # by the transposed collectives; differentiating the data-mean gives the mean.
@@ -212,7 +242,7 @@ def member_probs(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> ja
     x = _prepare(cfg, images)
 
     def one(s: EnsembleState, xb: jax.Array) -> jax.Array:
-        logits, _ = _apply(cfg, s.params, s.model_state, xb, False, s.rng)
+        logits, _ = _apply(cfg, gather_params(cfg, s.params), s.model_state, xb, False, s.rng)
         return jax.nn.softmax(logits.astype(jnp.float32))
 
     return map_members(one, cfg.strategy, (0, None), state, x)

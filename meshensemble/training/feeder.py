@@ -31,7 +31,8 @@ from meshensemble.core import steps
 from meshensemble.core.backends import put
 from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
-from meshensemble.core.mesh import ENSEMBLE, MEMBERS, REPLICATED, member_sharding
+from meshensemble.core.mesh import ENSEMBLE, MEMBERS, REPLICATED
+from meshensemble.core.sharding import state_shardings
 from meshensemble.core.state import EnsembleState
 from meshensemble.training.config import TrainConfig
 
@@ -137,8 +138,8 @@ class Feeder:
         return self.ens.build(
             ("chunk", n, self.batch, self._order_spec),
             lambda step_cfg: functools.partial(steps.train_chunk, step_cfg, n, self.batch),
-            (MEMBERS, REPLICATED, REPLICATED, self._order_spec, REPLICATED),
-            (MEMBERS, CHUNK_METRIC_SPECS),
+            (self.ens.state_spec, REPLICATED, REPLICATED, self._order_spec, REPLICATED),
+            (self.ens.state_spec, CHUNK_METRIC_SPECS),
             donate_argnums=(0,),
         )
 
@@ -161,13 +162,13 @@ class Feeder:
           >>> feeder.compile_ahead(lambda: ens.init(key, images[:1]))
           >>> state = ens.init(key, images[:1])   # both compile at once
         """
+        abstract = jax.eval_shape(init)  # first: a sharded state's layout is known after it
         chunk = None if self.cfg.streaming else self.chunk(self.k)
         if chunk is None or not hasattr(chunk, "lower") or jax.process_count() > 1:
             return False
-        members = member_sharding(self.ens.mesh)
+        placed = state_shardings(self.ens.state_spec, self.ens.mesh, abstract)
         shapes = jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=members),
-            jax.eval_shape(init),
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, placed
         )
         width = (self.cfg.members, self.n) if self.per_member else (self.n,)
         order = jax.ShapeDtypeStruct(

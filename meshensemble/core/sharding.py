@@ -1,0 +1,351 @@
+"""How members are laid out inside their devices: FSDP over ``data``, tensor over ``model``.
+
+Without ``shard_members`` and without a ``model`` axis every state leaf ``[members, ...]``
+is split over ``ensemble`` only (``P("ensemble")``): a member lives whole on every
+device of its ``data`` group. This module decides the per-leaf ``PartitionSpec`` s when
+members are sharded inside their group:
+
+* **FSDP** (``shard_members=True``): every parameter and optimizer-state leaf of a member
+  is split over ``data`` along **its largest dimension that the ``data`` size divides**
+  (the first such dimension on ties; a dimension already split over ``model`` is not
+  taken). On a mesh with a ``model`` axis, a leaf that ``model`` does not split
+  otherwise (unannotated, or its names map to no mesh axis) is split over ``data`` x
+  ``model`` (``P(..., ("data", "model"))``) when ``data * model`` divides a dimension,
+  so state bytes fall by ``data * model`` for every leaf that divides. Leaves without
+  such a dimension (biases of odd size, scalars like Adam's ``count``, per-member
+  hyperparameters), the model state (BatchNorm statistics, averaged over ``data``
+  every step), the step counters and the keys stay replicated over ``data``.
+  The per-device step all-gathers the split parameters before the forward pass; the
+  transpose of that all-gather reduce-scatters the gradients
+  (:func:`meshensemble.core.steps.gather_params`).
+* **Tensor parallelism** (a mesh with a ``model`` axis): a parameter's dimension is split
+  over ``model`` when the model names it with a logical axis (Flax
+  ``nn.with_logical_partitioning``) that the rules table (:data:`DEFAULT_RULES`, or the
+  ensemble's ``axis_rules``) maps to ``"model"`` and the ``model`` size divides it.
+  Without FSDP, unannotated parameters stay replicated over ``model``. The compiler partitions the
+  computation over ``model`` (the steps are manual over ``ensemble`` and ``data`` only).
+
+An optimizer-state leaf takes the spec of the parameter whose tree path ends its own
+path and whose shape it has (Adam's ``mu``/``nu`` follow their parameters); any other
+optimizer-state leaf follows the FSDP rule only.
+
+The optimizer then updates each device's slice of each leaf: element-wise optimizers
+(SGD, momentum, Adam(W), RMSProp ...) give the same result as unsharded; transforms
+that look at whole tensors or the whole tree (``clip_by_global_norm``, LAMB's trust
+ratio, Shampoo) would see only the slice.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from meshensemble.core.mesh import DATA, ENSEMBLE, MODEL
+from meshensemble.core.state import EnsembleState
+
+PyTree = Any
+Rules = Sequence[tuple[str, str | None]]
+
+DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
+    ("heads", MODEL),
+    ("mlp", MODEL),
+)
+"""Logical axis name -> mesh axis, the default for a ``model`` axis (Megatron style).
+
+Attention heads and the MLP's hidden layer are split over ``model``; every other
+logical name (``embed``, ``kv``, ``patch``, ``position``, ``classes`` ...) stays
+replicated. The same as ``me.models.LOGICAL_AXIS_RULES`` for the zoo's ViT."""
+
+
+def fsdp_axis(shape: Sequence[int], size: int, taken: Sequence[int] = ()) -> int | None:
+    """The dimension of one member's leaf that FSDP splits over ``data``.
+
+    Args:
+      shape: the leaf's shape without the member axis.
+      size: the ``data`` axis size.
+      taken: dimensions already split over another axis (``model``).
+
+    Returns:
+      The largest dimension that ``size`` divides (the first on ties), or None when
+      ``size == 1`` or no dimension qualifies (the leaf stays replicated over ``data``).
+
+    Example:
+      >>> fsdp_axis((3136, 256), 4)
+      0
+      >>> fsdp_axis((10,), 4) is None
+      True
+    """
+    if size <= 1:
+        return None
+    best = None
+    for k, n in enumerate(shape):
+        if k in taken or n < size or n % size:
+            continue
+        if best is None or n > shape[best]:
+            best = k
+    return best
+
+
+def logical_axes(model: Any, sample: Any) -> PyTree | None:
+    """The logical axis names of a Linen model's parameters, from shapes only.
+
+    Args:
+      model: a :class:`meshensemble.Model`; only a :class:`~meshensemble.LinenModel`
+        (``model.module``) has names, others give None.
+      sample: a sample input ``[1, ...]`` (array or ``jax.ShapeDtypeStruct``).
+
+    Returns:
+      A tree like the parameters with a tuple of logical names (``None`` for unnamed
+      dimensions) per leaf, ``()`` for unannotated leaves; None for non-Linen models.
+
+    Example:
+      >>> logical_axes(me.as_model(me.models.ViT()), images[:1])["head"]["kernel"]
+      ('embed', 'classes')
+    """
+    module = getattr(model, "module", None)
+    if not isinstance(module, nn.Module):
+        return None
+    kwargs = {}
+    try:
+        params = inspect.signature(module.__call__).parameters
+    except (TypeError, ValueError):
+        params = {}
+    for name, value in (("train", False), ("deterministic", True)):
+        if name in params:
+            kwargs[name] = value
+    x = jax.ShapeDtypeStruct(np.shape(sample), np.result_type(sample.dtype))
+    variables = jax.eval_shape(lambda v: module.init({"params": jax.random.key(0)}, v, **kwargs), x)
+    specs = nn.get_partition_spec(variables.get("params", {}))
+    is_spec = lambda s: isinstance(s, P)
+    return jax.tree.map(lambda s: tuple(s) if is_spec(s) else (), specs, is_leaf=is_spec)
+
+
+def param_spec(
+    shape: Sequence[int],
+    mesh: Mesh,
+    shard_members: bool,
+    names: Sequence[str | None] = (),
+    rules: Rules = DEFAULT_RULES,
+) -> P:
+    """The ``PartitionSpec`` of one stacked leaf ``[members, *shape]``.
+
+    Args:
+      shape: the member's leaf shape (no member axis).
+      mesh: the ensemble mesh (its ``model`` axis, if any, is used with ``names``).
+      shard_members: whether FSDP splits the leaf over ``data``.
+      names: the leaf's logical axis names (one per dimension), or ``()``.
+      rules: logical name -> mesh axis pairs.
+
+    Returns:
+      ``P("ensemble", ...)`` with ``"data"`` and/or ``"model"`` on member dimensions.
+
+    Example:
+      >>> param_spec((64, 4, 16), me.make_mesh(2, 2, model=2), True, ("embed", "heads", "kv"))
+      PartitionSpec('ensemble', 'data', 'model')
+    """
+    dims: list[str | None] = [None] * len(shape)
+    table = dict(rules)
+    m = int(mesh.shape.get(MODEL, 1))
+    if m > 1 and len(names) == len(shape):
+        for k, name in enumerate(names):
+            if name is not None and table.get(name) == MODEL and shape[k] % m == 0:
+                dims[k] = MODEL
+    if shard_members:
+        taken = [k for k, a in enumerate(dims) if a is not None]
+        d = int(mesh.shape[DATA])
+        k = None if taken or m == 1 else fsdp_axis(shape, d * m)
+        if k is not None:  # a leaf that `model` does not split: FSDP over data x model
+            dims[k] = (DATA, MODEL)
+        elif (k := fsdp_axis(shape, d, taken)) is not None:
+            dims[k] = DATA
+    while dims and dims[-1] is None:
+        dims.pop()
+    return P(ENSEMBLE, *dims)
+
+
+def state_specs(
+    shapes: EnsembleState,
+    mesh: Mesh,
+    shard_members: bool,
+    names: PyTree | None = None,
+    rules: Rules = DEFAULT_RULES,
+) -> EnsembleState:
+    """The ``PartitionSpec`` of every leaf of an ensemble state (see the module's rules).
+
+    Args:
+      shapes: the state (arrays or ``jax.ShapeDtypeStruct``), leaves ``[members, ...]``.
+      mesh: the ensemble mesh.
+      shard_members: FSDP over ``data``.
+      names: :func:`logical_axes` of the model (None: no names; nothing over ``model``).
+      rules: logical name -> mesh axis pairs.
+
+    Returns:
+      An :class:`EnsembleState` with a ``PartitionSpec`` per leaf.
+
+    Example:
+      >>> specs = state_specs(jax.eval_shape(lambda: ens.init(key, x)), ens.mesh, True)
+    """
+    by_path: dict[tuple[Any, ...], tuple[tuple[int, ...], P]] = {}
+
+    def one_param(path: tuple[Any, ...], leaf: Any, leaf_names: Any = ()) -> P:
+        spec = param_spec(leaf.shape[1:], mesh, shard_members, tuple(leaf_names), rules)
+        by_path[tuple(path)] = (tuple(leaf.shape), spec)
+        return spec
+
+    if names is not None:
+        leaf_names = jax.tree.structure(shapes.params).flatten_up_to(names)
+        flat = jax.tree_util.tree_flatten_with_path(shapes.params)
+        specs = [one_param(path, v, n) for (path, v), n in zip(flat[0], leaf_names)]
+        params = jax.tree.unflatten(flat[1], specs)
+    else:
+        params = jax.tree_util.tree_map_with_path(one_param, shapes.params)
+    lengths = sorted({len(p) for p in by_path}, reverse=True)
+
+    def one_opt(path: tuple[Any, ...], leaf: Any) -> P:
+        for n in lengths:
+            hit = by_path.get(tuple(path[-n:])) if len(path) >= n else None
+            if hit is not None and hit[0] == tuple(leaf.shape):
+                return hit[1]
+        return param_spec(leaf.shape[1:], mesh, shard_members)
+
+    members = lambda tree: jax.tree.map(lambda _: P(ENSEMBLE), tree)
+    return EnsembleState(
+        step=P(ENSEMBLE),
+        params=params,
+        opt_state=jax.tree_util.tree_map_with_path(one_opt, shapes.opt_state),
+        model_state=members(shapes.model_state),
+        rng=P(ENSEMBLE),
+    )
+
+
+def gather_axes(specs: PyTree) -> tuple[int | None, ...]:
+    """For each parameter leaf (flattening order), the member dimension split over ``data``.
+
+    Args:
+      specs: the ``params`` part of :func:`state_specs`.
+
+    Returns:
+      One entry per leaf: the dimension of the member's leaf (no member axis) to
+      all-gather over ``data``, or None.
+
+    Example:
+      >>> gather_axes({"w": P("ensemble", None, "data"), "b": P("ensemble")})
+      (None, 1)
+    """
+    leaves = jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))
+    return tuple(_data_dim(s) for s in leaves)
+
+
+def _data_dim(spec: P) -> int | None:
+    """The member dimension (no member axis) that ``spec`` splits over ``data``, or None."""
+    for k, a in enumerate(tuple(spec)[1:]):
+        if a == DATA or (isinstance(a, tuple) and DATA in a):
+            return k
+    return None
+
+
+def manual_spec(spec: Any) -> Any:
+    """``spec`` (or a tree of specs) without the ``model`` axis: what ``shard_map`` sees.
+
+    Args:
+      spec: a ``PartitionSpec`` or a tree of them.
+
+    Returns:
+      The same with ``"model"`` dropped from every entry (None where nothing is left).
+
+    Example:
+      >>> manual_spec(P("ensemble", "data", "model"))
+      PartitionSpec('ensemble', 'data', None)
+    """
+    is_spec = lambda s: isinstance(s, P)
+    strip = lambda s: P(*(_without_model(a) for a in s))
+    return jax.tree.map(strip, spec, is_leaf=is_spec)
+
+
+def _without_model(entry: Any) -> Any:
+    if isinstance(entry, tuple):
+        rest = tuple(a for a in entry if a != MODEL)
+        return rest[0] if len(rest) == 1 else (rest or None)
+    return None if entry == MODEL else entry
+
+
+def state_shardings(specs: Any, mesh: Mesh, like: PyTree = None) -> PyTree:
+    """``NamedSharding`` s on ``mesh`` from :func:`state_specs` (or ``ens.state_spec``).
+
+    Args:
+      specs: a state of ``PartitionSpec`` s, or one spec for every leaf (``P("ensemble")``).
+      mesh: the mesh.
+      like: with one spec, the tree to give it to (e.g. the state's shapes).
+
+    Returns:
+      The tree with ``NamedSharding(mesh, spec)`` leaves.
+
+    Raises:
+      ValueError: one spec and no ``like``.
+
+    Example:
+      >>> state = jax.device_put(state, state_shardings(ens.state_spec, ens.mesh, state))
+    """
+    if isinstance(specs, P):
+        if like is None:
+            raise ValueError("one PartitionSpec for the whole state needs like=<the state>")
+        return jax.tree.map(lambda _: NamedSharding(mesh, specs), like)
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, P))
+
+
+def state_bytes_per_device(state: PyTree, device: Any = None) -> int:
+    """Bytes of ``state`` held on one device: its addressable shards there, summed.
+
+    Args:
+      state: any tree of ``jax.Array`` (e.g. an :class:`EnsembleState`).
+      device: the device; default the first device of the first leaf.
+
+    Returns:
+      The bytes of the shards on ``device``.
+
+    Example:
+      >>> state_bytes_per_device(state)  # FSDP over data=4: about a quarter of before
+    """
+    leaves = [v for v in jax.tree.leaves(state) if isinstance(v, jax.Array)]
+    if not leaves:
+        return 0
+    if device is None:
+        device = leaves[0].addressable_shards[0].device
+    return int(
+        sum(s.data.nbytes for v in leaves for s in v.addressable_shards if s.device == device)
+    )
+
+
+def init_layout(ens: Any, init: Any, typed: bool, sample: Any) -> EnsembleState:
+    """The state specs of ``ens`` (an :class:`~meshensemble.Ensemble`) from its init's shapes.
+
+    Traces ``init`` abstractly (nothing runs), reads the model's logical axis names when
+    the mesh has a ``model`` axis, and applies :func:`state_specs`.
+
+    Args:
+      ens: the ensemble (its ``mesh``, ``model``, ``input_transform``,
+        ``shard_members`` and ``axis_rules`` are used).
+      init: ``init(key, sample) -> EnsembleState`` (:func:`~meshensemble.core.state.init_members`).
+      typed: whether the key is a typed key.
+      sample: the sample batch.
+
+    Returns:
+      An :class:`EnsembleState` of ``PartitionSpec`` s.
+
+    Example:
+      >>> specs = init_layout(ens, init, True, images[:1])
+    """
+    key = jax.random.key(0) if typed else jax.random.PRNGKey(0)
+    shapes = jax.eval_shape(init, key, sample)
+    names = None
+    if MODEL in ens.mesh.axis_names:
+        x = jax.eval_shape(ens.input_transform or (lambda v: v), sample)
+        names = logical_axes(ens.model, x)
+    return state_specs(shapes, ens.mesh, ens.shard_members, names, ens.axis_rules)
