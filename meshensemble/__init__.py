@@ -27,6 +27,7 @@ from meshensemble.core.ensemble import default_strategy as default_strategy
 from meshensemble.core.mesh import AXES as AXES
 from meshensemble.core.mesh import DATA as DATA
 from meshensemble.core.mesh import ENSEMBLE as ENSEMBLE
+from meshensemble.core.mesh import MODEL as MODEL
 from meshensemble.core.mesh import batch_sharding as batch_sharding
 from meshensemble.core.mesh import make_mesh as make_mesh
 from meshensemble.core.mesh import member_sharding as member_sharding
@@ -58,6 +59,7 @@ __all__ = [
     "Checkpointer",
     "DATA",
     "ENSEMBLE",
+    "MODEL",
     "Ensemble",
     "EnsembleState",
     "FunctionModel",

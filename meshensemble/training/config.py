@@ -106,6 +106,12 @@ class TrainConfig:
         metavar="SPEC",
     )
     backend: str = _field("shard_map", "how steps are mapped over the mesh", choices=BACKENDS)
+    shard_members: bool = _field(
+        False,
+        "FSDP: split each member's parameters and optimizer state over the mesh's data "
+        "axis (and model axis), gathered for each step; state memory per device falls by "
+        "their size (shard_map backend; see docs/sharding.md)",
+    )
     member_strategy: str = _field(
         "auto",
         "how a device computes the members it holds (vmap or a loop); auto: the faster "
@@ -409,6 +415,7 @@ def build_ensemble(cfg: TrainConfig, mesh: Mesh, num_train: int) -> Ensemble:
         member_strategy=cfg.member_strategy,
         input_transform=data_lib.normalize,
         compute_dtype=PRECISIONS[cfg.precision],
+        shard_members=cfg.shard_members,
     )
 
 

@@ -326,7 +326,7 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal, log, cache_dir) ->
     mesh_shape = (
         parse_mesh(cfg.mesh) if cfg.mesh else default_mesh_shape(cfg.members, jax.device_count())
     )
-    mesh = make_mesh(mesh_shape.get("ensemble"), mesh_shape.get("data", 1))
+    mesh = make_mesh(**mesh_shape)
     steps_per_epoch = n_train // cfg.batch_size
     total_steps = cfg.epochs * steps_per_epoch
     if cfg.max_steps is not None:

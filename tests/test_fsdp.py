@@ -1,0 +1,251 @@
+"""Members bigger than a device (#18): FSDP over ``data``, a ``model`` axis, resharding."""
+
+from __future__ import annotations
+
+import functools
+
+import chex
+import jax
+import numpy as np
+import optax
+import pytest
+from conftest import need_devices
+from jax.sharding import PartitionSpec as P
+
+import meshensemble as me
+from meshensemble.core import sharding
+from meshensemble.core.distributed import launch_local
+from meshensemble.training import TrainConfig, train
+
+RNG = np.random.default_rng(0)
+IMAGES = RNG.random((16, 28, 28, 1), np.float32)
+LABELS = RNG.integers(0, 10, 16).astype(np.int32)
+MEMBERS = 8
+STEPS = 5
+# SGD: an element-wise update whose result follows the gradient linearly, so a gradient
+# that is not the data-mean (summed over data, or a slice's alone) moves the parameters
+# far more than 1e-5; Adam would also turn the meshes' different float rounding of
+# near-zero gradients into steps of the learning rate.
+TX = optax.sgd(0.05, 0.9)
+MODELS = {"cnn": me.models.CNN, "vit": me.models.ViT}
+
+
+def trained(name: str, mesh_shape: tuple[int, ...], shard: bool):
+    """(ens, state after STEPS steps, state bytes per device at init)."""
+    need_devices(8)
+    mesh = me.make_mesh(*mesh_shape[:2], model=mesh_shape[2] if len(mesh_shape) > 2 else None)
+    ens = me.Ensemble(MODELS[name](), TX, MEMBERS, mesh=mesh, shard_members=shard)
+    state = ens.init(jax.random.key(0), IMAGES[:1])
+    nbytes = sharding.state_bytes_per_device(state)
+    for _ in range(STEPS):
+        state, _ = ens.train_step(state, IMAGES, LABELS)
+    return ens, state, nbytes
+
+
+@functools.cache
+def runs(name: str):
+    """The reference (2, 4) unsharded, (2, 4) FSDP and (2, 2, model=2) FSDP, once per model."""
+    return {
+        "plain": trained(name, (2, 4), False),
+        "fsdp": trained(name, (2, 4), True),
+        "fsdp+model": trained(name, (2, 2, 2), True),
+    }
+
+
+def leaves_with_specs(ens, state):
+    is_spec = lambda s: isinstance(s, P)
+    return zip(jax.tree.leaves(state), jax.tree.leaves(ens.state_spec, is_leaf=is_spec))
+
+
+# ---------------------------------------------------------------- the rule
+def test_the_fsdp_rule_takes_the_largest_divisible_dimension():
+    assert sharding.fsdp_axis((3136, 256), 4) == 0
+    assert sharding.fsdp_axis((3, 3, 1, 32), 4) == 3
+    assert sharding.fsdp_axis((64, 4, 16), 4, taken=(0,)) == 2
+    assert sharding.fsdp_axis((10,), 4) is None
+    assert sharding.fsdp_axis((2,), 4) is None
+    assert sharding.fsdp_axis((256,), 1) is None
+    assert sharding.fsdp_axis((8, 8), 4) == 0  # ties: the first
+
+
+def test_param_specs_follow_the_logical_rules_and_fsdp():
+    need_devices(8)
+    mesh = me.make_mesh(2, 2, model=2)
+    spec = functools.partial(sharding.param_spec, mesh=mesh, shard_members=True)
+    assert spec((64, 4, 16), names=("embed", "heads", "kv")) == P("ensemble", "data", "model")
+    assert spec((64, 128), names=("embed", "mlp")) == P("ensemble", "data", "model")
+    # unannotated (or names mapped to nothing): FSDP over data x model
+    assert spec((64, 10), names=("embed", "classes")) == P("ensemble", ("data", "model"))
+    assert spec((3136, 256)) == P("ensemble", ("data", "model"))
+    assert spec((10,)) == P("ensemble", "data")  # data x model = 4 does not divide 10
+    assert spec((9,)) == P("ensemble")
+    # without FSDP only the annotated dimensions split
+    assert sharding.param_spec((64, 128), mesh, False, ("embed", "mlp")) == P(
+        "ensemble", None, "model"
+    )
+    assert sharding.manual_spec(P("ensemble", ("data", "model"), "model")) == P(
+        "ensemble", "data", None
+    )
+    assert sharding.gather_axes({"a": P("ensemble", None, "data"), "b": P("ensemble")}) == (1, None)
+
+
+def test_optimizer_state_follows_its_parameters():
+    need_devices(8)
+    ens = me.Ensemble(
+        me.models.ViT(), optax.adam(1e-3), 2, me.make_mesh(2, 2, model=2), shard_members=True
+    )
+    ens.init(jax.random.key(0), IMAGES[:1])
+    specs = ens.state_spec
+    kernel = specs.params["encoder_0"]["mlp"]["up"]["kernel"]
+    assert kernel == P("ensemble", "data", "model")
+    assert specs.opt_state[0].mu["encoder_0"]["mlp"]["up"]["kernel"] == kernel
+    assert specs.opt_state[0].nu["encoder_0"]["mlp"]["up"]["kernel"] == kernel
+    assert specs.opt_state[0].count == P("ensemble")
+    assert specs.step == specs.rng == P("ensemble")
+
+
+def test_make_mesh_and_parse_mesh_know_the_model_axis():
+    need_devices(8)
+    mesh = me.make_mesh(ensemble=2, data=2, model=2)
+    assert dict(mesh.shape) == {"ensemble": 2, "data": 2, "model": 2}
+    assert mesh.axis_names == ("ensemble", "data", me.MODEL)
+    assert dict(me.make_mesh(data=2, model=2).shape) == {"ensemble": 2, "data": 2, "model": 2}
+    assert tuple(me.make_mesh(2, 4).axis_names) == me.AXES  # no model unless asked for
+    assert me.parse_mesh("ensemble=2,data=2,model=2") == {"ensemble": 2, "data": 2, "model": 2}
+    with pytest.raises(ValueError, match="model=0"):
+        me.make_mesh(2, 2, model=0)
+    with pytest.raises(ValueError, match="needs 16 devices"):
+        me.make_mesh(2, 4, model=2)
+
+
+def test_the_pmap_backend_refuses_sharded_members():
+    need_devices(8)
+    with pytest.raises(ValueError, match="shard_members=True needs backend='shard_map'"):
+        me.Ensemble(me.models.MLP(), TX, 8, me.make_mesh(8, 1), backend="pmap", shard_members=True)
+    with pytest.raises(ValueError, match="no 'model' axis"):
+        me.Ensemble(me.models.MLP(), TX, 4, me.make_mesh(4, 1, model=2), backend="pmap")
+
+
+def test_the_sharded_layout_is_unknown_before_init():
+    need_devices(8)
+    ens = me.Ensemble(me.models.MLP(), TX, 2, me.make_mesh(2, 4), shard_members=True)
+    with pytest.raises(ValueError, match="call ens.init first"):
+        ens.state_spec  # noqa: B018
+
+
+# ---------------------------------------------------------------- equivalence
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_fsdp_and_the_model_axis_train_the_same_members_as_unsharded(name):
+    got = runs(name)
+    want = jax.device_get(got["plain"][1].params)
+    for layout in ("fsdp", "fsdp+model"):
+        chex.assert_trees_all_close(
+            jax.device_get(got[layout][1].params), want, atol=1e-5, rtol=0, custom_message=layout
+        )
+    chex.assert_trees_all_close(
+        jax.device_get(got["fsdp"][1].opt_state),
+        jax.device_get(got["plain"][1].opt_state),
+        atol=1e-5,
+        rtol=0,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_state_bytes_per_device_fall_by_data_and_by_data_x_model(name):
+    got = runs(name)
+    plain, fsdp, both = (got[k][2] for k in ("plain", "fsdp", "fsdp+model"))
+    # data = 4 and data x model = 2 x 2: a quarter, up to the few leaves nothing divides
+    # (odd biases, Adam's count, the step counters and keys)
+    print(f"{name}: state bytes per device {plain} -> fsdp {fsdp} -> fsdp+model {both}")
+    assert plain / fsdp > 3.8
+    assert plain / both > 3.8
+    ens, state, _ = got["fsdp+model"]
+    split = [(leaf, spec) for leaf, spec in leaves_with_specs(ens, state) if len(tuple(spec)) > 1]
+    assert split  # the state really is split inside the members' devices
+    for leaf, spec in split:
+        assert leaf.sharding.spec == spec
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_predict_and_evaluate_on_a_sharded_state_equal_unsharded(name):
+    got = runs(name)
+    plain, state = got["plain"][0], got["plain"][1]
+    want = np.asarray(plain.predict(state, IMAGES[:13]))  # 13: padded over data
+    want_members = np.asarray(plain.predict_members(state, IMAGES))
+    want_eval = plain.evaluate(state, IMAGES, LABELS, batch_size=8)
+    for layout in ("fsdp", "fsdp+model"):
+        ens, sharded, _ = got[layout]
+        np.testing.assert_allclose(np.asarray(ens.predict(sharded, IMAGES[:13])), want, atol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(ens.predict_members(sharded, IMAGES)), want_members, atol=1e-5
+        )
+        result = ens.evaluate(sharded, IMAGES, LABELS, batch_size=8)
+        np.testing.assert_allclose(result["nll"], want_eval["nll"], atol=1e-5)
+        assert result["accuracy"] == want_eval["accuracy"]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_extract_members_returns_an_ordinary_single_model_tree(name):
+    ens, state, _ = runs(name)["fsdp+model"]
+    params = me.extract_members(state, 3)
+    plain = jax.device_get(runs(name)["plain"][1].params)
+    chex.assert_trees_all_close(params, jax.tree.map(lambda v: v[3], plain), atol=1e-5, rtol=0)
+    logits = MODELS[name]().apply({"params": params}, IMAGES[:4])
+    member = np.asarray(ens.predict_members(state, IMAGES[:4]))[3]
+    np.testing.assert_allclose(np.asarray(jax.nn.softmax(logits)), member, atol=1e-5)
+
+
+# ---------------------------------------------------------------- checkpoints
+@pytest.mark.parametrize("target", [(8, 1), (1, 1), (2, 2, 2)], ids=["8x1", "1 device", "2x2x2"])
+def test_a_sharded_checkpoint_restores_onto_another_mesh(tmp_path, target):
+    ens, state, _ = runs("vit")["fsdp"]  # trained with FSDP on (2, 4)
+    want = jax.device_get(state)
+    ckpt = me.Checkpointer(str(tmp_path / "w"))
+    try:
+        ckpt.save(STEPS, state, {"step": STEPS})
+    finally:
+        ckpt.close()
+    if target == (1, 1):
+        mesh = me.make_mesh(1, 1, devices=jax.devices()[:1])
+    else:
+        mesh = me.make_mesh(*target[:2], model=target[2] if len(target) > 2 else None)
+    other = me.Ensemble(me.models.ViT(), TX, MEMBERS, mesh=mesh, shard_members=len(target) > 2)
+    restored, _, step = me.restore_checkpoint(str(tmp_path / "w"), other, IMAGES[:1])
+    assert step == STEPS
+    chex.assert_trees_all_equal(jax.device_get(restored), want)
+    assert {d for v in jax.tree.leaves(restored) for d in v.sharding.device_set} <= set(
+        mesh.devices.flat
+    )
+    np.testing.assert_allclose(
+        np.asarray(other.predict(restored, IMAGES)),
+        np.asarray(ens.predict(state, IMAGES)),
+        atol=1e-5,
+    )
+    restored, _ = other.train_step(restored, IMAGES, LABELS)  # and training goes on there
+
+
+# ---------------------------------------------------------------- multi-process
+def test_two_processes_with_fsdp_equal_one(tmp_path):
+    need_devices(8)
+    data = me.data.synthetic(num_train=128, num_test=40, seed=3)
+    npz = me.data.save_npz(data, tmp_path / "synthetic.npz")
+    common = dict(
+        source="npz", data_file=str(npz), model="mlp", members=4, mesh="ensemble=2,data=4",
+        batch_size=32, max_steps=3, learning_rate=0.05, eval_batch_size=40,
+        shard_members=True, quiet=True,
+    )  # fmt: skip
+    argv = ["train", "--shard-members"]
+    for key, value in common.items():
+        if key not in ("shard_members", "quiet"):
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+    workdir = tmp_path / "multi"
+    argv += ["--workdir", str(workdir), "--quiet"]
+    assert launch_local(argv, 2, 4, timeout=300, prefix_output=False) == 0
+    one = train(TrainConfig(**common, workdir=str(tmp_path / "one")))
+    assert any(len(tuple(s)) > 1 for s in jax.tree.leaves(
+        one.ensemble.state_spec, is_leaf=lambda s: isinstance(s, P)
+    ))  # fmt: skip
+    ens = me.Ensemble(me.models.MLP(), TX, 4, me.make_mesh(4, 1), input_transform=me.data.normalize)
+    state, _, step = me.restore_checkpoint(str(workdir), ens, data.test_images[:1])
+    assert step == 3
+    chex.assert_trees_all_close(jax.device_get(state), jax.device_get(one.state), atol=1e-5)
