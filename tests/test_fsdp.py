@@ -249,3 +249,17 @@ def test_two_processes_with_fsdp_equal_one(tmp_path):
     state, _, step = me.restore_checkpoint(str(workdir), ens, data.test_images[:1])
     assert step == 3
     chex.assert_trees_all_close(jax.device_get(state), jax.device_get(one.state), atol=1e-5)
+
+
+# ---------------------------------------------------------------- bench
+def test_the_layouts_bench_reports_state_bytes_and_step_time():
+    need_devices(8)
+    from meshensemble import bench
+
+    layouts = [(2, 4, 1, False), (2, 4, 1, True), (2, 2, 2, True)]
+    rows = bench.measure_layouts(me.models.MLP(), layouts, members=2, batch_size=8, steps=2)
+    assert [r["layout"] for r in rows] == ["2x4x1", "2x4x1 fsdp", "2x2x2 fsdp"]
+    assert rows[0]["state_bytes"] / rows[1]["state_bytes"] > 3.5
+    assert rows[0]["state_bytes"] / rows[2]["state_bytes"] > 3.5
+    assert all(r["step_s"] > 0 and r["compile_s"] > 0 and np.isfinite(r["loss"]) for r in rows)
+    assert "2x2x2 fsdp" in bench.format_layouts(rows)

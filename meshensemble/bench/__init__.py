@@ -63,7 +63,9 @@ Modules: :mod:`~meshensemble.bench.config` (the config, the groups, the plan of 
 share), :mod:`~meshensemble.bench.flops` (the analytic FLOP count),
 :mod:`~meshensemble.bench.cases` (the runners), :mod:`~meshensemble.bench.timing`
 (the round-robin timer), :mod:`~meshensemble.bench.accuracy` (time to accuracy),
-:mod:`~meshensemble.bench.report` (ratios, targets, table, JSON, plot). The command
+:mod:`~meshensemble.bench.report` (ratios, targets, table, JSON, plot),
+:mod:`~meshensemble.bench.layouts` (one ensemble on E x D x P meshes: state bytes per
+device, step time). The command
 line (``meshensemble bench``) lives in :mod:`meshensemble.cli.bench`.
 
 Example:
@@ -99,6 +101,7 @@ from meshensemble.bench.config import (
     runs_time_to_accuracy,
 )
 from meshensemble.bench.flops import count_flops, jaxpr_flops, train_flops
+from meshensemble.bench.layouts import format_layouts, measure_layouts
 from meshensemble.bench.report import TARGETS, collect, format_table, plot_members, write_json
 from meshensemble.bench.timing import loadavg, round_robin, timed
 from meshensemble.bench.workloads import Context, load_data, make_model
@@ -111,11 +114,13 @@ __all__ = [
     "Case",
     "Spec",
     "count_flops",
+    "format_layouts",
     "format_table",
     "jaxpr_flops",
     "known_cases",
     "make_model",
     "matmul_size",
+    "measure_layouts",
     "plan",
     "plot_members",
     "resolve",
