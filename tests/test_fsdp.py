@@ -213,6 +213,9 @@ def test_a_sharded_checkpoint_restores_onto_another_mesh(tmp_path, target):
     restored, _, step = me.restore_checkpoint(str(tmp_path / "w"), other, IMAGES[:1])
     assert step == STEPS
     chex.assert_trees_all_equal(jax.device_get(restored), want)
+    if len(target) > 2:  # restored straight into the target's FSDP + model layout
+        for leaf, spec in leaves_with_specs(other, restored):
+            assert leaf.sharding.spec == spec
     assert {d for v in jax.tree.leaves(restored) for d in v.sharding.device_set} <= set(
         mesh.devices.flat
     )

@@ -300,6 +300,27 @@ def state_shardings(specs: Any, mesh: Mesh, like: PyTree = None) -> PyTree:
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, P))
 
 
+def abstract_layout(specs: Any, mesh: Mesh, shapes: PyTree) -> PyTree:
+    """``jax.ShapeDtypeStruct`` s of ``shapes`` placed as ``specs`` say: a restore target.
+
+    Args:
+      specs: ``ens.state_spec`` (one spec, or a state of specs).
+      mesh: the mesh.
+      shapes: the state's shapes (e.g. ``jax.eval_shape`` of ``ens.init``).
+
+    Returns:
+      The tree of ``jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(...))``;
+      orbax restores (and reshards) a checkpoint of any layout into it.
+
+    Example:
+      >>> target = abstract_layout(ens.state_spec, ens.mesh, jax.eval_shape(init))
+    """
+    placed = state_shardings(specs, mesh, shapes)
+    return jax.tree.map(
+        lambda s, h: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=h), shapes, placed
+    )
+
+
 def state_bytes_per_device(state: PyTree, device: Any = None) -> int:
     """Bytes of ``state`` held on one device: its addressable shards there, summed.
 

@@ -36,7 +36,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from meshensemble.core.distributed import fetch
-from meshensemble.core.mesh import member_sharding
+from meshensemble.core.sharding import abstract_layout
 from meshensemble.core.state import EnsembleState
 from meshensemble.training.inference import check_temperature, read_temperature, write_temperature
 
@@ -393,8 +393,7 @@ def abstract_state(ens: Any, sample: Any) -> EnsembleState:
       >>> target = abstract_state(ens, images[:1])
     """
     shapes = jax.eval_shape(lambda: ens.init(jax.random.PRNGKey(0), sample))
-    sharding = member_sharding(ens.mesh)
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes)
+    return abstract_layout(ens.state_spec, ens.mesh, shapes)  # members sharded as ens keeps them
 
 
 def restore_checkpoint(
