@@ -148,15 +148,18 @@ class NonFiniteGuard:
         step: int,
         say: Callable[[str], None],
         last_checkpoint: Callable[[], int | None] = lambda: None,
+        steps: int | None = None,
     ) -> EnsembleState:
         """Inspects the previous chunk's losses; keeps this chunk's for the next call.
 
         Args:
           state: the state after the chunk just dispatched.
-          metrics: that chunk's metrics; ``metrics["loss"]`` is ``[n, members]``.
+          metrics: that chunk's metrics; ``metrics["loss"]`` is ``[rows, members]``.
           step: the run's step before that chunk.
           say: where the one-line report of a re-initialisation goes.
           last_checkpoint: the newest saved step, for the error message.
+          steps: how many steps the chunk ran: its losses are the last ``steps`` rows
+            (a paced call, :meth:`meshensemble.training.Feeder.paced`); None: all rows.
 
         Returns:
           ``state``, with re-initialised members if the previous chunk had bad ones.
@@ -165,7 +168,9 @@ class NonFiniteGuard:
           NonFiniteError: a bad loss with ``on_nonfinite="stop"``.
         """
         previous = self._pending
-        self._pending = (step, metrics["loss"], np.zeros(self.ens.num_members, bool))
+        rows = metrics["loss"].shape[0]
+        first = step - (rows - (rows if steps is None else steps))  # the zero rows' "step"
+        self._pending = (first, metrics["loss"], np.zeros(self.ens.num_members, bool))
         if previous is None:
             return state
         state, redone = self._inspect(state, previous, say, last_checkpoint)
