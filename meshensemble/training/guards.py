@@ -1,7 +1,9 @@
 """What stops or repairs a run: SIGTERM/SIGINT, and members whose loss became NaN/inf.
 
-:class:`StopSignal` turns SIGTERM/SIGINT into a request the loop honours at the next
-chunk boundary (after saving a checkpoint); all processes agree on it.
+:class:`StopSignal` turns SIGTERM/SIGINT into a request the loop honours at the end of the
+running call (after saving a checkpoint); all processes agree on it. Calls are kept short
+enough for that to come within ``TrainConfig.stop_within`` seconds by
+:class:`meshensemble.training.pacing.Pacer`.
 :class:`NonFiniteGuard` inspects each chunk's per-member losses one chunk behind (so it
 never stalls the device queue) and either raises :class:`NonFiniteError` or
 re-initialises only the bad members.
@@ -32,7 +34,7 @@ class NonFiniteError(RuntimeError):
 
 
 class StopSignal:
-    """SIGTERM/SIGINT ask the loop to save at the next chunk boundary and stop.
+    """SIGTERM/SIGINT ask the loop to save at the end of the running call and stop.
 
     Attributes:
       signal: the name of the signal received (``"SIGTERM"``...), ``"a peer's signal"``
