@@ -23,6 +23,7 @@ import meshensemble as me
 from meshensemble.training import TrainConfig, build_ensemble, train
 from meshensemble.training.checkpoint import list_checkpoints
 from meshensemble.training.feeder import Feeder
+from meshensemble.training.guards import NonFiniteError, NonFiniteGuard
 from meshensemble.training.loop import LoopPosition
 from meshensemble.training.pacing import Pacer, steps_within
 
@@ -227,3 +228,14 @@ def test_sigterm_in_a_whole_epoch_chunk_stops_within_seconds(tmp_path):
     chex.assert_trees_all_equal(*states)
     last = lambda run: json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert last(workdir) == last(tmp_path / "whole")
+
+
+def test_a_non_finite_loss_in_a_paced_call_names_its_step():
+    need_devices(8)
+    ens = build_ensemble(TrainConfig(model="mlp", members=4), me.make_mesh(4, 2), 256)
+    guard = NonFiniteGuard(ens, "stop", jax.random.key(0), DATA.train_images[:1])
+    loss = np.zeros((6, 4), np.float32)  # a call of 3 steps of K = 6: the last 3 rows
+    loss[4, 2] = np.nan  # its second step: step 12 of the run after step 10
+    guard.check(None, {"loss": jnp.asarray(loss)}, 10, print, steps=3)
+    with pytest.raises(NonFiniteError, match=r"member\(s\) \[2\] at step 12;"):
+        guard.flush(None, print)
