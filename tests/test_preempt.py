@@ -128,13 +128,14 @@ def tiny(tmp_path, name, **kw) -> TrainConfig:
 
 def test_a_capped_run_equals_whole_chunks_bitwise(tmp_path):
     need_devices(8)
-    whole = train(tiny(tmp_path, "whole", stop_within=0.0), DATA)
-    capped = train(tiny(tmp_path, "capped", stop_within=1e-6, checkpoint_every=3), DATA)
+    # uncapped: calls of K = 8 steps, cut only at the checkpoint steps (every 3)
+    whole = train(tiny(tmp_path, "whole", stop_within=0.0, checkpoint_every=3), DATA)
+    capped = train(tiny(tmp_path, "capped", stop_within=1e-6), DATA)  # 1 step a call
     chex.assert_trees_all_equal(jax.device_get(capped.state), jax.device_get(whole.state))
     assert capped.history == whole.history  # train loss summed step by step: the same bits
     # a checkpoint step ends a call, so every multiple of 3 was saved (keep=3: the newest)
-    assert list_checkpoints(tmp_path / "capped") == [12, 15, 16]
-    assert list_checkpoints(tmp_path / "whole") == [8, 16]
+    assert list_checkpoints(tmp_path / "whole") == [12, 15, 16]
+    assert list_checkpoints(tmp_path / "capped") == [8, 16]
 
 
 def test_loss_sums_do_not_depend_on_how_steps_are_split():
