@@ -162,12 +162,21 @@ def test_larger_than_device_budget_array_record_streams(tmp_path, monkeypatch, s
     )
     budget = 256 * stream.EXAMPLE_BYTES  # the set is 6x what a device may take
     monkeypatch.setenv("MESHENSEMBLE_DEVICE_BUDGET", str(budget))
-    lines = []
+    lines, before = [], {id(a) for a in jax.live_arrays()}
     cfg = tiny(tmp_path, "big", shuffle=shuffle, epochs=1, batch_size=64, quiet=False)
     result = train(cfg, dataset=big, echo=lines.append, source=stream.ArrayRecordSource(paths))
     said = [s for s in lines if s.startswith("input:")]
     assert said and said[0].startswith("input: stream (--input auto:"), lines
     assert result.history[-1]["step"] == 24
+    # the images never went to the devices (only batches did; the order [N] int32 does)
+    new = [a for a in jax.live_arrays() if id(a) not in before]
+    assert not [a for a in new if a.shape[:1] == (1536,) and a.ndim > 1]
+    with pytest.raises(ValueError, match="stream source holds 1536 examples"):
+        train(
+            tiny(tmp_path, "val", input="stream", batch_size=64, validation=64),
+            dataset=big,
+            source=stream.ArrayRecordSource(paths),
+        )
     ref = train(
         tiny(tmp_path, "ref", shuffle=shuffle, epochs=1, batch_size=64, input="device"), dataset=big
     )

@@ -72,6 +72,9 @@ class Feeder:
         :mod:`meshensemble.data.stream` source holding the train split's examples in its
         order); default the dataset's train arrays.
 
+    Raises:
+      ValueError: ``source`` holds another number of examples than the train split.
+
     Attributes:
       input: ``"device"`` or ``"stream"`` (``cfg.input``, with ``auto`` resolved).
       input_why: one line saying why.
@@ -114,6 +117,12 @@ class Feeder:
         self.input, self.input_why = resolve_input(cfg, self.n, ens.mesh)
         self.streaming = self.input == "stream"
         self.stream = None
+        if source is not None and len(source) != self.n:
+            raise ValueError(
+                f"the stream source holds {len(source)} examples but the training split has "
+                f"{self.n}; pass a source of exactly the train split's examples (and no "
+                "--validation, which takes examples out of it)"
+            )
         if self.streaming:
             members = cfg.members if self.per_member else None
             self.stream = stream_lib.StreamIterator(
