@@ -16,6 +16,7 @@ import dataclasses
 import inspect
 import math
 import textwrap
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -181,7 +182,14 @@ class TrainConfig:
     )
     eval_batch_size: int = _field(1000, "examples per evaluation call", metavar="B")
     streaming: bool = _field(
-        False, "feed host batches one step at a time instead of on-device data"
+        False, "deprecated spelling of --input stream (feed host batches, one step per call)"
+    )
+    input: str = _field(
+        "auto",
+        "where batches come from: device (the training set on every device, K steps per "
+        "call), stream (each process reads its rows of each batch on the host, Grain "
+        "prefetch) or auto (device when the set fits the device memory budget)",
+        choices=data_lib.stream.INPUTS,
     )
     compile_cache: bool = _field(
         True,
@@ -243,6 +251,12 @@ class TrainConfig:
                 raise ValueError(
                     f"{f.name}={value!r} is not allowed; choose one of {', '.join(allowed)}"
                 )
+        if self.streaming:
+            warnings.warn(
+                "streaming=True (--streaming) is deprecated; use input='stream' (--input stream)",
+                FutureWarning,
+                stacklevel=2,
+            )
         for name in ("members", "epochs", "batch_size", "eval_batch_size", "keep"):
             _positive_int(name, getattr(self, name))
         for name in ("max_steps", "chunk_steps", "checkpoint_every"):

@@ -42,7 +42,9 @@ RUN_FIELDS = (
 """Config fields a resumed run must keep: they define the members, their optimizer and
 schedule, their data order and the held-out validation split. ``epochs`` counts only for
 a decaying schedule (a constant rate can be extended by more epochs) and
-``warmup_epochs`` only for ``warmup_cosine``."""
+``warmup_epochs`` only for ``warmup_cosine``. ``input`` (``device``/``stream``) is not
+among them: both inputs train the same members from the same order, so a run may resume
+with the other one (the streamed iterator's position is restored from the checkpoint)."""
 DATA_KEYS = ("source", "num_train", "num_test", "fingerprint", "data_file")
 """Keys of :func:`data_identity`, compared in this order."""
 FINGERPRINT_SAMPLES = 1024

@@ -162,6 +162,8 @@ def train(
     cfg: TrainConfig,
     dataset: data_lib.Dataset | None = None,
     echo: Callable[[str], None] | None = None,
+    *,
+    source: Any = None,
 ) -> TrainResult:
     """Trains an ensemble as ``cfg`` says and writes the run's outputs to ``cfg.workdir``.
 
@@ -184,6 +186,9 @@ def train(
       echo: where human-readable lines go (default ``print`` on process 0; with
         ``cfg.quiet`` only the final table and the lines about resuming, stopping or
         re-initialising members).
+      source: for a streamed run (``cfg.input``), where the training examples are read
+        (a :mod:`meshensemble.data.stream` source, e.g. ArrayRecord files, holding the
+        examples of ``dataset``'s train split in the same order); default those arrays.
 
     Returns:
       A :class:`TrainResult`.
@@ -207,7 +212,7 @@ def train(
     try:
         cache_dir = use_compilation_cache(cfg)
         with CompileLog() as log:
-            return _train(cfg, dataset, echo, stop, log, cache_dir)
+            return _train(cfg, dataset, echo, stop, log, cache_dir, source)
     finally:
         stop.uninstall()
 
@@ -301,7 +306,9 @@ def _saved_run(cfg: TrainConfig) -> dict[str, Any] | None:
     return saved
 
 
-def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal, log, cache_dir) -> TrainResult:
+def _train(
+    cfg: TrainConfig, dataset, echo, stop: StopSignal, log, cache_dir, source=None
+) -> TrainResult:
     t0 = time.perf_counter()
     main = jax.process_index() == 0  # only process 0 prints and writes the run's files
     quiet = lambda s: None
@@ -394,18 +401,20 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal, log, cache_dir) ->
     if choice.how != "given":
         say(choice.line())
 
-    feeder = Feeder(ens, dataset, cfg, order_key, k, steps_per_epoch)
+    feeder = Feeder(ens, dataset, cfg, order_key, k, steps_per_epoch, source=source)
+    say(feeder.input_why)
     if restored is None:
         if AHEAD_OF_TIME:  # the chunk compiles in a thread while the initialisation does
             feeder.compile_ahead(lambda: ens.init(init_key, sample))
         state, pos = ens.init(init_key, sample), LoopPosition()
     else:
         state, pos = restored[0], LoopPosition.from_json(restored[1])
+        feeder.restore_input(restored[1])
         tell(f"resumed from checkpoint {pos.step} in {cfg.workdir} (epoch {pos.epoch})")
     ckpt = Checkpointer(cfg.workdir, cfg.keep, echo=tell) if cfg.checkpoint else None
     guard = NonFiniteGuard(ens, cfg.on_nonfinite, init_key, sample)
     run = _Run(cfg, ens, dataset, feeder, guard, ckpt, writer, stop, say, tell, t0, log)
-    run.pacer = Pacer(1 if cfg.streaming else k, cfg.stop_within)
+    run.pacer = Pacer(1 if feeder.streaming else k, cfg.stop_within)
     try:
         state, pos, saved_at = run.loop(state, pos, steps_per_epoch, total_steps, k, main)
     finally:
@@ -472,7 +481,7 @@ class _Run:
                 n = min(k, steps_per_epoch - pos.epoch_step, total_steps - pos.step)
                 if cfg.checkpoint_every:  # a checkpoint step ends a call
                     n = min(n, cfg.checkpoint_every - pos.step % cfg.checkpoint_every)
-                n = 1 if cfg.streaming else self.pacer.count(n)  # within stop_within
+                n = 1 if self.feeder.streaming else self.pacer.count(n)  # within stop_within
                 started = self.pacer.start()
                 state, metrics = self.feeder.run(state, pos.epoch, pos.epoch_step, n)
                 self.pacer.observe(n, metrics["loss"], started)
@@ -499,7 +508,7 @@ class _Run:
                 stopping = self.stop.requested(pos.step)
                 if self.ckpt is not None and (due or stopping):
                     state = guard.flush(state, self.tell, self.last_checkpoint)
-                    self.ckpt.save(pos.step, state, pos.to_json())
+                    self.ckpt.save(pos.step, state, {**pos.to_json(), **self.feeder.input_state()})
                     saved_at = pos.step
                 if epoch_done:
                     pos.epoch, pos.epoch_step = pos.epoch + 1, 0
