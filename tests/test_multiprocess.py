@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -175,10 +177,15 @@ def test_a_dead_process_makes_the_others_fail_on_their_own(npz, tmp_path):
     chex.assert_tree_all_finite(state)
 
 
-def test_sigterm_to_one_process_stops_all_at_the_same_step(npz, tmp_path):
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--chunk-steps", "4", "--stop-within", "0.02"]],
+    ids=["K=1", "K=epoch, calls capped from the agreed step time"],
+)
+def test_sigterm_to_one_process_stops_all_at_the_same_step(npz, tmp_path, extra):
     need_devices(8)
     workdir = tmp_path / "term"
-    procs = start_pair(npz, workdir, "--checkpoint-every", "1000")
+    procs = start_pair(npz, workdir, "--checkpoint-every", "1000", *extra)
     try:
         wait_for(lambda: (workdir / "config.json").exists(), procs, "config.json")
         procs[1].send_signal(signal.SIGTERM)  # only one process is told
@@ -196,3 +203,121 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(npz, tmp_path):
     # one agreed step, saved by both processes: the newest checkpoint, and it restores
     assert list_checkpoints(workdir)[-1] == step
     assert restored4(workdir)[1] == step
+
+
+OTHER = {
+    "same size, other content": me.data.synthetic(num_train=128, num_test=40, seed=4),
+    "other size": me.data.synthetic(num_train=96, num_test=40, seed=3),
+}
+
+
+@pytest.mark.parametrize("case", list(OTHER))
+def test_processes_with_different_data_all_stop_naming_the_host(npz, tmp_path, case):
+    need_devices(8)
+    other = me.data.save_npz(OTHER[case], tmp_path / "other.npz")
+    port = free_port()
+    procs = []
+    for i, data_file in enumerate((npz, other)):
+        cmd = args(data_file, tmp_path / "run", "ensemble=2,data=2")
+        cmd += ["--members", "4", "--heartbeat-timeout", "5", "--fake-devices", "2"]
+        cmd += ["--coordinator", f"localhost:{port}", "--num-processes", "2"]
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "meshensemble.cli", *cmd, "--process-id", str(i)],
+                cwd=REPO,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
+    try:
+        outs = [p.communicate(timeout=HANG) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    host = socket.gethostname()
+    differs = "fingerprint=" if case == "same size, other content" else "num_train=96"
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 2, err[-2000:]
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("error: the data differs between processes: "), last
+        assert f"process 1 ({host}) has " in last and f"process 0 ({host}) has " in last, last
+        assert differs in last and "on every host" in last, last
+    assert not (tmp_path / "run" / "config.json").exists()  # stopped before writing anything
+
+
+# ------------------------------------------------------------------ streamed input (--input stream)
+TRACE = """
+import os, threading
+import numpy as np
+from meshensemble.data import stream
+_read, _lock = stream.ArraySource.read, threading.Lock()
+def read(self, indices):
+    import jax
+    name = os.path.join(os.environ["STREAM_TRACE"], f"p{jax.process_index()}.txt")
+    with _lock, open(name, "a") as f:
+        f.write(" ".join(map(str, np.asarray(indices).reshape(-1))) + "\\n")
+    return _read(self, indices)
+stream.ArraySource.read = read
+"""
+"""A ``sitecustomize`` that makes every process log the example indices it reads."""
+
+
+@pytest.mark.parametrize(
+    "shuffle,mesh", [("shared", "ensemble=1,data=8"), ("per-member", "ensemble=2,data=4")]
+)
+def test_streamed_processes_read_half_of_each_batch_and_equal_one_process(
+    npz, tmp_path, monkeypatch, shuffle, mesh
+):
+    need_devices(8)
+    trace, hook = tmp_path / "trace", tmp_path / "hook"
+    trace.mkdir(), hook.mkdir()
+    (hook / "sitecustomize.py").write_text(TRACE)
+    env = {"STREAM_TRACE": str(trace), "PYTHONPATH": f"{hook}{os.pathsep}{REPO}"}
+    workdir = tmp_path / "multi"
+    argv = [*args(npz, workdir, mesh), "--input", "stream", "--shuffle", shuffle]
+    assert launch_local(argv, 2, 4, timeout=300, env=env, prefix_output=False) == 0
+    one_reads = []
+    read = me.data.stream.ArraySource.read
+    monkeypatch.setattr(
+        me.data.stream.ArraySource,
+        "read",
+        lambda self, idx: one_reads.append(np.asarray(idx).reshape(-1)) or read(self, idx),
+    )
+    one = train(
+        TrainConfig(
+            source="npz",
+            data_file=npz,
+            model="mlp",
+            members=8,
+            mesh=mesh,
+            batch_size=32,
+            max_steps=3,
+            learning_rate=0.05,
+            eval_batch_size=40,
+            workdir=str(tmp_path / "one"),
+            quiet=True,
+            input="stream",
+            shuffle=shuffle,
+        )
+    )
+    per_step = 32 * (8 if shuffle == "per-member" else 1)  # examples of one global batch
+    reads = [
+        [np.array(s.split(), int) for s in (trace / f"p{i}.txt").read_text().splitlines()]
+        for i in range(2)
+    ]
+    for mine in reads:  # each process: exactly half of each global batch, nothing more
+        assert len(mine) >= 3 and all(len(r) == per_step // 2 for r in mine)
+    # each global batch one process read is the two processes' halves together (Grain's
+    # threads may log the steps out of order: matched by content, at least the 3 steps run)
+    whole = {tuple(np.sort(r)) for r in one_reads}
+    pairs = {tuple(np.sort(np.concatenate([a, b]))) for a in reads[0] for b in reads[1]}
+    assert len(whole & pairs) >= 3
+    state, step = restored(workdir)
+    assert step == 3
+    chex.assert_trees_all_close(state, jax.device_get(one.state), atol=1e-5)
+    record = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
+    for key, value in one.history[-1].items():
+        np.testing.assert_allclose(record[key], value, atol=1e-5, err_msg=key)

@@ -24,6 +24,10 @@ Cases (``--cases`` takes these names or the group names in brackets):
   loop's on-device chunk exactly as :func:`meshensemble.training.train` builds it (data on
   the devices, ``K`` steps per compiled call, a ``lax.scan`` when ``K > 1``); ``default``
   is ``train.default_chunk_steps`` for the platform.
+* ``stream`` [stream]: the loop's streamed input (``--input stream``, one step per call,
+  Grain prefetch of this process's rows; :mod:`meshensemble.bench.stream_case`), 8 steps
+  per timed call; ``ratios["stream_over_device_steps_per_s"]`` compares it with
+  ``chunk_default``.
 * ``sequential`` [sequential]: the members trained one after another with a jitted
   single-model step on one device (the baseline an ensemble must beat).
 * ``mpd_1`` ... ``mpd_32`` [members]: 1 to 32 members on one device (cost growth).
@@ -103,8 +107,11 @@ from meshensemble.bench.config import (
 from meshensemble.bench.flops import count_flops, jaxpr_flops, train_flops
 from meshensemble.bench.layouts import format_layouts, measure_layouts
 from meshensemble.bench.report import TARGETS, collect, format_table, plot_members, write_json
+from meshensemble.bench.stream_case import StreamSteps
 from meshensemble.bench.timing import loadavg, round_robin, timed
 from meshensemble.bench.workloads import Context, load_data, make_model
+
+RUNNERS["stream"] = StreamSteps  # here: bench/stream_case.py builds on bench/cases.py
 
 __all__ = [
     "GROUPS",

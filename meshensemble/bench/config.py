@@ -23,6 +23,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "backends": ("ens_pmap", "ens_shard_map"),
     "chunk": ("chunk_default", "chunk_k1", "chunk_k8", "chunk_epoch"),
     "sequential": ("sequential",),
+    "stream": ("stream",),
     "members": ("mpd_1", "mpd_2", "mpd_4", "mpd_8", "mpd_16", "mpd_32"),
     "mesh": ("mesh_1", "mesh_2", "mesh_4", "mesh_8"),
     "strategy": ("strategy_vmap", "strategy_loop"),
@@ -258,7 +259,8 @@ class Spec:
     """What a case computes; cases with equal specs are timed once.
 
     Attributes:
-      kind: ``"matmul"``, ``"howto"``, ``"ensemble"``, ``"chunk"`` or ``"sequential"``.
+      kind: ``"matmul"``, ``"howto"``, ``"ensemble"``, ``"chunk"``, ``"stream"`` or
+        ``"sequential"``.
       model: a :func:`meshensemble.bench.workloads.make_model` id (the matmul's size for
         ``"matmul"``).
       members: members trained per step.
@@ -428,6 +430,8 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
         ("chunk_epoch", k_epoch, f"train.py chunk, K={k_epoch} (epoch {steps_per_epoch})"),
     ):
         cases.append(Case(name, "chunk", Spec("chunk", model, k=k, **on_all), what))
+    what = f"train.py --input stream, {k8} steps/call (Grain prefetch)"
+    cases.append(Case("stream", "stream", Spec("stream", model, k=k8, **on_all), what))
     cases.append(
         Case(
             "sequential",

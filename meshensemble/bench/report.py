@@ -311,6 +311,7 @@ def compute_ratios(c: Mapping[str, Any], cfg: BenchConfig) -> dict[str, Any]:
         },
         "ens_shard_map_over_howto": div(t("ens_shard_map"), t("howto")),
         "scan_over_jit": div(t("chunk_k8"), t("chunk_k1")),
+        "stream_over_device_steps_per_s": div(t("chunk_default"), t("stream")),
         "scan_base_k8_over_k1": div(t("scan_base_k8"), t("scan_base_k1")),
         "scan_canonical_k8_over_k1": div(t("scan_canonical_k8"), t("scan_canonical_k1")),
         "scan_canonical_k8_over_base_k1": div(t("scan_canonical_k8"), t("scan_base_k1")),

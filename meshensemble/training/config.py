@@ -16,6 +16,7 @@ import dataclasses
 import inspect
 import math
 import textwrap
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -178,9 +179,23 @@ class TrainConfig:
         "steps per compiled call (K); none: 1 on CPU, a whole epoch elsewhere",
         metavar="K",
     )
+    stop_within: float = _field(
+        10.0,
+        "seconds within which SIGTERM/SIGINT and --checkpoint-every are honoured: calls run "
+        "at most about half of it (steps per call capped from the measured step time, same "
+        "results); 0: whole calls of K steps",
+        metavar="SECONDS",
+    )
     eval_batch_size: int = _field(1000, "examples per evaluation call", metavar="B")
     streaming: bool = _field(
-        False, "feed host batches one step at a time instead of on-device data"
+        False, "deprecated spelling of --input stream (feed host batches, one step per call)"
+    )
+    input: str = _field(
+        "auto",
+        "where batches come from: device (the training set on every device, K steps per "
+        "call), stream (each process reads its rows of each batch on the host, Grain "
+        "prefetch) or auto (device when the set fits the device memory budget)",
+        choices=data_lib.stream.INPUTS,
     )
     compile_cache: bool = _field(
         True,
@@ -201,7 +216,9 @@ class TrainConfig:
     tensorboard: bool = _field(False, "also write TensorBoard event files (needs tensorboardX)")
     checkpoint: bool = _field(True, "save the state at each epoch end and at the end")
     checkpoint_every: int | None = _field(
-        None, "also save every this many steps (at chunk boundaries)", metavar="N"
+        None,
+        "also save every this many steps (a call of K steps ends at each such step)",
+        metavar="N",
     )
     keep: int = _field(3, "how many checkpoints to keep (the newest)", metavar="K")
     resume: bool = _field(
@@ -240,6 +257,12 @@ class TrainConfig:
                 raise ValueError(
                     f"{f.name}={value!r} is not allowed; choose one of {', '.join(allowed)}"
                 )
+        if self.streaming:
+            warnings.warn(
+                "streaming=True (--streaming) is deprecated; use input='stream' (--input stream)",
+                FutureWarning,
+                stacklevel=2,
+            )
         for name in ("members", "epochs", "batch_size", "eval_batch_size", "keep"):
             _positive_int(name, getattr(self, name))
         for name in ("max_steps", "chunk_steps", "checkpoint_every"):
@@ -257,6 +280,7 @@ class TrainConfig:
         _number("momentum", self.momentum, "in [0, 1)", lambda v: 0 <= v < 1)
         _number("weight_decay", self.weight_decay, ">= 0", lambda v: v >= 0)
         _number("warmup_epochs", self.warmup_epochs, ">= 0", lambda v: v >= 0)
+        _number("stop_within", self.stop_within, ">= 0 seconds (0: no cap)", lambda v: v >= 0)
         if self.mesh:
             parse_mesh(self.mesh)
         if self.conv != "auto" and self.model not in CONV_MODELS:

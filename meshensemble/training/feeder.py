@@ -1,10 +1,19 @@
-"""Feeding the steps: K-step chunks from on-device data, or host batches one step at a time.
+"""Feeding the steps: K-step chunks from on-device data, or streamed host batches.
 
 The training set is put on the mesh once (replicated: MNIST-sized sets fit on every
 device). Each epoch's order is drawn on device from the order key (so the batches are
 the same whatever the mesh) and every step gathers its batch on device, so no step waits
-on a host copy. ``K`` steps run per compiled call (a ``lax.scan`` when ``K > 1``). The
-streaming path (host batches, one step per call) is for data that does not fit.
+on a host copy. ``K`` steps run per compiled call: with ``K > 1`` one program whose step count is a
+runtime argument ``n <= K`` (:meth:`Feeder.paced`), so the loop may cut calls short (to
+honour a stop within :attr:`~meshensemble.training.TrainConfig.stop_within` seconds, or
+a checkpoint step) without compiling anything new and with bitwise the same steps.
+
+The streamed path (``--input stream``, for data that does not fit on the devices) runs one
+step per call: a :class:`meshensemble.data.stream.StreamIterator` reads, in Grain threads
+a few steps ahead, only this process's rows of each batch, in the same order (fetched to
+the host once per epoch), and they are assembled with
+``jax.make_array_from_process_local_data``; the members come out the same as on device.
+Its position is saved in every checkpoint (:meth:`Feeder.input_state`).
 
 Each epoch uses ``N // batch_size`` full batches; the remaining ``N % batch_size``
 examples of that epoch's order are left out (each epoch draws a new order, so every
@@ -31,9 +40,16 @@ from meshensemble.core import steps
 from meshensemble.core.backends import put
 from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
-from meshensemble.core.mesh import ENSEMBLE, MEMBERS, REPLICATED
+from meshensemble.core.mesh import (
+    BATCH,
+    ENSEMBLE,
+    MEMBER_BATCH,
+    MEMBERS,
+    REPLICATED,
+)
 from meshensemble.core.sharding import state_shardings
 from meshensemble.core.state import EnsembleState
+from meshensemble.data import stream as stream_lib
 from meshensemble.training.config import TrainConfig
 
 CHUNK_METRIC_SPECS = {
@@ -51,12 +67,21 @@ class Feeder:
     Args:
       ens: the ensemble being trained.
       dataset: the training data (only its train split is used).
-      cfg: the run's config (``batch_size``, ``shuffle``, ``members``, ``streaming``).
+      cfg: the run's config (``batch_size``, ``shuffle``, ``members``, ``input``).
       order_key: the key each epoch's order is drawn from (``fold_in(order_key, epoch)``).
       k: steps per compiled call.
       steps_per_epoch: ``N // batch_size``.
+      source: where a streamed run reads the training examples (a
+        :mod:`meshensemble.data.stream` source holding the train split's examples in its
+        order); default the dataset's train arrays.
+
+    Raises:
+      ValueError: ``source`` holds another number of examples than the train split.
 
     Attributes:
+      input: ``"device"`` or ``"stream"`` (``cfg.input``, with ``auto`` resolved).
+      input_why: one line saying why.
+      stream: the :class:`~meshensemble.data.stream.StreamIterator` (None on device).
       images: the training images on the mesh, uint8 ``[N, 28, 28, 1]`` replicated (absent
         when streaming).
       labels: the training labels on the mesh, int32 ``[N]`` replicated (absent when
@@ -76,6 +101,7 @@ class Feeder:
         order_key: jax.Array,
         k: int,
         steps_per_epoch: int,
+        source: Any = None,
     ):
         self.ens, self.cfg, self.k = ens, cfg, k
         self.steps_per_epoch = steps_per_epoch
@@ -83,7 +109,6 @@ class Feeder:
         self.per_member = cfg.shuffle == "per-member"
         self.order_key = order_key
         self.n = len(dataset.train_labels)
-        self.host = (dataset.train_images, dataset.train_labels)
         self._order_spec = MEMBERS if self.per_member else REPLICATED
         self._orders = jax.jit(
             self._draw,
@@ -92,7 +117,27 @@ class Feeder:
         )
         self._epoch: tuple[int, jax.Array] | None = None
         self._ahead: concurrent.futures.Future | None = None
-        if not cfg.streaming:
+        self.input, self.input_why = resolve_input(cfg, self.n, ens.mesh)
+        self.streaming = self.input == "stream"
+        self.stream = None
+        if source is not None and len(source) != self.n:
+            raise ValueError(
+                f"the stream source holds {len(source)} examples but the training split has "
+                f"{self.n}; pass a source of exactly the train split's examples (and no "
+                "--validation, which takes examples out of it)"
+            )
+        self.dynamic = k > 1 and not self.streaming
+        """Whether :meth:`run` calls :meth:`paced` (any ``n <= k``, one program)."""
+        if self.streaming:
+            members = cfg.members if self.per_member else None
+            self.stream = stream_lib.StreamIterator(
+                dataset if source is None else source,
+                self.host_order,
+                self.batch,
+                steps_per_epoch,
+                stream_lib.local_block(ens.mesh, self.batch, members),
+            )
+        else:
             self.images = put(dataset.train_images, ens.mesh, REPLICATED)
             self.labels = put(dataset.train_labels.astype(np.int32), ens.mesh, REPLICATED)
 
@@ -118,6 +163,24 @@ class Feeder:
             self._epoch = (epoch, self._orders(np.int32(epoch), members))
         return self._epoch[1]
 
+    def host_order(self, epoch: int) -> np.ndarray:
+        """:meth:`order` on the host (numpy), as the streamed path reads it once per epoch."""
+        order = self.order(epoch)
+        if not self.per_member:  # replicated: this process's copy is the whole order
+            return np.asarray(order.addressable_data(0))
+        return fetch(order)
+
+    def input_state(self) -> dict[str, Any]:
+        """What a checkpoint records of the input: ``{"input": ...}`` (the streamed
+        iterator's :meth:`~meshensemble.data.stream.StreamIterator.get_state`), or ``{}``."""
+        return {} if self.stream is None else {"input": self.stream.get_state()}
+
+    def restore_input(self, loop: dict[str, Any]) -> None:
+        """Puts the streamed iterator where a checkpoint's ``loop`` entry says (if it
+        recorded one; otherwise :meth:`run` starts reading at the step it is asked for)."""
+        if self.stream is not None and loop.get("input"):
+            self.stream.set_state(loop["input"])
+
     def chunk(self, n: int) -> Callable[..., Any]:
         """The global program of ``n`` steps from on-device data (built once per ``n``).
 
@@ -133,12 +196,41 @@ class Feeder:
         Raises:
           ValueError: the feeder streams host batches (no on-device data).
         """
-        if self.cfg.streaming:
+        if self.streaming:
             raise ValueError("a streaming Feeder has no on-device chunk; use run()")
         return self.ens.build(
             ("chunk", n, self.batch, self._order_spec),
             lambda step_cfg: functools.partial(steps.train_chunk, step_cfg, n, self.batch),
             (self.ens.state_spec, REPLICATED, REPLICATED, self._order_spec, REPLICATED),
+            (self.ens.state_spec, CHUNK_METRIC_SPECS),
+            donate_argnums=(0,),
+        )
+
+    def paced(self) -> Callable[..., Any]:
+        """The global program of up to ``k`` steps whose step count is an argument.
+
+        Built once: every call, whatever its count, runs the same compiled program, so a
+        run split into shorter calls computes bitwise the same members.
+
+        Returns:
+          ``fn(state, images, labels, order, first, count) -> (state, metrics)``: steps
+          ``first .. first + count - 1`` of the epoch (``count`` an int32 scalar in
+          ``[1, k]``); ``metrics["loss"]`` is ``[k, members]`` whose last ``count`` rows
+          are the steps run (see :func:`meshensemble.core.steps.train_chunk`).
+
+        Raises:
+          ValueError: the feeder streams host batches (no on-device data).
+
+        Example:
+          >>> state, metrics = feeder.paced()(state, feeder.images, feeder.labels,
+          ...                                 feeder.order(1), np.int32(0), np.int32(3))
+        """
+        if self.streaming:
+            raise ValueError("a streaming Feeder has no on-device chunk; use run()")
+        return self.ens.build(
+            ("paced", self.k, self.batch, self._order_spec),
+            lambda step_cfg: functools.partial(steps.train_chunk, step_cfg, self.k, self.batch),
+            (self.ens.state_spec, REPLICATED, REPLICATED, self._order_spec, REPLICATED, REPLICATED),
             (self.ens.state_spec, CHUNK_METRIC_SPECS),
             donate_argnums=(0,),
         )
@@ -163,7 +255,7 @@ class Feeder:
           >>> state = ens.init(key, images[:1])   # both compile at once
         """
         abstract = jax.eval_shape(init)  # first: a sharded state's layout is known after it
-        chunk = None if self.cfg.streaming else self.chunk(self.k)
+        chunk = None if self.streaming else self.paced() if self.dynamic else self.chunk(self.k)
         if chunk is None or not hasattr(chunk, "lower") or jax.process_count() > 1:
             return False
         placed = state_shardings(self.ens.state_spec, self.ens.mesh, abstract)
@@ -175,6 +267,7 @@ class Feeder:
             width, np.int32, sharding=NamedSharding(self.ens.mesh, self._order_spec)
         )
         args = (shapes, self.images, self.labels, order, np.int32(0))
+        args += (np.int32(1),) if self.dynamic else ()
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="meshensemble-aot")
         self._ahead = pool.submit(lambda: chunk.lower(*args).compile())
         pool.shutdown(wait=False)
@@ -182,12 +275,12 @@ class Feeder:
 
     def _compiled(self, n: int) -> Callable[..., Any]:
         """The ahead-of-time chunk when it was built for ``n`` steps and compiled cleanly."""
-        if self._ahead is not None and n == self.k:
+        if self._ahead is not None and (n == self.k or self.dynamic):
             try:
                 return self._ahead.result()
             except Exception:  # e.g. a layout it cannot take: compile at the call instead
                 self._ahead = None
-        return self.chunk(n)
+        return self.paced() if self.dynamic else self.chunk(n)
 
     def run(
         self, state: EnsembleState, epoch: int, first: int, n: int
@@ -201,13 +294,52 @@ class Feeder:
           n: how many steps (ignored when streaming: one).
 
         Returns:
-          ``(state, metrics)`` with ``metrics["loss"]`` of shape ``[n, members]``.
+          ``(state, metrics)`` with ``metrics["loss"]`` of shape ``[n, members]``, or
+          ``[k, members]`` when :attr:`dynamic` (its last ``n`` rows are the steps run,
+          the rows before them zeros).
         """
+        if self.streaming:
+            return self._streamed(state, epoch, first)
         order = self.order(epoch)
-        if self.cfg.streaming:
-            host_order = fetch(order)
-            idx = host_order[..., first * self.batch : (first + 1) * self.batch]
-            x, y = self.host[0][idx], self.host[1][idx].astype(np.int32)
+        count = (np.int32(n),) if self.dynamic else ()
+        return self._compiled(n)(state, self.images, self.labels, order, np.int32(first), *count)
+
+    def _streamed(self, state: EnsembleState, epoch: int, first: int):
+        """One step from this process's streamed rows, assembled into global arrays."""
+        x, y = self.stream.next_batch(epoch, first)
+        lead = (self.cfg.members, self.batch) if self.per_member else (self.batch,)
+        sharding = NamedSharding(self.ens.mesh, MEMBER_BATCH if self.per_member else BATCH)
+        place = lambda a: jax.make_array_from_process_local_data(
+            sharding, a, lead + a.shape[len(lead) :]
+        )
+        x, y = place(x), place(y)
+        if self.cfg.backend == "shard_map":  # labels were checked when the data was loaded
+            state, metrics = self.ens.train_step_fn(self.per_member)(state, x, y)
+        else:
             state, metrics = self.ens.train_step(state, x, y)
-            return state, jax.tree.map(lambda v: v[None], metrics)
-        return self._compiled(n)(state, self.images, self.labels, order, np.int32(first))
+        return state, jax.tree.map(lambda v: v[None], metrics)
+
+
+def resolve_input(cfg: TrainConfig, num_train: int, mesh: Any) -> tuple[str, str]:
+    """Which input a run uses, ``"device"`` or ``"stream"``, and one line saying why.
+
+    Args:
+      cfg: the run's config (``input``; the deprecated ``streaming`` means ``stream``).
+      num_train: training examples.
+      mesh: the run's mesh (its first device is asked for its memory).
+
+    Returns:
+      ``(input, why)``; ``auto`` is decided by
+      :func:`meshensemble.data.stream.choose_input`.
+
+    Example:
+      >>> resolve_input(me.TrainConfig(input="auto"), 60_000, mesh)
+      ('device', 'input: device (the 60,000 training examples take 44.9 MiB per device, ...)')
+    """
+    if cfg.streaming or cfg.input == "stream":
+        how = "--streaming, deprecated" if cfg.streaming else "--input stream"
+        return "stream", f"input: stream ({how})"
+    if cfg.input == "device":
+        return "device", "input: device (--input device)"
+    choice, why = stream_lib.choose_input(num_train, mesh.devices.flat[0])
+    return choice, f"input: {choice} (--input auto: {why})"

@@ -1,0 +1,445 @@
+"""Streaming input on Grain: each process reads only the rows of each batch its devices use.
+
+For data that does not fit on the devices (``--input stream``), the training examples stay
+in a random-access *source* on the host (or on shared storage) and every step's batch is
+read there, by each process for its own devices only, a few steps ahead of the device step
+(Grain worker threads and a prefetch buffer), then assembled into a global array with
+``jax.make_array_from_process_local_data``.
+
+Sources (all random access, ``len(source)`` and ``source.read(indices)``):
+
+* :class:`ArraySource`: in-memory arrays (the npz, sample and synthetic datasets);
+* :class:`ArrayRecordSource`: ArrayRecord files written by :func:`write_array_record`
+  (Grain's ``ArrayRecordDataSource``; the format for pods: files on shared storage);
+* :class:`TfdsSource`: a ``tfds.data_source(...)`` split (TFDS's prepared ArrayRecord data).
+
+:class:`StreamIterator` yields, step after step, this process's part of each global batch
+in the order the run's ``order(epoch)`` gives (fetched to the host once per epoch). Its
+state (:meth:`StreamIterator.get_state`) is a small JSON dict saved in the run's
+checkpoint. :func:`choose_input` decides ``--input auto``.
+
+Example:
+  >>> src = ArraySource(ds.train_images, ds.train_labels)
+  >>> it = StreamIterator(src, order_fn, batch=128, steps_per_epoch=468,
+  ...                     block=local_block(mesh, 128, members=8))
+  >>> images, labels = it.next_batch(epoch=1, step=0)   # this process's rows
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grain
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from meshensemble.core.mesh import BATCH, MEMBER_BATCH
+from meshensemble.data.dataset import IMAGE_SHAPE, DataError
+
+RECORD_BYTES = 1 + int(np.prod(IMAGE_SHAPE))
+"""Bytes of one record of :func:`write_array_record`: the label, then the uint8 pixels."""
+EXAMPLE_BYTES = int(np.prod(IMAGE_SHAPE)) + 4
+"""Device bytes of one training example on the on-device path (uint8 image, int32 label)."""
+DEFAULT_DEVICE_BUDGET = 2 << 30
+"""Bytes per device that ``--input auto`` assumes when the device does not report its
+memory (``jax.Device.memory_stats()`` is None, e.g. on CPU); the environment variable
+``MESHENSEMBLE_DEVICE_BUDGET`` (bytes) overrides it and any reported memory."""
+DEVICE_FRACTION = 0.25
+"""Share of a device's memory the replicated training set may take for ``--input auto``
+to keep it on device (the rest is for parameters, optimizer state and activations)."""
+INPUTS = ("device", "stream", "auto")
+"""Values of ``TrainConfig.input`` / ``--input``."""
+
+
+class ArraySource:
+    """Random access to in-memory arrays (the npz, sample and synthetic datasets).
+
+    Args:
+      images: uint8 ``[N, 28, 28, 1]``.
+      labels: int ``[N]``.
+
+    Example:
+      >>> src = ArraySource(ds.train_images, ds.train_labels)
+      >>> x, y = src.read(np.array([3, 1]))
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray):
+        if len(images) != len(labels):
+            raise DataError(
+                f"ArraySource: {len(images)} images but {len(labels)} labels; pass one per image"
+            )
+        self.images, self.labels = images, np.asarray(labels, np.int32)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        return self.images[i], int(self.labels[i])
+
+    def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The examples at ``indices`` (any shape ``S``).
+
+        Args:
+          indices: int ``S``.
+
+        Returns:
+          ``(images, labels)``: uint8 ``S + [28, 28, 1]`` and int32 ``S``.
+        """
+        return self.images[indices], self.labels[indices]
+
+
+class _RecordSource:
+    """Shared ``read`` of sources whose records are read one list at a time."""
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        x, y = self.read(np.asarray([i]))
+        return x[0], int(y[0])
+
+    def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The examples at ``indices`` (any shape ``S``).
+
+        Args:
+          indices: int ``S``.
+
+        Returns:
+          ``(images, labels)``: uint8 ``S + [28, 28, 1]`` and int32 ``S``.
+        """
+        flat = [int(i) for i in np.asarray(indices).reshape(-1)]
+        try:
+            records = self.records.__getitems__(flat)  # one batched read where supported
+        except (AttributeError, TypeError):  # e.g. tfds.testing.mock_data's sources
+            records = [self.records[i] for i in flat]
+        x, y = self.decode(records)
+        shape = np.shape(indices)
+        return x.reshape(shape + x.shape[1:]), y.reshape(shape)
+
+
+class ArrayRecordSource(_RecordSource):
+    """Random access to ArrayRecord files of :func:`write_array_record` (Grain's reader).
+
+    Args:
+      paths: one file or several (their records in order form the dataset).
+
+    Raises:
+      DataError: a file is missing, or its records are not :data:`RECORD_BYTES` long.
+
+    Example:
+      >>> src = ArrayRecordSource(write_array_record("/data/train.array_record", x, y))
+    """
+
+    def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike]):
+        paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+        missing = [str(p) for p in paths if not os.path.isfile(p)]
+        if missing or not paths:
+            raise DataError(
+                f"ArrayRecordSource: no file {missing or paths}; write one with "
+                "me.data.stream.write_array_record(path, images, labels)"
+            )
+        self.paths = [str(p) for p in paths]
+        self.records = grain.sources.ArrayRecordDataSource(self.paths)
+        if len(self.records) and len(self.records[0]) != RECORD_BYTES:
+            raise DataError(
+                f"{self.paths[0]}: records of {len(self.records[0])} bytes; expected "
+                f"{RECORD_BYTES} (a label byte and 28x28 uint8 pixels, as write_array_record "
+                "writes them)"
+            )
+
+    @staticmethod
+    def decode(records: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """``(images uint8 [n, 28, 28, 1], labels int32 [n])`` from raw records."""
+        raw = np.frombuffer(b"".join(records), np.uint8).reshape(len(records), RECORD_BYTES)
+        return raw[:, 1:].reshape((len(records), *IMAGE_SHAPE)), raw[:, 0].astype(np.int32)
+
+
+class TfdsSource(_RecordSource):
+    """Random access to a ``tfds.data_source(name, split=...)`` (records ``image``, ``label``).
+
+    Args:
+      records: the TFDS data source of one split.
+
+    Example:
+      >>> src = TfdsSource(tfds.data_source("mnist", split="train"))
+    """
+
+    def __init__(self, records: Any):
+        self.records = records
+
+    @staticmethod
+    def decode(records: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+        """``(images uint8 [n, 28, 28, 1], labels int32 [n])`` from TFDS records."""
+        x = np.stack([np.asarray(r["image"], np.uint8) for r in records])
+        y = np.asarray([int(r["label"]) for r in records], np.int32)
+        return x.reshape((len(records), *IMAGE_SHAPE)), y
+
+
+def write_array_record(
+    path: str | os.PathLike, images: np.ndarray, labels: np.ndarray, shards: int = 1
+) -> list[str]:
+    """Writes images and labels as ArrayRecord files for :class:`ArrayRecordSource`.
+
+    Each record is :data:`RECORD_BYTES` bytes: the label, then the 784 uint8 pixels.
+
+    Args:
+      path: the file (``shards == 1``) or the stem ``path-00000-of-00004`` is made from.
+      images: uint8 ``[N, 28, 28(, 1)]``.
+      labels: ``[N]`` in ``0..255``.
+      shards: how many files (consecutive runs of examples).
+
+    Returns:
+      The paths written, in order.
+
+    Raises:
+      DataError: images that are not 28x28 uint8, or labels outside ``0..255``.
+
+    Example:
+      >>> paths = write_array_record("/data/mnist_train.array_record", x, y, shards=4)
+    """
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    images, labels = np.asarray(images), np.asarray(labels)
+    if images.dtype != np.uint8 or images.reshape(len(images), -1).shape[1] != RECORD_BYTES - 1:
+        raise DataError(
+            f"write_array_record: images {images.shape} {images.dtype}; pass uint8 28x28 images"
+        )
+    if len(labels) != len(images) or labels.min(initial=0) < 0 or labels.max(initial=0) > 255:
+        raise DataError("write_array_record: need one label in 0..255 per image")
+    path = os.fspath(path)
+    names = [path] if shards == 1 else [f"{path}-{i:05d}-of-{shards:05d}" for i in range(shards)]
+    for name, part in zip(names, np.array_split(np.arange(len(labels)), shards), strict=True):
+        writer = ArrayRecordWriter(name, "group_size:1")
+        for i in part:
+            writer.write(bytes([int(labels[i])]) + images[i].tobytes())
+        writer.close()
+    return names
+
+
+def as_source(data: Any) -> Any:
+    """A random-access source from a source, a :class:`~meshensemble.data.Dataset` (its train
+    split) or an ``(images, labels)`` pair.
+
+    Args:
+      data: any of those.
+
+    Returns:
+      An object with ``len()`` and ``read(indices)``.
+
+    Raises:
+      DataError: something else.
+
+    Example:
+      >>> as_source(me.data.synthetic(64, 16)).read(np.arange(4))[0].shape
+      (4, 28, 28, 1)
+    """
+    if hasattr(data, "read") and hasattr(data, "__len__"):
+        return data
+    if hasattr(data, "train_images"):
+        return ArraySource(data.train_images, data.train_labels)
+    if isinstance(data, tuple) and len(data) == 2:
+        return ArraySource(*data)
+    raise DataError(f"cannot stream from {type(data).__name__}; pass a source or a Dataset")
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """The part of each global batch one process's devices hold.
+
+    Attributes:
+      rows: ``(lo, hi)`` of the batch's rows (along ``data``).
+      members: ``(lo, hi)`` of the members (per-member batches), or None (shared batches).
+    """
+
+    rows: tuple[int, int]
+    members: tuple[int, int] | None = None
+
+
+def local_block(mesh: Mesh, batch: int, members: int | None = None) -> Block:
+    """This process's rows (and members) of a ``[B, ...]`` or ``[members, B, ...]`` batch.
+
+    Args:
+      mesh: the ensemble mesh.
+      batch: the global batch size ``B``.
+      members: the member count for per-member batches; None for shared batches.
+
+    Returns:
+      A :class:`Block`.
+
+    Raises:
+      ValueError: this process's devices do not hold one rectangular block (a mesh whose
+        device order interleaves processes); use :func:`meshensemble.make_mesh`.
+
+    Example:
+      >>> local_block(me.make_mesh(1, 8), 128)   # 2 processes x 4 devices: half the rows
+      Block(rows=(0, 64), members=None)
+    """
+    shape = (batch,) if members is None else (members, batch)
+    sharding = NamedSharding(mesh, BATCH if members is None else MEMBER_BATCH)
+    boxes = [
+        tuple(s.indices(n)[:2] for s, n in zip(idx, shape, strict=False))
+        for idx in sharding.addressable_devices_indices_map(shape).values()
+    ]
+    lo = [min(b[d][0] for b in boxes) for d in range(len(shape))]
+    hi = [max(b[d][1] for b in boxes) for d in range(len(shape))]
+    covered = {tuple(b) for b in boxes}
+    size = int(np.prod([h - low for low, h in zip(lo, hi, strict=True)]))
+    held = sum(int(np.prod([e - s for s, e in b])) for b in covered)
+    if held != size:
+        raise ValueError(
+            f"process {jax.process_index()}'s devices hold no single block of the batch "
+            f"{shape} on mesh {dict(mesh.shape)}; build the mesh with me.make_mesh"
+        )
+    if members is None:
+        return Block((lo[0], hi[0]))
+    return Block((lo[1], hi[1]), (lo[0], hi[0]))
+
+
+class StreamIterator:
+    """This process's part of each step's global batch, read ahead by Grain threads.
+
+    The order of an epoch (``order_fn(epoch)``: int ``[N]`` shared, or ``[members, N]``
+    per member) is fetched once per epoch, on the calling thread. Within an epoch, Grain
+    reads the next ``prefetch`` steps' rows in ``threads`` worker threads while the
+    devices run; step ``s`` of an epoch uses order positions ``s * B .. (s + 1) * B``.
+
+    Args:
+      source: a random-access source (:func:`as_source`).
+      order_fn: ``epoch -> order`` on the host (numpy).
+      batch: the global batch size ``B``.
+      steps_per_epoch: ``N // B``.
+      block: this process's :class:`Block` (:func:`local_block`).
+      threads: Grain's worker threads.
+      prefetch: steps read ahead.
+
+    Example:
+      >>> it = StreamIterator(src, order_fn, 128, 468, local_block(mesh, 128))
+      >>> x, y = it.next_batch(1, 0)
+      >>> it.get_state()
+      {'epoch': 1, 'step': 1}
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        order_fn: Callable[[int], np.ndarray],
+        batch: int,
+        steps_per_epoch: int,
+        block: Block,
+        threads: int = 4,
+        prefetch: int = 8,
+    ):
+        self.source, self.order_fn, self.batch = as_source(source), order_fn, batch
+        self.steps_per_epoch, self.block = steps_per_epoch, block
+        self.options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch)
+        self.epoch, self.step = 1, 0
+        self._it: Any = None  # Grain's iterator over the current epoch's steps
+        self._at: tuple[int, int] | None = None  # the (epoch, step) it yields next
+
+    def indices(self, order: np.ndarray, step: int) -> np.ndarray:
+        """This process's example indices of ``step``: ``[rows]`` or ``[members, rows]``."""
+        lo, hi = self.block.rows
+        cols = order[..., step * self.batch + lo : step * self.batch + hi]
+        if self.block.members is not None:
+            cols = cols[self.block.members[0] : self.block.members[1]]
+        return cols
+
+    def _start(self, epoch: int, step: int) -> None:
+        order = np.asarray(self.order_fn(epoch))
+        read = lambda s: self.source.read(self.indices(order, s))
+        steps = grain.MapDataset.range(step, self.steps_per_epoch).map(read)
+        self._it = iter(steps.to_iter_dataset(self.options))
+        self._at = (epoch, step)
+
+    def next_batch(self, epoch: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """This process's images and labels of ``step`` of ``epoch``; reads ahead after it.
+
+        Args:
+          epoch: from 1.
+          step: within the epoch, from 0.
+
+        Returns:
+          ``(images, labels)``: uint8 ``[rows, 28, 28, 1]`` and int32 ``[rows]``, or
+          ``[members, rows, ...]`` per member.
+        """
+        if self._at != (epoch, step):  # a new epoch, a resume, or a jump: read from there
+            self._start(epoch, step)
+        x, y = next(self._it)
+        self.epoch, self.step = epoch, step + 1
+        if self.step == self.steps_per_epoch:
+            self.epoch, self.step = epoch + 1, 0
+        self._at = (self.epoch, self.step) if self.step else None
+        return x, y
+
+    def get_state(self) -> dict[str, int]:
+        """The position of the next batch, JSON-able: ``{"epoch": e, "step": s}``."""
+        return {"epoch": self.epoch, "step": self.step}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        """Continues from a :meth:`get_state` (the next batch is that position's).
+
+        Raises:
+          ValueError: a state that is not a position of this iterator.
+        """
+        epoch, step = int(state["epoch"]), int(state["step"])
+        if epoch < 1 or not 0 <= step < self.steps_per_epoch:
+            raise ValueError(
+                f"iterator state {state} is outside 1.. epochs x {self.steps_per_epoch} steps; "
+                "pass a state from get_state() of the same run"
+            )
+        self.epoch, self.step, self._at, self._it = epoch, step, None, None
+
+
+def device_budget(device: jax.Device | None = None) -> tuple[int, str]:
+    """Bytes one device can give the training set, and where that number comes from.
+
+    Args:
+      device: default ``jax.devices()[0]``.
+
+    Returns:
+      ``(bytes, how)``: ``$MESHENSEMBLE_DEVICE_BUDGET``, else :data:`DEVICE_FRACTION` of
+      the memory the device reports, else :data:`DEFAULT_DEVICE_BUDGET`.
+
+    Example:
+      >>> device_budget()
+      (2147483648, 'the default budget of 2.0 GiB per device (cpu reports no memory)')
+    """
+    env = os.environ.get("MESHENSEMBLE_DEVICE_BUDGET")
+    if env:
+        return int(float(env)), f"MESHENSEMBLE_DEVICE_BUDGET={env}"
+    device = device or jax.devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        limit = int(stats["bytes_limit"])
+        return int(limit * DEVICE_FRACTION), f"{DEVICE_FRACTION:.0%} of {limit / 2**30:.1f} GiB"
+    gib = DEFAULT_DEVICE_BUDGET / 2**30
+    return DEFAULT_DEVICE_BUDGET, (
+        f"the default budget of {gib:.1f} GiB per device ({device.platform} reports no memory)"
+    )
+
+
+def choose_input(num_train: int, device: jax.Device | None = None) -> tuple[str, str]:
+    """``--input auto``: ``"device"`` when the replicated training set fits, else ``"stream"``.
+
+    Args:
+      num_train: training examples (each :data:`EXAMPLE_BYTES` on every device).
+      device: the device to ask (default ``jax.devices()[0]``).
+
+    Returns:
+      ``(input, why)``, e.g. ``("device", "the 60,000 training examples take 47 MB per
+      device, within ...")``.
+
+    Example:
+      >>> choose_input(60_000)[0]
+      'device'
+    """
+    need = num_train * EXAMPLE_BYTES
+    budget, how = device_budget(device)
+    size = f"the {num_train:,} training examples take {need / 2**20:.1f} MiB per device"
+    if need <= budget:
+        return "device", f"{size}, within {budget / 2**20:.1f} MiB ({how})"
+    return "stream", f"{size}, more than {budget / 2**20:.1f} MiB ({how})"
