@@ -235,8 +235,10 @@ def test_two_processes_with_fsdp_equal_one(tmp_path):
     common = dict(
         source="npz", data_file=str(npz), model="mlp", members=4, mesh="ensemble=2,data=4",
         batch_size=32, max_steps=3, learning_rate=0.05, eval_batch_size=40,
-        shard_members=True, quiet=True,
+        shard_members=True, quiet=True, input="device",
     )  # fmt: skip
+    # input="device": "auto" asks jax.devices()[0] for its memory, which process 1 cannot
+    # address (MemoryStats ... only supported for addressable devices; data/stream.py)
     argv = ["train", "--shard-members"]
     for key, value in common.items():
         if key not in ("shard_members", "quiet"):
