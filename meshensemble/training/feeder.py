@@ -326,7 +326,7 @@ def resolve_input(cfg: TrainConfig, num_train: int, mesh: Any) -> tuple[str, str
     Args:
       cfg: the run's config (``input``; the deprecated ``streaming`` means ``stream``).
       num_train: training examples.
-      mesh: the run's mesh (its first device is asked for its memory).
+      mesh: the run's mesh (its first device in this process is asked for its memory).
 
     Returns:
       ``(input, why)``; ``auto`` is decided by
@@ -341,5 +341,6 @@ def resolve_input(cfg: TrainConfig, num_train: int, mesh: Any) -> tuple[str, str
         return "stream", f"input: stream ({how})"
     if cfg.input == "device":
         return "device", "input: device (--input device)"
-    choice, why = stream_lib.choose_input(num_train, mesh.devices.flat[0])
+    # a device of this process (memory_stats answers only for addressable devices)
+    choice, why = stream_lib.choose_input(num_train, mesh.local_devices[0])
     return choice, f"input: {choice} (--input auto: {why})"
