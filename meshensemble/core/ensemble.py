@@ -98,6 +98,10 @@ class Ensemble:
         parameters, optimizer state and updates stay float32 (master weights) and the
         loss and softmax are float32. For accelerators (bf16 is slow on most CPUs).
         Default None (compute in the parameters' dtype).
+      augment: ``fn(key, image) -> image``, a training example's augmentation (after
+        ``input_transform``), e.g. ``me.core.augment.make_augment("shift", 2)``: each
+        member draws its own, new every step, the same on any mesh and after a resume
+        (see :mod:`meshensemble.core.augment`). Default None (none).
 
     Raises:
       ValueError: the mesh lacks the axes, ``num_members`` is not a multiple of the
@@ -131,6 +135,7 @@ class Ensemble:
         input_transform: Callable[[jax.Array], jax.Array] | None = None,
         hyperparams: Mapping[str, Any] | None = None,
         compute_dtype: Any = None,
+        augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
     ):
         inputs.check_optimizer(optimizer)
         mesh = make_mesh() if mesh is None else mesh
@@ -157,6 +162,7 @@ class Ensemble:
         self.input_transform = input_transform
         self.hyperparams = member_hyperparams(hyperparams, optimizer, self.num_members)
         self.compute_dtype = inputs.compute_dtype(compute_dtype)
+        self.augment = augment
         self._rng_impl: Any = None
         self._compiled: dict[Any, Callable[..., Any]] = {}
         self._num_classes: int | None = None
@@ -189,6 +195,7 @@ class Ensemble:
             rng_impl=self._rng_impl,
             input_transform=self.input_transform,
             compute_dtype=self.compute_dtype,
+            augment=self.augment,
         )
 
     def build(
