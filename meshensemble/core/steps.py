@@ -239,6 +239,26 @@ def member_probs(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> ja
     return map_members(one, cfg.strategy, (0, None), state, x)
 
 
+def member_logits(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> jax.Array:
+    """The logits of every local member in inference mode (as :func:`member_probs`, before
+    its softmax).
+
+    Args:
+      cfg: the static configuration.
+      state: local state, leaves ``[m, ...]``.
+      images: ``[b, ...]``.
+
+    Returns:
+      ``[m, b, classes]`` float32 logits.
+    """
+    x = _prepare(cfg, images)
+
+    def one(s: EnsembleState, xb: jax.Array) -> jax.Array:
+        return _apply(cfg, s.params, s.model_state, xb, False, s.rng)[0].astype(jnp.float32)
+
+    return map_members(one, cfg.strategy, (0, None), state, x)
+
+
 def ensemble_probs(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> jax.Array:
     """The ensemble's prediction: mean over local members, then ``pmean`` over ``ensemble``.
 
