@@ -98,6 +98,10 @@ class Ensemble:
         parameters, optimizer state and updates stay float32 (master weights) and the
         loss and softmax are float32. For accelerators (bf16 is slow on most CPUs).
         Default None (compute in the parameters' dtype).
+      augment: ``fn(key, image) -> image``, a training example's augmentation (after
+        ``input_transform``), e.g. ``me.core.augment.make_augment("shift", 2)``: each
+        member draws its own, new every step, the same on any mesh and after a resume
+        (see :mod:`meshensemble.core.augment`). Default None (none).
 
     Raises:
       ValueError: the mesh lacks the axes, ``num_members`` is not a multiple of the
@@ -131,6 +135,7 @@ class Ensemble:
         input_transform: Callable[[jax.Array], jax.Array] | None = None,
         hyperparams: Mapping[str, Any] | None = None,
         compute_dtype: Any = None,
+        augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
     ):
         inputs.check_optimizer(optimizer)
         mesh = make_mesh() if mesh is None else mesh
@@ -157,6 +162,7 @@ class Ensemble:
         self.input_transform = input_transform
         self.hyperparams = member_hyperparams(hyperparams, optimizer, self.num_members)
         self.compute_dtype = inputs.compute_dtype(compute_dtype)
+        self.augment = augment
         self._rng_impl: Any = None
         self._compiled: dict[Any, Callable[..., Any]] = {}
         self._num_classes: int | None = None
@@ -189,6 +195,7 @@ class Ensemble:
             rng_impl=self._rng_impl,
             input_transform=self.input_transform,
             compute_dtype=self.compute_dtype,
+            augment=self.augment,
         )
 
     def build(
@@ -359,9 +366,9 @@ class Ensemble:
         return out
 
     def predict_members(
-        self, state: EnsembleState, images: Any, temperature: Any = None
+        self, state: EnsembleState, images: Any, temperature: Any = None, logits: bool = False
     ) -> jax.Array:
-        """Every member's softmax prediction, optionally temperature-scaled.
+        """Every member's softmax prediction (or logits), optionally temperature-scaled.
 
         With ``temperature`` each member's prediction is ``softmax(z_m / T_m)``, computed
         on the mesh from its float32 softmax as ``softmax(log max(p_m, eps) / T_m)``
@@ -374,9 +381,13 @@ class Ensemble:
           temperature: None (no scaling: exactly the unscaled program), a scalar
             ``T > 0`` for every member, or ``[members]`` temperatures, one per member
             (as ``me.calibration.fit_temperature(..., per_member=True)`` returns).
+          logits: return the members' logits ``z_m`` (float32, the model's output in
+            inference mode) instead of their softmax; with ``temperature``, ``z_m / T_m``.
+            For scores that need the logits' scale (max-logit, energy).
 
         Returns:
-          ``[members, N, classes]`` probabilities, members sharded over ``ensemble``; the
+          ``[members, N, classes]`` probabilities (or logits), members sharded over
+          ``ensemble``; the
           examples are split over ``data`` when ``N`` is a multiple of the ``data`` axis,
           and whole on every device of an ``ensemble`` group otherwise (the padding that
           made ``N`` divisible is dropped).
@@ -388,10 +399,13 @@ class Ensemble:
         Example:
           >>> ens.predict_members(state, images).shape  # (8, N, 10)
           >>> ens.predict_members(state, images, temperature=[1.2] * 8)  # per member
+          >>> ens.predict_members(state, images, logits=True)  # [8, N, 10] logits
         """
         t = self._check_temperature(temperature)
-        out = self._predict(state, images, members=True)
-        return out if t is None else _tempered(out, t)
+        out = self._predict(state, images, members=True, logits=logits)
+        if t is None:
+            return out
+        return _divided(out, t) if logits else _tempered(out, t)
 
     def predict(self, state: EnsembleState, images: Any, temperature: Any = None) -> jax.Array:
         """The ensemble's prediction: the mean of the members' softmax, optionally calibrated.
@@ -442,7 +456,9 @@ class Ensemble:
             raise ValueError(f"temperature {t.tolist()} must be finite and > 0")
         return t
 
-    def _predict(self, state: EnsembleState, images: Any, members: bool) -> jax.Array:
+    def _predict(
+        self, state: EnsembleState, images: Any, members: bool, logits: bool = False
+    ) -> jax.Array:
         self._check_state(state)
         images = inputs.as_array(images, "images")
         n = int(np.shape(images)[0]) if np.ndim(images) else 0
@@ -451,12 +467,12 @@ class Ensemble:
                 f"images of shape {np.shape(images)} hold no example; give at least one image"
             )
         padded = inputs.pad(images, self.data_size)
+        per_device = steps.member_probs if members else steps.ensemble_probs
+        per_device = steps.member_logits if logits else per_device
         fn = self._fn(
-            ("predict", members),
+            ("predict", members, logits),
             lambda: self.backend.build(
-                functools.partial(
-                    steps.member_probs if members else steps.ensemble_probs, self.step_config()
-                ),
+                functools.partial(per_device, self.step_config()),
                 (MEMBERS, BATCH),
                 MEMBER_BATCH if members else BATCH,
             ),
@@ -650,6 +666,13 @@ def _tempered(probs: jax.Array, t: jax.Array) -> jax.Array:
     t = t[:, None, None] if t.ndim == 1 else t
     logits = statmath.clipped_log(probs)
     return jax.nn.softmax(logits / t.astype(probs.dtype), axis=-1)
+
+
+@jax.jit
+def _divided(logits: jax.Array, t: jax.Array) -> jax.Array:
+    """``z / T`` with ``T`` scalar or ``[members]``."""
+    t = t[:, None, None] if t.ndim == 1 else t
+    return logits / t.astype(logits.dtype)
 
 
 @jax.jit

@@ -50,6 +50,7 @@ from meshensemble.core.mesh import (
 )
 from meshensemble.core.state import EnsembleState
 from meshensemble.data import stream as stream_lib
+from meshensemble.training import order as order_lib
 from meshensemble.training.config import TrainConfig
 
 CHUNK_METRIC_SPECS = {
@@ -106,7 +107,7 @@ class Feeder:
         self.ens, self.cfg, self.k = ens, cfg, k
         self.steps_per_epoch = steps_per_epoch
         self.batch = cfg.batch_size
-        self.per_member = cfg.shuffle == "per-member"
+        self.per_member = cfg.shuffle == "per-member" or cfg.bootstrap
         self.order_key = order_key
         self.n = len(dataset.train_labels)
         self._order_spec = MEMBERS if self.per_member else REPLICATED
@@ -142,11 +143,8 @@ class Feeder:
             self.labels = put(dataset.train_labels.astype(np.int32), ens.mesh, REPLICATED)
 
     def _draw(self, epoch: jax.Array, members: int) -> jax.Array:
-        key = jax.random.fold_in(self.order_key, epoch)
-        if members:
-            keys = jax.random.split(key, members)
-            return jax.vmap(lambda kk: jax.random.permutation(kk, self.n))(keys)
-        return jax.random.permutation(key, self.n)
+        bootstrap = self.cfg.bootstrap
+        return order_lib.epoch_order(self.order_key, epoch, self.n, members, bootstrap)
 
     def order(self, epoch: int) -> jax.Array:
         """The epoch's order of the training examples; the same on any mesh.
