@@ -43,7 +43,7 @@ from meshensemble.training.config import CONV_MODELS, TrainConfig, build_ensembl
 
 STRATEGY_CANDIDATES = ("vmap", "loop")
 """Member strategies measured when ``member_strategy="auto"``."""
-CONV_CANDIDATES = ("xla", "im2col")
+CONV_CANDIDATES = ("xla", "im2col", "gemm_grad")
 """Convolutions measured when ``conv="auto"`` (CNN models only)."""
 
 
