@@ -220,3 +220,58 @@ def test_the_chunk_compiled_ahead_of_time_gives_the_same_members(tmp_path, monke
     monkeypatch.setattr(loop, "AHEAD_OF_TIME", True)  # pmap has no lower(): compiled lazily
     pmap = train(tiny(tmp_path, "pmap", mesh="ensemble=4,data=1", backend="pmap", **kw), DATA)
     assert started == [True, False] and pmap.history[-1]["step"] == 4
+
+
+def test_the_evaluation_compiled_ahead_once_and_summed_on_the_host(tmp_path, monkeypatch):
+    """Several evaluation batches (one padded): one eval program, compiled ahead, no adds."""
+    need_devices(8)
+    started: list[bool] = []
+    original = Feeder.compile_eval_ahead
+    monkeypatch.setattr(
+        Feeder, "compile_eval_ahead", lambda self, *a: started.append(original(self, *a))
+    )
+    kw = dict(max_steps=4, chunk_steps=2, member_strategy="vmap", eval_batch_size=16)
+    with CompileLog() as log:
+        ahead = train(tiny(tmp_path, "ahead", **kw), DATA)  # 40 test examples: 16 + 16 + 8
+    names = [p.name for p in log.programs]
+    assert started == [True] and names.count("jit(eval_stats)") == 1, names
+    assert set(names) <= RUN_PROGRAMS, names  # the partial sums are added with numpy
+    monkeypatch.setattr(loop, "AHEAD_OF_TIME", False)
+    lazy = train(tiny(tmp_path, "lazy", **kw), DATA)
+    assert started == [True]
+    assert ahead.history[-1] == lazy.history[-1]
+    one_batch = train(tiny(tmp_path, "one", **(kw | {"eval_batch_size": 40})), DATA)
+    for key in ("test_ensemble_accuracy", "test_ensemble_nll", "test_ensemble_ece"):
+        np.testing.assert_allclose(ahead.history[-1][key], one_batch.history[-1][key], rtol=1e-5)
+    by_program = json.loads((tmp_path / "ahead" / "compile.json").read_text())["by_program"]
+    assert {"jit(eval_stats)", "jit(train_chunk)"} <= {p["name"] for p in by_program}
+
+
+def test_ahead_of_time_calls_the_compiled_program_only_for_its_signature():
+    from meshensemble.core.ahead import AheadOfTime
+
+    calls: list[str] = []
+
+    class Fn:
+        def __call__(self, *args):
+            calls.append("lazy")
+            return "lazy"
+
+        def lower(self, *args):
+            class Lowered:
+                def compile(self):
+                    if args[0].shape == (9,):
+                        raise RuntimeError("cannot compile")
+                    return lambda *a: calls.append("ahead") or "ahead"
+
+            return Lowered()
+
+    fn = AheadOfTime(Fn())
+    assert fn(np.zeros(3)) == "lazy"  # nothing compiled ahead yet
+    assert fn.compile_ahead(jax.ShapeDtypeStruct((3,), np.float32))
+    assert fn(np.zeros(3, np.float32)) == "ahead"
+    assert fn(np.zeros(4, np.float32)) == "lazy" and fn(np.zeros(3, np.int32)) == "lazy"
+    assert fn.compile_ahead(jax.ShapeDtypeStruct((9,), np.float32))
+    assert fn(np.zeros(9, np.float32)) == "lazy"  # the compile failed: compiled at the call
+    assert calls == ["lazy", "ahead", "lazy", "lazy", "lazy"]
+    assert not AheadOfTime(lambda *a: None).compile_ahead(np.zeros(3))  # no lower(): pmap

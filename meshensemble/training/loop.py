@@ -63,8 +63,9 @@ from meshensemble.training.outputs import (
 from meshensemble.training.tuning import concrete, resolve_choices
 
 AHEAD_OF_TIME = True
-"""Whether a fresh run compiles its training chunk in a thread while the members'
-initialisation compiles (:meth:`~meshensemble.training.feeder.Feeder.compile_ahead`)."""
+"""Whether a fresh run compiles its training chunk and its evaluation in threads while the
+members' initialisation compiles (:meth:`~meshensemble.training.feeder.Feeder.compile_ahead`,
+:meth:`~meshensemble.training.feeder.Feeder.compile_eval_ahead`)."""
 SETTLE_EVERY = 64
 """Chunks whose losses a run keeps on device before adding the older ones on the host."""
 
@@ -394,6 +395,12 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal, log, cache_dir) ->
     if restored is None:
         if AHEAD_OF_TIME:  # the chunk compiles in a thread while the initialisation does
             feeder.compile_ahead(lambda: ens.init(init_key, sample))
+            feeder.compile_eval_ahead(
+                lambda: ens.init(init_key, sample),
+                dataset.test_images,
+                dataset.test_labels,
+                cfg.eval_batch_size,
+            )
         state, pos = ens.init(init_key, sample), LoopPosition()
     else:
         state, pos = restored[0], LoopPosition.from_json(restored[1])
