@@ -133,7 +133,8 @@ def test_run_keys_equal_the_split_of_the_seed_key(seed):
 
 def test_a_resumed_run_reuses_the_recorded_choice(tmp_path, monkeypatch):
     need_devices(8)
-    monkeypatch.setattr(autotune, "time_candidates", lambda c, *a: {"vmap": 1.0, "loop": 2.0})
+    times = {"vmap": 1.0, "loop": 2.0, "fp32": 1.0, "bf16": 1.0}  # bf16: timed after the choice
+    monkeypatch.setattr(autotune, "time_candidates", lambda c, *a: {n: times[n] for n in c})
     cfg = tiny(tmp_path, checkpoint=True, max_steps=2)
     first = train(cfg, DATA)
     config = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -275,3 +276,37 @@ def test_ahead_of_time_calls_the_compiled_program_only_for_its_signature():
     assert fn(np.zeros(9, np.float32)) == "lazy"  # the compile failed: compiled at the call
     assert calls == ["lazy", "ahead", "lazy", "lazy", "lazy"]
     assert not AheadOfTime(lambda *a: None).compile_ahead(np.zeros(3))  # no lower(): pmap
+
+
+def test_the_tuner_says_whether_bf16_would_be_faster(tmp_path, monkeypatch):
+    need_devices(8)
+
+    def fake_times(candidates, rounds=3, timer=None):  # the measured medians, faked
+        if set(candidates) == {"fp32", "bf16"}:
+            return {"fp32": 0.0100, "bf16": 0.0062}
+        return {name: (1.0 if name == "vmap" else 2.0) for name in candidates}
+
+    monkeypatch.setattr(autotune, "time_candidates", fake_times)
+    lines: list[str] = []
+    cfg = tiny(tmp_path, quiet=False, max_steps=2)
+    result = train(cfg, DATA, echo=lines.append)
+    want = (
+        "bf16 would run 0.62x the fp32 step time; precision stays fp32: "
+        "pass --precision bf16 to use it"
+    )
+    assert want in lines and result.ensemble.compute_dtype is None  # precision unchanged
+    tuning = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]["tuning"]
+    assert tuning["bf16"] == want and tuning["bf16_ratio"] == pytest.approx(0.62)
+    path = autotune.choices_path(cfg.compile_cache_dir)
+    assert [r["bf16_ratio"] for r in autotune.read_choices(path).values()] == [pytest.approx(0.62)]
+    monkeypatch.setattr(autotune, "time_candidates", no_measuring)  # cached: read, not timed
+    lines.clear()
+    train(tiny(tmp_path, "again", quiet=False, max_steps=2), DATA, echo=lines.append)
+    assert want in lines
+    lines.clear()
+    strategies_only = lambda c, *a, **k: {name: 1.0 for name in c if "bf16" not in c} or {}
+    monkeypatch.setattr(autotune, "time_candidates", strategies_only)
+    bf16_cfg = tiny(tmp_path, "bf16", quiet=False, max_steps=2, precision="bf16")
+    bf16 = train(bf16_cfg, DATA, echo=lines.append)
+    assert not any(line.startswith("bf16 would") for line in lines)  # not asked in bf16
+    assert bf16.ensemble.compute_dtype is not None

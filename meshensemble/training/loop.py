@@ -389,7 +389,8 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal, log, cache_dir) ->
         f"strategy={ens.member_strategy}, {steps_per_epoch} steps/epoch, K={k}"
     )
     if choice.how != "given":
-        say(choice.line())
+        for line in choice.lines():
+            say(line)
 
     feeder = Feeder(ens, dataset, cfg, order_key, k, steps_per_epoch)
     if restored is None:
