@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -175,10 +176,15 @@ def test_a_dead_process_makes_the_others_fail_on_their_own(npz, tmp_path):
     chex.assert_tree_all_finite(state)
 
 
-def test_sigterm_to_one_process_stops_all_at_the_same_step(npz, tmp_path):
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--chunk-steps", "4", "--stop-within", "0.02"]],
+    ids=["K=1", "K=epoch, calls capped from the agreed step time"],
+)
+def test_sigterm_to_one_process_stops_all_at_the_same_step(npz, tmp_path, extra):
     need_devices(8)
     workdir = tmp_path / "term"
-    procs = start_pair(npz, workdir, "--checkpoint-every", "1000")
+    procs = start_pair(npz, workdir, "--checkpoint-every", "1000", *extra)
     try:
         wait_for(lambda: (workdir / "config.json").exists(), procs, "config.json")
         procs[1].send_signal(signal.SIGTERM)  # only one process is told
@@ -196,3 +202,46 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(npz, tmp_path):
     # one agreed step, saved by both processes: the newest checkpoint, and it restores
     assert list_checkpoints(workdir)[-1] == step
     assert restored4(workdir)[1] == step
+
+
+OTHER = {
+    "same size, other content": me.data.synthetic(num_train=128, num_test=40, seed=4),
+    "other size": me.data.synthetic(num_train=96, num_test=40, seed=3),
+}
+
+
+@pytest.mark.parametrize("case", list(OTHER))
+def test_processes_with_different_data_all_stop_naming_the_host(npz, tmp_path, case):
+    need_devices(8)
+    other = me.data.save_npz(OTHER[case], tmp_path / "other.npz")
+    port = free_port()
+    procs = []
+    for i, data_file in enumerate((npz, other)):
+        cmd = args(data_file, tmp_path / "run", "ensemble=2,data=2")
+        cmd += ["--members", "4", "--heartbeat-timeout", "5", "--fake-devices", "2"]
+        cmd += ["--coordinator", f"localhost:{port}", "--num-processes", "2"]
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "meshensemble.cli", *cmd, "--process-id", str(i)],
+                cwd=REPO,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
+    try:
+        outs = [p.communicate(timeout=HANG) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    host = socket.gethostname()
+    differs = "fingerprint=" if case == "same size, other content" else "num_train=96"
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 2, err[-2000:]
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("error: the data differs between processes: "), last
+        assert f"process 1 ({host}) has " in last and f"process 0 ({host}) has " in last, last
+        assert differs in last and "on every host" in last, last
+    assert not (tmp_path / "run" / "config.json").exists()  # stopped before writing anything

@@ -181,6 +181,108 @@ def fetch(tree: Any) -> Any:
     return jax.tree.map(one, tree)
 
 
+class DisagreementError(ValueError):
+    """Processes resolved something that must be the same everywhere to different values."""
+
+
+def _gather_bytes(blob: bytes) -> list[bytes]:
+    """Every process's ``blob``, in process order (two ``process_allgather`` calls)."""
+    from jax.experimental import multihost_utils
+
+    sizes = np.asarray(multihost_utils.process_allgather(np.int32(len(blob)))).reshape(-1)
+    padded = np.zeros((int(sizes.max()),), np.uint8)
+    padded[: len(blob)] = np.frombuffer(blob, np.uint8)
+    rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+    return [row[: int(n)].tobytes() for row, n in zip(rows, sizes, strict=True)]
+
+
+def _show(value: dict[str, Any], keys: list[str]) -> str:
+    return ", ".join(f"{k}={value.get(k)!r}" for k in keys)
+
+
+def agree(
+    name: str,
+    value: dict[str, Any],
+    fix: str,
+    compare: tuple[str, ...] | None = None,
+    label: str | None = None,
+) -> list[dict[str, Any]]:
+    """Checks that every process resolved ``value`` alike; all processes raise if not.
+
+    Every process must call it at the same point (it is a collective). The values (JSON
+    objects, with this process's hostname) are gathered with ``process_allgather``; each
+    process compares them with process 0's the same way, so either all return or all
+    raise the same error. In one process it returns at once.
+
+    Args:
+      name: what is compared, for the message (e.g. ``"the data"``).
+      value: this process's value, a JSON-serialisable dict.
+      fix: what the user should do, ending the message (e.g. ``"pass the same --source
+        on every host"``).
+      compare: the keys that must agree (default all); the other keys only describe.
+      label: a short description of this process's value for the message (e.g. the
+        dataset's note).
+
+    Returns:
+      Every process's ``value``, in process order.
+
+    Raises:
+      DisagreementError: one line naming the first process that differs from process 0,
+        both hosts, and the differing keys, e.g. ``the data differs between processes:
+        process 1 (host-b) has num_train=4000 (sample), process 0 (host-a) has
+        num_train=60000 (tfds mnist); pass the same --source/--data-file on every host``.
+
+    Example:
+      >>> me.distributed.agree("the data", {"num_train": 60000}, "pass the same --source")
+      [{'num_train': 60000}]
+    """
+    if jax.process_count() == 1:
+        return [value]
+    import json
+    import socket
+
+    mine = {"host": socket.gethostname(), "label": label, "value": value}
+    blob = json.dumps(mine, sort_keys=True, default=str).encode()
+    every = [json.loads(b.decode()) for b in _gather_bytes(blob)]
+    first = every[0]
+    keys = list(compare if compare is not None else first["value"])
+    for i, other in enumerate(every[1:], start=1):
+        diff = [k for k in keys if other["value"].get(k) != first["value"].get(k)]
+        if diff:
+            sides = []
+            for j, side in ((i, other), (0, first)):
+                note = f" ({side['label']})" if side["label"] else ""
+                sides.append(f"process {j} ({side['host']}) has {_show(side['value'], diff)}{note}")
+            raise DisagreementError(
+                f"{name} differs between processes: {sides[0]}, {sides[1]}; {fix}"
+            )
+    return [side["value"] for side in every]
+
+
+def agree_max(value: float) -> float:
+    """The largest of every process's ``value`` (a collective; ``value`` in one process).
+
+    Used where processes must take the same decision from a measurement, e.g. the step
+    time that caps the steps per call.
+
+    Args:
+      value: this process's number.
+
+    Returns:
+      The maximum over processes, the same float in every process.
+
+    Example:
+      >>> me.distributed.agree_max(0.25)
+      0.25
+    """
+    if jax.process_count() == 1:
+        return float(value)
+    from jax.experimental import multihost_utils
+
+    gathered = multihost_utils.process_allgather(np.float32(value))
+    return float(np.max(np.asarray(gathered, np.float32)))
+
+
 def hard_exit(code: int, message: str) -> None:
     """Prints ``message`` and ends the process now, skipping the runtime's shutdown barrier.
 

@@ -298,6 +298,18 @@ def gather_batch(
     return images[idx], labels[idx]
 
 
+def _zero_rows(num_steps: int) -> Callable[[jax.ShapeDtypeStruct], jax.Array]:
+    """``[num_steps, *shape]`` zeros varying over the mesh axes a metric varies over."""
+
+    def zeros(like: jax.ShapeDtypeStruct) -> jax.Array:
+        rows = jnp.zeros((num_steps, *like.shape), like.dtype)
+        manual = getattr(like, "manual_axis_type", None)  # shard_map: a loop carry's type
+        axes = tuple(sorted(getattr(manual, "varying", None) or ()))
+        return lax.pcast(rows, axes, to="varying") if axes else rows
+
+    return zeros
+
+
 def train_chunk(
     cfg: StepConfig,
     num_steps: int,
@@ -307,27 +319,47 @@ def train_chunk(
     labels: jax.Array,
     order: jax.Array,
     first_step: jax.Array,
+    count: jax.Array | None = None,
 ) -> tuple[EnsembleState, dict[str, jax.Array]]:
     """``num_steps`` train steps on batches gathered on device (a ``lax.scan`` when > 1).
 
+    With ``count`` the number of steps is a runtime value ``1 <= count <= num_steps``
+    (a ``lax.fori_loop`` with a dynamic trip count): one compiled program runs any number
+    of steps up to ``num_steps``, and each step computes exactly what it computes in a
+    call of any other count.
+
     Args:
       cfg: the static configuration.
-      num_steps: steps in this compiled call (K).
+      num_steps: steps in this compiled call (K), or the most steps with ``count``.
       batch_size: global batch size.
       state: local state.
       images, labels: the whole training set on every device.
       order: the epoch's order, ``[N]`` or ``[m, N]``.
       first_step: index within the epoch of the first step of the chunk.
+      count: int32 scalar, the steps to run (None: ``num_steps``, a ``lax.scan``).
 
     Returns:
       ``(state, metrics)`` with each metric stacked over the chunk's steps: ``[K, m]``
-      or ``[K]``.
+      or ``[K]``. With ``count``, the last ``count`` rows hold the steps run, in order
+      (so row ``-1`` is the last step), and the rows before them are zeros.
     """
 
     def body(st: EnsembleState, k: jax.Array):
         x, y = gather_batch(images, labels, order, first_step + k, batch_size)
         return train_step(cfg, st, x, y)
 
+    if count is not None:
+        shapes = jax.eval_shape(body, state, jnp.zeros((), jnp.int32))[1]
+        rows = jax.tree.map(_zero_rows(num_steps), shapes)
+        skip = num_steps - count
+
+        def step(k: jax.Array, carry):
+            st, out = carry
+            st, metrics = body(st, k)
+            put = lambda buf, v: lax.dynamic_update_index_in_dim(buf, v, skip + k, 0)
+            return st, jax.tree.map(put, out, metrics)
+
+        return lax.fori_loop(jnp.int32(0), count, step, (state, rows))
     if num_steps == 1:
         state, metrics = body(state, jnp.zeros((), jnp.int32))
         return state, jax.tree.map(lambda v: v[None], metrics)

@@ -4,6 +4,7 @@ Modules: :mod:`~meshensemble.training.config` (:class:`TrainConfig` and what is 
 from it), :mod:`~meshensemble.training.loop` (:func:`train`),
 :mod:`~meshensemble.training.feeder` (the steps' data),
 :mod:`~meshensemble.training.guards` (signals, non-finite losses),
+:mod:`~meshensemble.training.pacing` (steps per call, so a stop comes within seconds),
 :mod:`~meshensemble.training.identity` (what defines a run, for resuming),
 :mod:`~meshensemble.training.outputs` (files and printed lines) and
 :mod:`~meshensemble.training.checkpoint`.

@@ -173,6 +173,13 @@ class TrainConfig:
         "steps per compiled call (K); none: 1 on CPU, a whole epoch elsewhere",
         metavar="K",
     )
+    stop_within: float = _field(
+        10.0,
+        "seconds within which SIGTERM/SIGINT and --checkpoint-every are honoured: calls run "
+        "at most about half of it (steps per call capped from the measured step time, same "
+        "results); 0: whole calls of K steps",
+        metavar="SECONDS",
+    )
     eval_batch_size: int = _field(1000, "examples per evaluation call", metavar="B")
     streaming: bool = _field(
         False, "feed host batches one step at a time instead of on-device data"
@@ -196,7 +203,9 @@ class TrainConfig:
     tensorboard: bool = _field(False, "also write TensorBoard event files (needs tensorboardX)")
     checkpoint: bool = _field(True, "save the state at each epoch end and at the end")
     checkpoint_every: int | None = _field(
-        None, "also save every this many steps (at chunk boundaries)", metavar="N"
+        None,
+        "also save every this many steps (a call of K steps ends at each such step)",
+        metavar="N",
     )
     keep: int = _field(3, "how many checkpoints to keep (the newest)", metavar="K")
     resume: bool = _field(
@@ -252,6 +261,7 @@ class TrainConfig:
         _number("momentum", self.momentum, "in [0, 1)", lambda v: 0 <= v < 1)
         _number("weight_decay", self.weight_decay, ">= 0", lambda v: v >= 0)
         _number("warmup_epochs", self.warmup_epochs, ">= 0", lambda v: v >= 0)
+        _number("stop_within", self.stop_within, ">= 0 seconds (0: no cap)", lambda v: v >= 0)
         if self.mesh:
             parse_mesh(self.mesh)
         if self.conv != "auto" and self.model not in CONV_MODELS:

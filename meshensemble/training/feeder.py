@@ -3,7 +3,10 @@
 The training set is put on the mesh once (replicated: MNIST-sized sets fit on every
 device). Each epoch's order is drawn on device from the order key (so the batches are
 the same whatever the mesh) and every step gathers its batch on device, so no step waits
-on a host copy. ``K`` steps run per compiled call (a ``lax.scan`` when ``K > 1``). The
+on a host copy. ``K`` steps run per compiled call: with ``K > 1`` one program whose step count is a
+runtime argument ``n <= K`` (:meth:`Feeder.paced`), so the loop may cut calls short (to
+honour a stop within :attr:`~meshensemble.training.TrainConfig.stop_within` seconds, or
+a checkpoint step) without compiling anything new and with bitwise the same steps. The
 streaming path (host batches, one step per call) is for data that does not fit.
 
 Each epoch uses ``N // batch_size`` full batches; the remaining ``N % batch_size``
@@ -92,6 +95,8 @@ class Feeder:
         self._epoch: tuple[int, jax.Array] | None = None
         self._ahead: concurrent.futures.Future | None = None
         self._shapes: Any = None
+        self.dynamic = k > 1 and not cfg.streaming
+        """Whether :meth:`run` calls :meth:`paced` (any ``n <= k``, one program)."""
         if not cfg.streaming:
             self.images = put(dataset.train_images, ens.mesh, REPLICATED)
             self.labels = put(dataset.train_labels.astype(np.int32), ens.mesh, REPLICATED)
@@ -143,6 +148,35 @@ class Feeder:
             donate_argnums=(0,),
         )
 
+    def paced(self) -> Callable[..., Any]:
+        """The global program of up to ``k`` steps whose step count is an argument.
+
+        Built once: every call, whatever its count, runs the same compiled program, so a
+        run split into shorter calls computes bitwise the same members.
+
+        Returns:
+          ``fn(state, images, labels, order, first, count) -> (state, metrics)``: steps
+          ``first .. first + count - 1`` of the epoch (``count`` an int32 scalar in
+          ``[1, k]``); ``metrics["loss"]`` is ``[k, members]`` whose last ``count`` rows
+          are the steps run (see :func:`meshensemble.core.steps.train_chunk`).
+
+        Raises:
+          ValueError: the feeder streams host batches (no on-device data).
+
+        Example:
+          >>> state, metrics = feeder.paced()(state, feeder.images, feeder.labels,
+          ...                                 feeder.order(1), np.int32(0), np.int32(3))
+        """
+        if self.cfg.streaming:
+            raise ValueError("a streaming Feeder has no on-device chunk; use run()")
+        return self.ens.build(
+            ("paced", self.k, self.batch, self._order_spec),
+            lambda step_cfg: functools.partial(steps.train_chunk, step_cfg, self.k, self.batch),
+            (MEMBERS, REPLICATED, REPLICATED, self._order_spec, REPLICATED, REPLICATED),
+            (MEMBERS, CHUNK_METRIC_SPECS),
+            donate_argnums=(0,),
+        )
+
     def compile_ahead(self, init: Callable[[], EnsembleState]) -> bool:
         """Starts compiling the K-step chunk in a thread, from the state's shapes.
 
@@ -162,7 +196,7 @@ class Feeder:
           >>> feeder.compile_ahead(lambda: ens.init(key, images[:1]))
           >>> state = ens.init(key, images[:1])   # both compile at once
         """
-        chunk = None if self.cfg.streaming else self.chunk(self.k)
+        chunk = None if self.cfg.streaming else self.paced() if self.dynamic else self.chunk(self.k)
         if chunk is None or not hasattr(chunk, "lower") or jax.process_count() > 1:
             return False
         shapes = self._state_shapes(init)
@@ -171,6 +205,7 @@ class Feeder:
             width, np.int32, sharding=NamedSharding(self.ens.mesh, self._order_spec)
         )
         args = (shapes, self.images, self.labels, order, np.int32(0))
+        args += (np.int32(1),) if self.dynamic else ()
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="meshensemble-aot")
         self._ahead = pool.submit(lambda: chunk.lower(*args).compile())
         pool.shutdown(wait=False)
@@ -217,12 +252,12 @@ class Feeder:
 
     def _compiled(self, n: int) -> Callable[..., Any]:
         """The ahead-of-time chunk when it was built for ``n`` steps and compiled cleanly."""
-        if self._ahead is not None and n == self.k:
+        if self._ahead is not None and (n == self.k or self.dynamic):
             try:
                 return self._ahead.result()
             except Exception:  # e.g. a layout it cannot take: compile at the call instead
                 self._ahead = None
-        return self.chunk(n)
+        return self.paced() if self.dynamic else self.chunk(n)
 
     def run(
         self, state: EnsembleState, epoch: int, first: int, n: int
@@ -236,7 +271,9 @@ class Feeder:
           n: how many steps (ignored when streaming: one).
 
         Returns:
-          ``(state, metrics)`` with ``metrics["loss"]`` of shape ``[n, members]``.
+          ``(state, metrics)`` with ``metrics["loss"]`` of shape ``[n, members]``, or
+          ``[k, members]`` when :attr:`dynamic` (its last ``n`` rows are the steps run,
+          the rows before them zeros).
         """
         order = self.order(epoch)
         if self.cfg.streaming:
@@ -245,4 +282,5 @@ class Feeder:
             x, y = self.host[0][idx], self.host[1][idx].astype(np.int32)
             state, metrics = self.ens.train_step(state, x, y)
             return state, jax.tree.map(lambda v: v[None], metrics)
-        return self._compiled(n)(state, self.images, self.labels, order, np.int32(first))
+        count = (np.int32(n),) if self.dynamic else ()
+        return self._compiled(n)(state, self.images, self.labels, order, np.int32(first), *count)

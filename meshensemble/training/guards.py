@@ -1,7 +1,9 @@
 """What stops or repairs a run: SIGTERM/SIGINT, and members whose loss became NaN/inf.
 
-:class:`StopSignal` turns SIGTERM/SIGINT into a request the loop honours at the next
-chunk boundary (after saving a checkpoint); all processes agree on it.
+:class:`StopSignal` turns SIGTERM/SIGINT into a request the loop honours at the end of the
+running call (after saving a checkpoint); all processes agree on it. Calls are kept short
+enough for that to come within ``TrainConfig.stop_within`` seconds by
+:class:`meshensemble.training.pacing.Pacer`.
 :class:`NonFiniteGuard` inspects each chunk's per-member losses one chunk behind (so it
 never stalls the device queue) and either raises :class:`NonFiniteError` or
 re-initialises only the bad members.
@@ -32,7 +34,7 @@ class NonFiniteError(RuntimeError):
 
 
 class StopSignal:
-    """SIGTERM/SIGINT ask the loop to save at the next chunk boundary and stop.
+    """SIGTERM/SIGINT ask the loop to save at the end of the running call and stop.
 
     Attributes:
       signal: the name of the signal received (``"SIGTERM"``...), ``"a peer's signal"``
@@ -148,15 +150,18 @@ class NonFiniteGuard:
         step: int,
         say: Callable[[str], None],
         last_checkpoint: Callable[[], int | None] = lambda: None,
+        steps: int | None = None,
     ) -> EnsembleState:
         """Inspects the previous chunk's losses; keeps this chunk's for the next call.
 
         Args:
           state: the state after the chunk just dispatched.
-          metrics: that chunk's metrics; ``metrics["loss"]`` is ``[n, members]``.
+          metrics: that chunk's metrics; ``metrics["loss"]`` is ``[rows, members]``.
           step: the run's step before that chunk.
           say: where the one-line report of a re-initialisation goes.
           last_checkpoint: the newest saved step, for the error message.
+          steps: how many steps the chunk ran: its losses are the last ``steps`` rows
+            (a paced call, :meth:`meshensemble.training.Feeder.paced`); None: all rows.
 
         Returns:
           ``state``, with re-initialised members if the previous chunk had bad ones.
@@ -165,7 +170,9 @@ class NonFiniteGuard:
           NonFiniteError: a bad loss with ``on_nonfinite="stop"``.
         """
         previous = self._pending
-        self._pending = (step, metrics["loss"], np.zeros(self.ens.num_members, bool))
+        rows = metrics["loss"].shape[0]
+        first = step - (rows - (rows if steps is None else steps))  # the zero rows' "step"
+        self._pending = (first, metrics["loss"], np.zeros(self.ens.num_members, bool))
         if previous is None:
             return state
         state, redone = self._inspect(state, previous, say, last_checkpoint)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from meshensemble import data as data_lib
+from meshensemble.core.distributed import agree
 from meshensemble.training.config import CONFIG_FILE, TrainConfig
 
 RUN_FIELDS = (
@@ -119,6 +120,37 @@ def data_identity(dataset: data_lib.Dataset, data_file: str | None) -> dict[str,
         "fingerprint": data_fingerprint(dataset),
         "data_file": os.path.abspath(data_file) if from_file else None,
     }
+
+
+AGREED_DATA_KEYS = ("source", "num_train", "num_test", "fingerprint")
+"""Keys of :func:`data_identity` every process must share (the npz path may differ)."""
+
+
+def agree_data(identity: dict[str, Any], note: str | None = None) -> None:
+    """Stops every process unless all resolved the same data (a collective; free in one).
+
+    Args:
+      identity: this process's :func:`data_identity`.
+      note: the dataset's note, quoted in the message (e.g. where the data came from).
+
+    Raises:
+      meshensemble.core.distributed.DisagreementError: one line naming the first process
+        whose data differs from process 0's, both hosts and the differing keys, e.g.
+        ``the data differs between processes: process 1 (host-b) has source='sample',
+        num_train=4000 (embedded MNIST sample ...), process 0 (host-a) has source='tfds',
+        num_train=60000 (full MNIST from TFDS ...); pass the same --source/--data-file/
+        --data-dir (and the same file contents) on every host``.
+
+    Example:
+      >>> agree_data(data_identity(dataset, cfg.data_file), dataset.note)
+    """
+    agree(
+        "the data",
+        identity,
+        "pass the same --source/--data-file/--data-dir (and the same file contents) on every host",
+        compare=AGREED_DATA_KEYS,
+        label=note,
+    )
 
 
 def read_saved_config(workdir: str) -> dict[str, Any] | None:

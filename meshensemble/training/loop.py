@@ -47,6 +47,7 @@ from meshensemble.training.config import (
 from meshensemble.training.feeder import Feeder
 from meshensemble.training.guards import NonFiniteGuard, StopSignal
 from meshensemble.training.identity import (
+    agree_data,
     check_same_run,
     data_identity,
     read_saved_config,
@@ -60,6 +61,7 @@ from meshensemble.training.outputs import (
     epoch_line,
     final_table,
 )
+from meshensemble.training.pacing import Pacer
 from meshensemble.training.tuning import concrete, resolve_choices
 
 AHEAD_OF_TIME = True
@@ -112,7 +114,8 @@ class LoopPosition:
         total = np.zeros(np.shape(done[0])[1:], np.float32)
         total = total if self.loss_sum is None else np.asarray(self.loss_sum, np.float32)
         for losses in fetch(done):
-            total = total + np.sum(losses, axis=0, dtype=np.float32)
+            for row in np.asarray(losses, np.float32):  # step by step: the same sum however
+                total = total + row  # the steps were split into calls (zero rows add 0)
         self.loss_sum = total
 
     def to_json(self) -> dict[str, Any]:
@@ -312,6 +315,7 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal, log, cache_dir) ->
             cfg.dataset, cfg.source, cfg.data_file, cfg.data_dir, log=say
         )
     identity = data_identity(dataset, cfg.data_file)
+    agree_data(identity, dataset.note)  # every process the same data, or all stop
     if saved is not None:
         check_same_run(cfg.workdir, saved, run_fields(cfg), identity)
     held_out = None  # the validation split: never trained on; recorded in config.json
@@ -409,6 +413,7 @@ def _train(cfg: TrainConfig, dataset, echo, stop: StopSignal, log, cache_dir) ->
     ckpt = Checkpointer(cfg.workdir, cfg.keep, echo=tell) if cfg.checkpoint else None
     guard = NonFiniteGuard(ens, cfg.on_nonfinite, init_key, sample)
     run = _Run(cfg, ens, dataset, feeder, guard, ckpt, writer, stop, say, tell, t0, log)
+    run.pacer = Pacer(1 if cfg.streaming else k, cfg.stop_within)
     try:
         state, pos, saved_at = run.loop(state, pos, steps_per_epoch, total_steps, k, main)
     finally:
@@ -453,6 +458,7 @@ class _Run:
     t0: float
     log: CompileLog
     compile_reported: bool = False
+    pacer: Pacer = dataclasses.field(default_factory=lambda: Pacer(1, 0.0))
 
     def last_checkpoint(self) -> int | None:
         return self.ckpt.mngr.latest_step() if self.ckpt is not None else None
@@ -472,9 +478,15 @@ class _Run:
                 if not progress.started:
                     progress.start(pos.epoch, cfg.epochs, steps_per_epoch, pos.epoch_step)
                 n = min(k, steps_per_epoch - pos.epoch_step, total_steps - pos.step)
-                n = 1 if cfg.streaming else n
+                if cfg.checkpoint_every:  # a checkpoint step ends a call
+                    n = min(n, cfg.checkpoint_every - pos.step % cfg.checkpoint_every)
+                n = 1 if cfg.streaming else self.pacer.count(n)  # within stop_within
+                started = self.pacer.start()
                 state, metrics = self.feeder.run(state, pos.epoch, pos.epoch_step, n)
-                state = guard.check(state, metrics, pos.step, self.tell, self.last_checkpoint)
+                self.pacer.observe(n, metrics["loss"], started)
+                state = guard.check(
+                    state, metrics, pos.step, self.tell, self.last_checkpoint, steps=n
+                )
                 pos.pending.append(metrics["loss"])  # summed on the host, never waited for
                 if len(pos.pending) > SETTLE_EVERY:
                     pos.settle(keep=2)
