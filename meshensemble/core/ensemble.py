@@ -14,7 +14,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshensemble.core import inputs, statmath, stats, steps
+from meshensemble.core import ahead, inputs, statmath, stats, steps
 from meshensemble.core.adapters import as_model
 from meshensemble.core.backends import make_backend, put
 from meshensemble.core.distributed import fetch
@@ -536,17 +536,9 @@ class Ensemble:
         if not jnp.issubdtype(labels.dtype, jnp.integer):
             raise ValueError(f"labels have dtype {labels.dtype}; give integer class indices")
         self._check_label_range(state, images, labels, per_member=False)
-        fn = self._fn(
-            ("evaluate", num_bins),
-            lambda: self.backend.build(
-                functools.partial(steps.eval_stats, self.step_config(), num_bins),
-                (MEMBERS, BATCH, BATCH, BATCH),
-                _eval_specs(),
-            ),
-        )
-        b = min(batch_size, n)
-        b += -b % self.data_size
-        total, examples = None, []
+        fn = self.eval_fn(num_bins)
+        b = self.eval_batch_size(batch_size, n)
+        partial_sums, examples = [], []
         for start in range(0, n, b):
             x, y = images[start : start + b], labels[start : start + b]
             k = len(y)
@@ -554,12 +546,57 @@ class Ensemble:
             if k < b:
                 x, y = inputs.pad_to(x, b), np.concatenate([y, np.zeros(b - k, y.dtype)])
             sums, per_example = self._dispatched(fn(state, x, y, mask))
-            total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+            partial_sums.append(sums)
             examples.append(per_example)
-        # N floats each (confidence, correctness, mask) come to the host, for the adaptive ECE.
-        total, examples = fetch((total, examples))
+        # The sums are added on the host (no small programs to compile); N floats each
+        # (confidence, correctness, mask) come to the host too, for the adaptive ECE.
+        partial_sums, examples = fetch((partial_sums, examples))
+        total = functools.reduce(lambda a, b: jax.tree.map(np.add, a, b), partial_sums)
         joined = {k: np.concatenate([e[k] for e in examples]) for k in stats.EXAMPLE_STAT_KEYS}
         return stats.finalize_stats(total, num_bins, examples=joined)
+
+    def eval_fn(self, num_bins: int = 15) -> ahead.AheadOfTime:
+        """The global function behind :meth:`evaluate` (one batch), built once.
+
+        Args:
+          num_bins: bins of the expected calibration error.
+
+        Returns:
+          ``fn(state, images, labels, mask) -> (sums, per_example)`` on a batch of
+          :meth:`eval_batch_size` examples (``mask`` bool ``[B]`` marks the real ones), an
+          :class:`~meshensemble.core.ahead.AheadOfTime`: ``fn.compile_ahead(...)`` with the
+          arguments' shapes compiles it in a thread before the first evaluation.
+
+        Example:
+          >>> ens.eval_fn().compile_ahead(state_shapes, x_shape, y_shape, mask_shape)
+        """
+        return self._fn(
+            ("evaluate", num_bins),
+            lambda: ahead.AheadOfTime(
+                self.backend.build(
+                    functools.partial(steps.eval_stats, self.step_config(), num_bins),
+                    (MEMBERS, BATCH, BATCH, BATCH),
+                    _eval_specs(),
+                )
+            ),
+        )
+
+    def eval_batch_size(self, batch_size: int, n: int) -> int:
+        """The examples per call :meth:`evaluate` uses for ``n`` examples.
+
+        Args:
+          batch_size: the requested batch size.
+          n: how many examples are evaluated.
+
+        Returns:
+          ``min(batch_size, n)`` rounded up to a multiple of the ``data`` axis.
+
+        Example:
+          >>> ens.eval_batch_size(1000, 10000)
+          1000
+        """
+        b = min(batch_size, n)
+        return b + -b % self.data_size
 
     def place(self, x: Any, per_member: bool = False, local: bool = False) -> jax.Array:
         """Puts a batch on the mesh: split over ``data`` (and ``ensemble`` per member).

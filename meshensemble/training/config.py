@@ -118,9 +118,10 @@ class TrainConfig:
     )
     conv: str = _field(
         "auto",
-        "how the CNN computes its convolutions (cnn and howto_cnn only): auto measures xla "
-        "and im2col on this device (see autotune; without it: im2col matmuls on CPU, XLA's "
-        "convolution elsewhere); see meshensemble.models.conv",
+        "how the CNN computes its convolutions (cnn and howto_cnn only): auto measures xla, "
+        "im2col and gemm_grad (XLA's convolution, kernel gradient as a GEMM) on this "
+        "device (see autotune; without it: im2col matmuls on CPU, XLA's convolution "
+        "elsewhere); see meshensemble.models.conv",
         choices=CONV_CHOICES,
     )
     autotune: bool = _field(

@@ -127,6 +127,7 @@ class Feeder:
                 f"{self.n}; pass a source of exactly the train split's examples (and no "
                 "--validation, which takes examples out of it)"
             )
+        self._shapes: Any = None
         self.dynamic = k > 1 and not self.streaming
         """Whether :meth:`run` calls :meth:`paced` (any ``n <= k``, one program)."""
         if self.streaming:
@@ -255,11 +256,7 @@ class Feeder:
         chunk = None if self.streaming else self.paced() if self.dynamic else self.chunk(self.k)
         if chunk is None or not hasattr(chunk, "lower") or jax.process_count() > 1:
             return False
-        members = member_sharding(self.ens.mesh)
-        shapes = jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=members),
-            jax.eval_shape(init),
-        )
+        shapes = self._state_shapes(init)
         width = (self.cfg.members, self.n) if self.per_member else (self.n,)
         order = jax.ShapeDtypeStruct(
             width, np.int32, sharding=NamedSharding(self.ens.mesh, self._order_spec)
@@ -270,6 +267,45 @@ class Feeder:
         self._ahead = pool.submit(lambda: chunk.lower(*args).compile())
         pool.shutdown(wait=False)
         return True
+
+    def compile_eval_ahead(
+        self, init: Callable[[], EnsembleState], images: Any, labels: Any, batch_size: int
+    ) -> bool:
+        """Starts compiling :meth:`Ensemble.evaluate`'s program in a thread, like the chunk.
+
+        The evaluation then runs the program compiled here (the same program, the same
+        results) instead of compiling at the first epoch's end.
+
+        Args:
+          init: ``() -> state``, the initialisation the run will call (only traced).
+          images: the evaluation images ``[N, ...]`` (only their shape and dtype are used).
+          labels: their labels ``[N]``.
+          batch_size: the ``batch_size`` the evaluation will be called with.
+
+        Returns:
+          Whether the compilation was started (not on ``pmap``, nor across processes).
+
+        Example:
+          >>> feeder.compile_eval_ahead(init, ds.test_images, ds.test_labels, 1000)
+        """
+        n = len(labels)
+        if n == 0 or jax.process_count() > 1:
+            return False
+        b = self.ens.eval_batch_size(batch_size, n)
+        batch = lambda a: jax.ShapeDtypeStruct((b, *np.shape(a)[1:]), np.asarray(a[:1]).dtype)
+        fn = self.ens.eval_fn()
+        mask = jax.ShapeDtypeStruct((b,), np.bool_)
+        return fn.compile_ahead(self._state_shapes(init), batch(images), batch(labels), mask)
+
+    def _state_shapes(self, init: Callable[[], EnsembleState]) -> Any:
+        """The state's shapes with the members' sharding (traced once per feeder)."""
+        if self._shapes is None:
+            members = member_sharding(self.ens.mesh)
+            self._shapes = jax.tree.map(
+                lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=members),
+                jax.eval_shape(init),
+            )
+        return self._shapes
 
     def _compiled(self, n: int) -> Callable[..., Any]:
         """The ahead-of-time chunk when it was built for ``n`` steps and compiled cleanly."""
