@@ -6,8 +6,9 @@ on any mesh, and computes on the mesh:
 * the test metrics of :meth:`meshensemble.Ensemble.evaluate` (ensemble, each member and
   the mean member; keys as in ``metrics.jsonl``, see
   :func:`meshensemble.metrics.prefix_metrics`);
-* per-example OOD scores (every kind of :data:`meshensemble.metrics.OOD_KINDS`) for the
-  test images and for each OOD set, then AUROC and AUPR with OOD as the positive class;
+* per-example OOD scores (every kind of :data:`OOD_SCORE_KINDS`: max-prob, entropy and
+  mutual information from the members' softmax, max-logit and energy from their logits)
+  for the test images and for each OOD set, then AUROC and AUPR with OOD as the positive class;
 * the per-bin sums of a reliability diagram, for the ensemble and the mean member.
 
 Only ``[N]`` scores and ``[num_bins]`` sums leave the devices, never the members'
@@ -21,7 +22,6 @@ import dataclasses
 import functools
 import json
 import os
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,8 +30,22 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from meshensemble import calibration, metrics
 from meshensemble import data as data_lib
+from meshensemble import metrics
+from meshensemble.calibrate_run import (
+    CALIBRATION_PLOT,
+    calibrate_ensemble,
+    calibration_line,
+    check_calibrate,
+    check_split,
+    write_calibration_plot,
+)
+from meshensemble.calibrate_run import (
+    TEMPERATURE_BOUNDS as TEMPERATURE_BOUNDS,
+)
+from meshensemble.calibrate_run import (
+    stream_ensemble_logits as stream_ensemble_logits,
+)
 from meshensemble.core.distributed import fetch
 from meshensemble.core.mesh import REPLICATED, make_mesh, parse_mesh
 from meshensemble.data.split import split_validation
@@ -42,7 +56,6 @@ from meshensemble.training.checkpoint import (
     restore_checkpoint,
 )
 from meshensemble.training.config import default_mesh_shape
-from meshensemble.training.identity import read_saved_config
 from meshensemble.training.outputs import check_writable, writing
 
 OOD_SETS = ("noise", "inverted", "fashion_mnist")
@@ -51,15 +64,17 @@ DEFAULT_OOD = ("noise", "inverted")
 """The OOD sets used when none are named (both need no data beyond the test set)."""
 NOISE_SEED = 0
 """Seed of ``np.random.default_rng`` for the ``noise`` OOD set."""
-MEMBER_OOD_KINDS = ("max_prob", "entropy")
+OOD_SCORE_KINDS = metrics.LOGIT_OOD_KINDS
+"""The ensemble's OOD scores: max_prob, entropy, mutual information from the members'
+softmax, and max_logit and energy from their logits (``ens.predict_members(...,
+logits=True)``): each member's max logit / free energy, averaged over members
+(:func:`meshensemble.metrics.ood_score_from_logits`). Not from ``log(mean_m p^m)``: its
+logsumexp is 0 (the energy would be constant) and its max is ``log max_prob``."""
+MEMBER_OOD_KINDS = ("max_prob", "entropy", "max_logit", "energy")
 """OOD scores of a single member (its mutual information is 0)."""
 EVALUATION_FILE = "evaluation.json"
 RELIABILITY_PLOT = "reliability_diagram.png"
 OOD_PLOT = "ood_histogram.png"
-TEMPERATURE_BOUNDS = (1e-3, 1e3)
-"""Range searched for T; at a bound (the NLL still falls there) ``temperature_at_bound``."""
-CALIBRATION_PLOT = "calibration.png"
-"""Reliability before / after temperature scaling and the conformal set-size histogram."""
 HISTOGRAM_SCORE = "entropy"
 """The OOD score drawn in ``ood_histogram.png``."""
 _BIN_KEYS = ("count", "confidence_sum", "correct_sum")
@@ -176,11 +191,13 @@ def ood_images(
 def _batch_fn(mesh: Mesh, num_bins: int) -> Callable[..., Any]:
     """Per-batch scores and bin sums from ``[members, b, classes]``, built once per mesh."""
 
-    def fn(member_probs: jax.Array, labels: jax.Array, mask: jax.Array) -> dict[str, Any]:
-        scores = jnp.stack([metrics.ood_score(member_probs, k) for k in metrics.OOD_KINDS])
+    def fn(member_logits: jax.Array, labels: jax.Array, mask: jax.Array) -> dict[str, Any]:
+        member_probs = jax.nn.softmax(member_logits, axis=-1)
+        score = metrics.ood_score_from_logits
+        scores = jnp.stack([score(member_logits, k) for k in OOD_SCORE_KINDS])
         # Each member alone, as a single model: [kinds, members, b].
-        alone = lambda p: jnp.stack([metrics.ood_score(p[None], k) for k in MEMBER_OOD_KINDS])
-        member_scores = jnp.moveaxis(jax.vmap(alone)(member_probs), 0, 1)
+        alone = lambda z: jnp.stack([score(z[None], k) for k in MEMBER_OOD_KINDS])
+        member_scores = jnp.moveaxis(jax.vmap(alone)(member_logits), 0, 1)
         ens = metrics.calibration_bins(jnp.mean(member_probs, axis=0), labels, num_bins, mask)
         # Pooled over members: the sum of every member's bin sums.
         per_member = jax.vmap(lambda p: metrics.calibration_bins(p, labels, num_bins, mask))
@@ -207,8 +224,9 @@ def stream_scores(
 
     Streams over ``images`` in batches of ``batch_size`` (rounded up to a multiple of the
     ``data`` axis; the last batch is padded and masked). For each batch a jitted function
-    turns ``ens.predict_members`` (``[members, b, classes]``, sharded over ``ensemble``
-    and ``data``) into ``[kinds, b]`` scores and ``[num_bins]`` bin sums on device; only
+    turns the members' logits (``ens.predict_members(..., logits=True)``, ``[members, b,
+    classes]``, sharded over ``ensemble`` and ``data``) and their softmax into ``[kinds, b]``
+    scores and ``[num_bins]`` bin sums on device; only
     those reach the host.
 
     Args:
@@ -221,7 +239,7 @@ def stream_scores(
 
     Returns:
       ``{"scores": {kind: [N] float64 numpy}}`` for every kind in
-      :data:`meshensemble.metrics.OOD_KINDS`, ``{"member_scores": {kind: [members, N]}}``
+      :data:`OOD_SCORE_KINDS`, ``{"member_scores": {kind: [members, N]}}``
       for every kind in :data:`MEMBER_OOD_KINDS` (each member scored as a single model);
       with ``labels`` also ``"ensemble"`` and
       ``"mean_member"``: dicts in the layout of
@@ -259,7 +277,8 @@ def stream_scores(
         if k < b:
             x = np.concatenate([x, np.repeat(x[:1], b - k, axis=0)])
             y = np.concatenate([y, np.zeros(b - k, np.int32)])
-        out = fetch(fn(ens.predict_members(state, x), ens.place(y), ens.place(mask)))
+        z = ens.predict_members(state, x, logits=True)
+        out = fetch(fn(z, ens.place(y), ens.place(mask)))
         scores.append(np.asarray(out["scores"], np.float64)[:, :k])
         member_scores.append(np.asarray(out["member_scores"], np.float64)[..., :k])
         for part in ("ensemble", "member"):
@@ -269,7 +288,7 @@ def stream_scores(
     all_scores = np.concatenate(scores, axis=1)
     all_members = np.concatenate(member_scores, axis=-1)
     result: dict[str, Any] = {
-        "scores": {kind: all_scores[i] for i, kind in enumerate(metrics.OOD_KINDS)},
+        "scores": {kind: all_scores[i] for i, kind in enumerate(OOD_SCORE_KINDS)},
         "member_scores": {kind: all_members[i] for i, kind in enumerate(MEMBER_OOD_KINDS)},
     }
     if labels is not None:
@@ -362,7 +381,7 @@ def evaluate_run(
       mutual_information,disagreement}``, ``test_member_{accuracy,nll,brier,ece}`` (lists
       of length members), ``test_mean_member_{accuracy,nll,brier,ece}``,
       ``ood_{set}_auroc_{kind}`` and ``ood_{set}_aupr_{kind}`` for every OOD set and kind
-      of :data:`meshensemble.metrics.OOD_KINDS`; each member as a single model:
+      of :data:`OOD_SCORE_KINDS`; each member as a single model:
       ``ood_{set}_member_auroc_{kind}`` (a list) and ``ood_{set}_mean_member_auroc_{kind}``
       for the kinds of :data:`MEMBER_OOD_KINDS`; ``checkpoint_step``, ``num_test`` and
       ``ood_sets`` (the list of OOD set names); with ``calibrate`` a nested
@@ -407,7 +426,7 @@ def evaluate_run(
     if checkpoint is not None and (not isinstance(checkpoint, int) or checkpoint < 0):
         raise ValueError(f"checkpoint={checkpoint!r} must be a step number (>= 0)")
     if calibrate:
-        _check_calibrate(workdir, cfg, alpha, conformal)
+        check_calibrate(workdir, cfg, alpha, conformal)
     _checkpoint_steps(workdir, checkpoint)
 
     shape = _mesh_shape(mesh, cfg.members)
@@ -425,7 +444,7 @@ def evaluate_run(
 
     split = split_validation(dataset, cfg.validation, cfg.seed) if cfg.validation else None
     if calibrate:
-        _check_split(workdir, split)
+        check_split(workdir, split)
     ens = build_ensemble(cfg, device_mesh, (split.train if split else dataset).num_train)
     state, _, step = restore_checkpoint(workdir, ens, dataset.test_images[:1], checkpoint)
 
@@ -436,7 +455,7 @@ def evaluate_run(
     for n, images in ood_sets.items():
         out = stream_scores(ens, state, images, None, batch_size, num_bins)
         ood_scores[n] = out["scores"]
-        for kind in metrics.OOD_KINDS:
+        for kind in OOD_SCORE_KINDS:
             s_in, s_out = test["scores"][kind], ood_scores[n][kind]
             result[f"ood_{n}_auroc_{kind}"] = metrics.auroc(s_in, s_out)
             result[f"ood_{n}_aupr_{kind}"] = metrics.aupr(s_in, s_out)
@@ -456,7 +475,7 @@ def evaluate_run(
     if jax.process_index() == 0:
         _write(workdir, result, test, ood_scores)
         if curves is not None:
-            _write_calibration_plot(workdir, result["calibration"], curves)
+            write_calibration_plot(workdir, result["calibration"], curves)
     say(
         f"checkpoint {step} of {workdir} on mesh ensemble={ens.mesh.shape['ensemble']} x "
         f"data={ens.data_size}: {dataset.num_test} test examples"
@@ -524,14 +543,14 @@ def summary_table(result: Mapping[str, Any]) -> str:
     ]
     sets = list(result.get("ood_sets", []))
     if sets:
-        short = {"max_prob": "max_prob", "entropy": "entropy", "mutual_information": "MI"}
-        cols = [f"{m} {short.get(k, k)}" for m in ("auroc", "aupr") for k in metrics.OOD_KINDS]
+        short = {"mutual_information": "MI"}
+        cols = [f"{m} {short.get(k, k)}" for m in ("auroc", "aupr") for k in OOD_SCORE_KINDS]
         width = max(12, *(len(s) for s in sets))
         head = f"{'OOD set':<{width}} " + " ".join(f"{c:>14}" for c in cols)
         rows += [head, "-" * len(head)]
         for s in sets:
             vals = [
-                result[f"ood_{s}_{m}_{k}"] for m in ("auroc", "aupr") for k in metrics.OOD_KINDS
+                result[f"ood_{s}_{m}_{k}"] for m in ("auroc", "aupr") for k in OOD_SCORE_KINDS
             ]
             rows.append(f"{s:<{width}} " + " ".join(f"{v:>14.4f}" for v in vals))
         for s in sets:
@@ -540,161 +559,3 @@ def summary_table(result: Mapping[str, Any]) -> str:
                 vals = ", ".join(f"{k} {result[key + k]:.4f}" for k in MEMBER_OOD_KINDS)
                 rows.append(f"{s}: mean member (single model) AUROC {vals}")
     return "\n".join(rows)
-
-
-def _check_calibrate(workdir: str, cfg: Any, alpha: float, method: str) -> None:
-    """One-line refusals before any work: no validation split, bad alpha or method."""
-    if not cfg.validation:
-        raise ValueError(
-            f"run {workdir} has no validation split to calibrate on (the test set is never "
-            "used for fitting); train with --validation N first"
-        )
-    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
-        raise ValueError(f"alpha={alpha!r} must lie in (0, 1), e.g. 0.1 for 90% coverage")
-    if method not in calibration.METHODS:
-        raise ValueError(f"unknown conformal method {method!r}; use {calibration.METHODS}")
-
-
-def _check_split(workdir: str, split: Any) -> None:
-    """The rebuilt validation split must be the one training held out (its fingerprint)."""
-    held = ((read_saved_config(workdir) or {}).get("resolved") or {}).get("validation") or {}
-    if split is not None and held.get("fingerprint") not in (None, split.fingerprint):
-        raise ValueError(
-            f"the validation split rebuilt from this data (fingerprint {split.fingerprint}) "
-            f"is not the one run {workdir} held out ({held['fingerprint']}); evaluate with "
-            "the run's data (its --source and --data-file)"
-        )
-
-
-def stream_ensemble_logits(ens: Any, state: Any, images: Any, batch_size: int = 1000) -> Any:
-    """The ensemble's logits ``log(mean_m p^m)`` of every image, streamed on the mesh.
-
-    Per batch, ``ens.predict_members`` is pooled on device by
-    :func:`meshensemble.calibration.ensemble_logits`; only ``[b, classes]`` reaches the host.
-
-    Args:
-      ens: the :class:`meshensemble.Ensemble`; state: its state; images: ``[N, ...]``.
-      batch_size: examples per call.
-
-    Returns:
-      float32 numpy ``[N, classes]``.
-
-    Example:
-      >>> t = me.calibration.fit_temperature(stream_ensemble_logits(ens, state, xv), yv)
-    """
-    n = int(np.shape(images)[0])
-    parts = [
-        np.asarray(fetch(calibration.ensemble_logits(ens.predict_members(state, images[i:j]))))
-        for i, j in ((i, min(i + batch_size, n)) for i in range(0, n, batch_size))
-    ]
-    return np.concatenate(parts).astype(np.float32)
-
-
-def _scores(probs: Any, labels: np.ndarray, num_bins: int) -> dict[str, float]:
-    return {
-        "accuracy": float(np.mean(np.argmax(probs, axis=-1) == labels)),
-        "nll": float(metrics.nll(probs, labels)),
-        "ece": float(metrics.ece(probs, labels, num_bins)),
-        "adaptive_ece": float(metrics.adaptive_ece(probs, labels, num_bins)),
-        "brier": float(metrics.brier(probs, labels)),
-    }
-
-
-def calibrate_ensemble(
-    ens: Any,
-    state: Any,
-    validation: tuple[Any, Any],
-    test: tuple[Any, Any],
-    alpha: float = 0.1,
-    method: str = "thr",
-    batch_size: int = 1000,
-    num_bins: int = 15,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Fits a temperature and a conformal threshold on validation data; scores the test set.
-
-    "Pool, then calibrate": ``T`` minimises the validation NLL of
-    ``softmax(log(mean_m p^m) / T)`` (:func:`meshensemble.calibration.fit_temperature`);
-    the conformal threshold ``q`` is the split-conformal quantile of the validation
-    examples' calibrated probabilities at ``alpha``; the test set is scored with the
-    uncalibrated and calibrated ensemble, and its prediction sets' size and coverage.
-
-    Args:
-      ens: the :class:`meshensemble.Ensemble`; state: its state.
-      validation: ``(images, labels)`` held out of training; test: ``(images, labels)``.
-      alpha: the miscoverage rate; method: one of :data:`meshensemble.calibration.METHODS`.
-      batch_size: examples per call; num_bins: bins of the ECE and the adaptive ECE.
-
-    Returns:
-      ``(section, curves)``: ``section`` = ``{"temperature", "num_validation",
-      "validation_nll_before", "validation_nll_after", "before", "after", "conformal"}``;
-      ``before`` / ``after``: the test ``accuracy, nll, ece, adaptive_ece, brier``;
-      ``conformal``: ``method, alpha, threshold, mean_set_size, coverage`` and
-      ``set_size_counts[k]``, test sets of size ``k``. ``curves``: reliability data.
-
-    Raises:
-      ValueError: bad alpha or method, or too few validation examples for ``alpha``.
-
-    Example:
-      >>> section, _ = calibrate_ensemble(ens, state, (xv, yv), (xt, yt), alpha=0.1)
-      >>> section["temperature"], section["conformal"]["coverage"]
-    """
-    (xv, yv), (xt, yt) = validation, test
-    yv, yt = np.asarray(yv, np.int32), np.asarray(yt, np.int32)
-    zv = stream_ensemble_logits(ens, state, xv, batch_size)
-    with warnings.catch_warnings():  # at a bound: recorded in the section instead
-        warnings.simplefilter("ignore")
-        t = calibration.fit_temperature(zv, yv, bounds=TEMPERATURE_BOUNDS)
-    pv = np.asarray(calibration.apply_temperature(zv, t))
-    q = calibration.conformal_quantile(pv, yv, alpha, method)
-    zt = stream_ensemble_logits(ens, state, xt, batch_size)
-    before = np.asarray(calibration.apply_temperature(zt, 1.0))
-    after = np.asarray(calibration.apply_temperature(zt, t))
-    sets = calibration.prediction_sets(after, q, method)
-    sizes = np.asarray(fetch(sets)).sum(axis=-1)
-    section = {
-        "temperature": float(t),
-        "temperature_at_bound": t in TEMPERATURE_BOUNDS,
-        "num_validation": int(len(yv)),
-        "validation_nll_before": float(metrics.nll(calibration.apply_temperature(zv, 1.0), yv)),
-        "validation_nll_after": float(metrics.nll(pv, yv)),
-        "before": _scores(before, yt, num_bins),
-        "after": _scores(after, yt, num_bins),
-        "conformal": {
-            "method": method,
-            "alpha": float(alpha),
-            "threshold": float(q),
-            "mean_set_size": calibration.set_size(sets),
-            "coverage": calibration.coverage(sets, yt),
-            "set_size_counts": np.bincount(sizes, minlength=after.shape[-1] + 1).tolist(),
-        },
-    }
-    pairs = (("before", before), ("after", after))
-    curves = {k: metrics.reliability_diagram_data(p, yt, num_bins) for k, p in pairs}
-    return section, curves
-
-
-def calibration_line(section: Mapping[str, Any]) -> str:
-    """One summary line of a ``calibration`` section; e.g. ``print(calibration_line(s))``."""
-    b, a, c = section["before"], section["after"], section["conformal"]
-    at = " (a search bound)" if section.get("temperature_at_bound") else ""
-    names = (("NLL", "nll"), ("ECE", "ece"), ("adaptive ECE", "adaptive_ece"), ("Brier", "brier"))
-    pairs = ", ".join(f"{n} {b[k]:.4f} -> {a[k]:.4f}" for n, k in names)
-    return (
-        f"calibration: T={section['temperature']:.4f}{at} on {section['num_validation']} "
-        f"validation examples; test {pairs}; conformal {c['method']} at alpha={c['alpha']:g}: "
-        f"mean set size {c['mean_set_size']:.3f}, coverage {c['coverage']:.4f}"
-    )
-
-
-def _write_calibration_plot(workdir: str, section: Mapping[str, Any], curves: Any) -> None:
-    from meshensemble import plots
-
-    path = os.path.join(workdir, CALIBRATION_PLOT)
-    b, a, c = section["before"], section["after"], section["conformal"]
-    labelled = {
-        f"ensemble (ECE {b['ece']:.4f})": curves["before"],
-        f"T={section['temperature']:.3f} (ECE {a['ece']:.4f})": curves["after"],
-    }
-    title = f"{c['method']}, alpha={c['alpha']:g}"
-    with writing(path):
-        plots.calibration_summary(labelled, c["set_size_counts"], path, title)

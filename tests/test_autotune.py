@@ -89,3 +89,28 @@ def test_bad_arguments():
         autotune.choose("k", {}, None)
     with pytest.raises(ValueError):
         autotune.time_candidates({"a": lambda: None}, rounds=0)
+
+
+def test_precision_ratio_is_bf16_over_fp32_measured_and_the_line_says_so():
+    clock, calls = FakeClock(), []
+    fp32 = candidate(clock, 0.010, calls, "fp32")()
+    bf16 = candidate(clock, 0.0062, calls, "bf16")()
+    ratio = autotune.precision_ratio(fp32, bf16, rounds=3, timer=clock)
+    assert ratio == pytest.approx(0.62)
+    assert calls == ["build fp32", "build bf16"] + ["fp32", "bf16"] * 4  # warm-up, 3 rounds
+    assert autotune.bf16_line(ratio) == (
+        "bf16 would run 0.62x the fp32 step time; precision stays fp32: "
+        "pass --precision bf16 to use it"
+    )
+
+
+def test_remember_adds_to_a_recorded_choice_only(tmp_path):
+    clock, calls = FakeClock(), []
+    path = str(tmp_path / "choices.json")
+    autotune.remember(path, "k", bf16_ratio=0.5)  # nothing recorded: nothing written
+    assert autotune.recorded(path, "k") == {}
+    candidates = {"x": candidate(clock, 1.0, calls, "x"), "y": candidate(clock, 2.0, calls, "y")}
+    autotune.choose("k", candidates, path, rounds=1, timer=clock)
+    autotune.remember(path, "k", bf16_ratio=0.5)
+    assert autotune.recorded(path, "k")["bf16_ratio"] == 0.5
+    assert autotune.recorded(path, "k")["choice"] == "x"

@@ -133,7 +133,8 @@ def test_run_keys_equal_the_split_of_the_seed_key(seed):
 
 def test_a_resumed_run_reuses_the_recorded_choice(tmp_path, monkeypatch):
     need_devices(8)
-    monkeypatch.setattr(autotune, "time_candidates", lambda c, *a: {"vmap": 1.0, "loop": 2.0})
+    times = {"vmap": 1.0, "loop": 2.0, "fp32": 1.0, "bf16": 1.0}  # bf16: timed after the choice
+    monkeypatch.setattr(autotune, "time_candidates", lambda c, *a: {n: times[n] for n in c})
     cfg = tiny(tmp_path, checkpoint=True, max_steps=2)
     first = train(cfg, DATA)
     config = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -220,3 +221,92 @@ def test_the_chunk_compiled_ahead_of_time_gives_the_same_members(tmp_path, monke
     monkeypatch.setattr(loop, "AHEAD_OF_TIME", True)  # pmap has no lower(): compiled lazily
     pmap = train(tiny(tmp_path, "pmap", mesh="ensemble=4,data=1", backend="pmap", **kw), DATA)
     assert started == [True, False] and pmap.history[-1]["step"] == 4
+
+
+def test_the_evaluation_compiled_ahead_once_and_summed_on_the_host(tmp_path, monkeypatch):
+    """Several evaluation batches (one padded): one eval program, compiled ahead, no adds."""
+    need_devices(8)
+    started: list[bool] = []
+    original = Feeder.compile_eval_ahead
+    monkeypatch.setattr(
+        Feeder, "compile_eval_ahead", lambda self, *a: started.append(original(self, *a))
+    )
+    kw = dict(max_steps=4, chunk_steps=2, member_strategy="vmap", eval_batch_size=16)
+    with CompileLog() as log:
+        ahead = train(tiny(tmp_path, "ahead", **kw), DATA)  # 40 test examples: 16 + 16 + 8
+    names = [p.name for p in log.programs]
+    assert started == [True] and names.count("jit(eval_stats)") == 1, names
+    assert set(names) <= RUN_PROGRAMS, names  # the partial sums are added with numpy
+    monkeypatch.setattr(loop, "AHEAD_OF_TIME", False)
+    lazy = train(tiny(tmp_path, "lazy", **kw), DATA)
+    assert started == [True]
+    assert ahead.history[-1] == lazy.history[-1]
+    one_batch = train(tiny(tmp_path, "one", **(kw | {"eval_batch_size": 40})), DATA)
+    for key in ("test_ensemble_accuracy", "test_ensemble_nll", "test_ensemble_ece"):
+        np.testing.assert_allclose(ahead.history[-1][key], one_batch.history[-1][key], rtol=1e-5)
+    by_program = json.loads((tmp_path / "ahead" / "compile.json").read_text())["by_program"]
+    assert {"jit(eval_stats)", "jit(train_chunk)"} <= {p["name"] for p in by_program}
+
+
+def test_ahead_of_time_calls_the_compiled_program_only_for_its_signature():
+    from meshensemble.core.ahead import AheadOfTime
+
+    calls: list[str] = []
+
+    class Fn:
+        def __call__(self, *args):
+            calls.append("lazy")
+            return "lazy"
+
+        def lower(self, *args):
+            class Lowered:
+                def compile(self):
+                    if args[0].shape == (9,):
+                        raise RuntimeError("cannot compile")
+                    return lambda *a: calls.append("ahead") or "ahead"
+
+            return Lowered()
+
+    fn = AheadOfTime(Fn())
+    assert fn(np.zeros(3)) == "lazy"  # nothing compiled ahead yet
+    assert fn.compile_ahead(jax.ShapeDtypeStruct((3,), np.float32))
+    assert fn(np.zeros(3, np.float32)) == "ahead"
+    assert fn(np.zeros(4, np.float32)) == "lazy" and fn(np.zeros(3, np.int32)) == "lazy"
+    assert fn.compile_ahead(jax.ShapeDtypeStruct((9,), np.float32))
+    assert fn(np.zeros(9, np.float32)) == "lazy"  # the compile failed: compiled at the call
+    assert calls == ["lazy", "ahead", "lazy", "lazy", "lazy"]
+    assert not AheadOfTime(lambda *a: None).compile_ahead(np.zeros(3))  # no lower(): pmap
+
+
+def test_the_tuner_says_whether_bf16_would_be_faster(tmp_path, monkeypatch):
+    need_devices(8)
+
+    def fake_times(candidates, rounds=3, timer=None):  # the measured medians, faked
+        if set(candidates) == {"fp32", "bf16"}:
+            return {"fp32": 0.0100, "bf16": 0.0062}
+        return {name: (1.0 if name == "vmap" else 2.0) for name in candidates}
+
+    monkeypatch.setattr(autotune, "time_candidates", fake_times)
+    lines: list[str] = []
+    cfg = tiny(tmp_path, quiet=False, max_steps=2)
+    result = train(cfg, DATA, echo=lines.append)
+    want = (
+        "bf16 would run 0.62x the fp32 step time; precision stays fp32: "
+        "pass --precision bf16 to use it"
+    )
+    assert want in lines and result.ensemble.compute_dtype is None  # precision unchanged
+    tuning = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]["tuning"]
+    assert tuning["bf16"] == want and tuning["bf16_ratio"] == pytest.approx(0.62)
+    path = autotune.choices_path(cfg.compile_cache_dir)
+    assert [r["bf16_ratio"] for r in autotune.read_choices(path).values()] == [pytest.approx(0.62)]
+    monkeypatch.setattr(autotune, "time_candidates", no_measuring)  # cached: read, not timed
+    lines.clear()
+    train(tiny(tmp_path, "again", quiet=False, max_steps=2), DATA, echo=lines.append)
+    assert want in lines
+    lines.clear()
+    strategies_only = lambda c, *a, **k: {name: 1.0 for name in c if "bf16" not in c} or {}
+    monkeypatch.setattr(autotune, "time_candidates", strategies_only)
+    bf16_cfg = tiny(tmp_path, "bf16", quiet=False, max_steps=2, precision="bf16")
+    bf16 = train(bf16_cfg, DATA, echo=lines.append)
+    assert not any(line.startswith("bf16 would") for line in lines)  # not asked in bf16
+    assert bf16.ensemble.compute_dtype is not None

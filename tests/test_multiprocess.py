@@ -115,7 +115,7 @@ def start_pair(npz, workdir, *extra) -> list[subprocess.Popen]:
     cmd = [sys.executable, "-m", "meshensemble.cli", "train", "--source", "npz"]
     cmd += ["--data-file", npz, "--model", "mlp", "--members", "4", "--batch-size", "32"]
     cmd += ["--mesh", "ensemble=2,data=2", "--epochs", "500", *extra]
-    cmd += ["--workdir", str(workdir), "--quiet", "--heartbeat-timeout", "5"]
+    cmd += ["--workdir", str(workdir), "--quiet", "--heartbeat-timeout", "20"]
     cmd += ["--fake-devices", "2", "--coordinator", f"localhost:{port}", "--num-processes", "2"]
     return [
         subprocess.Popen(
@@ -166,12 +166,18 @@ def test_a_dead_process_makes_the_others_fail_on_their_own(npz, tmp_path):
             if p.poll() is None:
                 p.kill()
             p.wait()
-    assert procs[0].returncode == 1, err[-2000:]
-    lines = [s for s in err.splitlines() if s.startswith("error:")]
-    # the survivor's next collective fails: a train step (lost contact) or the
-    # checkpoint save the peer died in (orbax's barrier names the lost task)
-    assert lines, err[-2000:]
-    assert "lost contact with" in lines[-1] or "could not save checkpoint" in lines[-1], lines
+    if procs[0].returncode == 1:
+        lines = [s for s in err.splitlines() if s.startswith("error:")]
+        # the survivor's next collective fails: a train step (lost contact) or the
+        # checkpoint save the peer died in (orbax's barrier names the lost task)
+        assert lines, err[-2000:]
+        assert "lost contact with" in lines[-1] or "could not save checkpoint" in lines[-1], lines
+    else:
+        # a survivor waiting in a runtime barrier (a loaded machine makes it likely) is
+        # ended by JAX's coordination service once the peer misses its heartbeats: SIGABRT,
+        # and the runtime's log names the dead task
+        assert procs[0].returncode == -signal.SIGABRT, err[-2000:]
+        assert "stopped sending heartbeats" in err, err[-2000:]
     state, step = restored4(workdir)  # the run is left resumable: a good checkpoint remains
     assert step in list_checkpoints(workdir)
     chex.assert_tree_all_finite(state)

@@ -20,6 +20,9 @@ Cases (``--cases`` takes these names or the group names in brackets):
   a step runs ``members / devices`` such HOWTO runs one after another.
 * ``ens_pmap``, ``ens_shard_map`` [backends]: :meth:`meshensemble.Ensemble.train_step`
   on host batches with ``backend="pmap"`` / ``"shard_map"``, one step per call.
+* ``ens_user`` [user]: :meth:`meshensemble.Ensemble.train_step` on the model exactly as
+  ``howto`` runs it (the user's Flax CNN with XLA's convolution), one member per device:
+  ``user_step_over_howto`` is the library's step against the HOWTO's on the same model.
 * ``chunk_default``, ``chunk_k1``, ``chunk_k8``, ``chunk_epoch`` [chunk]: the training
   loop's on-device chunk exactly as :func:`meshensemble.training.train` builds it (data on
   the devices, ``K`` steps per compiled call, a ``lax.scan`` when ``K > 1``); ``default``

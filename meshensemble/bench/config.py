@@ -21,6 +21,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "matmul": ("matmul_fp32", "matmul_bf16"),
     "howto": ("howto",),
     "backends": ("ens_pmap", "ens_shard_map"),
+    "user": ("ens_user",),
     "chunk": ("chunk_default", "chunk_k1", "chunk_k8", "chunk_epoch"),
     "sequential": ("sequential",),
     "stream": ("stream",),
@@ -421,6 +422,12 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
             "backends",
             Spec("ensemble", model, **on_line),
             "Ensemble(backend=shard_map).train_step",
+        ),
+        Case(
+            "ens_user",
+            "user",
+            Spec("ensemble", plain_model(model), **on_line),
+            "Ensemble.train_step on the user's Flax model (XLA convolution), as howto",
         ),
     ]
     for name, k, what in (

@@ -30,6 +30,7 @@ from meshensemble.bench.workloads import Context
 TARGETS: dict[str, tuple[str, float]] = {
     "one_device_over_sequential": ("<=", 0.75),
     "shard_map_over_pmap": ("<=", 1.05),
+    "user_step_over_howto": ("<=", 1.0),
     "on_device_loop_over_howto": ("<=", 0.9),
     "members_per_device_scaling_max": ("<=", 1.0),
     "memory_over_state_activations": ("<=", 1.3),
@@ -310,6 +311,7 @@ def compute_ratios(c: Mapping[str, Any], cfg: BenchConfig) -> dict[str, Any]:
             if n in c and "howto" in c
         },
         "ens_shard_map_over_howto": div(t("ens_shard_map"), t("howto")),
+        "user_step_over_howto": div(t("ens_user"), t("howto")),
         "scan_over_jit": div(t("chunk_k8"), t("chunk_k1")),
         "stream_over_device_steps_per_s": div(t("chunk_default"), t("stream")),
         "scan_base_k8_over_k1": div(t("scan_base_k8"), t("scan_base_k1")),

@@ -192,3 +192,82 @@ def _reason(name: str, seconds: Mapping[str, float], how: str) -> str:
     mine = seconds.get(name)
     head = f"{name}: {1e3 * mine:.1f} ms/step" if mine is not None else name
     return f"{head}{' against ' + others if others else ''} ({how})"
+
+
+def precision_ratio(
+    fp32: Callable[[], Any],
+    bf16: Callable[[], Any],
+    rounds: int = 3,
+    timer: Callable[[], float] = time.perf_counter,
+) -> float:
+    """How long a bf16 step takes against the fp32 one, timed interleaved.
+
+    Args:
+      fp32: one fp32 step (the chosen candidate).
+      bf16: the same candidate in bf16 (mixed precision).
+      rounds: timed calls of each.
+      timer: the clock (injectable for tests).
+
+    Returns:
+      ``bf16 seconds / fp32 seconds`` (medians); below 1 means bf16 is faster.
+
+    Example:
+      >>> precision_ratio(step_fp32, step_bf16)
+      0.62
+    """
+    seconds = time_candidates({"fp32": fp32, "bf16": bf16}, rounds, timer)
+    return seconds["bf16"] / seconds["fp32"]
+
+
+def bf16_line(ratio: float) -> str:
+    """The line a run prints about bf16 when it measured fp32 candidates.
+
+    Args:
+      ratio: from :func:`precision_ratio`.
+
+    Returns:
+      e.g. ``"bf16 would run 0.62x the fp32 step time; precision stays fp32: pass
+      --precision bf16 to use it"``.
+
+    Example:
+      >>> bf16_line(0.62)[:30]
+      'bf16 would run 0.62x the fp32 '
+    """
+    return (
+        f"bf16 would run {ratio:.2f}x the fp32 step time; precision stays fp32: "
+        "pass --precision bf16 to use it"
+    )
+
+
+def recorded(path: str | None, key: str) -> dict[str, Any]:
+    """The record of ``key`` in the choices file (``{}`` when absent).
+
+    Args:
+      path: the choices file, or None.
+      key: from :func:`tuning_key`.
+
+    Returns:
+      ``{"choice": name, "seconds": {...}, ...}`` with any extra fields :func:`remember`
+      added (e.g. ``"bf16_ratio"``).
+
+    Example:
+      >>> recorded(path, key).get("bf16_ratio")
+    """
+    record = read_choices(path).get(key)
+    return record if isinstance(record, dict) else {}
+
+
+def remember(path: str | None, key: str, **extra: Any) -> None:
+    """Adds fields to the recorded choice of ``key`` (nothing when it is not recorded).
+
+    Args:
+      path: the choices file, or None.
+      key: from :func:`tuning_key`.
+      **extra: JSON-serialisable fields, e.g. ``bf16_ratio=0.62``.
+
+    Example:
+      >>> remember(path, key, bf16_ratio=0.62)
+    """
+    record = recorded(path, key)
+    if path and record:
+        _write_choice(path, key, {**record, **extra})

@@ -31,6 +31,11 @@ ENV_NUM_PROCESSES = "MESHENSEMBLE_NUM_PROCESSES"
 ENV_PROCESS_ID = "MESHENSEMBLE_PROCESS_ID"
 DEFAULT_HEARTBEAT_TIMEOUT = 10
 """Seconds without heartbeats before a peer counts as dead (JAX's own default is 100)."""
+SHUTDOWN_TIMEOUT = 300
+"""Seconds a process that finished waits at exit for the others to finish too.
+
+A busy machine can put processes tens of seconds apart at the end of a run (process 0
+writes the outputs); a peer that died is not waited for (:func:`hard_exit`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +140,7 @@ def initialize(
         num_processes=num_processes,
         process_id=process_id,
         heartbeat_timeout_seconds=heartbeat_timeout,
-        shutdown_timeout_seconds=max(heartbeat_timeout, 5),
+        shutdown_timeout_seconds=max(heartbeat_timeout, SHUTDOWN_TIMEOUT),
         initialization_timeout=60,
     )
     topo = topology()

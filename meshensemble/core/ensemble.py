@@ -14,7 +14,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshensemble.core import inputs, sharding, statmath, stats, steps
+from meshensemble.core import ahead, inputs, sharding, statmath, stats, steps
 from meshensemble.core.adapters import as_model
 from meshensemble.core.backends import make_backend, put
 from meshensemble.core.distributed import fetch
@@ -99,11 +99,12 @@ class Ensemble:
         parameters, optimizer state and updates stay float32 (master weights) and the
         loss and softmax are float32. For accelerators (bf16 is slow on most CPUs).
         Default None (compute in the parameters' dtype).
-      shard_members: FSDP: split each member's parameters and optimizer state over
-        ``data`` (rules: :mod:`meshensemble.core.sharding`), gathered for the passes,
-        gradients reduce-scattered. For element-wise optimizers. Default False.
-      axis_rules: ``(logical name, mesh axis)`` pairs for a ``model`` axis; default
-        :data:`meshensemble.core.sharding.DEFAULT_RULES`.
+      augment: ``fn(key, image) -> image``, a training example's augmentation (after
+        ``input_transform``), e.g. ``me.core.augment.make_augment("shift", 2)``: each
+        member draws its own, new every step, the same on any mesh and after a resume
+        (see :mod:`meshensemble.core.augment`). Default None (none).
+      shard_members: FSDP, each member's state split over ``data``; ``axis_rules``: logical
+        name -> mesh axis pairs for a ``model`` axis (:mod:`meshensemble.core.sharding`).
 
     Raises:
       ValueError: the mesh lacks the axes, ``num_members`` is not a multiple of the
@@ -137,6 +138,7 @@ class Ensemble:
         input_transform: Callable[[jax.Array], jax.Array] | None = None,
         hyperparams: Mapping[str, Any] | None = None,
         compute_dtype: Any = None,
+        augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
         shard_members: bool = False,
         axis_rules: Any = None,
     ):
@@ -165,15 +167,14 @@ class Ensemble:
         self.input_transform = input_transform
         self.hyperparams = member_hyperparams(hyperparams, optimizer, self.num_members)
         self.compute_dtype = inputs.compute_dtype(compute_dtype)
+        self.augment = augment
         self._rng_impl: Any = None
         self._compiled: dict[Any, Callable[..., Any]] = {}
         self._num_classes: int | None = None
         self._checked_labels: jax.Array | None = None
         self._in_flight: collections.deque[Any] = collections.deque()
-        self.shard_members = bool(shard_members)
-        self.axis_rules = tuple(axis_rules or sharding.DEFAULT_RULES)
-        self._sharded = self.shard_members or MODEL in mesh.axis_names
-        self._state_specs: EnsembleState | None = None
+        self.shard_members, self.axis_rules = shard_members, axis_rules or sharding.DEFAULT_RULES
+        self._sharded, self._state_specs = self.shard_members or MODEL in mesh.axis_names, None
 
     # ------------------------------------------------------------------ building
     @property
@@ -201,17 +202,13 @@ class Ensemble:
             rng_impl=self._rng_impl,
             input_transform=self.input_transform,
             compute_dtype=self.compute_dtype,
-            gather_axes=(
-                sharding.gather_axes(self.state_spec.params) if self.shard_members else None
-            ),
+            augment=self.augment,
+            gather_axes=self.shard_members and sharding.gather_axes(self.state_spec.params) or None,
         )
 
     @property
     def state_spec(self) -> Any:
-        """The state's ``PartitionSpec`` (for :meth:`build`): ``P("ensemble")``, or per leaf.
-
-        Per leaf (an :class:`EnsembleState` of specs, known after :meth:`init`) when members
-        are sharded inside their devices (``shard_members`` or a ``model`` axis).
+        """The state's specs for :meth:`build`: ``P("ensemble")``, or per leaf when sharded.
 
         Raises:
           ValueError: members are sharded and :meth:`init` has not run yet.
@@ -398,9 +395,9 @@ class Ensemble:
         return out
 
     def predict_members(
-        self, state: EnsembleState, images: Any, temperature: Any = None
+        self, state: EnsembleState, images: Any, temperature: Any = None, logits: bool = False
     ) -> jax.Array:
-        """Every member's softmax prediction, optionally temperature-scaled.
+        """Every member's softmax prediction (or logits), optionally temperature-scaled.
 
         With ``temperature`` each member's prediction is ``softmax(z_m / T_m)``, computed
         on the mesh from its float32 softmax as ``softmax(log max(p_m, eps) / T_m)``
@@ -413,9 +410,13 @@ class Ensemble:
           temperature: None (no scaling: exactly the unscaled program), a scalar
             ``T > 0`` for every member, or ``[members]`` temperatures, one per member
             (as ``me.calibration.fit_temperature(..., per_member=True)`` returns).
+          logits: return the members' logits ``z_m`` (float32, the model's output in
+            inference mode) instead of their softmax; with ``temperature``, ``z_m / T_m``.
+            For scores that need the logits' scale (max-logit, energy).
 
         Returns:
-          ``[members, N, classes]`` probabilities, members sharded over ``ensemble``; the
+          ``[members, N, classes]`` probabilities (or logits), members sharded over
+          ``ensemble``; the
           examples are split over ``data`` when ``N`` is a multiple of the ``data`` axis,
           and whole on every device of an ``ensemble`` group otherwise (the padding that
           made ``N`` divisible is dropped).
@@ -427,10 +428,13 @@ class Ensemble:
         Example:
           >>> ens.predict_members(state, images).shape  # (8, N, 10)
           >>> ens.predict_members(state, images, temperature=[1.2] * 8)  # per member
+          >>> ens.predict_members(state, images, logits=True)  # [8, N, 10] logits
         """
         t = self._check_temperature(temperature)
-        out = self._predict(state, images, members=True)
-        return out if t is None else _tempered(out, t)
+        out = self._predict(state, images, members=True, logits=logits)
+        if t is None:
+            return out
+        return _divided(out, t) if logits else _tempered(out, t)
 
     def predict(self, state: EnsembleState, images: Any, temperature: Any = None) -> jax.Array:
         """The ensemble's prediction: the mean of the members' softmax, optionally calibrated.
@@ -481,7 +485,9 @@ class Ensemble:
             raise ValueError(f"temperature {t.tolist()} must be finite and > 0")
         return t
 
-    def _predict(self, state: EnsembleState, images: Any, members: bool) -> jax.Array:
+    def _predict(
+        self, state: EnsembleState, images: Any, members: bool, logits: bool = False
+    ) -> jax.Array:
         self._check_state(state)
         images = inputs.as_array(images, "images")
         n = int(np.shape(images)[0]) if np.ndim(images) else 0
@@ -490,12 +496,12 @@ class Ensemble:
                 f"images of shape {np.shape(images)} hold no example; give at least one image"
             )
         padded = inputs.pad(images, self.data_size)
+        per_device = steps.member_probs if members else steps.ensemble_probs
+        per_device = steps.member_logits if logits else per_device
         fn = self._fn(
-            ("predict", members),
+            ("predict", members, logits),
             lambda: self.backend.build(
-                functools.partial(
-                    steps.member_probs if members else steps.ensemble_probs, self.step_config()
-                ),
+                functools.partial(per_device, self.step_config()),
                 (self.state_spec, BATCH),
                 MEMBER_BATCH if members else BATCH,
             ),
@@ -559,17 +565,9 @@ class Ensemble:
         if not jnp.issubdtype(labels.dtype, jnp.integer):
             raise ValueError(f"labels have dtype {labels.dtype}; give integer class indices")
         self._check_label_range(state, images, labels, per_member=False)
-        fn = self._fn(
-            ("evaluate", num_bins),
-            lambda: self.backend.build(
-                functools.partial(steps.eval_stats, self.step_config(), num_bins),
-                (self.state_spec, BATCH, BATCH, BATCH),
-                _eval_specs(),
-            ),
-        )
-        b = min(batch_size, n)
-        b += -b % self.data_size
-        total, examples = None, []
+        fn = self.eval_fn(num_bins)
+        b = self.eval_batch_size(batch_size, n)
+        partial_sums, examples = [], []
         for start in range(0, n, b):
             x, y = images[start : start + b], labels[start : start + b]
             k = len(y)
@@ -577,12 +575,57 @@ class Ensemble:
             if k < b:
                 x, y = inputs.pad_to(x, b), np.concatenate([y, np.zeros(b - k, y.dtype)])
             sums, per_example = self._dispatched(fn(state, x, y, mask))
-            total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+            partial_sums.append(sums)
             examples.append(per_example)
-        # N floats each (confidence, correctness, mask) come to the host, for the adaptive ECE.
-        total, examples = fetch((total, examples))
+        # The sums are added on the host (no small programs to compile); N floats each
+        # (confidence, correctness, mask) come to the host too, for the adaptive ECE.
+        partial_sums, examples = fetch((partial_sums, examples))
+        total = functools.reduce(lambda a, b: jax.tree.map(np.add, a, b), partial_sums)
         joined = {k: np.concatenate([e[k] for e in examples]) for k in stats.EXAMPLE_STAT_KEYS}
         return stats.finalize_stats(total, num_bins, examples=joined)
+
+    def eval_fn(self, num_bins: int = 15) -> ahead.AheadOfTime:
+        """The global function behind :meth:`evaluate` (one batch), built once.
+
+        Args:
+          num_bins: bins of the expected calibration error.
+
+        Returns:
+          ``fn(state, images, labels, mask) -> (sums, per_example)`` on a batch of
+          :meth:`eval_batch_size` examples (``mask`` bool ``[B]`` marks the real ones), an
+          :class:`~meshensemble.core.ahead.AheadOfTime`: ``fn.compile_ahead(...)`` with the
+          arguments' shapes compiles it in a thread before the first evaluation.
+
+        Example:
+          >>> ens.eval_fn().compile_ahead(state_shapes, x_shape, y_shape, mask_shape)
+        """
+        return self._fn(
+            ("evaluate", num_bins),
+            lambda: ahead.AheadOfTime(
+                self.backend.build(
+                    functools.partial(steps.eval_stats, self.step_config(), num_bins),
+                    (self.state_spec, BATCH, BATCH, BATCH),
+                    _eval_specs(),
+                )
+            ),
+        )
+
+    def eval_batch_size(self, batch_size: int, n: int) -> int:
+        """The examples per call :meth:`evaluate` uses for ``n`` examples.
+
+        Args:
+          batch_size: the requested batch size.
+          n: how many examples are evaluated.
+
+        Returns:
+          ``min(batch_size, n)`` rounded up to a multiple of the ``data`` axis.
+
+        Example:
+          >>> ens.eval_batch_size(1000, 10000)
+          1000
+        """
+        b = min(batch_size, n)
+        return b + -b % self.data_size
 
     def place(self, x: Any, per_member: bool = False, local: bool = False) -> jax.Array:
         """Puts a batch on the mesh: split over ``data`` (and ``ensemble`` per member).
@@ -689,6 +732,13 @@ def _tempered(probs: jax.Array, t: jax.Array) -> jax.Array:
     t = t[:, None, None] if t.ndim == 1 else t
     logits = statmath.clipped_log(probs)
     return jax.nn.softmax(logits / t.astype(probs.dtype), axis=-1)
+
+
+@jax.jit
+def _divided(logits: jax.Array, t: jax.Array) -> jax.Array:
+    """``z / T`` with ``T`` scalar or ``[members]``."""
+    t = t[:, None, None] if t.ndim == 1 else t
+    return logits / t.astype(logits.dtype)
 
 
 @jax.jit

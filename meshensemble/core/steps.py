@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from meshensemble.core import augment as augment_lib
 from meshensemble.core import stats
 from meshensemble.core.adapters import Model
 from meshensemble.core.mesh import DATA, ENSEMBLE
@@ -52,6 +53,10 @@ class StepConfig:
         and inputs cast to this dtype (e.g. ``jnp.bfloat16``); the parameters, optimizer
         state and gradients stay in their own dtype (float32 master weights), and the
         logits are cast to float32 before the loss and the softmax. None: no casting.
+      augment: ``fn(key, image) -> image``, one training example's augmentation, applied
+        in each member's step after the input transform, with keys drawn for the whole
+        global batch from the member's key and step (see :mod:`meshensemble.core.augment`:
+        the same on any mesh, resume-exact); None for none.
       gather_axes: FSDP (``shard_members``): for each parameter leaf (flattening order)
         the dimension split over ``data``, or None; see :func:`gather_params`. None
         (the default): parameters are whole on every device.
@@ -65,6 +70,7 @@ class StepConfig:
     rng_impl: Any = None
     input_transform: Callable[[jax.Array], jax.Array] | None = None
     compute_dtype: Any = None
+    augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None
     gather_axes: tuple[int | None, ...] | None = None
 
 
@@ -108,8 +114,22 @@ def map_members(fn: Callable[..., Any], strategy: str, in_axes: tuple[Any, ...],
 
 
 def _member_key(cfg: StepConfig, raw: jax.Array, step: jax.Array) -> jax.Array:
-    key = raw if cfg.rng_impl is None else jax.random.wrap_key_data(raw, impl=cfg.rng_impl)
+    key = _wrap(cfg, raw)
     return jax.random.fold_in(jax.random.fold_in(key, step), lax.axis_index(DATA))
+
+
+def _wrap(cfg: StepConfig, raw: jax.Array) -> jax.Array:
+    return raw if cfg.rng_impl is None else jax.random.wrap_key_data(raw, impl=cfg.rng_impl)
+
+
+def _augmented(cfg: StepConfig, state: EnsembleState, x: jax.Array) -> jax.Array:
+    """``x`` (this data shard's rows) augmented as part of the global batch."""
+    if cfg.augment is None:
+        return x
+    b = x.shape[0]
+    start, total = lax.axis_index(DATA) * b, b * lax.axis_size(DATA)
+    key = _wrap(cfg, state.rng)
+    return augment_lib.augment_batch(cfg.augment, key, state.step, x, start, total)
 
 
 def _prepare(cfg: StepConfig, images: jax.Array) -> jax.Array:
@@ -162,6 +182,7 @@ def gather_params(cfg: StepConfig, params: PyTree) -> PyTree:
 def _member_step(cfg: StepConfig, state: EnsembleState, x: jax.Array, y: jax.Array):
     """One member's step on its local batch; ``state`` leaves have no member axis."""
     rng = _member_key(cfg, state.rng, state.step)
+    x = _augmented(cfg, state, x)
 
     def loss_of(params):
         whole = gather_params(cfg, params)
@@ -244,6 +265,26 @@ def member_probs(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> ja
     def one(s: EnsembleState, xb: jax.Array) -> jax.Array:
         logits, _ = _apply(cfg, gather_params(cfg, s.params), s.model_state, xb, False, s.rng)
         return jax.nn.softmax(logits.astype(jnp.float32))
+
+    return map_members(one, cfg.strategy, (0, None), state, x)
+
+
+def member_logits(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> jax.Array:
+    """The logits of every local member in inference mode (as :func:`member_probs`, before
+    its softmax).
+
+    Args:
+      cfg: the static configuration.
+      state: local state, leaves ``[m, ...]``.
+      images: ``[b, ...]``.
+
+    Returns:
+      ``[m, b, classes]`` float32 logits.
+    """
+    x = _prepare(cfg, images)
+
+    def one(s: EnsembleState, xb: jax.Array) -> jax.Array:
+        return _apply(cfg, s.params, s.model_state, xb, False, s.rng)[0].astype(jnp.float32)
 
     return map_members(one, cfg.strategy, (0, None), state, x)
 

@@ -11,6 +11,10 @@ and gradients (up to float rounding):
   backward pass (about 1.6x the activation memory of the CNN).
 * ``"canonical"``: XLA's convolution with a backward pass stated as convolutions in the
   NHWC/HWIO layout XLA:CPU's fast kernels take, so that it is fast inside loop bodies.
+* ``"gemm_grad"``: XLA's convolution forward and for the input gradient, the kernel
+  gradient a GEMM (``einsum``) over image patches; under ``vmap`` over members no
+  grouped convolution at all (:func:`conv_gemm_grad`). Also covers strides and any
+  padding.
 
 ``"auto"`` picks per platform at trace time: ``"im2col"`` on CPU, ``"xla"`` elsewhere
 (cuDNN and TPU convolutions are what accelerators are built for).
@@ -25,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -161,10 +166,152 @@ def conv_canonical(x: jax.Array, kernel: jax.Array) -> jax.Array:
     return _conv_canonical(x, kernel)
 
 
+# ---------------------------------------------------------------------------------------
+# "gemm_grad": XLA's convolution forward, the kernel gradient as a GEMM over patches
+
+
+@functools.cache
+def _gemm_grad_conv(strides: tuple[int, int], pads: tuple[tuple[int, int], ...], precision: Any):
+    """The custom-VJP convolution for one geometry (stride, explicit padding)."""
+
+    def conv(x, k):
+        return lax.conv_general_dilated(
+            x, k, strides, pads, dimension_numbers=_DN, precision=precision
+        )
+
+    def dx_of(g, k, x_shape):
+        # at zeros as varying as g (inside shard_map): else the transpose psums dx
+        zeros = _match_varying(jnp.zeros(x_shape, g.dtype), g, k)[0]
+        return jax.vjp(lambda x: conv(x, k), zeros)[1](g)[0]
+
+    fwd_conv = _members_batched(conv, wide=True)
+
+    @functools.cache
+    def dx_conv(x_shape):
+        return _members_batched(lambda g, k: dx_of(g, k, x_shape), wide=False)
+
+    @jax.custom_vjp
+    def f(x, k):
+        return fwd_conv(x, k)
+
+    def f_fwd(x, k):
+        return fwd_conv(x, k), (x, k)
+
+    def f_bwd(res, g):
+        x, k = res
+        dx = dx_conv(tuple(x.shape))(g, k)
+        kh, kw, c, feat = k.shape
+        cols = _patches(x, (kh, kw), strides, pads)  # [B, Ho, Wo, kh*kw*C]
+        dk = jnp.einsum("bhwp,bhwf->pf", cols, g.astype(cols.dtype), precision=precision)
+        return dx.astype(x.dtype), dk.reshape(kh, kw, c, feat).astype(k.dtype)
+
+    f.defvjp(f_fwd, f_bwd)
+    return f
+
+
+def _patches(x, window, strides, pads) -> jax.Array:
+    """``[B, Ho, Wo, kh*kw*C]`` image patches (kernel row, column, channel order), by slicing."""
+    kh, kw = window
+    xp = jnp.pad(x, ((0, 0), *pads, (0, 0)))
+    b, hp, wp, c = xp.shape
+    ho = (hp - kh) // strides[0] + 1
+    wo = (wp - kw) // strides[1] + 1
+    cols = [
+        lax.slice(
+            xp,
+            (0, i, j, 0),
+            (b, i + strides[0] * (ho - 1) + 1, j + strides[1] * (wo - 1) + 1, c),
+            (1, strides[0], strides[1], 1),
+        )
+        for i in range(kh)
+        for j in range(kw)
+    ]
+    return jnp.concatenate(cols, axis=-1)
+
+
+def _members_batched(op: Callable[[jax.Array, jax.Array], jax.Array], wide: bool):
+    """``op(x, k)`` (a convolution-like NHWC/HWIO op) whose ``vmap`` is no grouped convolution.
+
+    JAX batches a convolution whose input and kernel are both batched into one grouped
+    convolution (``feature_group_count`` = the batch). Here instead: a batched input with a
+    shared kernel folds the batch into the images; a shared input with batched kernels is
+    one wide convolution (the kernels stacked on the output features) when ``wide``; both
+    batched is one ordinary convolution per member.
+    """
+
+    @jax.custom_batching.custom_vmap
+    def batched(x, k):
+        return op(x, k)
+
+    @batched.def_vmap
+    def rule(axis_size, in_batched, x, k):
+        x_b, k_b = in_batched
+        if x_b and not k_b:
+            out = batched(x.reshape(-1, *x.shape[2:]), k)
+            return out.reshape(axis_size, -1, *out.shape[1:]), True
+        if k_b and not x_b and wide:
+            stacked = jnp.moveaxis(k, 0, -2).reshape(*k.shape[1:-1], -1)  # [kh, kw, C, M*F]
+            out = batched(x, stacked)
+            out = out.reshape(*out.shape[:-1], axis_size, k.shape[-1])
+            return jnp.moveaxis(out, -2, 0), True
+        if not (x_b or k_b):
+            return batched(x, k), False
+        xs = [x[m] if x_b else x for m in range(axis_size)]
+        ks = [k[m] if k_b else k for m in range(axis_size)]
+        return jnp.stack([batched(a, b) for a, b in zip(xs, ks)]), True
+
+    return batched
+
+
+def conv_gemm_grad(
+    x: jax.Array,
+    kernel: jax.Array,
+    strides: Sequence[int] = (1, 1),
+    padding: str | Sequence[tuple[int, int]] = "SAME",
+    precision: Any = None,
+) -> jax.Array:
+    """XLA's convolution whose kernel gradient is a GEMM over image patches.
+
+    Forward and input gradient are ``lax.conv_general_dilated`` (what cuDNN and XLA:CPU
+    run well); the kernel gradient is an ``einsum`` of the input's patches (im2col, made in
+    the backward pass from the saved input) with the output gradient. Under ``jax.vmap``
+    over members none of it is a grouped convolution (JAX's batching rule turns a
+    convolution whose input and kernel are both member-batched into one with
+    ``feature_group_count`` = members, slow on GPU and CPU): the kernel gradient becomes a
+    batched GEMM over members, a shared input (the first layer: the batch replicated over
+    members) is one wide convolution with the members' kernels stacked on the output
+    features, and member-batched inputs take one ordinary convolution per member.
+
+    Args:
+      x: ``[B, H, W, C]`` inputs.
+      kernel: ``[kh, kw, C, F]``.
+      strides: the window strides ``(sh, sw)``.
+      padding: ``"SAME"``, ``"VALID"`` or ``[(lo, hi), (lo, hi)]``.
+      precision: passed to the convolutions and the GEMM.
+
+    Returns:
+      ``[B, Ho, Wo, F]``, equal to ``lax.conv_general_dilated`` in NHWC/HWIO (values and
+      gradients, up to float rounding).
+
+    Example:
+      >>> conv_gemm_grad(jnp.ones((2, 8, 8, 1)), jnp.ones((3, 3, 1, 4)), (2, 2)).shape
+      (2, 4, 4, 4)
+    """
+    strides = tuple(int(s) for s in strides)
+    if isinstance(padding, str):
+        pads = lax.padtype_to_pads(x.shape[1:3], kernel.shape[:2], strides, padding)
+    else:
+        pads = padding
+    pads = tuple((int(lo), int(hi)) for lo, hi in pads)
+    x, kernel = _match_varying(x, kernel)
+    return _gemm_grad_conv(strides, pads, precision)(x, kernel)
+
+
 CONV_IMPLS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
     "xla": conv_xla,
     "im2col": conv_im2col,
     "canonical": conv_canonical,
+    "gemm_grad": conv_gemm_grad,
 }
 """Convolution implementations by name (``"auto"`` resolves to one of them)."""
 
@@ -214,7 +361,8 @@ def conv_general_dilated(impl: str) -> Callable[..., jax.Array]:
 
     Args:
       impl: ``"auto"`` (:func:`default_conv` of the platform, decided when the model is
-        traced), ``"xla"``, ``"im2col"`` or ``"canonical"``.
+        traced), ``"xla"``, ``"im2col"``, ``"canonical"`` or ``"gemm_grad"`` (which also
+        takes strided convolutions and any padding).
 
     Returns:
       A function with ``lax.conv_general_dilated``'s signature.
@@ -251,7 +399,10 @@ def conv_general_dilated(impl: str) -> Callable[..., jax.Array]:
             batch_group_count,
         )
         chosen = resolve_conv(impl)
-        if chosen != "xla" and preferred_element_type is None and _covered(lhs, rhs, *geometry):
+        if chosen == "gemm_grad":
+            if preferred_element_type is None and _covered(lhs, rhs, *geometry, any_stride=True):
+                return conv_gemm_grad(lhs, rhs, window_strides, padding, precision)
+        elif chosen != "xla" and preferred_element_type is None and _covered(lhs, rhs, *geometry):
             return CONV_IMPLS[chosen](lhs, rhs)
         return lax.conv_general_dilated(lhs, rhs, *geometry, precision, preferred_element_type)
 
@@ -259,16 +410,23 @@ def conv_general_dilated(impl: str) -> Callable[..., jax.Array]:
     return conv
 
 
-def _covered(lhs, rhs, strides, padding, lhs_dil, rhs_dil, dnums, groups, batch_groups) -> bool:
-    """Whether a convolution is a stride-1 SAME 2-D NHWC/HWIO one with an odd kernel."""
+def _covered(
+    lhs, rhs, strides, padding, lhs_dil, rhs_dil, dnums, groups, batch_groups, any_stride=False
+) -> bool:
+    """Whether a convolution is a stride-1 SAME 2-D NHWC/HWIO one with an odd kernel.
+
+    With ``any_stride``: any 2-D NHWC/HWIO convolution without dilation or groups.
+    """
     if lhs.ndim != 4 or rhs.ndim != 4 or groups != 1 or batch_groups != 1:
         return False
     ones = lambda v: v is None or all(int(d) == 1 for d in v)
-    if not (ones(strides) and ones(lhs_dil) and ones(rhs_dil)):
+    if not ((any_stride or ones(strides)) and ones(lhs_dil) and ones(rhs_dil)):
         return False
     want = lax.conv_dimension_numbers(lhs.shape, rhs.shape, _DN)
     if dnums is None or lax.conv_dimension_numbers(lhs.shape, rhs.shape, dnums) != want:
         return False
+    if any_stride:
+        return isinstance(padding, str) or len(padding) == 2
     kh, kw = rhs.shape[:2]
     if kh % 2 == 0 or kw % 2 == 0:
         return False

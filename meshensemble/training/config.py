@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 import textwrap
@@ -20,11 +21,13 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
 from meshensemble import data as data_lib
+from meshensemble.core.augment import AUGMENTS, make_augment
 from meshensemble.core.backends import BACKENDS
 from meshensemble.core.ensemble import STRATEGIES, Ensemble
 from meshensemble.core.mesh import parse_mesh
@@ -121,9 +124,10 @@ class TrainConfig:
     )
     conv: str = _field(
         "auto",
-        "how the CNN computes its convolutions (cnn and howto_cnn only): auto measures xla "
-        "and im2col on this device (see autotune; without it: im2col matmuls on CPU, XLA's "
-        "convolution elsewhere); see meshensemble.models.conv",
+        "how the CNN computes its convolutions (cnn and howto_cnn only): auto measures xla, "
+        "im2col and gemm_grad (XLA's convolution, kernel gradient as a GEMM) on this "
+        "device (see autotune; without it: im2col matmuls on CPU, XLA's convolution "
+        "elsewhere); see meshensemble.models.conv",
         choices=CONV_CHOICES,
     )
     autotune: bool = _field(
@@ -166,6 +170,25 @@ class TrainConfig:
         "training examples held out for calibration (stratified by class, seeded by --seed, "
         "never trained on; recorded in config.json); 0 for none",
         metavar="N",
+    )
+    augment: str = _field(
+        "none",
+        "on-device augmentation of the training images, per member and step: shift "
+        "translates by up to augment_shift pixels (zero fill; MNIST-like), crop_flip pads "
+        "by augment_shift, crops at random and mirrors half (CIFAR-like); see "
+        "meshensemble.core.augment",
+        choices=AUGMENTS,
+    )
+    augment_shift: int = _field(
+        2, "pixels of --augment: the largest translation each way (>= 0)", metavar="PX"
+    )
+    bootstrap: bool = _field(
+        False,
+        "bagging: each member trains on its own resample with replacement of the training "
+        "set (drawn once per run, a fresh order of it each epoch; implies per-member batches)",
+    )
+    label_smoothing: float = _field(
+        0.0, "label smoothing of the cross-entropy in [0, 1) (0: off; it hurts NLL)"
     )
     max_steps: int | None = _field(
         None,
@@ -280,6 +303,8 @@ class TrainConfig:
         _number("momentum", self.momentum, "in [0, 1)", lambda v: 0 <= v < 1)
         _number("weight_decay", self.weight_decay, ">= 0", lambda v: v >= 0)
         _number("warmup_epochs", self.warmup_epochs, ">= 0", lambda v: v >= 0)
+        _number("label_smoothing", self.label_smoothing, "in [0, 1)", lambda v: 0 <= v < 1)
+        make_augment(self.augment, self.augment_shift)
         _number("stop_within", self.stop_within, ">= 0 seconds (0: no cap)", lambda v: v >= 0)
         if self.mesh:
             parse_mesh(self.mesh)
@@ -439,8 +464,37 @@ def build_ensemble(cfg: TrainConfig, mesh: Mesh, num_train: int) -> Ensemble:
         member_strategy=cfg.member_strategy,
         input_transform=data_lib.normalize,
         compute_dtype=PRECISIONS[cfg.precision],
+        loss_fn=smoothed_cross_entropy(cfg.label_smoothing) if cfg.label_smoothing else None,
+        augment=make_augment(cfg.augment, cfg.augment_shift),
         shard_members=cfg.shard_members,
     )
+
+
+def smoothed_cross_entropy(smoothing: float) -> Callable[[Any, Any], Any]:
+    """The per-example cross-entropy against labels smoothed by ``smoothing``.
+
+    The target of an example of class ``y`` is ``(1 - smoothing) * one_hot(y) + smoothing /
+    classes`` (``optax.smooth_labels``).
+
+    Args:
+      smoothing: in ``[0, 1)``.
+
+    Returns:
+      ``loss_fn(logits [B, C], labels [B]) -> [B]``.
+
+    Raises:
+      ValueError: ``smoothing`` outside ``[0, 1)``.
+
+    Example:
+      >>> smoothed_cross_entropy(0.1)(jnp.zeros((2, 10)), jnp.array([1, 2]))  # [2.3026, 2.3026]
+    """
+    _number("label_smoothing", smoothing, "in [0, 1)", lambda v: 0 <= v < 1)
+    return functools.partial(_smoothed_loss, float(smoothing))
+
+
+def _smoothed_loss(smoothing: float, logits: Any, labels: Any) -> Any:
+    targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), smoothing)
+    return optax.softmax_cross_entropy(logits, targets)
 
 
 def default_mesh_shape(members: int, devices: int) -> dict[str, int]:

@@ -50,6 +50,7 @@ from meshensemble.core.mesh import (
 from meshensemble.core.sharding import state_shardings
 from meshensemble.core.state import EnsembleState
 from meshensemble.data import stream as stream_lib
+from meshensemble.training import order as order_lib
 from meshensemble.training.config import TrainConfig
 
 CHUNK_METRIC_SPECS = {
@@ -106,7 +107,7 @@ class Feeder:
         self.ens, self.cfg, self.k = ens, cfg, k
         self.steps_per_epoch = steps_per_epoch
         self.batch = cfg.batch_size
-        self.per_member = cfg.shuffle == "per-member"
+        self.per_member = cfg.shuffle == "per-member" or cfg.bootstrap
         self.order_key = order_key
         self.n = len(dataset.train_labels)
         self._order_spec = MEMBERS if self.per_member else REPLICATED
@@ -126,6 +127,7 @@ class Feeder:
                 f"{self.n}; pass a source of exactly the train split's examples (and no "
                 "--validation, which takes examples out of it)"
             )
+        self._shapes: Any = None
         self.dynamic = k > 1 and not self.streaming
         """Whether :meth:`run` calls :meth:`paced` (any ``n <= k``, one program)."""
         if self.streaming:
@@ -142,11 +144,8 @@ class Feeder:
             self.labels = put(dataset.train_labels.astype(np.int32), ens.mesh, REPLICATED)
 
     def _draw(self, epoch: jax.Array, members: int) -> jax.Array:
-        key = jax.random.fold_in(self.order_key, epoch)
-        if members:
-            keys = jax.random.split(key, members)
-            return jax.vmap(lambda kk: jax.random.permutation(kk, self.n))(keys)
-        return jax.random.permutation(key, self.n)
+        bootstrap = self.cfg.bootstrap
+        return order_lib.epoch_order(self.order_key, epoch, self.n, members, bootstrap)
 
     def order(self, epoch: int) -> jax.Array:
         """The epoch's order of the training examples; the same on any mesh.
@@ -254,14 +253,10 @@ class Feeder:
           >>> feeder.compile_ahead(lambda: ens.init(key, images[:1]))
           >>> state = ens.init(key, images[:1])   # both compile at once
         """
-        abstract = jax.eval_shape(init)  # first: a sharded state's layout is known after it
+        shapes = self._state_shapes(init)  # first: a sharded state's layout is known after it
         chunk = None if self.streaming else self.paced() if self.dynamic else self.chunk(self.k)
         if chunk is None or not hasattr(chunk, "lower") or jax.process_count() > 1:
             return False
-        placed = state_shardings(self.ens.state_spec, self.ens.mesh, abstract)
-        shapes = jax.tree.map(
-            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, placed
-        )
         width = (self.cfg.members, self.n) if self.per_member else (self.n,)
         order = jax.ShapeDtypeStruct(
             width, np.int32, sharding=NamedSharding(self.ens.mesh, self._order_spec)
@@ -272,6 +267,45 @@ class Feeder:
         self._ahead = pool.submit(lambda: chunk.lower(*args).compile())
         pool.shutdown(wait=False)
         return True
+
+    def compile_eval_ahead(
+        self, init: Callable[[], EnsembleState], images: Any, labels: Any, batch_size: int
+    ) -> bool:
+        """Starts compiling :meth:`Ensemble.evaluate`'s program in a thread, like the chunk.
+
+        The evaluation then runs the program compiled here (the same program, the same
+        results) instead of compiling at the first epoch's end.
+
+        Args:
+          init: ``() -> state``, the initialisation the run will call (only traced).
+          images: the evaluation images ``[N, ...]`` (only their shape and dtype are used).
+          labels: their labels ``[N]``.
+          batch_size: the ``batch_size`` the evaluation will be called with.
+
+        Returns:
+          Whether the compilation was started (not on ``pmap``, nor across processes).
+
+        Example:
+          >>> feeder.compile_eval_ahead(init, ds.test_images, ds.test_labels, 1000)
+        """
+        n = len(labels)
+        if n == 0 or jax.process_count() > 1:
+            return False
+        b = self.ens.eval_batch_size(batch_size, n)
+        batch = lambda a: jax.ShapeDtypeStruct((b, *np.shape(a)[1:]), np.asarray(a[:1]).dtype)
+        fn = self.ens.eval_fn()
+        mask = jax.ShapeDtypeStruct((b,), np.bool_)
+        return fn.compile_ahead(self._state_shapes(init), batch(images), batch(labels), mask)
+
+    def _state_shapes(self, init: Callable[[], EnsembleState]) -> Any:
+        """The state's shapes with the members' sharding (traced once per feeder)."""
+        if self._shapes is None:
+            abstract = jax.eval_shape(init)  # a sharded state's layout is known after it
+            placed = state_shardings(self.ens.state_spec, self.ens.mesh, abstract)
+            self._shapes = jax.tree.map(
+                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, placed
+            )
+        return self._shapes
 
     def _compiled(self, n: int) -> Callable[..., Any]:
         """The ahead-of-time chunk when it was built for ``n`` steps and compiled cleanly."""
@@ -326,7 +360,7 @@ def resolve_input(cfg: TrainConfig, num_train: int, mesh: Any) -> tuple[str, str
     Args:
       cfg: the run's config (``input``; the deprecated ``streaming`` means ``stream``).
       num_train: training examples.
-      mesh: the run's mesh (its first device is asked for its memory).
+      mesh: the run's mesh (its first device in this process is asked for its memory).
 
     Returns:
       ``(input, why)``; ``auto`` is decided by
@@ -341,5 +375,6 @@ def resolve_input(cfg: TrainConfig, num_train: int, mesh: Any) -> tuple[str, str
         return "stream", f"input: stream ({how})"
     if cfg.input == "device":
         return "device", "input: device (--input device)"
-    choice, why = stream_lib.choose_input(num_train, mesh.devices.flat[0])
+    # a device of this process (memory_stats answers only for addressable devices)
+    choice, why = stream_lib.choose_input(num_train, mesh.local_devices[0])
     return choice, f"input: {choice} (--input auto: {why})"

@@ -38,13 +38,19 @@ RUN_FIELDS = (
     "shuffle",
     "dataset",
     "validation",
+    "augment",
+    "augment_shift",
+    "bootstrap",
+    "label_smoothing",
 )
 """Config fields a resumed run must keep: they define the members, their optimizer and
-schedule, their data order and the held-out validation split. ``epochs`` counts only for
+schedule, their data order (bagging included), augmentation and loss (label smoothing) and
+the held-out validation split. ``epochs`` counts only for
 a decaying schedule (a constant rate can be extended by more epochs) and
-``warmup_epochs`` only for ``warmup_cosine``. ``input`` (``device``/``stream``) is not
-among them: both inputs train the same members from the same order, so a run may resume
-with the other one (the streamed iterator's position is restored from the checkpoint)."""
+``warmup_epochs`` only for ``warmup_cosine``, ``augment_shift`` only with ``augment``.
+``input`` (``device``/``stream``) is not among them: both inputs train the same members from
+the same order, so a run may resume with the other one (the streamed iterator's position is
+restored from the checkpoint)."""
 DATA_KEYS = ("source", "num_train", "num_test", "fingerprint", "data_file")
 """Keys of :func:`data_identity`, compared in this order."""
 FINGERPRINT_SAMPLES = 1024
@@ -59,7 +65,8 @@ def run_fields(cfg: TrainConfig) -> dict[str, Any]:
 
     Returns:
       ``{field: value}``, without ``epochs`` for a constant schedule and without
-      ``warmup_epochs`` unless the schedule is ``warmup_cosine``.
+      ``warmup_epochs`` unless the schedule is ``warmup_cosine``, without ``augment_shift``
+      when ``augment`` is ``"none"``.
 
     Example:
       >>> sorted(run_fields(TrainConfig()))[:3]
@@ -70,6 +77,8 @@ def run_fields(cfg: TrainConfig) -> dict[str, Any]:
         del out["epochs"]
     if cfg.schedule != "warmup_cosine":
         del out["warmup_epochs"]
+    if cfg.augment == "none":
+        del out["augment_shift"]
     return out
 
 

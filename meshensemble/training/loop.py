@@ -65,8 +65,9 @@ from meshensemble.training.pacing import Pacer
 from meshensemble.training.tuning import concrete, resolve_choices
 
 AHEAD_OF_TIME = True
-"""Whether a fresh run compiles its training chunk in a thread while the members'
-initialisation compiles (:meth:`~meshensemble.training.feeder.Feeder.compile_ahead`)."""
+"""Whether a fresh run compiles its training chunk and its evaluation in threads while the
+members' initialisation compiles (:meth:`~meshensemble.training.feeder.Feeder.compile_ahead`,
+:meth:`~meshensemble.training.feeder.Feeder.compile_eval_ahead`)."""
 SETTLE_EVERY = 64
 """Chunks whose losses a run keeps on device before adding the older ones on the host."""
 
@@ -399,13 +400,20 @@ def _train(
         f"strategy={ens.member_strategy}, {steps_per_epoch} steps/epoch, K={k}"
     )
     if choice.how != "given":
-        say(choice.line())
+        for line in choice.lines():
+            say(line)
 
     feeder = Feeder(ens, dataset, cfg, order_key, k, steps_per_epoch, source=source)
     say(feeder.input_why)
     if restored is None:
         if AHEAD_OF_TIME:  # the chunk compiles in a thread while the initialisation does
             feeder.compile_ahead(lambda: ens.init(init_key, sample))
+            feeder.compile_eval_ahead(
+                lambda: ens.init(init_key, sample),
+                dataset.test_images,
+                dataset.test_labels,
+                cfg.eval_batch_size,
+            )
         state, pos = ens.init(init_key, sample), LoopPosition()
     else:
         state, pos = restored[0], LoopPosition.from_json(restored[1])

@@ -2,12 +2,14 @@
 
 With ``TrainConfig.member_strategy="auto"`` (and ``conv="auto"`` for the CNN models) and
 ``autotune`` on, :func:`resolve_choices` times one training step of every candidate
-(``vmap``/``loop``, times ``xla``/``im2col`` when the convolution is also open) on the
+(``vmap``/``loop``, times ``xla``/``im2col``/``gemm_grad`` when the convolution is open) on the
 run's own device, model and batch, with :func:`meshensemble.core.autotune.choose`, and
 keeps the fastest. The choice is remembered in the choices file beside the compilation
 cache (:func:`~meshensemble.core.autotune.choices_path`), so the next run of the same
 configuration reads it instead of measuring; with the compilation cache off it is
-measured each run and not kept. A resumed run takes the choice its ``config.json``
+measured each run and not kept. When the candidates ran in fp32, the winner is also timed
+in bf16 and the run says how fast bf16 would be (:attr:`Choice.bf16_ratio`; the precision
+never changes by itself). A resumed run takes the choice its ``config.json``
 recorded (bitwise resume); ``autotune=False`` takes the platform defaults
 (:func:`~meshensemble.core.ensemble.default_strategy`,
 :func:`~meshensemble.models.conv.default_conv`); an explicit strategy or convolution is
@@ -43,7 +45,7 @@ from meshensemble.training.config import CONV_MODELS, TrainConfig, build_ensembl
 
 STRATEGY_CANDIDATES = ("vmap", "loop")
 """Member strategies measured when ``member_strategy="auto"``."""
-CONV_CANDIDATES = ("xla", "im2col")
+CONV_CANDIDATES = ("xla", "im2col", "gemm_grad")
 """Convolutions measured when ``conv="auto"`` (CNN models only)."""
 
 
@@ -53,8 +55,8 @@ class Choice:
 
     Attributes:
       member_strategy: ``"vmap"`` or ``"loop"``.
-      conv: the convolution (``"xla"``, ``"im2col"``, ``"canonical"``), or None for a
-        model without one.
+      conv: the convolution (``"xla"``, ``"im2col"``, ``"canonical"``, ``"gemm_grad"``),
+        or None for a model without one.
       how: ``"given"`` (explicit), ``"default"`` (platform default, autotune off),
         ``"recorded"`` (a resumed run's ``config.json``), ``"cached"`` (measured by an
         earlier run) or ``"measured"`` (measured now).
@@ -62,6 +64,8 @@ class Choice:
         (measured now)"``.
       ensemble: when measured now, the winner's ensemble, already initialised with the
         run's key (reusing it saves compiling the initialisation again); else None.
+      bf16_ratio: when fp32 candidates were measured (now or by the run that cached the
+        choice), the winner's bf16 step time over its fp32 step time; else None.
     """
 
     member_strategy: str
@@ -69,19 +73,25 @@ class Choice:
     how: str
     reason: str
     ensemble: Ensemble | None = dataclasses.field(default=None, repr=False)
+    bf16_ratio: float | None = None
 
     def line(self) -> str:
         """The line a run prints, e.g. ``member strategy: loop, conv: im2col (...)``."""
         conv = f", conv: {self.conv}" if self.conv is not None else ""
         return f"member strategy: {self.member_strategy}{conv} ({self.reason})"
 
+    def lines(self) -> list[str]:
+        """:meth:`line`, then the bf16 line when bf16 was measured against fp32."""
+        bf16 = [] if self.bf16_ratio is None else [autotune.bf16_line(self.bf16_ratio)]
+        return [self.line(), *bf16]
+
     def resolved(self) -> dict[str, Any]:
         """The ``config.json`` ``resolved`` entries: the choices and ``tuning``."""
-        return {
-            "member_strategy": self.member_strategy,
-            "conv": self.conv,
-            "tuning": {"how": self.how, "reason": self.reason},
-        }
+        tuning: dict[str, Any] = {"how": self.how, "reason": self.reason}
+        if self.bf16_ratio is not None:
+            tuning["bf16_ratio"] = self.bf16_ratio
+            tuning["bf16"] = autotune.bf16_line(self.bf16_ratio)
+        return {"member_strategy": self.member_strategy, "conv": self.conv, "tuning": tuning}
 
 
 def copy_state(state: EnsembleState) -> EnsembleState:
@@ -195,12 +205,16 @@ def resolve_choices(
     images, labels = dataset.train_images[: cfg.batch_size], dataset.train_labels[: cfg.batch_size]
 
     built: dict[tuple[str, str | None], Ensemble] = {}
+    stepping: dict[tuple[str, str | None], Callable[[], Any]] = {}
 
-    def make(s: str, c: str | None) -> Callable[[], Callable[[], Any]]:
+    def make(s: str, c: str | None, given: TrainConfig = cfg) -> Callable[[], Callable[[], Any]]:
         def build() -> Callable[[], Any]:
-            ens = built[s, c] = build_ensemble(concrete(cfg, s, c), mesh, len(dataset.train_labels))
+            ens = build_ensemble(concrete(given, s, c), mesh, len(dataset.train_labels))
             # its own state, from the run's key: the run's state is made after the choice
-            return step_candidate(ens, ens.init(init_key, sample), images, labels, copy=False)
+            step = step_candidate(ens, ens.init(init_key, sample), images, labels, copy=False)
+            if given is cfg:
+                built[s, c], stepping[s, c] = ens, step
+            return step
 
         return build
 
@@ -221,7 +235,12 @@ def resolve_choices(
     name, reason = autotune.choose(key, candidates, path, rounds=rounds, timer=timer)
     strategy, conv = names[name]
     how = "cached" if "cached" in reason else "measured"
-    return Choice(strategy, conv, how, reason, built.get((strategy, conv)))
+    bf16_ratio = autotune.recorded(path, key).get("bf16_ratio")
+    if cfg.precision == "fp32" and (strategy, conv) in stepping:  # measured now: bf16 too
+        bf16 = make(strategy, conv, dataclasses.replace(cfg, precision="bf16"))()
+        bf16_ratio = autotune.precision_ratio(stepping[strategy, conv], bf16, rounds, timer)
+        autotune.remember(path, key, bf16_ratio=bf16_ratio)
+    return Choice(strategy, conv, how, reason, built.get((strategy, conv)), bf16_ratio)
 
 
 def concrete(cfg: TrainConfig, strategy: str, conv: str | None) -> TrainConfig:

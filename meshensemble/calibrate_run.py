@@ -1,0 +1,190 @@
+"""Calibrating a trained ensemble: the ``--calibrate`` part of ``meshensemble evaluate``.
+
+:func:`calibrate_ensemble` fits a temperature ("pool, then calibrate") and a split-conformal
+threshold on a run's validation split and scores the test set before and after;
+:func:`calibration_line` summarises it, :func:`write_calibration_plot` draws it.
+:func:`check_calibrate` and :func:`check_split` are the one-line refusals
+:func:`meshensemble.evaluation.evaluate_run` runs before any work. The names stay importable
+from :mod:`meshensemble.evaluation`.
+
+Example:
+  >>> section, curves = calibrate_ensemble(ens, state, (xv, yv), (xt, yt), alpha=0.1)
+  >>> print(calibration_line(section))
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from meshensemble import calibration, metrics
+from meshensemble.core.distributed import fetch
+from meshensemble.training.identity import read_saved_config
+from meshensemble.training.outputs import writing
+
+TEMPERATURE_BOUNDS = (1e-3, 1e3)
+"""Range searched for T; at a bound (the NLL still falls there) ``temperature_at_bound``."""
+CALIBRATION_PLOT = "calibration.png"
+"""Reliability before / after temperature scaling and the conformal set-size histogram."""
+
+
+def check_calibrate(workdir: str, cfg: Any, alpha: float, method: str) -> None:
+    """One-line refusals before any work: no validation split, bad alpha or method."""
+    if not cfg.validation:
+        raise ValueError(
+            f"run {workdir} has no validation split to calibrate on (the test set is never "
+            "used for fitting); train with --validation N first"
+        )
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
+        raise ValueError(f"alpha={alpha!r} must lie in (0, 1), e.g. 0.1 for 90% coverage")
+    if method not in calibration.METHODS:
+        raise ValueError(f"unknown conformal method {method!r}; use {calibration.METHODS}")
+
+
+def check_split(workdir: str, split: Any) -> None:
+    """The rebuilt validation split must be the one training held out (its fingerprint)."""
+    held = ((read_saved_config(workdir) or {}).get("resolved") or {}).get("validation") or {}
+    if split is not None and held.get("fingerprint") not in (None, split.fingerprint):
+        raise ValueError(
+            f"the validation split rebuilt from this data (fingerprint {split.fingerprint}) "
+            f"is not the one run {workdir} held out ({held['fingerprint']}); evaluate with "
+            "the run's data (its --source and --data-file)"
+        )
+
+
+def stream_ensemble_logits(ens: Any, state: Any, images: Any, batch_size: int = 1000) -> Any:
+    """The ensemble's logits ``log(mean_m p^m)`` of every image, streamed on the mesh.
+
+    Per batch, ``ens.predict_members`` is pooled on device by
+    :func:`meshensemble.calibration.ensemble_logits`; only ``[b, classes]`` reaches the host.
+
+    Args:
+      ens: the :class:`meshensemble.Ensemble`; state: its state; images: ``[N, ...]``.
+      batch_size: examples per call.
+
+    Returns:
+      float32 numpy ``[N, classes]``.
+
+    Example:
+      >>> t = me.calibration.fit_temperature(stream_ensemble_logits(ens, state, xv), yv)
+    """
+    n = int(np.shape(images)[0])
+    parts = [
+        np.asarray(fetch(calibration.ensemble_logits(ens.predict_members(state, images[i:j]))))
+        for i, j in ((i, min(i + batch_size, n)) for i in range(0, n, batch_size))
+    ]
+    return np.concatenate(parts).astype(np.float32)
+
+
+def test_scores(probs: Any, labels: np.ndarray, num_bins: int) -> dict[str, float]:
+    return {
+        "accuracy": float(np.mean(np.argmax(probs, axis=-1) == labels)),
+        "nll": float(metrics.nll(probs, labels)),
+        "ece": float(metrics.ece(probs, labels, num_bins)),
+        "adaptive_ece": float(metrics.adaptive_ece(probs, labels, num_bins)),
+        "brier": float(metrics.brier(probs, labels)),
+    }
+
+
+def calibrate_ensemble(
+    ens: Any,
+    state: Any,
+    validation: tuple[Any, Any],
+    test: tuple[Any, Any],
+    alpha: float = 0.1,
+    method: str = "thr",
+    batch_size: int = 1000,
+    num_bins: int = 15,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Fits a temperature and a conformal threshold on validation data; scores the test set.
+
+    "Pool, then calibrate": ``T`` minimises the validation NLL of
+    ``softmax(log(mean_m p^m) / T)`` (:func:`meshensemble.calibration.fit_temperature`);
+    the conformal threshold ``q`` is the split-conformal quantile of the validation
+    examples' calibrated probabilities at ``alpha``; the test set is scored with the
+    uncalibrated and calibrated ensemble, and its prediction sets' size and coverage.
+
+    Args:
+      ens: the :class:`meshensemble.Ensemble`; state: its state.
+      validation: ``(images, labels)`` held out of training; test: ``(images, labels)``.
+      alpha: the miscoverage rate; method: one of :data:`meshensemble.calibration.METHODS`.
+      batch_size: examples per call; num_bins: bins of the ECE and the adaptive ECE.
+
+    Returns:
+      ``(section, curves)``: ``section`` = ``{"temperature", "num_validation",
+      "validation_nll_before", "validation_nll_after", "before", "after", "conformal"}``;
+      ``before`` / ``after``: the test ``accuracy, nll, ece, adaptive_ece, brier``;
+      ``conformal``: ``method, alpha, threshold, mean_set_size, coverage`` and
+      ``set_size_counts[k]``, test sets of size ``k``. ``curves``: reliability data.
+
+    Raises:
+      ValueError: bad alpha or method, or too few validation examples for ``alpha``.
+
+    Example:
+      >>> section, _ = calibrate_ensemble(ens, state, (xv, yv), (xt, yt), alpha=0.1)
+      >>> section["temperature"], section["conformal"]["coverage"]
+    """
+    (xv, yv), (xt, yt) = validation, test
+    yv, yt = np.asarray(yv, np.int32), np.asarray(yt, np.int32)
+    zv = stream_ensemble_logits(ens, state, xv, batch_size)
+    with warnings.catch_warnings():  # at a bound: recorded in the section instead
+        warnings.simplefilter("ignore")
+        t = calibration.fit_temperature(zv, yv, bounds=TEMPERATURE_BOUNDS)
+    pv = np.asarray(calibration.apply_temperature(zv, t))
+    q = calibration.conformal_quantile(pv, yv, alpha, method)
+    zt = stream_ensemble_logits(ens, state, xt, batch_size)
+    before = np.asarray(calibration.apply_temperature(zt, 1.0))
+    after = np.asarray(calibration.apply_temperature(zt, t))
+    sets = calibration.prediction_sets(after, q, method)
+    sizes = np.asarray(fetch(sets)).sum(axis=-1)
+    section = {
+        "temperature": float(t),
+        "temperature_at_bound": t in TEMPERATURE_BOUNDS,
+        "num_validation": int(len(yv)),
+        "validation_nll_before": float(metrics.nll(calibration.apply_temperature(zv, 1.0), yv)),
+        "validation_nll_after": float(metrics.nll(pv, yv)),
+        "before": test_scores(before, yt, num_bins),
+        "after": test_scores(after, yt, num_bins),
+        "conformal": {
+            "method": method,
+            "alpha": float(alpha),
+            "threshold": float(q),
+            "mean_set_size": calibration.set_size(sets),
+            "coverage": calibration.coverage(sets, yt),
+            "set_size_counts": np.bincount(sizes, minlength=after.shape[-1] + 1).tolist(),
+        },
+    }
+    pairs = (("before", before), ("after", after))
+    curves = {k: metrics.reliability_diagram_data(p, yt, num_bins) for k, p in pairs}
+    return section, curves
+
+
+def calibration_line(section: Mapping[str, Any]) -> str:
+    """One summary line of a ``calibration`` section; e.g. ``print(calibration_line(s))``."""
+    b, a, c = section["before"], section["after"], section["conformal"]
+    at = " (a search bound)" if section.get("temperature_at_bound") else ""
+    names = (("NLL", "nll"), ("ECE", "ece"), ("adaptive ECE", "adaptive_ece"), ("Brier", "brier"))
+    pairs = ", ".join(f"{n} {b[k]:.4f} -> {a[k]:.4f}" for n, k in names)
+    return (
+        f"calibration: T={section['temperature']:.4f}{at} on {section['num_validation']} "
+        f"validation examples; test {pairs}; conformal {c['method']} at alpha={c['alpha']:g}: "
+        f"mean set size {c['mean_set_size']:.3f}, coverage {c['coverage']:.4f}"
+    )
+
+
+def write_calibration_plot(workdir: str, section: Mapping[str, Any], curves: Any) -> None:
+    from meshensemble import plots
+
+    path = os.path.join(workdir, CALIBRATION_PLOT)
+    b, a, c = section["before"], section["after"], section["conformal"]
+    labelled = {
+        f"ensemble (ECE {b['ece']:.4f})": curves["before"],
+        f"T={section['temperature']:.3f} (ECE {a['ece']:.4f})": curves["after"],
+    }
+    title = f"{c['method']}, alpha={c['alpha']:g}"
+    with writing(path):
+        plots.calibration_summary(labelled, c["set_size_counts"], path, title)
