@@ -35,6 +35,8 @@ RATIO_KEYS = (
     "mesh_speedup",
     "bf16_over_fp32",
     "memory_over_state_activations",
+    "stream_over_device_steps_per_s",
+    "user_step_over_howto",
     "memory_over_state_activations_by_case",
 )
 

@@ -25,7 +25,8 @@ Cases (``--cases`` takes these names or the group names in brackets):
   ``user_step_over_howto`` is the library's step against the HOWTO's on the same model.
 * ``chunk_default``, ``chunk_k1``, ``chunk_k8``, ``chunk_epoch`` [chunk]: the training
   loop's on-device chunk exactly as :func:`meshensemble.training.train` builds it (data on
-  the devices, ``K`` steps per compiled call, a ``lax.scan`` when ``K > 1``); ``default``
+  the devices, ``K`` steps per compiled call: with ``K > 1`` the loop's paced program, a
+  ``fori_loop`` whose step count is an argument); ``default``
   is ``train.default_chunk_steps`` for the platform.
 * ``stream`` [stream]: the loop's streamed input (``--input stream``, one step per call,
   Grain prefetch of this process's rows; :mod:`meshensemble.bench.stream_case`), 8 steps

@@ -302,8 +302,12 @@ class Chunk(Runner):
         )
         first = jax.device_put(jnp.int32(0), replicated_sharding(ens.mesh))
         self.args = (feeder.images, feeder.labels, feeder.order(1), first)
+        # the program the loop runs: K > 1 is the paced chunk (its step count an argument)
+        program = feeder.paced() if feeder.dynamic else feeder.chunk(self.spec.k)
+        if feeder.dynamic:
+            self.args += (jax.device_put(jnp.int32(self.spec.k), replicated_sharding(ens.mesh)),)
         t = time.perf_counter()
-        self.fn = feeder.chunk(self.spec.k).lower(self.state, *self.args).compile()
+        self.fn = program.lower(self.state, *self.args).compile()
         self.set_compiled(self.fn, time.perf_counter() - t)
 
     def run(self) -> None:

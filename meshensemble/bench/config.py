@@ -433,7 +433,7 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
     for name, k, what in (
         ("chunk_default", k_default, f"train.py chunk, default K={k_default}"),
         ("chunk_k1", 1, "train.py chunk, K=1"),
-        ("chunk_k8", k8, f"train.py chunk, K={k8} (lax.scan)"),
+        ("chunk_k8", k8, f"train.py chunk, K={k8} (paced loop)"),
         ("chunk_epoch", k_epoch, f"train.py chunk, K={k_epoch} (epoch {steps_per_epoch})"),
     ):
         cases.append(Case(name, "chunk", Spec("chunk", model, k=k, **on_all), what))
