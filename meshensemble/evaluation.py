@@ -431,7 +431,9 @@ def evaluate_run(
 
     shape = _mesh_shape(mesh, cfg.members)
     device_mesh = (
-        mesh if isinstance(mesh, Mesh) else make_mesh(shape.get("ensemble"), shape.get("data", 1))
+        mesh
+        if isinstance(mesh, Mesh)
+        else make_mesh(shape.get("ensemble"), shape.get("data", 1), shape.get("model"))
     )
 
     src = source or cfg.source
@@ -549,9 +551,7 @@ def summary_table(result: Mapping[str, Any]) -> str:
         head = f"{'OOD set':<{width}} " + " ".join(f"{c:>14}" for c in cols)
         rows += [head, "-" * len(head)]
         for s in sets:
-            vals = [
-                result[f"ood_{s}_{m}_{k}"] for m in ("auroc", "aupr") for k in OOD_SCORE_KINDS
-            ]
+            vals = [result[f"ood_{s}_{m}_{k}"] for m in ("auroc", "aupr") for k in OOD_SCORE_KINDS]
             rows.append(f"{s:<{width}} " + " ".join(f"{v:>14.4f}" for v in vals))
         for s in sets:
             key = f"ood_{s}_mean_member_auroc_"

@@ -14,7 +14,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshensemble.core import ahead, inputs, sharding, statmath, stats, steps
+from meshensemble.core import ahead, inputs, sharding, stats, steps, tempering
 from meshensemble.core.adapters import as_model
 from meshensemble.core.backends import make_backend, put
 from meshensemble.core.distributed import fetch
@@ -430,11 +430,11 @@ class Ensemble:
           >>> ens.predict_members(state, images, temperature=[1.2] * 8)  # per member
           >>> ens.predict_members(state, images, logits=True)  # [8, N, 10] logits
         """
-        t = self._check_temperature(temperature)
+        t = tempering.check_temperature(temperature, self.num_members)
         out = self._predict(state, images, members=True, logits=logits)
         if t is None:
             return out
-        return _divided(out, t) if logits else _tempered(out, t)
+        return tempering.divided(out, t) if logits else tempering.tempered(out, t)
 
     def predict(self, state: EnsembleState, images: Any, temperature: Any = None) -> jax.Array:
         """The ensemble's prediction: the mean of the members' softmax, optionally calibrated.
@@ -464,26 +464,13 @@ class Ensemble:
           >>> ens.predict(state, images).argmax(-1)  # the ensemble's classes, [N]
           >>> ens.predict(state, images, temperature=1.3)  # calibrated probabilities
         """
-        t = self._check_temperature(temperature)
+        t = tempering.check_temperature(temperature, self.num_members)
         if t is None:
             return self._predict(state, images, members=False)
         if t.ndim == 0:
-            return _tempered(self._predict(state, images, members=False), t)
-        return _mean_members(_tempered(self._predict(state, images, members=True), t))
-
-    def _check_temperature(self, temperature: Any) -> np.ndarray | None:
-        """``temperature`` as float32 numpy (scalar or ``[members]``), or None; one-line errors."""
-        if temperature is None:
-            return None
-        t = np.asarray(temperature, np.float32)
-        if t.ndim not in (0, 1) or (t.ndim == 1 and t.shape[0] != self.num_members):
-            raise ValueError(
-                f"temperature of shape {t.shape} must be a scalar or [members] = "
-                f"[{self.num_members}]; give one T or one per member"
-            )
-        if not np.all(np.isfinite(t)) or not np.all(t > 0):
-            raise ValueError(f"temperature {t.tolist()} must be finite and > 0")
-        return t
+            return tempering.tempered(self._predict(state, images, members=False), t)
+        members = self._predict(state, images, members=True)
+        return tempering.mean_members(tempering.tempered(members, t))
 
     def _predict(
         self, state: EnsembleState, images: Any, members: bool, logits: bool = False
@@ -555,15 +542,7 @@ class Ensemble:
         self._check_state(state)
         inputs.check_positive_int("batch_size", batch_size)
         inputs.check_positive_int("num_bins", num_bins)
-        images, labels = inputs.as_array(images, "images"), np.asarray(labels)
-        n = int(np.shape(images)[0]) if np.ndim(images) else 0
-        if labels.shape != (n,) or n == 0:
-            raise ValueError(
-                f"images of shape {np.shape(images)} and labels of shape {labels.shape}: "
-                "give one integer label per image and at least one image"
-            )
-        if not jnp.issubdtype(labels.dtype, jnp.integer):
-            raise ValueError(f"labels have dtype {labels.dtype}; give integer class indices")
+        images, labels, n = tempering.check_eval_set(images, labels)
         self._check_label_range(state, images, labels, per_member=False)
         fn = self.eval_fn(num_bins)
         b = self.eval_batch_size(batch_size, n)
@@ -605,7 +584,7 @@ class Ensemble:
                 self.backend.build(
                     functools.partial(steps.eval_stats, self.step_config(), num_bins),
                     (self.state_spec, BATCH, BATCH, BATCH),
-                    _eval_specs(),
+                    tempering.eval_specs(),
                 )
             ),
         )
@@ -717,30 +696,3 @@ class Ensemble:
             )
         if isinstance(labels, jax.Array):
             self._checked_labels = labels  # the same placed labels again: no new check
-
-
-def _eval_specs() -> tuple[dict[str, P], dict[str, P]]:
-    """Out specs of ``steps.eval_stats``: the sums, then the per-example values."""
-    names = stats.MEMBER_STAT_KEYS + stats.ENSEMBLE_STAT_KEYS
-    sums = {k: (MEMBERS if k.startswith("member_") else REPLICATED) for k in names}
-    return sums, {k: BATCH for k in stats.EXAMPLE_STAT_KEYS}
-
-
-@jax.jit
-def _tempered(probs: jax.Array, t: jax.Array) -> jax.Array:
-    """``softmax(log max(p, eps) / T)`` over the last axis; ``T`` scalar or ``[members]``."""
-    t = t[:, None, None] if t.ndim == 1 else t
-    logits = statmath.clipped_log(probs)
-    return jax.nn.softmax(logits / t.astype(probs.dtype), axis=-1)
-
-
-@jax.jit
-def _divided(logits: jax.Array, t: jax.Array) -> jax.Array:
-    """``z / T`` with ``T`` scalar or ``[members]``."""
-    t = t[:, None, None] if t.ndim == 1 else t
-    return logits / t.astype(logits.dtype)
-
-
-@jax.jit
-def _mean_members(probs: jax.Array) -> jax.Array:
-    return jnp.mean(probs, axis=0)

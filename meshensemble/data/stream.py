@@ -398,7 +398,8 @@ def device_budget(device: jax.Device | None = None) -> tuple[int, str]:
     """Bytes one device can give the training set, and where that number comes from.
 
     Args:
-      device: default ``jax.devices()[0]``.
+      device: default ``jax.local_devices()[0]`` (a device of this process: only those
+        answer ``memory_stats``).
 
     Returns:
       ``(bytes, how)``: ``$MESHENSEMBLE_DEVICE_BUDGET``, else :data:`DEVICE_FRACTION` of
@@ -411,7 +412,7 @@ def device_budget(device: jax.Device | None = None) -> tuple[int, str]:
     env = os.environ.get("MESHENSEMBLE_DEVICE_BUDGET")
     if env:
         return int(float(env)), f"MESHENSEMBLE_DEVICE_BUDGET={env}"
-    device = device or jax.devices()[0]
+    device = device or jax.local_devices()[0]
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and stats.get("bytes_limit"):
         limit = int(stats["bytes_limit"])
