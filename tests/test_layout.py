@@ -209,3 +209,44 @@ def test_declared_dependencies_are_imported_somewhere():
         and f"from {import_name.get(d, d)}" not in text
     ]
     assert not unused, f"declared but never imported by the package: {unused}"
+
+
+def test_every_third_party_import_is_declared():
+    """Each top-level third-party module the package imports is a declared dependency.
+
+    Module-level imports must be in ``dependencies`` (a fresh ``pip install -e .`` gets
+    them); function-level imports may also come from an optional extra or a dependency's
+    own dependencies (named in ``INDIRECT``).
+    """
+    import sys
+    import tomllib
+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    dist = lambda d: d.split(">")[0].split("=")[0].split("[")[0].split("<")[0].strip().lower()
+    import_name = {"orbax-checkpoint": "orbax", "tensorflow-datasets": "tensorflow_datasets"}
+    required = {import_name.get(dist(d), dist(d)) for d in pyproject["project"]["dependencies"]}
+    optional = {
+        import_name.get(dist(d), dist(d)).replace("-cpu", "").replace("-", "_")
+        for extra in pyproject["project"]["optional-dependencies"].values()
+        for d in extra
+    }
+    INDIRECT = {"jaxlib", "absl", "etils", "array_record", "tensorboardx", "tensorboardX"}
+    stdlib = set(sys.stdlib_module_names) | {"meshensemble", "__future__"}
+    missing = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        top = set(tree.body)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                roots = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                roots = [node.module.split(".")[0]]
+            else:
+                continue
+            for root in roots:
+                if root in stdlib or root in required:
+                    continue
+                if node not in top and (root in optional or root in INDIRECT):
+                    continue
+                missing.append(f"{name}: {root}")
+    assert not missing, f"imported but not declared in pyproject's dependencies: {missing}"
