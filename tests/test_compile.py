@@ -19,7 +19,7 @@ from meshensemble import cli
 from meshensemble.cli import train as cli_train
 from meshensemble.core import autotune
 from meshensemble.core.compilation import ENV_CACHE_DIR, CompileLog
-from meshensemble.training import Feeder, TrainConfig, build_ensemble, loop, train
+from meshensemble.training import Feeder, TrainConfig, build_ensemble, loop, train, tuning
 from meshensemble.training.loop import run_keys, use_compilation_cache
 from meshensemble.training.tuning import resolve_choices, step_candidate
 
@@ -288,6 +288,15 @@ def test_the_tuner_says_whether_bf16_would_be_faster(tmp_path, monkeypatch):
 
     monkeypatch.setattr(autotune, "time_candidates", fake_times)
     lines: list[str] = []
+    own_cache = str(tmp_path / "cpu_cache")  # measures again below, in the shared cache
+    train(
+        tiny(tmp_path, "cpu", quiet=False, max_steps=2, compile_cache_dir=own_cache),
+        DATA,
+        echo=lines.append,
+    )
+    assert not any(line.startswith("bf16 would") for line in lines)  # CPU: bf16 not timed
+    monkeypatch.setattr(tuning, "BF16_PLATFORMS", ("cpu",))  # as on an accelerator
+    lines.clear()
     cfg = tiny(tmp_path, quiet=False, max_steps=2)
     result = train(cfg, DATA, echo=lines.append)
     want = (
@@ -295,8 +304,8 @@ def test_the_tuner_says_whether_bf16_would_be_faster(tmp_path, monkeypatch):
         "pass --precision bf16 to use it"
     )
     assert want in lines and result.ensemble.compute_dtype is None  # precision unchanged
-    tuning = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]["tuning"]
-    assert tuning["bf16"] == want and tuning["bf16_ratio"] == pytest.approx(0.62)
+    tuned = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]["tuning"]
+    assert tuned["bf16"] == want and tuned["bf16_ratio"] == pytest.approx(0.62)
     path = autotune.choices_path(cfg.compile_cache_dir)
     assert [r["bf16_ratio"] for r in autotune.read_choices(path).values()] == [pytest.approx(0.62)]
     monkeypatch.setattr(autotune, "time_candidates", no_measuring)  # cached: read, not timed
