@@ -659,7 +659,7 @@ def finished_run(tmp_path_factory, npz) -> Path:
 BAD = [
     (["--members", "0"], "members=0 must be a positive integer"),
     (["--members", "3", "--mesh", "ensemble=2"], "num_members=3 is not a positive multiple"),
-    (["--mesh", "ensemble=4,model=2"], "bad part 'model=2'"),
+    (["--mesh", "ensemble=4,modl=2"], "bad part 'modl=2'"),
     (["--mesh", "ensemble=16"], "needs 16 devices but only 8 exist"),
     (["--optimizer", "rmsprop"], "invalid choice: 'rmsprop'"),
     (["--batch-size", "30", "--mesh", "ensemble=2,data=4"], "batch_size=30 is not divisible"),

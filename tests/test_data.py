@@ -262,6 +262,7 @@ PUBLIC = [
     "validate",
     "ValidationSplit",
     "split_validation",
+    "stream",
 ]
 
 

@@ -211,8 +211,9 @@ def test_sigterm_in_a_whole_epoch_chunk_stops_within_seconds(tmp_path):
     assert stopped, lines
     step = int(stopped[0].split("at step ")[1].split(":")[0])
     assert f"saved checkpoint {step}" in stopped[0]
-    # the step does not depend on the machine's speed: well before the chunk's end (2000)
-    assert step <= EPOCH_STEPS // 2, (stopped, took, lines)
+    # before the chunk's end (2000), where an unpaced run could first stop (how far before
+    # depends on when the signal lands, so on the machine's speed: not asserted)
+    assert step < EPOCH_STEPS, (stopped, took, lines)
     assert took < 15, f"exited {took:.1f}s after SIGTERM"  # the bound
 
     # resumed to a few steps on, it equals a run never interrupted, bitwise
