@@ -7,6 +7,7 @@ the mesh axis ``ensemble``; batches are split over ``data``; steps run under
 
 import warnings as _warnings
 
+from meshensemble import calibrate_run as calibrate_run
 from meshensemble import calibration as calibration
 from meshensemble import core as core
 from meshensemble import data as data
@@ -70,6 +71,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "as_model",
+    "calibrate_run",
     "calibration",
     "batch_sharding",
     "checkpoint_manager",
