@@ -164,3 +164,22 @@ def assert_masks_are_independent(masks: np.ndarray, data: int, what: str) -> Non
                 assert (masks[s, i] != masks[s - 1, i]).any(), (
                     f"member {i}: step {s} drew step {s - 1}'s dropout mask"
                 )
+
+
+def small_config(workdir, **kw) -> me.TrainConfig:
+    """A run of a few seconds: 4 MLP members on (ensemble=4, data=2), 2 epochs of batch 32.
+
+    The test modules' run configs start here and override what they test (``kw``).
+    """
+    base = dict(
+        model="mlp",
+        members=4,
+        mesh="ensemble=4,data=2",
+        epochs=2,
+        batch_size=32,
+        learning_rate=0.05,
+        workdir=str(workdir),
+        quiet=True,
+        eval_batch_size=40,
+    )
+    return me.TrainConfig(**(base | kw))

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import need_devices
+from conftest import need_devices, small_config
 
 import meshensemble as me
 from meshensemble.core import augment as aug
@@ -27,20 +27,8 @@ SHIFT = aug.make_augment("shift", 2)
 
 
 def tiny(tmp_path, name="run", **kw) -> TrainConfig:
-    base = dict(
-        model="mlp",
-        members=4,
-        mesh="ensemble=2,data=4",
-        epochs=2,
-        batch_size=32,
-        learning_rate=0.05,
-        workdir=str(tmp_path / name),
-        quiet=True,
-        checkpoint=False,
-        eval_batch_size=16,
-        augment="shift",
-    )
-    return TrainConfig(**(base | kw))
+    base = dict(mesh="ensemble=2,data=4", checkpoint=False, eval_batch_size=16, augment="shift")
+    return small_config(tmp_path / name, **(base | kw))
 
 
 def params_of(result):

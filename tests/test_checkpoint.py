@@ -21,6 +21,7 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 from conftest import need_devices
+from conftest import small_config as cfg
 
 import meshensemble as me
 from meshensemble.cli import main
@@ -40,21 +41,6 @@ def npz(tmp_path_factory) -> str:
     """The synthetic set as a Keras-layout npz, so subprocesses can load it."""
     path = tmp_path_factory.mktemp("data") / "synthetic.npz"
     return me.data.save_npz(DATA, path)
-
-
-def cfg(workdir, **kw) -> me.TrainConfig:
-    base = dict(
-        model="mlp",
-        members=4,
-        mesh="ensemble=4,data=2",
-        epochs=2,
-        batch_size=32,
-        learning_rate=0.05,
-        workdir=str(workdir),
-        quiet=True,
-        eval_batch_size=40,
-    )
-    return me.TrainConfig(**(base | kw))
 
 
 def final_params(workdir, mesh=(4, 2)) -> dict:

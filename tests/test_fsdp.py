@@ -172,6 +172,7 @@ def test_predict_and_evaluate_on_a_sharded_state_equal_unsharded(name):
     plain, state = got["plain"][0], got["plain"][1]
     want = np.asarray(plain.predict(state, IMAGES[:13]))  # 13: padded over data
     want_members = np.asarray(plain.predict_members(state, IMAGES))
+    want_logits = np.asarray(plain.predict_members(state, IMAGES, logits=True))
     want_eval = plain.evaluate(state, IMAGES, LABELS, batch_size=8)
     for layout in ("fsdp", "fsdp+model"):
         ens, sharded, _ = got[layout]
@@ -179,6 +180,8 @@ def test_predict_and_evaluate_on_a_sharded_state_equal_unsharded(name):
         np.testing.assert_allclose(
             np.asarray(ens.predict_members(sharded, IMAGES)), want_members, atol=1e-5
         )
+        logits = np.asarray(ens.predict_members(sharded, IMAGES, logits=True))
+        np.testing.assert_allclose(logits, want_logits, atol=1e-4)
         result = ens.evaluate(sharded, IMAGES, LABELS, batch_size=8)
         np.testing.assert_allclose(result["nll"], want_eval["nll"], atol=1e-5)
         assert result["accuracy"] == want_eval["accuracy"]

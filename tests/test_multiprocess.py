@@ -61,6 +61,34 @@ def args(npz, workdir, mesh) -> list[str]:
     ]
 
 
+def one_process(npz, tmp_path, mesh, **kw):
+    """The reference: what ``args(npz, ..., mesh)`` trains, in this one process (8 devices)."""
+    base = dict(
+        source="npz",
+        data_file=npz,
+        model="mlp",
+        members=8,
+        mesh=mesh,
+        batch_size=32,
+        max_steps=3,
+        learning_rate=0.05,
+        eval_batch_size=40,
+        workdir=str(tmp_path / "one"),
+        quiet=True,
+    )
+    return train(TrainConfig(**(base | kw)))
+
+
+def assert_equals_one_process(workdir, one) -> None:
+    """The processes' run in ``workdir`` ended where ``one`` did: state and metrics, 1e-5."""
+    state, step = restored(workdir)
+    assert step == 3
+    chex.assert_trees_all_close(state, jax.device_get(one.state), atol=1e-5)
+    record = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
+    for key, value in one.history[-1].items():
+        np.testing.assert_allclose(record[key], value, atol=1e-5, err_msg=key)
+
+
 def restored(workdir, mesh=(8, 1)):
     ens = me.Ensemble(
         me.models.MLP(), TX, 8, me.make_mesh(*mesh), input_transform=me.data.normalize
@@ -86,27 +114,7 @@ def test_processes_train_the_same_ensemble_as_one_process(npz, tmp_path, process
         args(npz, workdir, mesh), processes, devices, timeout=240, prefix_output=False
     )
     assert code == 0
-    one = train(
-        TrainConfig(
-            source="npz",
-            data_file=npz,
-            model="mlp",
-            members=8,
-            mesh=mesh,
-            batch_size=32,
-            max_steps=3,
-            learning_rate=0.05,
-            eval_batch_size=40,
-            workdir=str(tmp_path / "one"),
-            quiet=True,
-        )
-    )
-    state, step = restored(workdir)
-    assert step == 3
-    chex.assert_trees_all_close(state, jax.device_get(one.state), atol=1e-5)
-    record = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
-    for key, value in one.history[-1].items():
-        np.testing.assert_allclose(record[key], value, atol=1e-5, err_msg=key)
+    assert_equals_one_process(workdir, one_process(npz, tmp_path, mesh))
 
 
 def start_pair(npz, workdir, *extra) -> list[subprocess.Popen]:
@@ -292,23 +300,7 @@ def test_streamed_processes_read_half_of_each_batch_and_equal_one_process(
         "read",
         lambda self, idx: one_reads.append(np.asarray(idx).reshape(-1)) or read(self, idx),
     )
-    one = train(
-        TrainConfig(
-            source="npz",
-            data_file=npz,
-            model="mlp",
-            members=8,
-            mesh=mesh,
-            batch_size=32,
-            max_steps=3,
-            learning_rate=0.05,
-            eval_batch_size=40,
-            workdir=str(tmp_path / "one"),
-            quiet=True,
-            input="stream",
-            shuffle=shuffle,
-        )
-    )
+    one = one_process(npz, tmp_path, mesh, input="stream", shuffle=shuffle)
     per_step = 32 * (8 if shuffle == "per-member" else 1)  # examples of one global batch
     reads = [
         [np.array(s.split(), int) for s in (trace / f"p{i}.txt").read_text().splitlines()]
@@ -321,9 +313,4 @@ def test_streamed_processes_read_half_of_each_batch_and_equal_one_process(
     whole = {tuple(np.sort(r)) for r in one_reads}
     pairs = {tuple(np.sort(np.concatenate([a, b]))) for a in reads[0] for b in reads[1]}
     assert len(whole & pairs) >= 3
-    state, step = restored(workdir)
-    assert step == 3
-    chex.assert_trees_all_close(state, jax.device_get(one.state), atol=1e-5)
-    record = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
-    for key, value in one.history[-1].items():
-        np.testing.assert_allclose(record[key], value, atol=1e-5, err_msg=key)
+    assert_equals_one_process(workdir, one)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import need_devices
+from conftest import need_devices, small_config
 
 import meshensemble as me
 from meshensemble.training import TrainConfig, build_ensemble, train
@@ -110,20 +110,8 @@ def test_a_paced_call_computes_the_steps_of_a_whole_chunk(tmp_path):
 
 
 def tiny(tmp_path, name, **kw) -> TrainConfig:
-    base = dict(
-        model="mlp",
-        members=4,
-        mesh="ensemble=4,data=2",
-        epochs=2,
-        batch_size=32,
-        chunk_steps=8,  # the whole epoch
-        learning_rate=0.05,
-        workdir=str(tmp_path / name),
-        quiet=True,
-        eval_batch_size=40,
-        member_strategy="vmap",
-    )
-    return TrainConfig(**(base | kw))
+    base = dict(chunk_steps=8, member_strategy="vmap")  # 8 steps: the whole epoch
+    return small_config(tmp_path / name, **(base | kw))
 
 
 def test_a_capped_run_equals_whole_chunks_bitwise(tmp_path):

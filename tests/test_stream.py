@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import optax
 import pytest
-from conftest import need_devices
+from conftest import need_devices, small_config
 
 import meshensemble as me
 from meshensemble.data import stream
@@ -28,19 +28,7 @@ TX = optax.sgd(0.05, 0.9)
 
 
 def tiny(tmp_path, name="run", **kw) -> TrainConfig:
-    base = dict(
-        model="mlp",
-        members=4,
-        mesh="ensemble=4,data=2",
-        epochs=2,
-        batch_size=32,
-        learning_rate=0.05,
-        workdir=str(tmp_path / name),
-        quiet=True,
-        checkpoint=False,
-        eval_batch_size=40,
-    )
-    return TrainConfig(**(base | kw))
+    return small_config(tmp_path / name, **({"checkpoint": False} | kw))
 
 
 # ------------------------------------------------------------------ sources

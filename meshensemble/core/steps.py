@@ -249,8 +249,28 @@ def _nll(probs: jax.Array, labels: jax.Array) -> jax.Array:
     return -jnp.log(jnp.maximum(p, jnp.finfo(probs.dtype).tiny))
 
 
+def member_logits(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> jax.Array:
+    """The logits of every local member in inference mode.
+
+    Args:
+      cfg: the static configuration.
+      state: local state, leaves ``[m, ...]`` (with FSDP, gathered over ``data`` here).
+      images: ``[b, ...]``.
+
+    Returns:
+      ``[m, b, classes]`` float32 logits.
+    """
+    x = _prepare(cfg, images)
+
+    def one(s: EnsembleState, xb: jax.Array) -> jax.Array:
+        logits, _ = _apply(cfg, gather_params(cfg, s.params), s.model_state, xb, False, s.rng)
+        return logits.astype(jnp.float32)
+
+    return map_members(one, cfg.strategy, (0, None), state, x)
+
+
 def member_probs(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> jax.Array:
-    """Softmax of every local member in inference mode.
+    """Softmax of every local member in inference mode (of :func:`member_logits`).
 
     Args:
       cfg: the static configuration.
@@ -260,33 +280,7 @@ def member_probs(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> ja
     Returns:
       ``[m, b, classes]`` float32 probabilities.
     """
-    x = _prepare(cfg, images)
-
-    def one(s: EnsembleState, xb: jax.Array) -> jax.Array:
-        logits, _ = _apply(cfg, gather_params(cfg, s.params), s.model_state, xb, False, s.rng)
-        return jax.nn.softmax(logits.astype(jnp.float32))
-
-    return map_members(one, cfg.strategy, (0, None), state, x)
-
-
-def member_logits(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> jax.Array:
-    """The logits of every local member in inference mode (as :func:`member_probs`, before
-    its softmax).
-
-    Args:
-      cfg: the static configuration.
-      state: local state, leaves ``[m, ...]``.
-      images: ``[b, ...]``.
-
-    Returns:
-      ``[m, b, classes]`` float32 logits.
-    """
-    x = _prepare(cfg, images)
-
-    def one(s: EnsembleState, xb: jax.Array) -> jax.Array:
-        return _apply(cfg, s.params, s.model_state, xb, False, s.rng)[0].astype(jnp.float32)
-
-    return map_members(one, cfg.strategy, (0, None), state, x)
+    return jax.nn.softmax(member_logits(cfg, state, images))
 
 
 def ensemble_probs(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> jax.Array:
