@@ -46,7 +46,7 @@ def tiny(tmp_path_factory):
     """Runs the tiny bench once for the module; returns (exit code, results, plot path)."""
     out = tmp_path_factory.mktemp("bench")
     path, png = out / "bench.json", out / "members.png"
-    code = main(["bench", "--tiny", "--out", str(path), "--plot", str(png)])
+    code = main(["bench", "--tiny", "--layouts", "mlp", "--out", str(path), "--plot", str(png)])
     results = json.loads(path.read_text()) if path.exists() else None
     return code, results, png
 
@@ -333,3 +333,30 @@ def test_target_accuracy_flags():
             bench.resolve(target_accuracy=bad)
     with pytest.raises(ValueError, match="--accuracy-epochs 0"):
         bench.resolve(accuracy_epochs=0)
+
+
+def test_tiny_bench_layouts_measure_each_mesh_of_the_model(tiny):
+    """``--layouts mlp`` adds the E x D x P table: FSDP rows hold a fraction of the state."""
+    _, results, _ = tiny
+    assert "layouts of mlp (5 meshes" in bench.format_table(results)
+    rows = {r["layout"]: r for r in results["layouts"]["mlp"]}
+    assert set(rows) == {"8x1x1", "2x4x1", "2x4x1 fsdp", "2x1x4", "2x2x2 fsdp"}
+    whole = rows["2x4x1"]["state_bytes"]  # 4 members whole on each device
+    assert rows["8x1x1"]["state_bytes"] * 3.5 < whole  # 1 member per device
+    assert rows["2x4x1 fsdp"]["state_bytes"] * 3.5 < whole  # 4 members over 4 data shards
+    assert all(np.isfinite(r["loss"]) and r["step_s"] > 0 for r in rows.values())
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--layouts", "foo"], "--layouts foo: unknown model foo"),
+        (["--layouts", "mlp", "--batch-size", "6"], "--batch-size 6 must be a multiple of 4"),
+    ],
+)
+def test_bench_layouts_bad_values_exit_2_with_one_line(argv, says, tmp_path, capsys):
+    path = tmp_path / "b.json"
+    assert main(["bench", "--tiny", "--cases", "howto", *argv, "--out", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0]
+    assert not path.exists()

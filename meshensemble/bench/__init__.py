@@ -109,11 +109,17 @@ from meshensemble.bench.config import (
     runs_time_to_accuracy,
 )
 from meshensemble.bench.flops import count_flops, jaxpr_flops, train_flops
-from meshensemble.bench.layouts import format_layouts, measure_layouts
+from meshensemble.bench.layouts import (
+    LAYOUT_DEVICES,
+    LAYOUT_MEMBERS,
+    format_layouts,
+    measure_layouts,
+)
 from meshensemble.bench.report import TARGETS, collect, format_table, plot_members, write_json
 from meshensemble.bench.stream_case import StreamSteps
 from meshensemble.bench.timing import loadavg, round_robin, timed
 from meshensemble.bench.workloads import Context, load_data, make_model
+from meshensemble.models.zoo import get_model
 
 RUNNERS["stream"] = StreamSteps  # here: bench/stream_case.py builds on bench/cases.py
 
@@ -169,6 +175,16 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dic
       >>> results["ratios"]["shard_map_over_pmap"]
     """
     say = say or (lambda s: print(s, file=sys.stderr, flush=True))
+    if cfg.layouts and len(jax.devices()) < LAYOUT_DEVICES:
+        raise ValueError(
+            f"--layouts needs {LAYOUT_DEVICES} devices, this process has {len(jax.devices())}; "
+            f"pass --fake-devices {LAYOUT_DEVICES} on CPU"
+        )
+    if cfg.layouts and cfg.batch_size % 4:
+        raise ValueError(
+            f"--layouts splits the batch over data=4: --batch-size {cfg.batch_size} must be a "
+            "multiple of 4"
+        )
     t_start = time.perf_counter()
     load_start = loadavg()
     dataset = load_data(cfg, say)
@@ -212,6 +228,13 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dic
         lambda rep, n: say(f"  round {rep}/{n} done at {time.perf_counter() - t_start:6.1f}s"),
     )
     results = collect(cfg, ctx, cases, runners, owner, tta)
+    if cfg.layouts:  # the same 8-member ensemble on E x D x P meshes (bench/layouts.py)
+        results["layouts"] = {}
+        for name in cfg.layouts:
+            say(f"  layouts of {name} at {time.perf_counter() - t_start:6.1f}s")
+            results["layouts"][name] = measure_layouts(
+                get_model(name), members=LAYOUT_MEMBERS, batch_size=cfg.batch_size
+            )
     results["meta"]["wall_s"] = time.perf_counter() - t_start
     results["meta"]["loadavg_start"], results["meta"]["loadavg_end"] = load_start, loadavg()
     return results

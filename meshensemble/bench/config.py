@@ -15,6 +15,7 @@ from typing import Any
 
 from meshensemble.core.ensemble import default_strategy
 from meshensemble.models.conv import default_conv
+from meshensemble.models.zoo import REGISTRY
 from meshensemble.training import default_chunk_steps, default_mesh_shape
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -134,6 +135,15 @@ class BenchConfig:
             "CPU; tiny 256)"
         ),
     )
+    layouts: tuple[str, ...] = dataclasses.field(
+        default=(),
+        metadata=_flag(
+            "comma list of zoo models (e.g. cnn,vit) whose 8-member ensemble is also measured "
+            "on E x D x P layouts: state bytes per device, compile and step time (8 devices; "
+            "default none)",
+            metavar="MODELS",
+        ),
+    )
     members_per_device: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     seed: int = dataclasses.field(
         default=0, metadata=_flag("seed of initialisation and batch order (default 0)")
@@ -235,6 +245,8 @@ def resolve(tiny: bool = False, **given: Any) -> BenchConfig:
         raise ValueError(f"--model {values['model']}: choose from {', '.join(MODELS)}")
     if values.get("cases"):  # empty: all cases
         values["cases"] = _cases(values["cases"])
+    if values.get("layouts"):
+        values["layouts"] = _layout_models(values["layouts"])
     return BenchConfig(tiny=tiny, **values)
 
 
@@ -251,6 +263,18 @@ def _cases(cases: str | Sequence[str]) -> tuple[str, ...]:
         raise ValueError(
             f"--cases {text}: unknown {', '.join(unknown) or 'empty list'}; choose from the "
             f"groups {', '.join(GROUPS)} or their cases {', '.join(known_cases())}"
+        )
+    return names
+
+
+def _layout_models(models: str | Sequence[str]) -> tuple[str, ...]:
+    text = models if isinstance(models, str) else ",".join(models)
+    names = tuple(m.strip() for m in text.split(",") if m.strip())
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown or not names:
+        raise ValueError(
+            f"--layouts {text}: unknown model {', '.join(unknown) or '(empty list)'}; choose "
+            f"from {', '.join(REGISTRY)}"
         )
     return names
 

@@ -45,6 +45,12 @@ LAYOUTS: tuple[Layout, ...] = (
 members whole on every device of a group (8x1, 2x4), FSDP over ``data`` (2x4 fsdp),
 tensor parallelism only (2x1x4) and both (2x2x2 fsdp)."""
 
+LAYOUT_MEMBERS = 8
+"""Members of the ensemble ``meshensemble bench --layouts`` measures (``ensemble`` divides it)."""
+
+LAYOUT_DEVICES = max(e * d * p for e, d, p, _ in LAYOUTS)
+"""Devices the default layouts need."""
+
 
 def layout_name(layout: Layout) -> str:
     """A short name such as ``"2x2x2 fsdp"``.

@@ -24,6 +24,7 @@ from meshensemble import plots
 from meshensemble.bench.accuracy import describe
 from meshensemble.bench.cases import Runner
 from meshensemble.bench.config import BenchConfig, Case, Spec
+from meshensemble.bench.layouts import format_layouts
 from meshensemble.bench.timing import stats
 from meshensemble.bench.workloads import Context
 
@@ -451,6 +452,9 @@ def format_table(results: dict[str, Any]) -> str:
         v = tgt["value"]
         value = "-" if v is None else str(v) if isinstance(v, int) else f"{v:.3f}"
         lines.append(f"target {name} {tgt['target']}: {value} {met}")
+    for name, rows in results.get("layouts", {}).items():
+        lines += ["", f"layouts of {name} ({len(rows)} meshes, the same 8-member ensemble):"]
+        lines.append(format_layouts(rows))
     return "\n".join(lines)
 
 

@@ -26,9 +26,7 @@ def compute_dtype(value: Any) -> Any:
     except TypeError:
         dtype = None
     if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(
-            f"compute_dtype={value!r} is not a floating dtype; use 'bfloat16' or None"
-        )
+        raise ValueError(f"compute_dtype={value!r} is not a floating dtype; use 'bfloat16' or None")
     if dtype == jnp.float16:
         raise ValueError(
             "compute_dtype=float16 needs loss scaling (its gradients underflow), which "
@@ -107,9 +105,7 @@ def check_batch(images: Any, labels: Any, num_members: int, data_size: int) -> b
             f"({data_size}); use a batch size divisible by {data_size}"
         )
     if not jnp.issubdtype(np.result_type(labels), jnp.integer):
-        raise ValueError(
-            f"labels have dtype {np.result_type(labels)}; give integer class indices"
-        )
+        raise ValueError(f"labels have dtype {np.result_type(labels)}; give integer class indices")
     return per_member
 
 
