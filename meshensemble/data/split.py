@@ -129,7 +129,8 @@ def split_validation(
 
     Returns:
       A :class:`ValidationSplit` (``count == 0`` gives the dataset itself and empty
-      arrays).
+      arrays). A lazy train split (:mod:`meshensemble.data.lazy`) gives a lazy train split
+      and in-memory held-out arrays.
 
     Raises:
       ValueError: ``count`` is negative, not an integer, or leaves fewer training
@@ -164,9 +165,10 @@ def split_validation(
     indices = np.sort(np.concatenate(picked).astype(np.int64))
     keep = np.ones(n, bool)
     keep[indices] = False
+    images = dataset.train_images  # a lazy split stays lazy (an index-remapped view)
     train = dataclasses.replace(
         dataset,
-        train_images=dataset.train_images[keep],
+        train_images=images.subset(keep) if getattr(images, "lazy", False) else images[keep],
         train_labels=labels[keep],
     )
     return ValidationSplit(

@@ -240,6 +240,8 @@ def as_source(data: Any) -> Any:
     if hasattr(data, "read") and hasattr(data, "__len__"):
         return data
     if hasattr(data, "train_images"):
+        if getattr(data.train_images, "lazy", False):  # read from its source, not as arrays
+            return data.train_images.source
         return ArraySource(data.train_images, data.train_labels)
     if isinstance(data, tuple) and len(data) == 2:
         return ArraySource(*data)

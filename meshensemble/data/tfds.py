@@ -128,6 +128,31 @@ def load_tfds(
     return Dataset(name, *train, *test, source="tfds", note=note)
 
 
+def open_data_sources(
+    name: str, data_dir: str | os.PathLike[str] | None = None
+) -> tuple[Any, Sequence[Any]]:
+    """TFDS's prepared data sources of a dataset's splits, without reading or downloading.
+
+    Args:
+      name: one of :data:`DATASETS`.
+      data_dir: TFDS's data directory (default ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
+
+    Returns:
+      ``(tfds, [train, test])``: the ``tensorflow_datasets`` module and the two
+      ``tfds.data_source`` splits (random access, records ``{"image", "label"}``).
+
+    Raises:
+      DataError: TFDS is missing, the data is not prepared (ArrayRecord format), or TFDS
+        fails (:class:`NotPreparedError` when not prepared).
+
+    Example:
+      >>> tfds, (train, test) = open_data_sources("mnist")  # doctest: +SKIP
+    """
+    check_name(name)
+    tfds = _import_tfds(name)
+    return tfds, _tfds_open(tfds, name, data_dir, download=False)
+
+
 def _import_tfds(name: str) -> Any:
     """Imports ``tensorflow_datasets`` or raises a DataError naming the fix."""
     try:

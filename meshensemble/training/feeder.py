@@ -118,7 +118,8 @@ class Feeder:
         )
         self._epoch: tuple[int, jax.Array] | None = None
         self._ahead: concurrent.futures.Future | None = None
-        self.input, self.input_why = resolve_input(cfg, self.n, ens.mesh)
+        lazy = data_lib.is_lazy(dataset) and source is None
+        self.input, self.input_why = resolve_input(cfg, self.n, ens.mesh, lazy)
         self.streaming = self.input == "stream"
         self.stream = None
         if source is not None and len(source) != self.n:
@@ -354,13 +355,41 @@ class Feeder:
         return state, jax.tree.map(lambda v: v[None], metrics)
 
 
-def resolve_input(cfg: TrainConfig, num_train: int, mesh: Any) -> tuple[str, str]:
+def check_lazy_input(cfg: TrainConfig, dataset: data_lib.Dataset) -> None:
+    """Refuses ``--input device`` for a lazy train split (:func:`meshensemble.data.is_lazy`).
+
+    Such a split (``--source arrayrecord``, ``--source tfds --input stream``) is meant to
+    stay in its files; the on-device input would load it whole on every host.
+
+    Args:
+      cfg: the run's config (``input``).
+      dataset: the run's data.
+
+    Raises:
+      meshensemble.data.DataError: one line naming the fix (``--input stream`` or ``auto``).
+
+    Example:
+      >>> check_lazy_input(me.TrainConfig(input="auto"), dataset)
+    """
+    if data_lib.is_lazy(dataset) and cfg.input == "device" and not cfg.streaming:
+        raise data_lib.DataError(
+            f"--input device would load all {len(dataset.train_labels):,} training images of "
+            f"the lazily read {dataset.source} data on every device; use --input stream (or "
+            "auto), or --source npz for data that fits"
+        )
+
+
+def resolve_input(
+    cfg: TrainConfig, num_train: int, mesh: Any, lazy: bool = False
+) -> tuple[str, str]:
     """Which input a run uses, ``"device"`` or ``"stream"``, and one line saying why.
 
     Args:
       cfg: the run's config (``input``; the deprecated ``streaming`` means ``stream``).
       num_train: training examples.
       mesh: the run's mesh (its first device in this process is asked for its memory).
+      lazy: the train split is read lazily (:func:`meshensemble.data.is_lazy`): ``auto``
+        then streams.
 
     Returns:
       ``(input, why)``; ``auto`` is decided by
@@ -375,6 +404,8 @@ def resolve_input(cfg: TrainConfig, num_train: int, mesh: Any) -> tuple[str, str
         return "stream", f"input: stream ({how})"
     if cfg.input == "device":
         return "device", "input: device (--input device)"
+    if lazy:
+        return "stream", "input: stream (--input auto: the train split is read from its files)"
     # a device of this process (memory_stats answers only for addressable devices)
     choice, why = stream_lib.choose_input(num_train, mesh.local_devices[0])
     return choice, f"input: {choice} (--input auto: {why})"

@@ -44,7 +44,7 @@ from meshensemble.training.config import (
     default_chunk_steps,
     default_mesh_shape,
 )
-from meshensemble.training.feeder import Feeder
+from meshensemble.training.feeder import Feeder, check_lazy_input
 from meshensemble.training.guards import NonFiniteGuard, StopSignal
 from meshensemble.training.identity import (
     agree_data,
@@ -318,9 +318,11 @@ def _train(
     check_writable(cfg.workdir)  # before any work
     saved = _saved_run(cfg)
     if dataset is None:
+        streamed = cfg.input == "stream" or cfg.streaming  # tfds then opens a lazy train split
         dataset = data_lib.load_dataset(
-            cfg.dataset, cfg.source, cfg.data_file, cfg.data_dir, log=say
+            cfg.dataset, cfg.source, cfg.data_file, cfg.data_dir, log=say, stream=streamed
         )
+    check_lazy_input(cfg, dataset)  # a lazy train split never goes to the devices whole
     identity = data_identity(dataset, cfg.data_file)
     agree_data(identity, dataset.note)  # every process the same data, or all stop
     if saved is not None:

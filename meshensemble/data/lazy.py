@@ -1,0 +1,363 @@
+"""A training split that stays in its files: read a batch at a time, never loaded whole.
+
+For ``meshensemble train --input stream`` on data that does not fit in a host's memory,
+a :class:`Dataset`'s ``train_images`` may be a :class:`SourceImages`: it looks like the
+uint8 ``[N, 28, 28, 1]`` array (``len``, ``shape``, ``dtype``, ``ndim``, indexing with an
+int, a slice or an int array) but reads each example through a random-access source
+(:mod:`meshensemble.data.stream`) only when indexed, and ``np.asarray`` of it raises a
+:class:`DataError` (a whole load is a bug). The labels stay a real int32 array (4 bytes
+an example) and the test split is read whole (10,000 examples for MNIST).
+
+Files for pods (shared storage every host reads): :func:`write_array_record_dataset`
+writes ``train.array_record`` (or shards ``train.array_record-0000i-of-0000n``),
+``test.array_record`` and ``labels.npz`` (the labels of both splits, so they need not be
+read record by record); :func:`load_array_record_dataset` opens them (``--source
+arrayrecord --data-dir DIR``). :func:`load_tfds_stream` opens TFDS's prepared data the same
+way (``--source tfds --input stream``).
+
+Example:
+  >>> write_array_record_dataset("/data/mnist_ar", me.data.load_npz("mnist.npz"), shards=4)
+  >>> ds = load_array_record_dataset("/data/mnist_ar")
+  >>> ds.train_images[:2].shape, is_lazy(ds)
+  ((2, 28, 28, 1), True)
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+import numpy as np
+
+from meshensemble.data import tfds as tfds_lib
+from meshensemble.data.dataset import (
+    FULL_SIZES,
+    IMAGE_SHAPE,
+    PRETTY_NAMES,
+    DataError,
+    Dataset,
+    check_name,
+    first_line,
+    split_counts,
+)
+from meshensemble.data.stream import ArrayRecordSource, TfdsSource, write_array_record
+
+LABELS_FILE = "labels.npz"
+"""The labels file of :func:`write_array_record_dataset` (``train_labels``, ``test_labels``)."""
+TRAIN_FILE = "train.array_record"
+"""The train split's ArrayRecord file (or the stem of its shards)."""
+TEST_FILE = "test.array_record"
+"""The test split's ArrayRecord file."""
+CONVERT_FIX = "write it with: meshensemble convert --data-file mnist.npz --out DIR"
+"""How the messages about missing or malformed ArrayRecord datasets say to make one."""
+
+
+class IndexedSource:
+    """A source's examples at ``indices``, in that order (an index-remapped view).
+
+    Args:
+      source: a random-access source (``len`` and ``read(indices)``).
+      indices: int ``[M]`` positions in ``source``.
+
+    Example:
+      >>> view = IndexedSource(src, np.array([5, 2, 9]))
+      >>> view.read(np.array([0]))[1]   # src's label of example 5
+    """
+
+    def __init__(self, source: Any, indices: np.ndarray):
+        self.source, self.indices = source, np.asarray(indices, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        x, y = self.read(np.asarray([i]))
+        return x[0], int(y[0])
+
+    def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The examples at ``indices`` of this view (any shape ``S``).
+
+        Args:
+          indices: int ``S``.
+
+        Returns:
+          ``(images, labels)``: uint8 ``S + [28, 28, 1]`` and int32 ``S``.
+        """
+        return self.source.read(self.indices[np.asarray(indices)])
+
+
+class SourceImages:
+    """The train images of a source, array-like, read only where indexed.
+
+    ``len``, ``shape`` (``(N, 28, 28, 1)``), ``dtype`` (uint8) and ``ndim`` as the array
+    would have them; ``x[i]``, ``x[a:b:c]`` and ``x[int_array]`` read those examples
+    through ``source.read`` and return numpy arrays; :meth:`subset` gives a lazy view.
+
+    Args:
+      source: a random-access source (``len`` and ``read(indices) -> (images, labels)``).
+
+    Raises:
+      DataError: from ``np.asarray(x)``: a whole load of the split is refused.
+
+    Example:
+      >>> x = SourceImages(ArrayRecordSource("/data/train.array_record"))
+      >>> x[:4].shape, len(x)
+      ((4, 28, 28, 1), 60000)
+    """
+
+    lazy = True
+    """Marks a lazily read split (:func:`is_lazy`)."""
+    dtype = np.dtype(np.uint8)
+    ndim = 4
+
+    def __init__(self, source: Any):
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(N, 28, 28, 1)``."""
+        return (len(self.source), *IMAGE_SHAPE)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        rest: tuple[Any, ...] = ()
+        if isinstance(key, tuple):
+            key, rest = key[0], key[1:]
+        n = len(self)
+        if isinstance(key, slice):
+            rows = np.arange(*key.indices(n))
+        elif isinstance(key, int | np.integer):
+            if not -n <= key < n:
+                raise IndexError(f"index {key} is out of bounds for {n} training examples")
+            return self[np.asarray([key])][0][rest]
+        else:
+            rows = np.asarray(key)
+            if rows.dtype == np.bool_:
+                rows = np.flatnonzero(rows)
+            if rows.size and (rows.min() < -n or rows.max() >= n):
+                raise IndexError(f"indices outside 0..{n - 1} of the training examples")
+            rows = np.where(rows < 0, rows + n, rows)
+        if rows.size == 0:
+            return np.zeros((*rows.shape, *IMAGE_SHAPE), np.uint8)[(slice(None), *rest)]
+        images = np.asarray(self.source.read(rows.astype(np.int64))[0], np.uint8)
+        return images[(slice(None),) * rows.ndim + rest] if rest else images
+
+    def subset(self, indices: np.ndarray) -> SourceImages:
+        """A lazy view of the examples at ``indices`` (e.g. what a validation split leaves).
+
+        Args:
+          indices: int ``[M]`` positions, or a boolean mask ``[N]``.
+
+        Returns:
+          A :class:`SourceImages` of ``M`` examples over an :class:`IndexedSource`.
+        """
+        indices = np.asarray(indices)
+        if indices.dtype == np.bool_:
+            indices = np.flatnonzero(indices)
+        return SourceImages(IndexedSource(self.source, indices))
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        raise DataError(
+            f"np.asarray of the lazy training images would load all {len(self):,} training "
+            "images; this dataset streams: use --input stream (input='stream')"
+        )
+
+    def __repr__(self) -> str:
+        return f"SourceImages({type(self.source).__name__}, shape={self.shape})"
+
+
+def is_lazy(data: Any) -> bool:
+    """Whether a :class:`Dataset` (or its ``train_images``) is read lazily from a source.
+
+    Args:
+      data: a Dataset or an images array.
+
+    Returns:
+      True for a :class:`SourceImages` train split.
+
+    Example:
+      >>> is_lazy(me.data.synthetic(20, 10))
+      False
+    """
+    images = getattr(data, "train_images", data)
+    return bool(getattr(images, "lazy", False))
+
+
+def write_array_record_dataset(
+    directory: str | os.PathLike, dataset: Dataset, shards: int = 1
+) -> list[str]:
+    """Writes a dataset as ArrayRecord files plus a labels file, for pods.
+
+    Writes ``train.array_record`` (``shards == 1``) or ``train.array_record-0000i-of-0000n``,
+    ``test.array_record`` and ``labels.npz`` (``train_labels``, ``test_labels``) in
+    ``directory`` (created if needed); :func:`load_array_record_dataset` reads them.
+
+    Args:
+      directory: the folder to write (on storage every host can read).
+      dataset: an in-memory :class:`Dataset`.
+      shards: how many train files (consecutive runs of examples).
+
+    Returns:
+      The paths written: the train files, the test file, the labels file.
+
+    Raises:
+      DataError: ``shards`` below 1, or a lazy dataset (write from arrays).
+
+    Example:
+      >>> write_array_record_dataset("/data/mnist_ar", me.data.load_npz("mnist.npz"), shards=4)
+      ['/data/mnist_ar/train.array_record-00000-of-00004', ..., '/data/mnist_ar/labels.npz']
+    """
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise DataError(f"write_array_record_dataset: shards={shards!r}; pass an integer >= 1")
+    if is_lazy(dataset):
+        raise DataError("write_array_record_dataset: the dataset is lazy; write from arrays")
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    train = write_array_record(
+        os.path.join(directory, TRAIN_FILE), dataset.train_images, dataset.train_labels, shards
+    )
+    test = write_array_record(
+        os.path.join(directory, TEST_FILE), dataset.test_images, dataset.test_labels
+    )
+    labels = os.path.join(directory, LABELS_FILE)
+    np.savez(
+        labels, train_labels=dataset.train_labels, test_labels=dataset.test_labels,
+        name=np.asarray(dataset.name),
+    )
+    return [*train, *test, labels]
+
+
+def _train_files(directory: str) -> list[str]:
+    single = os.path.join(directory, TRAIN_FILE)
+    if os.path.isfile(single):
+        return [single]
+    return sorted(glob.glob(glob.escape(single) + "-*-of-*"))
+
+
+def load_array_record_dataset(directory: str | os.PathLike, name: str = "mnist") -> Dataset:
+    """Opens a dataset of :func:`write_array_record_dataset`: lazy train, in-memory test.
+
+    The train images stay in their files (:class:`SourceImages` over an
+    :class:`~meshensemble.data.stream.ArrayRecordSource`); the labels come from
+    ``labels.npz``; the test split is read whole.
+
+    Args:
+      directory: the folder holding the files.
+      name: the dataset's name (one of :data:`~meshensemble.data.DATASETS`).
+
+    Returns:
+      A :class:`Dataset` with ``source="arrayrecord"`` and a lazy train split.
+
+    Raises:
+      DataError: (one line naming the directory and the fix) the directory or a file is
+        missing, ``labels.npz`` is malformed, or the files disagree with the labels.
+
+    Example:
+      >>> ds = load_array_record_dataset("/data/mnist_ar")
+      >>> ds.num_train, is_lazy(ds)
+      (60000, True)
+    """
+    check_name(name)
+    directory = os.fspath(directory)
+    where = f"ArrayRecord dataset {directory}"
+    if not os.path.isdir(directory):
+        raise DataError(f"{where}: no such directory; {CONVERT_FIX}")
+    train_files = _train_files(directory)
+    test_file, labels_file = (os.path.join(directory, f) for f in (TEST_FILE, LABELS_FILE))
+    missing = [f for f, ok in ((TRAIN_FILE, train_files), (TEST_FILE, os.path.isfile(test_file)),
+                               (LABELS_FILE, os.path.isfile(labels_file))) if not ok]
+    if missing:
+        raise DataError(f"{where}: missing {', '.join(missing)}; {CONVERT_FIX}")
+    try:
+        with np.load(labels_file, allow_pickle=False) as f:
+            train_labels, test_labels = np.asarray(f["train_labels"]), np.asarray(f["test_labels"])
+    except Exception as e:
+        raise DataError(
+            f"{where}: {LABELS_FILE} is not readable with train_labels and test_labels "
+            f"({type(e).__name__}: {first_line(e)}); {CONVERT_FIX}"
+        ) from e
+    train_source = ArrayRecordSource(train_files)
+    test_source = ArrayRecordSource(test_file)
+    for split, labels, src in (("train", train_labels, train_source),
+                               ("test", test_labels, test_source)):
+        if labels.ndim != 1 or len(labels) != len(src):
+            raise DataError(
+                f"{where}: {LABELS_FILE} has {split}_labels of shape {labels.shape} but the "
+                f"{split} files hold {len(src)} records; {CONVERT_FIX}"
+            )
+    test_images, file_test_labels = test_source.read(np.arange(len(test_source)))
+    if not np.array_equal(file_test_labels, test_labels):
+        raise DataError(f"{where}: {LABELS_FILE} disagrees with {TEST_FILE}; {CONVERT_FIX}")
+    full = "full " if (len(train_labels), len(test_labels)) == FULL_SIZES else ""
+    note = (
+        f"{full}{PRETTY_NAMES[name]} from ArrayRecord files in {directory} "
+        f"({split_counts(train_labels, test_labels)}; train split read lazily)"
+    )
+    return Dataset(
+        name, SourceImages(train_source), train_labels, test_images, test_labels,
+        source="arrayrecord", note=note,
+    )
+
+
+def load_tfds_stream(name: str, data_dir: str | os.PathLike | None = None) -> Dataset:
+    """Opens TFDS's prepared data with a lazy train split (``tfds.data_source``).
+
+    The train images are read through a :class:`~meshensemble.data.stream.TfdsSource` when
+    a batch needs them; the labels are read once (records decoded without their images where
+    TFDS allows it); the test split is read whole. Nothing is downloaded: prepare the data
+    first (e.g. one run with ``--source tfds``).
+
+    Args:
+      name: one of :data:`~meshensemble.data.DATASETS`.
+      data_dir: TFDS's data directory (default ``$TFDS_DATA_DIR`` or
+        ``~/tensorflow_datasets``).
+
+    Returns:
+      A :class:`Dataset` with ``source="tfds"`` and a lazy train split.
+
+    Raises:
+      DataError: the data is not prepared (ArrayRecord format), or TFDS fails.
+
+    Example:
+      >>> ds = load_tfds_stream("mnist")  # doctest: +SKIP
+    """
+    check_name(name)
+    tfds, (train, test) = tfds_lib.open_data_sources(name, data_dir)
+    where = f"TFDS {name} in {data_dir or 'the default data_dir'}"
+    try:
+        labels = _tfds_labels(tfds, name, data_dir, train)
+    except Exception as e:
+        raise DataError(f"{where}: reading the train labels failed ({first_line(e)})") from e
+    test_images, test_labels = TfdsSource(test).read(np.arange(len(test)))
+    note = (
+        f"{PRETTY_NAMES[name]} from TFDS ({split_counts(labels, test_labels)}; "
+        "train split read lazily)"
+    )
+    return Dataset(
+        name, SourceImages(TfdsSource(train)), labels, test_images, test_labels,
+        source="tfds", note=note,
+    )
+
+
+def _tfds_labels(tfds: Any, name: str, data_dir: Any, train: Any, chunk: int = 1000) -> Any:
+    """All train labels, from records whose images are left undecoded where possible."""
+    try:
+        records = tfds.data_source(
+            name, split="train", data_dir=_expand(data_dir),
+            decoders={"image": tfds.decode.SkipDecoding()},
+        )
+        len(records)
+    except Exception:  # e.g. a mock without decoders: read the decoded records
+        records = train
+    out = []
+    for start in range(0, len(records), chunk):
+        idx = list(range(start, min(start + chunk, len(records))))
+        out.extend(int(records[i]["label"]) for i in idx)
+    return np.asarray(out, np.int32)
+
+
+def _expand(data_dir: Any) -> str | None:
+    return os.path.expanduser(os.fspath(data_dir)) if data_dir is not None else None
