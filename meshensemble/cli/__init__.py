@@ -1,9 +1,10 @@
-"""The ``meshensemble`` command line: ``train``, ``evaluate`` and ``bench``.
+"""The ``meshensemble`` command line: ``train``, ``evaluate``, ``bench`` and ``convert``.
 
 Nothing in the package imports this room; it imports the others. Modules:
 :mod:`~meshensemble.cli.common` (one-line errors, devices, processes),
 :mod:`~meshensemble.cli.train`, :mod:`~meshensemble.cli.evaluate` and
-:mod:`~meshensemble.cli.bench`, each with ``add_parser(sub)``.
+:mod:`~meshensemble.cli.bench` and :mod:`~meshensemble.cli.convert` (npz to ArrayRecord
+files), each with ``add_parser(sub)``.
 
 Every bad value gets one line on stderr naming it and the fix, and exit code 2, before
 anything is written to the workdir; a run that fails gets one line and exit code 1.
@@ -23,7 +24,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from meshensemble.cli import bench, evaluate, train
+from meshensemble.cli import bench, convert, evaluate, train
 from meshensemble.cli.common import (
     Parser,
     UsageError,
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_parser(sub)
     evaluate.add_parser(sub)
     bench.add_parser(sub)
+    convert.add_parser(sub)
     for p in sub.choices.values():
         add_debug_flag(p)
     return parser

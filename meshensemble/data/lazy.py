@@ -224,7 +224,9 @@ def write_array_record_dataset(
     )
     labels = os.path.join(directory, LABELS_FILE)
     np.savez(
-        labels, train_labels=dataset.train_labels, test_labels=dataset.test_labels,
+        labels,
+        train_labels=dataset.train_labels,
+        test_labels=dataset.test_labels,
         name=np.asarray(dataset.name),
     )
     return [*train, *test, labels]
@@ -267,8 +269,15 @@ def load_array_record_dataset(directory: str | os.PathLike, name: str = "mnist")
         raise DataError(f"{where}: no such directory; {CONVERT_FIX}")
     train_files = _train_files(directory)
     test_file, labels_file = (os.path.join(directory, f) for f in (TEST_FILE, LABELS_FILE))
-    missing = [f for f, ok in ((TRAIN_FILE, train_files), (TEST_FILE, os.path.isfile(test_file)),
-                               (LABELS_FILE, os.path.isfile(labels_file))) if not ok]
+    missing = [
+        f
+        for f, ok in (
+            (TRAIN_FILE, train_files),
+            (TEST_FILE, os.path.isfile(test_file)),
+            (LABELS_FILE, os.path.isfile(labels_file)),
+        )
+        if not ok
+    ]
     if missing:
         raise DataError(f"{where}: missing {', '.join(missing)}; {CONVERT_FIX}")
     try:
@@ -281,8 +290,10 @@ def load_array_record_dataset(directory: str | os.PathLike, name: str = "mnist")
         ) from e
     train_source = ArrayRecordSource(train_files)
     test_source = ArrayRecordSource(test_file)
-    for split, labels, src in (("train", train_labels, train_source),
-                               ("test", test_labels, test_source)):
+    for split, labels, src in (
+        ("train", train_labels, train_source),
+        ("test", test_labels, test_source),
+    ):
         if labels.ndim != 1 or len(labels) != len(src):
             raise DataError(
                 f"{where}: {LABELS_FILE} has {split}_labels of shape {labels.shape} but the "
@@ -297,8 +308,13 @@ def load_array_record_dataset(directory: str | os.PathLike, name: str = "mnist")
         f"({split_counts(train_labels, test_labels)}; train split read lazily)"
     )
     return Dataset(
-        name, SourceImages(train_source), train_labels, test_images, test_labels,
-        source="arrayrecord", note=note,
+        name,
+        SourceImages(train_source),
+        train_labels,
+        test_images,
+        test_labels,
+        source="arrayrecord",
+        note=note,
     )
 
 
@@ -337,8 +353,13 @@ def load_tfds_stream(name: str, data_dir: str | os.PathLike | None = None) -> Da
         "train split read lazily)"
     )
     return Dataset(
-        name, SourceImages(TfdsSource(train)), labels, test_images, test_labels,
-        source="tfds", note=note,
+        name,
+        SourceImages(TfdsSource(train)),
+        labels,
+        test_images,
+        test_labels,
+        source="tfds",
+        note=note,
     )
 
 
@@ -346,7 +367,9 @@ def _tfds_labels(tfds: Any, name: str, data_dir: Any, train: Any, chunk: int = 1
     """All train labels, from records whose images are left undecoded where possible."""
     try:
         records = tfds.data_source(
-            name, split="train", data_dir=_expand(data_dir),
+            name,
+            split="train",
+            data_dir=_expand(data_dir),
             decoders={"image": tfds.decode.SkipDecoding()},
         )
         len(records)
