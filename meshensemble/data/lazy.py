@@ -341,12 +341,13 @@ def load_tfds_stream(name: str, data_dir: str | os.PathLike | None = None) -> Da
       >>> ds = load_tfds_stream("mnist")  # doctest: +SKIP
     """
     check_name(name)
-    tfds, (train, test) = tfds_lib.open_data_sources(name, data_dir)
+    tfds, _ = tfds_lib.open_data_sources(name, data_dir)  # DataError when not prepared
     where = f"TFDS {name} in {data_dir or 'the default data_dir'}"
     try:
-        labels = _tfds_labels(tfds, name, data_dir, train)
+        labels = _tfds_labels(tfds, name, data_dir)
     except Exception as e:
         raise DataError(f"{where}: reading the train labels failed ({first_line(e)})") from e
+    _, (train, test) = tfds_lib.open_data_sources(name, data_dir)  # opened after: as prepared
     test_images, test_labels = TfdsSource(test).read(np.arange(len(test)))
     note = (
         f"{PRETTY_NAMES[name]} from TFDS ({split_counts(labels, test_labels)}; "
@@ -363,24 +364,35 @@ def load_tfds_stream(name: str, data_dir: str | os.PathLike | None = None) -> Da
     )
 
 
-def _tfds_labels(tfds: Any, name: str, data_dir: Any, train: Any, chunk: int = 1000) -> Any:
+def _tfds_labels(tfds: Any, name: str, data_dir: Any, chunk: int = 1000) -> Any:
     """All train labels, from records whose images are left undecoded where possible."""
-    try:
-        records = tfds.data_source(
+    records = None
+    try:  # the images' bytes are read but not decoded; where TFDS cannot: decode them
+        skipping = tfds.data_source(
             name,
             split="train",
             data_dir=_expand(data_dir),
             decoders={"image": tfds.decode.SkipDecoding()},
         )
-        len(records)
-    except Exception:  # e.g. a mock without decoders: read the decoded records
-        records = train
+        if len(skipping):
+            int(_get_many(skipping, [0])[0]["label"])
+        records = skipping
+    except Exception:  # e.g. tfds.testing.mock_data's generated records: decode them
+        records = tfds.data_source(name, split="train", data_dir=_expand(data_dir))
     out = []
     for start in range(0, len(records), chunk):
         idx = list(range(start, min(start + chunk, len(records))))
-        out.extend(int(records[i]["label"]) for i in idx)
+        out.extend(int(r["label"]) for r in _get_many(records, idx))
     return np.asarray(out, np.int32)
 
 
 def _expand(data_dir: Any) -> str | None:
     return os.path.expanduser(os.fspath(data_dir)) if data_dir is not None else None
+
+
+def _get_many(records: Any, idx: list[int]) -> list[Any]:
+    """``records[i] for i in idx``, in one batched read where the source has one."""
+    try:
+        return list(records.__getitems__(idx))
+    except (AttributeError, TypeError):
+        return [records[i] for i in idx]

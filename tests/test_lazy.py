@@ -1,0 +1,239 @@
+"""A training split that stays in its files (`--source arrayrecord`, `tfds --input stream`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import chex
+import jax
+import numpy as np
+import pytest
+import test_multiprocess as mp
+from conftest import need_devices, small_config
+
+import meshensemble as me
+from meshensemble import cli
+from meshensemble.data import lazy, stream
+from meshensemble.training import train
+from meshensemble.training.identity import FINGERPRINT_SAMPLES, data_fingerprint
+
+BIG = me.data.synthetic(num_train=4096, num_test=40, seed=5)  # N >> what 2 steps read
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """``BIG`` as ArrayRecord files (2 train shards) and as an npz."""
+    root = tmp_path_factory.mktemp("lazy")
+    lazy.write_array_record_dataset(root / "ar", BIG, shards=2)
+    return str(root / "ar"), me.data.save_npz(BIG, root / "big.npz")
+
+
+def run_args(workdir, *extra) -> list[str]:
+    """A ``train`` command of 2 steps of 4 MLP members on (4, 2), as small_config's run."""
+    return [
+        "train", "--model", "mlp", "--members", "4", "--mesh", "ensemble=4,data=2",
+        "--member-strategy", "vmap", "--batch-size", "32", "--max-steps", "2",
+        "--learning-rate", "0.05", "--eval-batch-size", "40", "--workdir", str(workdir),
+        "--quiet", *extra,
+    ]  # fmt: skip
+
+
+def count_reads(monkeypatch) -> list[np.ndarray]:
+    """The indices of every read of train files (ArrayRecordSource), from any thread."""
+    reads, lock, read = [], threading.Lock(), stream.ArrayRecordSource.read
+
+    def counted(self, indices):
+        if lazy.TRAIN_FILE in os.path.basename(self.paths[0]):  # not the test split's reads
+            with lock:
+                reads.append(np.asarray(indices).reshape(-1))
+        return read(self, indices)
+
+    monkeypatch.setattr(stream.ArrayRecordSource, "read", counted)
+    return reads
+
+
+# ------------------------------------------------------------------ the lazy array
+def test_source_images_read_only_where_indexed_and_refuse_a_whole_load(files, monkeypatch):
+    ds = me.data.load_array_record_dataset(files[0])
+    x = ds.train_images
+    assert me.data.is_lazy(ds) and not me.data.is_lazy(BIG) and ds.source == "arrayrecord"
+    assert (len(x), x.shape, x.dtype, x.ndim) == (4096, (4096, 28, 28, 1), np.uint8, 4)
+    np.testing.assert_array_equal(ds.train_labels, BIG.train_labels)
+    np.testing.assert_array_equal(ds.test_images, BIG.test_images)  # read whole
+    reads = count_reads(monkeypatch)
+    np.testing.assert_array_equal(x[7], BIG.train_images[7])
+    np.testing.assert_array_equal(x[-1], BIG.train_images[-1])
+    np.testing.assert_array_equal(x[10:20:3], BIG.train_images[10:20:3])
+    np.testing.assert_array_equal(x[np.array([[4095, 3], [2048, 0]])],
+                                  BIG.train_images[np.array([[4095, 3], [2048, 0]])])  # fmt: skip
+    assert x[:0].shape == (0, 28, 28, 1)
+    assert sum(map(len, reads)) == 1 + 1 + 4 + 4  # exactly the examples indexed
+    with pytest.raises(me.data.DataError, match="would load all 4,096 training images.*stream"):
+        np.asarray(x)
+    with pytest.raises(IndexError):
+        x[4096]
+    # a validation split of a lazy split: a lazy (index-remapped) train split, arrays held out
+    split = me.data.split_validation(ds, 96, seed=1, batch_size=32)
+    ref = me.data.split_validation(BIG, 96, seed=1, batch_size=32)
+    assert me.data.is_lazy(split.train) and split.train.num_train == 4000
+    np.testing.assert_array_equal(split.images, ref.images)
+    np.testing.assert_array_equal(split.train.train_images[[0, 3999]],
+                                  ref.train.train_images[[0, 3999]])  # fmt: skip
+    # the fingerprint: the same as the arrays'; a changed label changes it
+    assert data_fingerprint(ds) == data_fingerprint(BIG)
+    labels = BIG.train_labels.copy()
+    labels[5] = (labels[5] + 1) % 10
+    changed = me.data.Dataset("mnist", x, labels, ds.test_images, ds.test_labels,
+                              source="arrayrecord", note="x")  # fmt: skip
+    assert data_fingerprint(changed) != data_fingerprint(ds)
+    with pytest.raises(me.data.DataError, match="label 11 at index 0"):
+        me.data.Dataset("mnist", x, np.full(4096, 11), ds.test_images, ds.test_labels,
+                        source="arrayrecord", note="x")  # fmt: skip
+
+
+# ------------------------------------------------------------------ runs
+def test_streamed_arrayrecord_cli_run_equals_in_memory_runs_and_reads_only_its_batches(
+    files, tmp_path, monkeypatch
+):
+    need_devices(8)
+    directory, npz = files
+    reads = count_reads(monkeypatch)
+    workdir = tmp_path / "ar"
+    argv = run_args(workdir, "--source", "arrayrecord", "--data-dir", directory)
+    assert cli.main(argv) == 0  # --input auto: a lazy split streams
+    config = json.loads((workdir / "config.json").read_text())
+    assert config["resolved"]["data_identity"]["source"] == "arrayrecord"
+    # reads: the strided fingerprint sample, the check of 2 images, the init sample, and the
+    # batches of the 2 steps plus what Grain read ahead (8 steps): never the 4096 examples
+    batches = [r for r in reads if len(r) == 32]
+    assert 2 <= len(batches) <= 2 + 8
+    assert sum(map(len, reads)) <= FINGERPRINT_SAMPLES + 2 + 1 + 32 * len(batches) < 4096 // 2
+    cfg = dict(model="mlp", member_strategy="vmap", max_steps=2, checkpoint=False)
+    in_memory = dict(source="npz", data_file=npz)
+    device = train(small_config(tmp_path / "d", input="device", **cfg, **in_memory))
+    streamed = train(small_config(tmp_path / "s", input="stream", **cfg, **in_memory))
+    ens = device.ensemble
+    state, _, step = me.restore_checkpoint(str(workdir), ens, BIG.test_images[:1])
+    assert step == 2
+    record = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
+    for other in (device, streamed):
+        chex.assert_trees_all_close(
+            jax.device_get(state.params), jax.device_get(other.state.params), atol=1e-5
+        )
+        for key, value in other.history[-1].items():
+            np.testing.assert_allclose(record[key], value, atol=1e-5, err_msg=key)
+
+
+def test_tfds_input_stream_opens_a_lazy_train_split(mock_tfds, tmp_path, monkeypatch):
+    need_devices(8)
+    with mock_tfds(num_examples=64):
+        ds = me.data.load_dataset("mnist", "tfds", stream=True, log=lambda s: None)
+        assert me.data.is_lazy(ds) and ds.num_train == 64 and ds.test_images.shape[0] == 64
+        assert isinstance(ds.train_images.source, stream.TfdsSource)
+        x, y = ds.train_images.source.read(np.arange(64))
+        np.testing.assert_array_equal(ds.train_labels, y)
+        np.testing.assert_array_equal(ds.train_images[[5, 1]], x[[5, 1]])
+        argv = run_args(tmp_path / "t", "--source", "tfds", "--input", "stream")
+        assert cli.main(argv) == 0
+    assert "train split read lazily" in json.loads((tmp_path / "t/config.json").read_text())[
+        "resolved"]["data"]  # fmt: skip
+
+
+# ------------------------------------------------------------------ errors
+@pytest.mark.parametrize(
+    "case", ["no directory", "no labels", "no train files", "malformed labels", "short labels",
+             "no --data-dir", "data file", "--input device"]
+)  # fmt: skip
+def test_bad_arrayrecord_data_is_one_line_exit_2_and_nothing_written(files, tmp_path, capsys, case):
+    directory = tmp_path / "ar"
+    lazy.write_array_record_dataset(directory, me.data.synthetic(64, 16, seed=1))
+    source = ["--source", "arrayrecord", "--data-dir", str(directory)]
+    want = {"no directory": "no such directory", "no labels": "missing labels.npz",
+            "no train files": "missing train.array_record", "malformed labels": "not readable",
+            "short labels": "has train_labels of shape (3,) but the train files hold 64",
+            "no --data-dir": "needs --data-dir DIR", "data file": "only read with source 'npz'",
+            "--input device": "--input device would load all 64 training images"}[case]  # fmt: skip
+    extra: list[str] = []
+    if case == "no directory":
+        source[-1] = str(tmp_path / "nowhere")
+    elif case == "no labels":
+        os.remove(directory / "labels.npz")
+    elif case == "no train files":
+        os.remove(directory / "train.array_record")
+    elif case == "malformed labels":
+        (directory / "labels.npz").write_bytes(b"not an npz")
+    elif case == "short labels":
+        np.savez(directory / "labels.npz", train_labels=np.zeros(3), test_labels=np.zeros(16))
+    elif case == "no --data-dir":
+        source = source[:2]
+    elif case == "data file":
+        extra = ["--data-file", str(directory / "labels.npz")]
+    else:
+        extra = ["--input", "device"]
+    workdir = tmp_path / "run"
+    assert cli.main(run_args(workdir, *source, *extra)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and want in err[0], err
+    if case not in ("no --data-dir", "data file", "--input device"):
+        assert "meshensemble convert --data-file" in err[0]  # names the fix
+    assert not workdir.exists()
+
+
+def test_convert_writes_the_files_train_reads(tmp_path, capsys):
+    npz = me.data.save_npz(me.data.synthetic(64, 16, seed=2), tmp_path / "d.npz")
+    out = tmp_path / "ar"
+    argv = ["convert", "--data-file", npz, "--out", str(out), "--shards", "3"]
+    assert cli.main(argv) == 0
+    names = sorted(os.listdir(out))
+    assert names == ["labels.npz", "test.array_record"] + [
+        f"train.array_record-0000{i}-of-00003" for i in range(3)
+    ]
+    ds = me.data.load_array_record_dataset(out)
+    np.testing.assert_array_equal(
+        ds.train_images[np.arange(64)], me.data.load_npz(npz).train_images
+    )
+    assert cli.main(["convert", "--data-file", npz, "--out", str(out), "--shards", "0"]) == 2
+
+
+# ------------------------------------------------------------------ 2 processes
+TRACE = mp.TRACE.replace("stream.ArraySource", "stream.ArrayRecordSource")
+"""Every process logs the example indices it reads from the ArrayRecord files."""
+
+
+def test_two_processes_read_their_half_of_each_batch_from_the_files(tmp_path, monkeypatch):
+    need_devices(8)
+    directory = tmp_path / "ar"
+    lazy.write_array_record_dataset(directory, mp.DATA)
+    npz = me.data.save_npz(mp.DATA, tmp_path / "d.npz")
+    trace, hook = tmp_path / "trace", tmp_path / "hook"
+    trace.mkdir(), hook.mkdir()
+    (hook / "sitecustomize.py").write_text(TRACE)
+    env = {"STREAM_TRACE": str(trace), "PYTHONPATH": f"{hook}{os.pathsep}{mp.REPO}"}
+    mesh, workdir = "ensemble=1,data=8", tmp_path / "multi"
+    argv = mp.args(npz, workdir, mesh)
+    argv[argv.index("npz")] = "arrayrecord"
+    argv[argv.index("--data-file") : argv.index("--data-file") + 2] = ["--data-dir", str(directory)]
+    argv += ["--input", "stream"]
+    assert mp.launch_local(argv, 2, 4, timeout=300, env=env, prefix_output=False) == 0
+    one_reads = []
+    read = stream.ArraySource.read
+    monkeypatch.setattr(
+        stream.ArraySource,
+        "read",
+        lambda self, idx: one_reads.append(np.asarray(idx).reshape(-1)) or read(self, idx),
+    )
+    one = mp.one_process(npz, tmp_path, mesh, input="stream")
+    reads = [
+        {tuple(int(i) for i in s.split()) for s in (trace / f"p{p}.txt").read_text().splitlines()}
+        for p in range(2)
+    ]
+    batches = [r for r in one_reads if len(r) == 32][:3]
+    assert len(batches) == 3
+    for batch in batches:  # process 0 read the first 16 rows of each batch, process 1 the rest
+        assert tuple(batch[:16]) in reads[0] and tuple(batch[16:]) in reads[1]
+        assert tuple(batch) not in reads[0] | reads[1]
+    for mine in reads:  # besides 16-row halves: the fingerprint (all 128), 2 checked, 1 init
+        assert {len(r) for r in mine} <= {16, 128, 2, 1}
+    mp.assert_equals_one_process(workdir, one)
