@@ -235,5 +235,6 @@ def test_two_processes_read_their_half_of_each_batch_from_the_files(tmp_path, mo
         assert tuple(batch[:16]) in reads[0] and tuple(batch[16:]) in reads[1]
         assert tuple(batch) not in reads[0] | reads[1]
     for mine in reads:  # besides 16-row halves: the fingerprint (all 128), 2 checked, 1 init
-        assert {len(r) for r in mine} <= {16, 128, 2, 1}
+        assert {len(r) for r in mine} <= {16, 128, 2, 1, 32, 40}  # sample, the test split (40)
+        assert {r for r in mine if len(r) == 32} <= {tuple(range(32))}  # the tuner's batch
     mp.assert_equals_one_process(workdir, one)
