@@ -263,6 +263,11 @@ PUBLIC = [
     "ValidationSplit",
     "split_validation",
     "stream",
+    "SourceImages",
+    "is_lazy",
+    "load_array_record_dataset",
+    "load_tfds_stream",
+    "write_array_record_dataset",
 ]
 
 
