@@ -83,6 +83,9 @@ class IndexedSource:
 
         Returns:
           ``(images, labels)``: uint8 ``S + [28, 28, 1]`` and int32 ``S``.
+
+        Example:
+          >>> IndexedSource(src, np.array([5, 2])).read(np.array([1]))   # src's example 2
         """
         return self.source.read(self.indices[np.asarray(indices)])
 
@@ -153,6 +156,10 @@ class SourceImages:
 
         Returns:
           A :class:`SourceImages` of ``M`` examples over an :class:`IndexedSource`.
+
+        Example:
+          >>> x.subset(np.array([9, 4]))[0].shape   # example 9, read now
+          (28, 28, 1)
         """
         indices = np.asarray(indices)
         if indices.dtype == np.bool_:

@@ -88,7 +88,8 @@ class TrainConfig:
     source: str = _field(
         "auto",
         "where the data comes from (see meshensemble.data.load_dataset): auto tries "
-        "data_file, TFDS's prepared data, a TFDS download, then the embedded MNIST sample",
+        "data_file, TFDS's prepared data, a TFDS download, then the embedded MNIST sample; "
+        "arrayrecord reads the files of `meshensemble convert` in data_dir a batch at a time",
         choices=data_lib.SOURCES,
     )
     data_file: str | None = _field(
@@ -96,7 +97,9 @@ class TrainConfig:
         "a Keras-layout .npz (x_train, y_train, x_test, y_test), for source npz or auto",
         metavar="PATH",
     )
-    data_dir: str | None = _field(None, "the TFDS data folder", metavar="DIR")
+    data_dir: str | None = _field(
+        None, "the TFDS data folder, or the ArrayRecord folder of source arrayrecord", metavar="DIR"
+    )
     model: str = _field(
         "cnn",
         "the member architecture, a name of meshensemble.models.REGISTRY",
