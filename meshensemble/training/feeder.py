@@ -118,7 +118,7 @@ class Feeder:
         )
         self._epoch: tuple[int, jax.Array] | None = None
         self._ahead: concurrent.futures.Future | None = None
-        lazy = data_lib.is_lazy(dataset) and source is None
+        lazy = data_lib.is_lazy(dataset)  # a lazy train split always streams
         self.input, self.input_why = resolve_input(cfg, self.n, ens.mesh, lazy)
         self.streaming = self.input == "stream"
         self.stream = None
