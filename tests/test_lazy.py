@@ -182,6 +182,26 @@ def test_bad_arrayrecord_data_is_one_line_exit_2_and_nothing_written(files, tmp_
     assert not workdir.exists()
 
 
+def test_resume_refuses_changed_arrayrecord_files(tmp_path, capsys):
+    need_devices(8)
+    data = me.data.synthetic(64, 16, seed=4)
+    directory, workdir = tmp_path / "ar", tmp_path / "run"
+    lazy.write_array_record_dataset(directory, data)
+    argv = run_args(workdir, "--source", "arrayrecord", "--data-dir", str(directory))
+    argv[argv.index("--max-steps") + 1] = "1"
+    assert cli.main(argv) == 0
+    labels = data.train_labels.copy()
+    labels[9] = (labels[9] + 1) % 10  # one label of the files changed: another dataset
+    changed = me.data.Dataset("mnist", data.train_images, labels, data.test_images,
+                              data.test_labels, source="synthetic", note="x")  # fmt: skip
+    lazy.write_array_record_dataset(directory, changed)
+    capsys.readouterr()
+    argv[argv.index("--max-steps") + 1] = "2"
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data fingerprint" in err[0], err
+
+
 def test_convert_writes_the_files_train_reads(tmp_path, capsys):
     npz = me.data.save_npz(me.data.synthetic(64, 16, seed=2), tmp_path / "d.npz")
     out = tmp_path / "ar"
