@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import math
+import re
 
 import chex
 import flax.linen as nn
@@ -420,3 +422,26 @@ def test_mixed_precision_keeps_float32_master_weights(backend):
     np.testing.assert_allclose(losses, ref_losses, rtol=0.05, atol=0.02)  # bf16: ~3 digits
     assert np.abs(probs - ref_probs).max() < 0.05
     assert np.abs(losses[-1] - ref_losses[-1]).max() > 0  # it did compute in bf16
+
+
+def _all_reduce_groups(ens, state):
+    """The replica groups of every all-reduce in the compiled train step."""
+    text = ens.train_step_fn().lower(state, ens.place(X), ens.place(Y)).compile().as_text()
+    return re.findall(r"all-reduce\(.*?replica_groups=(\{[^ ]*\})", text)
+
+
+@pytest.mark.parametrize(
+    "mesh_shape, groups",
+    [((8, 1), ["{{0,1,2,3,4,5,6,7}}"]), ((1, 1), []), ((4, 2), None)],
+)
+def test_no_all_reduce_over_an_axis_of_size_one(mesh_shape, groups):
+    """A size-1 ``data`` (or ``ensemble``) axis adds no all-reduce to the step: XLA:CPU ran
+    even a trivial one as a rendezvous of every device, a fifth of the user CNN's step."""
+    need_devices(math.prod(mesh_shape))
+    mesh = me.make_mesh(*mesh_shape, devices=jax.devices()[: math.prod(mesh_shape)])
+    ens = me.Ensemble(Tiny(), TX, M, mesh)
+    found = _all_reduce_groups(ens, ens.init(jax.random.PRNGKey(0), X[:1]))
+    if groups is None:  # data=2: the gradients' all-reduce pairs devices over data
+        assert any(g.startswith("{{0,1}") or "{0,1}" in g for g in found), found
+    else:
+        assert found == groups

@@ -64,10 +64,14 @@ class ShardMapBackend:
     """
 
     name = "shard_map"
-    grad_mode = "vma"
 
     def __init__(self, mesh: Mesh):
         self.mesh = mesh
+        # With data=1 no gradient crosses devices: without check_vma the steps skip every
+        # reduction over a size-1 axis (steps.reduce_over), which XLA:CPU would still run
+        # as a rendezvous of all devices. FSDP and the model axis keep check_vma.
+        unchecked = MODEL not in mesh.axis_names and mesh.shape[DATA] == 1
+        self.grad_mode = "pmean" if unchecked else "vma"
 
     def build(
         self,
@@ -95,7 +99,11 @@ class ShardMapBackend:
             jitted = jax.jit(mapped, donate_argnums=donate_argnums, out_shardings=out)
         else:
             mapped = jax.shard_map(
-                fn, mesh=self.mesh, in_specs=tuple(in_specs), out_specs=out_specs
+                fn,
+                mesh=self.mesh,
+                in_specs=tuple(in_specs),
+                out_specs=out_specs,
+                check_vma=self.grad_mode == "vma",
             )
             jitted = jax.jit(mapped, donate_argnums=donate_argnums)
         specs = tuple(in_specs)
@@ -261,7 +269,7 @@ def make_backend(
         or with ``shard_members``.
 
     Example:
-      >>> make_backend("shard_map", me.make_mesh()).grad_mode
+      >>> make_backend("shard_map", me.make_mesh(ensemble=4, data=2)).grad_mode
       'vma'
     """
     if name == "shard_map":
