@@ -254,29 +254,26 @@ def _dashed(name: str) -> str:
     return name.replace("_", "-")
 
 
-def _cases(cases: str | Sequence[str]) -> tuple[str, ...]:
-    text = cases if isinstance(cases, str) else ",".join(cases)
-    names = tuple(c.strip() for c in text.split(",") if c.strip())
-    known = set(GROUPS) | set(known_cases())
+def _names(flag: str, given: str | Sequence[str], known: Any, what: str, choose: str):
+    """The names of a comma list flag; one line naming the unknown ones and the choices."""
+    text = given if isinstance(given, str) else ",".join(given)
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise ValueError(
-            f"--cases {text}: unknown {', '.join(unknown) or 'empty list'}; choose from the "
-            f"groups {', '.join(GROUPS)} or their cases {', '.join(known_cases())}"
+            f"{flag} {text}: unknown {what}{', '.join(unknown) or '(empty list)'}; {choose}"
         )
     return names
+
+
+def _cases(cases: str | Sequence[str]) -> tuple[str, ...]:
+    known = set(GROUPS) | set(known_cases())
+    choose = f"choose from the groups {', '.join(GROUPS)} or their cases {', '.join(known_cases())}"
+    return _names("--cases", cases, known, "", choose)
 
 
 def _layout_models(models: str | Sequence[str]) -> tuple[str, ...]:
-    text = models if isinstance(models, str) else ",".join(models)
-    names = tuple(m.strip() for m in text.split(",") if m.strip())
-    unknown = [n for n in names if n not in REGISTRY]
-    if unknown or not names:
-        raise ValueError(
-            f"--layouts {text}: unknown model {', '.join(unknown) or '(empty list)'}; choose "
-            f"from {', '.join(REGISTRY)}"
-        )
-    return names
+    return _names("--layouts", models, REGISTRY, "model ", f"choose from {', '.join(REGISTRY)}")
 
 
 @dataclasses.dataclass(frozen=True)
