@@ -445,3 +445,30 @@ def test_no_all_reduce_over_an_axis_of_size_one(mesh_shape, groups):
         assert any(g.startswith("{{0,1}") or "{0,1}" in g for g in found), found
     else:
         assert found == groups
+
+
+def _copied_state_leaves(ens, state):
+    """The state-shaped buffers the compiled train step copies (each copy costs a leaf)."""
+    text = ens.train_step_fn().lower(state, ens.place(X), ens.place(Y)).compile().as_text()
+    entry = text[text.index("\nENTRY") : text.index("\n}\n", text.index("\nENTRY"))]
+    local = {
+        f"f32[{','.join(map(str, leaf.addressable_shards[0].data.shape))}]"
+        for leaf in jax.tree.leaves((state.params, state.opt_state))
+    }
+    copied = re.findall(r"= (f32\[[\d,]*\])\{[\d,]*\} (?:copy\(|fusion\(.*wrapped_copy)", entry)
+    assert local, "the state has no float32 leaves to look for"
+    return [s for s in copied if s in local]
+
+
+@pytest.mark.parametrize(
+    "mesh_shape, strategy", [((8, 1), "loop"), ((4, 1), "vmap"), ((4, 2), "vmap")]
+)
+def test_the_donated_state_is_updated_in_place(mesh_shape, strategy):
+    """The step copies no parameter or optimizer leaf: every update waits for the gradient
+    and the metrics (``steps.ordered_after``), and one member per device is vmapped, so XLA
+    writes the new state into the donated buffers (it copied 28 leaves of the user CNN)."""
+    need_devices(math.prod(mesh_shape))
+    mesh = me.make_mesh(*mesh_shape, devices=jax.devices()[: math.prod(mesh_shape)])
+    members = mesh_shape[0] * (2 if strategy == "vmap" else 1)
+    ens = me.Ensemble(Tiny(), TX, members, mesh, member_strategy=strategy)
+    assert _copied_state_leaves(ens, ens.init(jax.random.PRNGKey(0), X[:1])) == []

@@ -263,6 +263,27 @@ def replicated_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, REPLICATED)
 
 
+def varying_axes(x: jax.Array) -> frozenset[str]:
+    """The mesh axes a value varies over inside ``jax.shard_map`` (with ``check_vma``).
+
+    Args:
+      x: an array or tracer.
+
+    Returns:
+      The axis names, e.g. ``frozenset({"data"})``; empty outside ``shard_map`` or for a
+      value replicated over every axis.
+
+    Example:
+      >>> varying_axes(x)  # inside shard_map, x sharded over data
+      frozenset({'data'})
+    """
+    t = jax.typeof(x)
+    manual = getattr(t, "manual_axis_type", None)  # JAX >= 0.10
+    if manual is not None:
+        return frozenset(manual.varying)
+    return frozenset(getattr(t, "vma", ()))
+
+
 def use_fake_cpu_devices(n: int) -> None:
     """Makes JAX run on ``n`` simulated CPU devices; call before JAX starts its backends.
 

@@ -37,6 +37,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from meshensemble.core.mesh import varying_axes
+
 _DN = ("NHWC", "HWIO", "NHWC")
 
 
@@ -89,24 +91,16 @@ def conv_im2col(x: jax.Array, kernel: jax.Array) -> jax.Array:
     return out.reshape(b, h, w, f)
 
 
-def _varying(x: jax.Array) -> frozenset[str]:
-    t = jax.typeof(x)
-    mat = getattr(t, "manual_axis_type", None)
-    if mat is not None:
-        return frozenset(mat.varying)
-    return frozenset(getattr(t, "vma", ()))
-
-
 def _match_varying(*xs: jax.Array) -> list[jax.Array]:
     """Casts the arguments to the union of their varying mesh axes (inside shard_map).
 
     A ``custom_vjp``'s backward rule must return cotangents of its inputs' types; casting
     before the call keeps the implicit broadcast (and its transpose, a ``psum``) outside.
     """
-    axes = frozenset().union(*(_varying(x) for x in xs))
+    axes = frozenset().union(*(varying_axes(x) for x in xs))
     out = []
     for x in xs:
-        missing = tuple(sorted(axes - _varying(x)))
+        missing = tuple(sorted(axes - varying_axes(x)))
         out.append(lax.pcast(x, missing, to="varying") if missing else x)
     return out
 
