@@ -104,6 +104,12 @@ def reduce_over(cfg: StepConfig, reduce: Callable[..., Any], x: PyTree, axis: st
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """Default per-example loss: softmax cross-entropy with integer labels.
 
+    Computed as the Flax HOWTO computes it, against one-hot labels
+    (``optax.softmax_cross_entropy``): the same value as
+    ``optax.softmax_cross_entropy_with_integer_labels`` up to float rounding, without
+    its gather and scatter, which XLA:CPU runs slowly (2-3% of the user CNN's step on 8
+    CPU devices).
+
     Args:
       logits: ``[B, classes]``.
       labels: ``[B]`` integer class indices.
@@ -114,7 +120,7 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     Example:
       >>> me.softmax_cross_entropy(jnp.zeros((2, 10)), jnp.array([1, 2]))  # [2.3026, 2.3026]
     """
-    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    return optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, logits.shape[-1]))
 
 
 def map_members(fn: Callable[..., Any], strategy: str, in_axes: tuple[Any, ...], *args: Any):
