@@ -320,6 +320,10 @@ def train_step(
         nan = jnp.full((), jnp.nan, jnp.float32)
         metrics.update(ensemble_accuracy=nan, ensemble_nll=nan)
     else:
+        # The ensemble's all-reduce after the updates: the devices meet once, at the end
+        # of the step, not also midway (on 8 CPU devices sharing 2 cores, each meeting
+        # idles cores while the last device catches up: ~1% of the user CNN's step).
+        probs = ordered_after(state.params, probs)
         ens_probs = reduce_over(cfg, lax.pmean, jnp.mean(probs, axis=0), ENSEMBLE)
         accuracy = jnp.mean(jnp.argmax(ens_probs, -1) == labels)
         nll = jnp.mean(_nll(ens_probs, labels))
