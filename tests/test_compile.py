@@ -102,7 +102,15 @@ def test_compile_summary_written_and_printed(tmp_path, capsys):
     report = [line for line in lines if line.startswith("compiled ")]
     assert len(report) == 1 and "persistent cache:" in report[0]
     saved = json.loads((tmp_path / "run" / "compile.json").read_text())
-    assert set(saved) == {"programs", "seconds", "cache_hits", "cache_misses", "by_program"}
+    assert set(saved) == {
+        "programs",
+        "seconds",
+        "cache_hits",
+        "cache_misses",
+        "by_program",
+        "tuning",
+    }
+    assert saved["tuning"] == {"programs": 0, "seconds": 0.0}  # the strategy was given
     assert saved == result.compile
     assert saved["programs"] == len(saved["by_program"])
     assert {p["cache"] for p in saved["by_program"]} <= {"hit", "miss"}  # the cache is on
@@ -121,6 +129,22 @@ def test_a_run_compiles_few_programs(tmp_path):
     names = [p.name for p in log.programs]
     assert set(names) <= RUN_PROGRAMS, names
     assert len(names) <= len(RUN_PROGRAMS) and result.compile["programs"] == len(names)
+
+
+def test_the_tuners_programs_are_reported_apart_and_only_at_first_use(tmp_path):
+    """A first run measures the member strategies: their programs are the tuner's, not the
+    run's; a second run (new workdir, same cache) reads the choice and compiles none."""
+    need_devices(8)
+    lines: list[str] = []
+    first = train(tiny(tmp_path, quiet=False, max_steps=2), DATA, echo=lines.append)
+    tuned = first.compile["tuning"]
+    assert tuned["programs"] >= 2 and tuned["seconds"] > 0  # a step per candidate
+    assert {p["name"] for p in first.compile["by_program"]} <= RUN_PROGRAMS
+    report = [line for line in lines if line.startswith("compiled ")]
+    assert f"the auto-tuner compiled {tuned['programs']} more" in report[0]
+    second = train(tiny(tmp_path, "again", max_steps=2), DATA)
+    assert second.compile["tuning"] == {"programs": 0, "seconds": 0.0}
+    assert second.compile["programs"] <= len(RUN_PROGRAMS)
 
 
 @pytest.mark.parametrize("seed", [0, 7, -1, 2**31 - 1, 2**40])

@@ -229,8 +229,10 @@ def summarise(report: Mapping[str, Any], launched: float, ended: float) -> dict[
       (``interpreter_s``, ``import_jax_s``, ``device_init_s``,
       ``import_meshensemble_s``, ``total_s``), ``setup_s`` (from ``import meshensemble``
       to ``train()``: the bench's module and the cache), ``compile_s``, ``programs``,
-      ``cache_hits``, ``cache_misses``, ``by_program`` (the compile log until that epoch
-      end), ``process_wall_s``, and the child's ``platform``, ``device_kind``,
+      ``cache_hits``, ``cache_misses``, ``by_program`` (the run's own programs in the
+      compile log until that epoch end), ``tuning_programs`` and ``tuning_compile_s``
+      (the candidates the auto-tuner compiled: 0 once its choice is cached),
+      ``process_wall_s``, and the child's ``platform``, ``device_kind``,
       ``device_count``, ``cache_enabled``.
 
     Example:
@@ -262,6 +264,8 @@ def summarise(report: Mapping[str, Any], launched: float, ended: float) -> dict[
         "cache_hits": compile_log["cache_hits"],
         "cache_misses": compile_log["cache_misses"],
         "by_program": compile_log["by_program"],
+        "tuning_programs": compile_log.get("tuning", {}).get("programs", 0),
+        "tuning_compile_s": compile_log.get("tuning", {}).get("seconds", 0.0),
         "process_wall_s": ended - launched,
         "platform": report["platform"],
         "device_kind": report["device_kind"],
@@ -292,10 +296,14 @@ def describe(run: Mapping[str, Any]) -> str:
         else f"target not reached: {100 * (run['accuracy'] or 0):.2f}% after epoch "
         f"{run['epoch']} (train {run['epochs'][-1]['seconds'] if run['epochs'] else 0:.1f}s"
     )
+    tuned = run.get("tuning_programs", 0)
+    tuning = (
+        f"; the auto-tuner compiled {tuned} more in {run['tuning_compile_s']:.1f}s" if tuned else ""
+    )
     return (
         f"{what}, process start {run['process_start']['total_s']:.1f}s, compile "
         f"{run['compile_s']:.1f}s, {run['programs']} programs, cache {run['cache_hits']} hits / "
-        f"{run['cache_misses']} misses)"
+        f"{run['cache_misses']} misses{tuning})"
     )
 
 

@@ -221,8 +221,10 @@ def accuracy_ratios(tta: Mapping[str, Any] | None) -> dict[str, Any]:
     Returns:
       ``time_to_accuracy_cold_s`` / ``_warm_s`` (launch to the epoch on target),
       ``time_to_accuracy_cold_compile_s`` / ``_warm_compile_s``,
-      ``time_to_accuracy_programs`` (the cold run's) and
-      ``time_to_accuracy_warm_over_cold_compile``; None where not measured.
+      ``time_to_accuracy_programs`` (the cold run's own programs),
+      ``time_to_accuracy_warm_over_cold_compile`` and, reported beside them,
+      ``time_to_accuracy_cold_tuning_programs`` / ``_cold_tuning_compile_s`` (what the
+      auto-tuner compiled at its first use, in the cold run); None where not measured.
 
     Example:
       >>> accuracy_ratios(results["time_to_accuracy"])["time_to_accuracy_programs"]
@@ -236,6 +238,8 @@ def accuracy_ratios(tta: Mapping[str, Any] | None) -> dict[str, Any]:
         "time_to_accuracy_warm_compile_s": warm.get("compile_s"),
         "time_to_accuracy_programs": cold.get("programs"),
         "time_to_accuracy_warm_over_cold_compile": tta.get("warm_over_cold_compile"),
+        "time_to_accuracy_cold_tuning_programs": cold.get("tuning_programs"),
+        "time_to_accuracy_cold_tuning_compile_s": cold.get("tuning_compile_s"),
     }
 
 

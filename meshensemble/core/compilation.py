@@ -10,10 +10,12 @@ compilation took and whether it came from the cache.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -85,11 +87,14 @@ class CompiledProgram:
       seconds: time in XLA's compiler, or loading the program from the cache.
       cache: ``"hit"`` (loaded from the persistent cache), ``"miss"`` (compiled, then
         stored) or ``"off"`` (no persistent cache).
+      purpose: ``"run"``, or ``"tuning"`` for a candidate the auto-tuner compiled to time
+        it (see :meth:`CompileLog.tuning`).
     """
 
     name: str
     seconds: float
     cache: str
+    purpose: str = "run"
 
 
 class CompileLog:
@@ -111,6 +116,7 @@ class CompileLog:
     _lock = threading.Lock()
     _open: list[CompileLog] = []
     _pending: dict[int, str] = {}  # thread id -> "hit" / "miss" of the compilation under way
+    _purpose = "run"
 
     def __init__(self) -> None:
         self.programs: list[CompiledProgram] = []
@@ -144,32 +150,59 @@ class CompileLog:
         if event != _COMPILE:
             return
         cache = CompileLog._pending.pop(threading.get_ident(), "off")
-        record = CompiledProgram(str(kwargs.get("fun_name", "?")), float(duration), cache)
+        name = str(kwargs.get("fun_name", "?"))
+        record = CompiledProgram(name, float(duration), cache, CompileLog._purpose)
         with CompileLog._lock:
             for log in CompileLog._open:
                 log.programs.append(record)
 
+    @staticmethod
+    @contextlib.contextmanager
+    def tuning() -> Iterator[None]:
+        """Marks what compiles inside the block as the auto-tuner's (``purpose="tuning"``).
+
+        The tuner compiles each candidate to time it, once per device, model and shapes
+        (its choice is cached), so a run reports those programs apart from its own.
+
+        Example:
+          >>> with CompileLog.tuning():
+          ...     choice = autotune.choose(key, candidates, path)
+        """
+        previous, CompileLog._purpose = CompileLog._purpose, "tuning"
+        try:
+            yield
+        finally:
+            CompileLog._purpose = previous
+
     def summary(self) -> dict[str, Any]:
-        """The log as JSON-ready numbers.
+        """The log as JSON-ready numbers: the run's own programs, the tuner's apart.
 
         Returns:
           ``{"programs": count, "seconds": total compile seconds, "cache_hits": n,
-          "cache_misses": n, "by_program": [{"name", "seconds", "cache"}, ...]}``
-          (``by_program`` sorted by time, longest first).
+          "cache_misses": n, "by_program": [{"name", "seconds", "cache"}, ...],
+          "tuning": {"programs": n, "seconds": s}}``: the first five count the run's own
+          programs (``by_program`` sorted by time, longest first); ``tuning`` the
+          candidates the auto-tuner compiled (0 once its choice is cached).
 
         Example:
           >>> log.summary()["by_program"][0]
           {'name': 'jit(train_chunk)', 'seconds': 3.9, 'cache': 'miss'}
         """
-        ordered = sorted(self.programs, key=lambda p: -p.seconds)
+        own = [p for p in self.programs if p.purpose == "run"]
+        tuned = [p for p in self.programs if p.purpose == "tuning"]
+        ordered = sorted(own, key=lambda p: -p.seconds)
         return {
-            "programs": len(self.programs),
-            "seconds": round(sum(p.seconds for p in self.programs), 4),
-            "cache_hits": sum(p.cache == "hit" for p in self.programs),
-            "cache_misses": sum(p.cache == "miss" for p in self.programs),
+            "programs": len(own),
+            "seconds": round(sum(p.seconds for p in own), 4),
+            "cache_hits": sum(p.cache == "hit" for p in own),
+            "cache_misses": sum(p.cache == "miss" for p in own),
             "by_program": [
                 {"name": p.name, "seconds": round(p.seconds, 4), "cache": p.cache} for p in ordered
             ],
+            "tuning": {
+                "programs": len(tuned),
+                "seconds": round(sum(p.seconds for p in tuned), 4),
+            },
         }
 
     def line(self) -> str:
@@ -183,7 +216,15 @@ class CompileLog:
         """
         s = self.summary()
         top = ", ".join(f"{p['name']} {p['seconds']:.1f}s" for p in s["by_program"][:3])
+        tuned = s["tuning"]
+        extra = (
+            f"; the auto-tuner compiled {tuned['programs']} more in {tuned['seconds']:.1f}s "
+            "(first use only: its choice is cached)"
+            if tuned["programs"]
+            else ""
+        )
         return (
             f"compiled {s['programs']} programs in {s['seconds']:.1f}s (persistent cache: "
             f"{s['cache_hits']} hits, {s['cache_misses']} misses){'; ' + top if top else ''}"
+            f"{extra}"
         )

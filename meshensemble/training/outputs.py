@@ -36,7 +36,8 @@ TENSORBOARD_DIR = "tensorboard"
 COMPILE_FILE = "compile.json"
 """The run's compile report in its workdir: the summary of a
 :class:`meshensemble.core.compilation.CompileLog` (``programs``, ``seconds``,
-``cache_hits``, ``cache_misses``, ``by_program``) of this command."""
+``cache_hits``, ``cache_misses``, ``by_program``: the run's own programs; ``tuning``: the
+candidates the auto-tuner compiled, at its first use only) of this command."""
 """Folder of the TensorBoard event files under the workdir."""
 
 

@@ -37,6 +37,7 @@ from jax.sharding import Mesh
 
 from meshensemble import data as data_lib
 from meshensemble.core import autotune
+from meshensemble.core.compilation import CompileLog
 from meshensemble.core.ensemble import Ensemble, default_strategy
 from meshensemble.core.mesh import ENSEMBLE
 from meshensemble.core.state import EnsembleState
@@ -237,14 +238,16 @@ def resolve_choices(
     )
     path = autotune.choices_path(cache_dir) if cache_dir else None
     candidates = {n: make(*sc) for n, sc in names.items()}
-    name, reason = autotune.choose(key, candidates, path, rounds=rounds, timer=timer)
+    with CompileLog.tuning():
+        name, reason = autotune.choose(key, candidates, path, rounds=rounds, timer=timer)
     strategy, conv = names[name]
     how = "cached" if "cached" in reason else "measured"
     bf16_ratio = autotune.recorded(path, key).get("bf16_ratio")
     timed_now = (strategy, conv) in stepping
     if cfg.precision == "fp32" and timed_now and platform in BF16_PLATFORMS:  # bf16 too
-        bf16 = make(strategy, conv, dataclasses.replace(cfg, precision="bf16"))()
-        bf16_ratio = autotune.precision_ratio(stepping[strategy, conv], bf16, rounds, timer)
+        with CompileLog.tuning():
+            bf16 = make(strategy, conv, dataclasses.replace(cfg, precision="bf16"))()
+            bf16_ratio = autotune.precision_ratio(stepping[strategy, conv], bf16, rounds, timer)
         autotune.remember(path, key, bf16_ratio=bf16_ratio)
     return Choice(strategy, conv, how, reason, built.get((strategy, conv)), bf16_ratio)
 
