@@ -135,7 +135,10 @@ def test_ensemble_of_vits_is_mesh_invariant():
             losses.append(metrics["loss"])
         return {"params": state.params, "loss": jnp.stack(losses)}
 
-    out = testing.assert_mesh_invariant(train, [(4, 2), (8, 1)], rtol=1e-5, atol=1e-5)
+    # data=2 sums each gradient in two halves (another float order), and Adam divides by
+    # sqrt(v): a near-zero gradient's rounding moves its update by up to ~lr; 1e-4 still
+    # catches members or shards stepping on the wrong examples (differences of order lr).
+    out = testing.assert_mesh_invariant(train, [(4, 2), (8, 1)], rtol=1e-4, atol=1e-4)
     assert np.isfinite(out["loss"]).all() and (out["loss"][-1] < out["loss"][0]).all()
 
 

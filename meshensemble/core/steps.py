@@ -283,13 +283,13 @@ def _member_step(cfg: StepConfig, state: EnsembleState, x: jax.Array, y: jax.Arr
     new_model_state = reduce_over(cfg, lax.pmean, new_model_state, DATA)
     probs = jax.nn.softmax(logits.astype(jnp.float32))
     accuracy = jnp.mean(jnp.argmax(logits, -1) == y)
+    loss, accuracy = reduce_over(cfg, lax.pmean, (loss, accuracy), DATA)
     updates, opt_state = cfg.tx.update(grads, state.opt_state, state.params)
     updates = ordered_after((grads, loss, probs, accuracy), updates)
     params = optax.apply_updates(state.params, updates)
     new_state = state.replace(
         step=state.step + 1, params=params, opt_state=opt_state, model_state=new_model_state
     )
-    loss, accuracy = reduce_over(cfg, lax.pmean, (loss, accuracy), DATA)
     return new_state, loss, accuracy, probs
 
 
