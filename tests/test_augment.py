@@ -147,6 +147,7 @@ def _linear_sgd_step(x, y):
     return -0.1 * flat.T @ p / len(y)
 
 
+@pytest.mark.slow
 def test_members_are_the_same_on_data_1_2_4_and_streamed(tmp_path):
     need_devices(8)
     runs = {

@@ -51,6 +51,7 @@ def tiny(tmp_path_factory):
     return code, results, png
 
 
+@pytest.mark.slow
 def test_tiny_bench_writes_every_case(tiny):
     code, results, png = tiny
     assert code == 0
@@ -72,6 +73,7 @@ def test_tiny_bench_writes_every_case(tiny):
     assert png.stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_tiny_bench_memory_per_member_against_its_floor(tiny):
     _, results, _ = tiny
     mpd = results["cases"]["mpd_4"]
@@ -88,6 +90,7 @@ def test_tiny_bench_memory_per_member_against_its_floor(tiny):
     assert results["cases"]["precision_bf16"]["precision"] == "bf16"
 
 
+@pytest.mark.slow
 def test_tiny_bench_ratios_targets_and_meta(tiny):
     _, results, _ = tiny
     ratios = results["ratios"]
@@ -238,6 +241,7 @@ def test_count_flops_of_matmuls_convolutions_and_loops():
 # New cases and fields of the tiny bench
 
 
+@pytest.mark.slow
 def test_tiny_bench_flops_are_analytic_and_the_matmuls_are_fp32_and_bf16(tiny):
     _, results, _ = tiny
     meta, cases = results["meta"], results["cases"]
@@ -273,6 +277,7 @@ def test_tiny_bench_flops_are_analytic_and_the_matmuls_are_fp32_and_bf16(tiny):
     )
 
 
+@pytest.mark.slow
 def test_tiny_bench_time_to_accuracy_cold_then_warm(tiny):
     _, results, _ = tiny
     tta = results["time_to_accuracy"]
@@ -335,6 +340,7 @@ def test_target_accuracy_flags():
         bench.resolve(accuracy_epochs=0)
 
 
+@pytest.mark.slow
 def test_tiny_bench_layouts_measure_each_mesh_of_the_model(tiny):
     """``--layouts mlp`` adds the E x D x P table: FSDP rows hold a fraction of the state."""
     _, results, _ = tiny

@@ -125,6 +125,7 @@ def test_bad_input_exits_2(tmp_path, capsys) -> None:
 # --- short real runs -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_howto_ensemble(tmp_path, monkeypatch, capsys) -> None:
     need_devices(8)
     ex = load_example("howto_ensemble")
@@ -153,6 +154,7 @@ def test_howto_ensemble(tmp_path, monkeypatch, capsys) -> None:
     assert "epoch:   1, train_loss: " in out and "epoch:   2, " in out and "epoch:   3" not in out
 
 
+@pytest.mark.slow
 def test_data_parallel_fashion_mnist_on_mock_tfds(tmp_path, monkeypatch, capsys, mock_tfds) -> None:
     need_devices(8)
     ex = load_example("data_parallel_fashion_mnist")
@@ -182,6 +184,7 @@ def test_data_parallel_fashion_mnist_on_mock_tfds(tmp_path, monkeypatch, capsys,
     assert "epoch:   1, train_loss: " in out
 
 
+@pytest.mark.slow
 def test_mesh_2d(tmp_path, monkeypatch, capsys) -> None:
     need_devices(8)
     ex = load_example("mesh_2d")

@@ -137,7 +137,7 @@ def test_the_sharded_layout_is_unknown_before_init():
 
 
 # ---------------------------------------------------------------- equivalence
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", ["cnn", pytest.param("vit", marks=pytest.mark.slow)])
 def test_fsdp_and_the_model_axis_train_the_same_members_as_unsharded(name):
     got = runs(name)
     want = jax.device_get(got["plain"][1].params)
@@ -169,7 +169,7 @@ def test_state_bytes_per_device_fall_by_data_and_by_data_x_model(name):
         assert leaf.sharding.spec == spec
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", ["cnn", pytest.param("vit", marks=pytest.mark.slow)])
 def test_predict_and_evaluate_on_a_sharded_state_equal_unsharded(name):
     got = runs(name)
     plain, state = got["plain"][0], got["plain"][1]
@@ -202,7 +202,11 @@ def test_extract_members_returns_an_ordinary_single_model_tree(name):
 
 
 # ---------------------------------------------------------------- checkpoints
-@pytest.mark.parametrize("target", [(8, 1), (1, 1), (2, 2, 2)], ids=["8x1", "1 device", "2x2x2"])
+@pytest.mark.parametrize(
+    "target",
+    [(8, 1), pytest.param((1, 1), marks=pytest.mark.slow), (2, 2, 2)],
+    ids=["8x1", "1 device", "2x2x2"],
+)
 def test_a_sharded_checkpoint_restores_onto_another_mesh(tmp_path, target):
     ens, state, _ = runs("vit")["fsdp"]  # trained with FSDP on (2, 4)
     want = jax.device_get(state)
@@ -234,6 +238,7 @@ def test_a_sharded_checkpoint_restores_onto_another_mesh(tmp_path, target):
 
 
 # ---------------------------------------------------------------- multi-process
+@pytest.mark.slow
 def test_two_processes_with_fsdp_equal_one(tmp_path):
     need_devices(8)
     data = me.data.synthetic(num_train=128, num_test=40, seed=3)
@@ -263,6 +268,7 @@ def test_two_processes_with_fsdp_equal_one(tmp_path):
 
 
 # ---------------------------------------------------------------- bench
+@pytest.mark.slow
 def test_the_layouts_bench_reports_state_bytes_and_step_time():
     need_devices(8)
     from meshensemble import bench

@@ -223,6 +223,7 @@ TRACE = mp.TRACE.replace("stream.ArraySource", "stream.ArrayRecordSource")
 """Every process logs the example indices it reads from the ArrayRecord files."""
 
 
+@pytest.mark.slow
 def test_two_processes_read_their_half_of_each_batch_from_the_files(tmp_path, monkeypatch):
     need_devices(8)
     directory = tmp_path / "ar"

@@ -101,7 +101,9 @@ def restored(workdir, mesh=(8, 1)):
     "processes,devices,mesh",
     [
         (2, 4, "ensemble=4,data=2"),  # data split across processes, checked step
-        (4, 2, "ensemble=8,data=1"),  # members split across processes, unchecked step
+        pytest.param(  # members split across processes, unchecked step
+            4, 2, "ensemble=8,data=1", marks=pytest.mark.slow
+        ),
     ],
     ids=["2x4 procs, (4,2)", "4x2 procs, (8,1)"],
 )
@@ -157,6 +159,7 @@ def wait_for(condition, procs, what: str) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_dead_process_makes_the_others_fail_on_their_own(npz, tmp_path):
     need_devices(8)
     workdir = tmp_path / "dead"
@@ -189,6 +192,7 @@ def test_a_dead_process_makes_the_others_fail_on_their_own(npz, tmp_path):
     chex.assert_tree_all_finite(state)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
     [[], ["--chunk-steps", "4", "--stop-within", "0.02"]],
@@ -277,6 +281,7 @@ stream.ArraySource.read = read
 """A ``sitecustomize`` that makes every process log the example indices it reads."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "shuffle,mesh", [("shared", "ensemble=1,data=8"), ("per-member", "ensemble=2,data=4")]
 )

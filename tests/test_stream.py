@@ -200,6 +200,7 @@ def _records(workdir) -> list[dict]:
     return [json.loads(s) for s in Path(workdir, "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_kill_9_of_a_streamed_run_then_resume_is_bitwise_uninterrupted(npz, tmp_path, seed):
     whole = run_cli(cli_cmd(npz, tmp_path / "whole"))

@@ -158,6 +158,7 @@ def test_learns_the_synthetic_task(tmp_path):
     assert result.history[-1]["test_ensemble_accuracy"] > 0.6
 
 
+@pytest.mark.slow
 def test_cli_trains_on_the_full_mnist_npz(tmp_path, mnist_npz, capsys):
     """The real CNN on real MNIST through the npz source, on a 2-D mesh."""
     need_devices(8)

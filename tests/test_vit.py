@@ -123,6 +123,7 @@ def test_members_equal_single_models_at_init_and_after_training_with_dropout():
     testing.assert_members_match_single_model_training(ens, KEY, X, Y, steps=3)
 
 
+@pytest.mark.slow
 def test_ensemble_of_vits_is_mesh_invariant():
     need_devices(8)
 
@@ -142,6 +143,7 @@ def test_ensemble_of_vits_is_mesh_invariant():
     assert np.isfinite(out["loss"]).all() and (out["loss"][-1] < out["loss"][0]).all()
 
 
+@pytest.mark.slow
 def test_bf16_ensemble_trains():
     need_devices(8)
     for compute in [{"compute_dtype": "bfloat16"}, {}]:
@@ -154,6 +156,7 @@ def test_bf16_ensemble_trains():
         assert np.isfinite(me.distributed.fetch(metrics["loss"])).all()
 
 
+@pytest.mark.slow
 def test_checkpoint_restores_onto_another_mesh_and_members_extract(tmp_path):
     need_devices(8)
     make = lambda mesh: me.Ensemble(tiny(), optax.adam(1e-2), 8, mesh)
