@@ -169,7 +169,8 @@ def test_state_bytes_per_device_fall_by_data_and_by_data_x_model(name):
         assert leaf.sharding.spec == spec
 
 
-@pytest.mark.parametrize("name", ["cnn", pytest.param("vit", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MODELS))
 def test_predict_and_evaluate_on_a_sharded_state_equal_unsharded(name):
     got = runs(name)
     plain, state = got["plain"][0], got["plain"][1]
