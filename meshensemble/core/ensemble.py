@@ -85,7 +85,8 @@ class Ensemble:
       loss_fn: per-example loss ``loss_fn(logits [B, C], labels [B]) -> [B]``; default
         softmax cross-entropy with integer labels.
       member_strategy: ``"auto"`` (fastest measured for the platform), ``"vmap"`` or
-        ``"loop"``.
+        ``"loop"`` (several members per device; one member per device is always
+        vmapped, over an axis of size 1).
       input_transform: applied on device to images before the model, e.g.
         :func:`meshensemble.data.normalize` for uint8 images; default none.
       hyperparams: per-member values of the optimizer's hyperparameters, e.g.

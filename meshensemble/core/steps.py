@@ -129,7 +129,7 @@ def map_members(fn: Callable[..., Any], strategy: str, in_axes: tuple[Any, ...],
     ``in_axes`` says for each argument whether it has a member axis (0) or is shared
     (None), as in ``jax.vmap``. ``strategy="vmap"`` vectorises; ``"loop"`` unrolls a
     Python loop inside the compiled step (faster for convolutions on CPU, where vmap
-    turns them into grouped convolutions).
+    turns them into grouped convolutions). One local member is vmapped either way.
     """
     m = next(jax.tree.leaves(a)[0].shape[0] for a, ax in zip(args, in_axes) if ax == 0)
     if strategy == "vmap" or m == 1:
