@@ -97,9 +97,8 @@ def docs_block(page: str, starts: str) -> str:
     return found[0]
 
 
-@pytest.mark.parametrize(
-    "mesh_shape,steps", [((8, 1), 600), pytest.param((1, 8), 300, marks=pytest.mark.slow)]
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh_shape,steps", [((8, 1), 600), ((1, 8), 300)])
 def test_the_docs_host_loop_is_safe_at_realistic_epoch_sizes(mesh_shape, steps):
     """docs/howto_mesh.md's ``train_epoch`` queues every step without reading a result.
 

@@ -154,7 +154,8 @@ class ShardBN(nn.Module):
         return nn.Dense(10)(nn.relu(x))
 
 
-@pytest.mark.parametrize("model", [pytest.param("resnet", marks=pytest.mark.slow), "own_batchnorm"])
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["resnet", "own_batchnorm"])
 def test_batchnorm_statistics_are_the_whole_batch_whatever_the_data_axis(model):
     """data=1 and data=2 (and 4) train the same members: BatchNorm reduces over ``data``."""
     need_devices(8)

@@ -339,6 +339,7 @@ def test_bad_hyperparams(tx, hyperparams, match):
 
 
 # ------------------------------------------------------------------ the zoo
+@pytest.mark.slow
 def test_resnet_trains_in_an_ensemble_and_updates_batch_stats():
     need_devices(2)
     model = models.ResNet(stage_sizes=(1, 1), num_filters=4)

@@ -115,6 +115,7 @@ def test_bf16_compute_gives_float32_logits_close_to_float32():
 
 
 # ------------------------------------------------------------------ ensembles of ViTs
+@pytest.mark.slow
 def test_members_equal_single_models_at_init_and_after_training_with_dropout():
     need_devices(8)
     ens = me.Ensemble(tiny(dropout=0.1), optax.adam(1e-2), 8, me.make_mesh(4, 2))
