@@ -137,7 +137,8 @@ def test_the_sharded_layout_is_unknown_before_init():
 
 
 # ---------------------------------------------------------------- equivalence
-@pytest.mark.parametrize("name", ["cnn", pytest.param("vit", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MODELS))
 def test_fsdp_and_the_model_axis_train_the_same_members_as_unsharded(name):
     got = runs(name)
     want = jax.device_get(got["plain"][1].params)
@@ -153,7 +154,7 @@ def test_fsdp_and_the_model_axis_train_the_same_members_as_unsharded(name):
     )
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", ["cnn", pytest.param("vit", marks=pytest.mark.slow)])
 def test_state_bytes_per_device_fall_by_data_and_by_data_x_model(name):
     got = runs(name)
     plain, fsdp, both = (got[k][2] for k in ("plain", "fsdp", "fsdp+model"))

@@ -97,6 +97,7 @@ def restored(workdir, mesh=(8, 1)):
     return jax.device_get(state), step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "processes,devices,mesh",
     [
