@@ -264,8 +264,8 @@ def summarise(report: Mapping[str, Any], launched: float, ended: float) -> dict[
         "cache_hits": compile_log["cache_hits"],
         "cache_misses": compile_log["cache_misses"],
         "by_program": compile_log["by_program"],
-        "tuning_programs": compile_log.get("tuning", {}).get("programs", 0),
-        "tuning_compile_s": compile_log.get("tuning", {}).get("seconds", 0.0),
+        "tuning_programs": compile_log["tuning"]["programs"],
+        "tuning_compile_s": compile_log["tuning"]["seconds"],
         "process_wall_s": ended - launched,
         "platform": report["platform"],
         "device_kind": report["device_kind"],
@@ -296,7 +296,7 @@ def describe(run: Mapping[str, Any]) -> str:
         else f"target not reached: {100 * (run['accuracy'] or 0):.2f}% after epoch "
         f"{run['epoch']} (train {run['epochs'][-1]['seconds'] if run['epochs'] else 0:.1f}s"
     )
-    tuned = run.get("tuning_programs", 0)
+    tuned = run["tuning_programs"]
     tuning = (
         f"; the auto-tuner compiled {tuned} more in {run['tuning_compile_s']:.1f}s" if tuned else ""
     )
