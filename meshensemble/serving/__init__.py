@@ -5,6 +5,8 @@
 * :mod:`meshensemble.serving.predictor`: :func:`load_predictor` and :class:`Predictor`
   (probabilities, members, uncertainty, conformal sets), streamed through the mesh by
   :func:`meshensemble.core.streaming.stream`; ``meshensemble predict`` runs on it.
+* :mod:`meshensemble.serving.outputs`: the ``.npz``/``.csv`` of ``predict``, written
+  atomically.
 * :mod:`meshensemble.serving.export`: :func:`export_ensemble`, the StableHLO artifact of
   ``meshensemble export`` (``jax.export``, symbolic batch, cpu/cuda/tpu).
 
@@ -15,6 +17,7 @@ Example:
 
 from meshensemble.serving import export as export
 from meshensemble.serving import inputs as inputs
+from meshensemble.serving import outputs as outputs
 from meshensemble.serving import predictor as predictor
 from meshensemble.serving.export import export_ensemble as export_ensemble
 from meshensemble.serving.inputs import Images as Images
@@ -32,5 +35,6 @@ __all__ = [
     "inputs",
     "load_predictor",
     "open_images",
+    "outputs",
     "predictor",
 ]

@@ -25,7 +25,6 @@ import importlib.metadata
 import inspect
 import json
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,8 +34,9 @@ import jax.numpy as jnp
 from meshensemble import calibration
 from meshensemble.core import steps, tempering
 from meshensemble.core.distributed import fetch
+from meshensemble.serving.outputs import atomic_write
 from meshensemble.serving.predictor import Predictor
-from meshensemble.training.outputs import check_writable, writing
+from meshensemble.training.outputs import check_writable
 
 ARTIFACT_FILE = "ensemble.jax"
 """The serialized ``jax.export.Exported`` inside an export folder."""
@@ -186,42 +186,17 @@ def export_ensemble(
       ['cpu', 'cuda', 'tpu']
     """
     check_writable(out, "pass a writable --out folder")
+    try:
+        import flatbuffers  # noqa: F401  (jax.export's serialization needs it)
+    except ImportError:
+        raise ValueError(
+            "exporting needs the flatbuffers package, which jax.export serializes with; "
+            "pip install flatbuffers (a dependency of meshensemble)"
+        ) from None
     exported = export_artifact(predictor, platforms)
     meta = export_metadata(predictor, exported)
-    os.makedirs(out, exist_ok=True)
     blob = bytes(exported.serialize())
+    os.makedirs(out, exist_ok=True)
     atomic_write(os.path.join(out, ARTIFACT_FILE), blob)
     atomic_write(os.path.join(out, METADATA_FILE), (json.dumps(meta, indent=2) + "\n").encode())
     return meta
-
-
-def atomic_write(path: str, data: bytes | Callable[[Any], Any]) -> None:
-    """Writes ``path`` through a temporary file beside it, renamed into place when complete.
-
-    Args:
-      path: the file.
-      data: the bytes, or ``write(f)`` that writes into the open binary file.
-
-    Raises:
-      meshensemble.training.OutputError: one line naming the file (disk full, permissions).
-
-    Example:
-      >>> atomic_write("out/x.json", b"{}")
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    with writing(path):
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                if isinstance(data, bytes | bytearray):
-                    f.write(data)
-                else:
-                    data(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise

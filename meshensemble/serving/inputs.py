@@ -201,7 +201,9 @@ def _open_folder(path: str, shape: tuple[int, ...], dtype: np.dtype) -> Images:
             with Image.open(file) as img:
                 size, mode = (img.height, img.width), img.mode
         except (OSError, UnidentifiedImageError) as err:
-            raise ValueError(f"--input {path}: {name} is not a readable image ({_first(err)})") from None
+            raise ValueError(
+                f"--input {path}: {name} is not a readable image ({_first(err)})"
+            ) from None
         _check_image(f"{path}/{name}", size, mode, shape)
     return Images(path, files, shape, dtype, names)
 

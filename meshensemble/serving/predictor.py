@@ -35,7 +35,7 @@ from meshensemble.core.mesh import BATCH, MEMBER_BATCH, make_mesh, parse_mesh
 from meshensemble.core.statmath import shannon_entropy
 from meshensemble.data import IMAGE_SHAPE
 from meshensemble.evaluation import EVALUATION_FILE, load_run_config
-from meshensemble.serving.inputs import Images, as_images
+from meshensemble.serving.inputs import as_images
 from meshensemble.training import build_ensemble, default_mesh_shape
 from meshensemble.training.checkpoint import restore_checkpoint
 from meshensemble.training.identity import read_saved_config
@@ -46,6 +46,8 @@ IMAGE_DTYPE = np.uint8
 """The pixel dtype every run trains on (images ``[N, *IMAGE_SHAPE]`` in ``0..255``)."""
 UNCERTAINTY_KEYS = ("label", "confidence", "entropy", "mutual_information")
 """The per-example fields of :meth:`Predictor.uncertainty`, each ``[N]``."""
+OUTPUT_KEYS = ("probs", *UNCERTAINTY_KEYS, "prediction_set", "member_probs")
+"""The arrays of :meth:`Predictor.outputs` (and ``meshensemble predict``'s ``.npz``), in order."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +110,9 @@ def read_calibration(workdir: str, step: int) -> tuple[Calibration | None, str]:
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         msg = " ".join(str(err).split())
-        raise ValueError(f"{path}: corrupt calibration ({type(err).__name__}: {msg}); {fix}") from None
+        raise ValueError(
+            f"{path}: corrupt calibration ({type(err).__name__}: {msg}); {fix}"
+        ) from None
     if cal.method not in calibration.METHODS or not cal.temperature > 0:
         raise ValueError(f"{path}: corrupt calibration ({cal}); {fix}")
     return cal, ""
@@ -263,7 +267,7 @@ class Predictor:
             axes={"member_probs": 1},
             progress=progress,
         )
-        return result
+        return {k: result[k] for k in OUTPUT_KEYS if k in result}
 
     def _program(self, members: bool) -> Callable[..., Any]:
         specs = {"probs": BATCH, "expected_entropy": BATCH}
@@ -346,7 +350,11 @@ def predictor_mesh(mesh: Any, members: int) -> Mesh:
     if mesh is None or mesh == "":
         shape = default_mesh_shape(members, jax.device_count())
     else:
-        shape = parse_mesh(mesh) if isinstance(mesh, str) else {k: int(v) for k, v in dict(mesh).items()}
+        shape = (
+            parse_mesh(mesh)
+            if isinstance(mesh, str)
+            else {k: int(v) for k, v in dict(mesh).items()}
+        )
     return make_mesh(shape.get("ensemble"), shape.get("data", 1), shape.get("model"))
 
 
