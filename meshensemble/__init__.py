@@ -39,9 +39,9 @@ from meshensemble.core.mesh import replicated_sharding as replicated_sharding
 from meshensemble.core.mesh import use_fake_cpu_devices as use_fake_cpu_devices
 from meshensemble.core.state import EnsembleState as EnsembleState
 from meshensemble.core.steps import softmax_cross_entropy as softmax_cross_entropy
+from meshensemble.models import conv as conv
 from meshensemble.serving import Predictor as Predictor
 from meshensemble.serving import load_predictor as load_predictor
-from meshensemble.models import conv as conv
 from meshensemble.training import TrainConfig as TrainConfig
 from meshensemble.training import TrainResult as TrainResult
 from meshensemble.training import checkpoint as checkpoint
