@@ -306,7 +306,8 @@ def test_bad_input_gets_one_line_and_writes_nothing(run, capsys, monkeypatch, ca
     had = sorted(os.listdir(folder)) if os.path.isdir(folder) else None
     rc = cli.main(["predict", "--workdir", workdir, "--input", str(x), "--out", out, *extra])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == code and err[-1].startswith("error: ") and re.search(message, err[-1]), err
+    assert rc == code and len(err) == 1 and err[0].startswith("error: "), err
+    assert re.search(message, err[0]), err
     assert sorted(os.walk(workdir)) == before  # the run is read, never changed
     if had is not None:
         assert sorted(os.listdir(folder)) == had  # no output, no temporary file

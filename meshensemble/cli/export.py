@@ -86,8 +86,10 @@ def run(args: argparse.Namespace) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out {args.out} is a file; give a folder")
     check_writable(args.out, "give a writable --out folder")
-    note = lambda line: print(line, file=sys.stderr)
-    predictor = load_predictor(args.workdir, checkpoint=args.checkpoint, echo=note)
+    notes: list[str] = []  # a damaged checkpoint skipped: said once the restore succeeded
+    predictor = load_predictor(args.workdir, checkpoint=args.checkpoint, echo=notes.append)
+    for line in notes:
+        print(line, file=sys.stderr)
     meta = export_ensemble(predictor, args.out, platforms)
     cal = (
         "uncalibrated" if meta["temperature"] is None else f"temperature {meta['temperature']:.4g}"

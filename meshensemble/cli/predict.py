@@ -25,7 +25,8 @@ from meshensemble.cli.common import (
 )
 from meshensemble.serving.inputs import open_images
 from meshensemble.serving.outputs import check_out_file, write_predictions
-from meshensemble.serving.predictor import IMAGE_DTYPE, load_predictor
+from meshensemble.serving.predictor import IMAGE_DTYPE, load_predictor, read_calibration
+from meshensemble.training.checkpoint import list_checkpoints
 from meshensemble.training.config import config_field, field_help
 
 PROGRESS_MIN = 10_000
@@ -97,14 +98,22 @@ def run(args: argparse.Namespace) -> int:
     from meshensemble.data import IMAGE_SHAPE
 
     images = open_images(args.input, IMAGE_SHAPE, IMAGE_DTYPE)
-    note = lambda line: print(line, file=sys.stderr)
+    if args.sets:  # before restoring: the newest (or named) checkpoint must be calibrated
+        steps = list_checkpoints(args.workdir)
+        step = args.checkpoint if args.checkpoint is not None else max(steps, default=None)
+        cal, why = read_calibration(args.workdir, step) if step is not None else (1, "")
+        if cal is None:
+            raise ValueError(f"no prediction sets: {why}")
+    notes: list[str] = []  # a damaged checkpoint skipped: said once the restore succeeded
     predictor = load_predictor(
         args.workdir,
         args.mesh,
         checkpoint=args.checkpoint,
         batch_size=args.eval_batch_size,
-        echo=note,
+        echo=notes.append,
     )
+    for line in notes:
+        print(line, file=sys.stderr)
     if args.sets:
         predictor.check_sets()
     from tqdm import tqdm
