@@ -166,6 +166,8 @@ def test_cli_predict_writes_npz_csv_and_reads_a_folder_of_images(run, capsys):
     assert cli.main([*args, *flags]) == 0
     untempered = np.asarray(run.ref.ens.predict(run.ref.state, x))
     np.testing.assert_allclose(np.load(plain_out)["probs"], untempered, atol=1e-6)
+    # the sets stay those of the calibrated probabilities (the threshold belongs to them)
+    np.testing.assert_array_equal(np.load(plain_out)["prediction_set"], want["prediction_set"])
 
 
 def test_npy_input_is_memory_mapped(run):
@@ -268,7 +270,7 @@ def _bad_cases(run):
         "no checkpoint": (str(nockpt), x, out, [], 2, "no checkpoint"),
         "damaged checkpoint": (str(damaged), x, out, [], 1, "no good checkpoint"),
         "wrong shape": (w, root / "shape.npy", out, [], 2, r"shape \[3, 20, 20\]"),
-        "wrong dtype": (w, root / "dtype.npy", out, [], 2, "dtype float32"),
+        "wrong dtype": (w, root / "dtype.npy", out, [], 2, "of dtype float32: the run takes uint8"),
         "empty file": (w, root / "empty.npy", out, [], 2, "empty file"),
         "no images": (w, root / "noimages", out, [], 2, "no PNG/JPEG"),
         "non-image file": (w, root / "mixed", out, [], 2, "'notes.txt', not a PNG/JPEG"),
