@@ -366,3 +366,20 @@ def test_cnn_run_of_eight_members_predicts_and_exports(tmp_path):
     for n in (1, 7, 64):
         got = np.asarray(exp.call(ds.test_images[:n])["probs"])
         np.testing.assert_allclose(got, want[:n], atol=1e-5)
+
+
+def test_outputs_are_written_atomically(tmp_path):
+    from meshensemble.serving.outputs import atomic_write
+
+    target = tmp_path / "p.npz"
+    target.write_bytes(b"old")
+
+    def half(f):
+        f.write(b"half of a file")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(me.training.OutputError, match=r"could not write .*p\.npz: No space left"):
+        atomic_write(str(target), half)
+    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["p.npz"]
+    atomic_write(str(target), b"new")
+    assert target.read_bytes() == b"new" and os.listdir(tmp_path) == ["p.npz"]
