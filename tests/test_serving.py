@@ -383,3 +383,16 @@ def test_outputs_are_written_atomically(tmp_path):
     assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["p.npz"]
     atomic_write(str(target), b"new")
     assert target.read_bytes() == b"new" and os.listdir(tmp_path) == ["p.npz"]
+
+
+def test_reads_the_calibration_evaluate_calibrate_writes(run, tmp_path):
+    from meshensemble.calibrate_run import calibrate_ensemble
+
+    x, y = run.images, np.asarray(data.synthetic(NUM_TRAIN, NUM_TEST, seed=3).test_labels)
+    section, _ = calibrate_ensemble(run.ref.ens, run.ref.state, (x, y), (x, y), 0.2, "aps")
+    result = {"checkpoint_step": run.ref.step, "calibration": section}  # as evaluate_run
+    (tmp_path / "evaluation.json").write_text(json.dumps(result))
+    cal, why = predictor.read_calibration(str(tmp_path), run.ref.step)
+    assert why == "" and cal.temperature == section["temperature"]
+    assert (cal.method, cal.alpha) == ("aps", 0.2)
+    assert cal.threshold == section["conformal"]["threshold"]
