@@ -13,6 +13,7 @@ from meshensemble import core as core
 from meshensemble import data as data
 from meshensemble import metrics as metrics
 from meshensemble import models as models
+from meshensemble import serving as serving
 from meshensemble import testing as testing
 from meshensemble import training as training
 from meshensemble.core import distributed as distributed
@@ -39,6 +40,8 @@ from meshensemble.core.mesh import use_fake_cpu_devices as use_fake_cpu_devices
 from meshensemble.core.state import EnsembleState as EnsembleState
 from meshensemble.core.steps import softmax_cross_entropy as softmax_cross_entropy
 from meshensemble.models import conv as conv
+from meshensemble.serving import Predictor as Predictor
+from meshensemble.serving import load_predictor as load_predictor
 from meshensemble.training import TrainConfig as TrainConfig
 from meshensemble.training import TrainResult as TrainResult
 from meshensemble.training import checkpoint as checkpoint
@@ -67,6 +70,7 @@ __all__ = [
     "LinenModel",
     "Model",
     "NNXModel",
+    "Predictor",
     "STRATEGIES",
     "TrainConfig",
     "TrainResult",
@@ -82,6 +86,7 @@ __all__ = [
     "distributed",
     "extract_members",
     "load_inference",
+    "load_predictor",
     "make_mesh",
     "member_sharding",
     "members_per_device",
@@ -92,6 +97,7 @@ __all__ = [
     "restore_checkpoint",
     "save_checkpoint",
     "save_inference",
+    "serving",
     "softmax_cross_entropy",
     "testing",
     "training",

@@ -1,8 +1,8 @@
 """The package's layout rules, read from the source (function-level imports included).
 
 * Rooms from low to high: ``core`` < ``models``, ``metrics``, ``calibration``, ``data``,
-  ``plots`` < ``training`` < ``calibrate_run`` < ``evaluation``, ``testing`` < ``bench`` <
-  ``cli``. A module imports only its own room and lower rooms; nothing outside ``cli``
+  ``plots`` < ``training`` < ``calibrate_run`` < ``evaluation``, ``testing`` < ``serving`` <
+  ``bench`` < ``cli``. A module imports only its own room and lower rooms; nothing outside ``cli``
   imports ``cli``.
 * No import cycle among the package's modules.
 * No module uses another module's ``_private`` names.
@@ -31,6 +31,7 @@ RANK = {
     "calibrate_run": 2.5,  # evaluate --calibrate: above training, below evaluation
     "evaluation": 3,
     "testing": 3,
+    "serving": 3.5,  # predict / export: reads a run as evaluation does, below bench and cli
     "bench": 4,
     "cli": 5,
 }
@@ -230,7 +231,7 @@ def test_every_third_party_import_is_declared():
         for extra in pyproject["project"]["optional-dependencies"].values()
         for d in extra
     }
-    INDIRECT = {"jaxlib", "absl", "etils", "array_record", "tensorboardx", "tensorboardX"}
+    INDIRECT = {"jaxlib", "absl", "etils", "array_record", "tensorboardx", "tensorboardX", "PIL"}
     stdlib = set(sys.stdlib_module_names) | {"meshensemble", "__future__"}
     missing = []
     for name, path in MODULES.items():

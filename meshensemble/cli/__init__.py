@@ -24,7 +24,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from meshensemble.cli import bench, convert, evaluate, train
+from meshensemble.cli import bench, convert, evaluate, export, predict, train
 from meshensemble.cli.common import (
     Parser,
     UsageError,
@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_parser(sub)
     bench.add_parser(sub)
     convert.add_parser(sub)
+    predict.add_parser(sub)
+    export.add_parser(sub)
     for p in sub.choices.values():
         add_debug_flag(p)
     return parser

@@ -380,6 +380,36 @@ def ensemble_probs(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> 
     return reduce_over(cfg, lax.pmean, jnp.mean(member_probs(cfg, state, images), axis=0), ENSEMBLE)
 
 
+def prediction_summaries(
+    cfg: StepConfig, with_members: bool, state: EnsembleState, images: jax.Array
+) -> dict[str, jax.Array]:
+    """The ensemble's prediction and the members' mean entropy, from one forward pass.
+
+    Each device averages its local members' softmax and entropies, then ``pmean`` over
+    ``ensemble`` (the ``probs`` of :func:`ensemble_probs`); the mutual information is
+    ``entropy(probs) - expected_entropy``.
+
+    Args:
+      cfg: the static configuration.
+      with_members: also return the local members' softmax.
+      state: local state, leaves ``[m, ...]``.
+      images: ``[b, ...]``.
+
+    Returns:
+      ``{"probs": [b, classes], "expected_entropy": [b]}`` (the same on every device of
+      an ``ensemble`` group), with ``with_members`` also ``"member_probs": [m, b, classes]``.
+    """
+    probs = member_probs(cfg, state, images)
+    local = {
+        "probs": jnp.mean(probs, axis=0),
+        "expected_entropy": jnp.mean(stats.shannon_entropy(probs), axis=0),
+    }
+    out = reduce_over(cfg, lax.pmean, local, ENSEMBLE)
+    if with_members:
+        out["member_probs"] = probs
+    return out
+
+
 def eval_stats(
     cfg: StepConfig,
     num_bins: int,

@@ -1,0 +1,155 @@
+"""``meshensemble predict``: a trained run's predictions on new images, to ``.npz`` or ``.csv``.
+
+Reads a ``.npy`` (memory-mapped), a ``.npz`` or a folder of PNG/JPEG images
+(:func:`meshensemble.serving.open_images`), streams it through the run's ensemble on this
+machine's devices (:meth:`meshensemble.Predictor.outputs`) and writes the result
+atomically (:func:`meshensemble.serving.outputs.write_predictions`). Every bad value is
+refused in one line before anything is written.
+
+Example:
+  >>> main(["predict", "--workdir", "runs/mnist", "--input", "new.npy", "--out", "p.npz"])
+  0
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from meshensemble.cli.common import (
+    add_debug_flag,
+    add_fake_devices_flag,
+    add_field_flag,
+    setup_devices,
+)
+from meshensemble.serving.inputs import open_images
+from meshensemble.serving.outputs import check_out_file, write_predictions
+from meshensemble.serving.predictor import IMAGE_DTYPE, load_predictor, read_calibration
+from meshensemble.training.checkpoint import list_checkpoints
+from meshensemble.training.config import config_field, field_help
+
+PROGRESS_MIN = 10_000
+"""Inputs of at least this many images show a progress bar on stderr (unless ``--quiet``)."""
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Registers the ``predict`` subcommand on the CLI's subparsers.
+
+    Args:
+      sub: the ``argparse`` subparsers object of ``meshensemble``.
+
+    Returns:
+      The subcommand's parser.
+
+    Example:
+      >>> add_parser(parser.add_subparsers())
+    """
+    p = sub.add_parser(
+        "predict",
+        help="predict new images with a trained run: probabilities, uncertainty, sets",
+        description=(
+            "Predict new images with a trained run: the ensemble's probabilities "
+            "(calibrated when `evaluate --calibrate` was run), label, confidence, entropy, "
+            "mutual information and, for a calibrated run, conformal prediction sets. "
+            "Writes a .npz (arrays) or a .csv (one row per image)."
+        ),
+    )
+    p.set_defaults(run=run)
+    add = p.add_argument
+    add_field_flag(p, "workdir", required=True, help="the trained run's folder (read only)")
+    add(
+        "--input",
+        required=True,
+        metavar="PATH",
+        help="a .npy or .npz (key images, x_test or x) of uint8 images [N, 28, 28(, 1)], "
+        "or a folder of PNG/JPEG images (sorted by name)",
+    )
+    add("--out", required=True, metavar="FILE", help="the output: FILE.npz or FILE.csv")
+    add("--members", action="store_true", help="also write member_probs [members, N, classes]")
+    add(
+        "--no-temperature",
+        action="store_true",
+        help="write the uncalibrated probs (sets still use the calibrated ones)",
+    )
+    add("--sets", action="store_true", help="require prediction sets (fails if uncalibrated)")
+    add("--checkpoint", type=int, metavar="STEP", help="checkpoint step (default: the latest)")
+    add_fake_devices_flag(p)
+    add_field_flag(p, "mesh", help=field_help(config_field("mesh")) + " (may differ from training)")
+    add_field_flag(p, "eval_batch_size", flag="--batch-size", default=1000)
+    add("--quiet", action="store_true", help="no progress bar and no summary line")
+    add_debug_flag(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``meshensemble predict`` from parsed arguments.
+
+    Returns:
+      0 on success.
+
+    Raises:
+      FileNotFoundError, ValueError: bad input (exit 2), before anything is written.
+      meshensemble.CheckpointError: no readable checkpoint (exit 1).
+      meshensemble.training.OutputError: the output could not be written (exit 1).
+    """
+    setup_devices(args.fake_devices)
+    check_out_file(args.out)
+    from meshensemble.data import IMAGE_SHAPE
+
+    images = open_images(args.input, IMAGE_SHAPE, IMAGE_DTYPE)
+    if args.sets:  # before restoring: the newest (or named) checkpoint must be calibrated
+        steps = list_checkpoints(args.workdir)
+        step = args.checkpoint if args.checkpoint is not None else max(steps, default=None)
+        cal, why = read_calibration(args.workdir, step) if step is not None else (1, "")
+        if cal is None:
+            raise ValueError(f"no prediction sets: {why}")
+    notes: list[str] = []  # a damaged checkpoint skipped: said once the restore succeeded
+    predictor = load_predictor(
+        args.workdir,
+        args.mesh,
+        checkpoint=args.checkpoint,
+        batch_size=args.eval_batch_size,
+        echo=notes.append,
+    )
+    for line in notes:
+        print(line, file=sys.stderr)
+    if args.sets:
+        predictor.check_sets()
+    from tqdm import tqdm
+
+    quiet = args.quiet or len(images) < PROGRESS_MIN
+    with tqdm(total=len(images), unit="img", file=sys.stderr, disable=quiet, leave=False) as bar:
+        out = predictor.outputs(
+            images,
+            members=args.members,
+            temperature=not args.no_temperature,
+            sets=True if args.sets else None,
+            progress=bar.update,
+        )
+    write_predictions(args.out, out, images.names)
+    if not args.quiet:
+        print(summary(predictor, out, args))
+    return 0
+
+
+def summary(predictor: Any, out: dict[str, Any], args: argparse.Namespace) -> str:
+    """The line ``predict`` prints: what was written, from which checkpoint, calibrated or not.
+
+    Example:
+      >>> summary(predictor, out, args)
+      'wrote 12 predictions (probs, label, ...) to p.npz: checkpoint 938, ...'
+    """
+    cal = predictor.calibration
+    if cal is None:
+        how = "uncalibrated"
+    else:
+        t = "not applied" if args.no_temperature else "applied"
+        how = f"temperature {cal.temperature:.4g} {t}"
+        if "prediction_set" in out:
+            how += f", {cal.method} sets at alpha={cal.alpha:g}"
+    keys = ", ".join(out)
+    return (
+        f"wrote {len(out['label'])} predictions ({keys}) to {args.out}: checkpoint "
+        f"{predictor.step} of {args.workdir}, {how}"
+    )

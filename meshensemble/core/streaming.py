@@ -1,0 +1,155 @@
+"""The host streaming engine: a dataset through the mesh in padded, masked batches.
+
+:func:`stream` is the one host loop that feeds a (possibly huge, memory-mapped) array of
+examples to a compiled program batch after batch: it reads one batch at a time from the
+host array, pads the last one to the batch size (a multiple of the mesh's ``data`` axis)
+by repeating its first row, passes a mask of the real rows, keeps a bounded number of
+batches in flight on the devices (the next batch is read and dispatched while the
+devices compute the previous ones), then brings each result to the host, drops the
+padding and hands it to a sink. Only one batch of input and ``in_flight`` batches of
+output are held at a time, so memory stays bounded whatever the dataset's size.
+
+:func:`batch_size_for` rounds a requested batch size to what the mesh can split.
+
+Example:
+  >>> def sink(start, out):
+  ...     probs[start : start + len(out["probs"])] = out["probs"]
+  >>> stream(lambda x, mask: {"probs": ens.predict(state, x)}, images, 1000, 2, sink)
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from meshensemble.core.distributed import fetch
+
+IN_FLIGHT = 2
+"""Batches dispatched to the devices and not yet brought back, by default."""
+
+
+def batch_size_for(batch_size: int, n: int, multiple: int) -> int:
+    """The batch size :func:`stream` uses: ``min(batch_size, n)`` rounded up to ``multiple``.
+
+    Args:
+      batch_size: the requested examples per call (> 0).
+      n: the number of examples (> 0).
+      multiple: what the batch must divide into (the mesh's ``data`` axis).
+
+    Returns:
+      The batch size, a positive multiple of ``multiple``.
+
+    Raises:
+      ValueError: a value that is not a positive integer.
+
+    Example:
+      >>> batch_size_for(1000, 7, 2), batch_size_for(1000, 5000, 8)
+      (8, 1000)
+    """
+    for name, value in (("batch_size", batch_size), ("n", n), ("multiple", multiple)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer")
+    b = min(int(batch_size), int(n))
+    return b + (-b % int(multiple))
+
+
+def pad_rows(x: np.ndarray, b: int) -> np.ndarray:
+    """``x`` ``[k, ...]`` padded to ``[b, ...]`` by repeating its first row (a valid input).
+
+    Example:
+      >>> pad_rows(np.arange(3), 4).tolist()
+      [0, 1, 2, 0]
+    """
+    k = len(x)
+    if k == b:
+        return x
+    return np.concatenate([x, np.repeat(x[:1], b - k, axis=0)])
+
+
+def unpad(tree: Any, k: int, axes: Mapping[str, int] | None = None) -> Any:
+    """The first ``k`` rows of every leaf of a host result (``axes[key]``: its batch axis).
+
+    Args:
+      tree: a dict of numpy arrays (or one array), batch on axis 0 unless ``axes`` says.
+      k: the real rows.
+      axes: per key of ``tree``, the batch axis (e.g. ``{"member_probs": 1}``).
+
+    Returns:
+      The same structure cut to ``k`` rows.
+
+    Example:
+      >>> unpad({"p": np.zeros((4, 3)), "m": np.zeros((2, 4, 3))}, 3, {"m": 1})["m"].shape
+      (2, 3, 3)
+    """
+    axes = axes or {}
+    if not isinstance(tree, Mapping):
+        return tree[:k]
+    return {key: np.take(v, np.arange(k), axis=axes.get(key, 0)) for key, v in tree.items()}
+
+
+def stream(
+    fn: Callable[[np.ndarray, np.ndarray], Any],
+    images: Any,
+    batch_size: int,
+    multiple: int,
+    sink: Callable[[int, Any], Any],
+    *,
+    axes: Mapping[str, int] | None = None,
+    in_flight: int = IN_FLIGHT,
+    progress: Callable[[int], Any] | None = None,
+    prepare: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> int:
+    """Streams ``images`` through ``fn`` in padded, masked batches; results go to ``sink``.
+
+    Args:
+      fn: ``fn(x [b, ...], mask [b] bool) -> result``: dispatches the batch (asynchronously,
+        e.g. a jitted or mesh program) and returns a dict of arrays (or one array) whose
+        batch axis is 0 unless ``axes`` says otherwise. Padding rows repeat the batch's
+        first row; ``mask`` is False there.
+      images: ``[N, ...]``: anything sliceable with ``len``-able rows (numpy, a
+        ``np.memmap``, a lazy reader); only ``images[i:j]`` is read.
+      batch_size: examples per call (rounded with :func:`batch_size_for`).
+      multiple: the batch size's multiple (the mesh's ``data`` axis).
+      sink: ``sink(start, result)`` gets each batch's host result (numpy, padding
+        dropped) in order; ``start`` is the index of its first example.
+      axes: the batch axis of result keys that do not have it first.
+      in_flight: batches dispatched before the oldest is brought back (>= 1).
+      progress: called with the number of examples done after each batch.
+      prepare: applied to each batch read from ``images`` (on the host) before padding.
+
+    Returns:
+      ``N``, the number of examples streamed.
+
+    Raises:
+      ValueError: no examples, or a bad batch size or ``in_flight``.
+
+    Example:
+      >>> n = stream(lambda x, m: ens.predict(state, x), images, 1000, ens.data_size, sink)
+    """
+    n = len(images)
+    if n == 0:
+        raise ValueError("no examples to stream; give at least one")
+    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+        raise ValueError(f"in_flight={in_flight!r} must be a positive integer")
+    b = batch_size_for(batch_size, n, multiple)
+    queue: collections.deque[tuple[int, int, Any]] = collections.deque()
+
+    def drain(keep: int) -> None:
+        while len(queue) > keep:
+            start, k, out = queue.popleft()
+            sink(start, unpad(fetch(out), k, axes))
+            if progress is not None:
+                progress(k)
+
+    for start in range(0, n, b):
+        x = np.asarray(images[start : start + b])
+        if prepare is not None:
+            x = prepare(x)
+        k = len(x)
+        queue.append((start, k, fn(pad_rows(x, b), np.arange(b) < k)))
+        drain(in_flight)
+    drain(0)
+    return n

@@ -1,0 +1,140 @@
+"""The files of ``meshensemble predict`` and ``export``: checked first, written atomically.
+
+:func:`check_out_file` refuses a ``--out`` that cannot be written before any work;
+:func:`write_predictions` writes the ``.npz`` or ``.csv`` of :meth:`Predictor.outputs
+<meshensemble.serving.predictor.Predictor.outputs>` through a temporary file renamed into
+place (:func:`atomic_write`), so a failed or interrupted command leaves no half-written
+file.
+
+Example:
+  >>> check_out_file("preds.csv")
+  >>> write_predictions("preds.csv", predictor.outputs(images), names)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from meshensemble.training.outputs import check_writable, writing
+
+OUT_SUFFIXES = (".npz", ".csv")
+"""The kinds of ``--out`` file ``meshensemble predict`` writes."""
+CSV_COLUMNS = ("label", "confidence", "entropy", "mutual_information")
+"""Columns of a ``.csv`` after ``index`` (or ``name``), before ``prediction_set``."""
+
+
+def check_out_file(path: str) -> str:
+    """Refuses a ``--out`` file that is of an unknown kind or cannot be written.
+
+    Args:
+      path: the output file (``.npz`` or ``.csv``); its folder must exist and be writable.
+
+    Returns:
+      The kind, ``".npz"`` or ``".csv"``.
+
+    Raises:
+      ValueError: another suffix, a folder in the way, a missing or read-only folder.
+
+    Example:
+      >>> check_out_file("preds.npz")
+      '.npz'
+    """
+    kind = os.path.splitext(path)[1].lower()
+    if kind not in OUT_SUFFIXES:
+        raise ValueError(f"--out {path}: give a file ending in .npz or .csv")
+    if os.path.isdir(path):
+        raise ValueError(f"--out {path} is a folder; give a file ending in {kind}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--out {path}: folder {folder} does not exist; create it first")
+    check_writable(folder, f"--out {path} goes there: give a writable --out")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ValueError(f"--out {path} exists and is read-only; give a writable --out")
+    return kind
+
+
+def atomic_write(path: str, data: bytes | Callable[[Any], Any]) -> None:
+    """Writes ``path`` through a temporary file beside it, renamed into place when complete.
+
+    Args:
+      path: the file.
+      data: the bytes, or ``write(f)`` that writes into the open binary file.
+
+    Raises:
+      meshensemble.training.OutputError: one line naming the file (disk full, permissions).
+
+    Example:
+      >>> atomic_write("out/x.json", b"{}")
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    with writing(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                if isinstance(data, bytes | bytearray):
+                    f.write(data)
+                else:
+                    data(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+
+
+def write_predictions(
+    path: str, out: Mapping[str, np.ndarray], names: Sequence[str] | None = None
+) -> None:
+    """Writes a prediction's arrays to ``path`` (``.npz``: every array; ``.csv``: a row each).
+
+    The ``.npz`` holds every array of ``out`` under its key, plus ``names`` (the input
+    folder's file names) when given. The ``.csv`` has a header and one row per example:
+    ``index`` (or ``name``), ``label``, ``confidence``, ``entropy``,
+    ``mutual_information`` and, when ``out`` has sets, ``prediction_set`` (the classes in
+    the set, separated by spaces; empty for an empty set).
+
+    Args:
+      path: the ``.npz`` or ``.csv`` file (checked by :func:`check_out_file`).
+      out: the arrays of :meth:`~meshensemble.serving.predictor.Predictor.outputs`.
+      names: the examples' names, or None to number them.
+
+    Raises:
+      meshensemble.training.OutputError: the file could not be written.
+
+    Example:
+      >>> write_predictions("preds.npz", predictor.outputs(images))
+    """
+    if path.lower().endswith(".csv"):
+        atomic_write(path, lambda f: _write_csv(f, out, names))
+        return
+    arrays = dict(out)
+    if names is not None:
+        arrays["names"] = np.asarray(list(names), dtype=str)
+    atomic_write(path, lambda f: np.savez(f, **arrays))
+
+
+def _write_csv(f: Any, out: Mapping[str, np.ndarray], names: Sequence[str] | None) -> None:
+    text = io.TextIOWrapper(f, encoding="utf-8", newline="")
+    rows = csv.writer(text)
+    sets = out.get("prediction_set")
+    head = ["name" if names is not None else "index", *CSV_COLUMNS]
+    rows.writerow(head + (["prediction_set"] if sets is not None else []))
+    n = len(out["label"])
+    for i in range(n):
+        row = [names[i] if names is not None else i, int(out["label"][i])]
+        row += [f"{float(out[k][i]):.6g}" for k in CSV_COLUMNS[1:]]
+        if sets is not None:
+            row.append(" ".join(map(str, np.flatnonzero(sets[i]))))
+        rows.writerow(row)
+    text.flush()
+    text.detach()
