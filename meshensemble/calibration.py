@@ -120,9 +120,86 @@ def _temperature_array(temperature: Any, logits: Any) -> jax.Array:
             f"logits [members, N, C]; got shape {tuple(t.shape)} for logits "
             f"{tuple(logits.shape)}."
         )
-    if not bool(jax.device_get(jnp.all(t > 0))):
-        raise ValueError(f"`temperature` must be > 0, got {np.asarray(t).ravel().tolist()}.")
+    if not bool(jax.device_get(jnp.all((t > 0) & jnp.isfinite(t)))):
+        raise ValueError(
+            f"`temperature` must be finite and > 0, got {np.asarray(t).ravel().tolist()}; "
+            "pass the T that fit_temperature returned."
+        )
     return t
+
+
+def _check_rows(x: Any, ndim: int | None, name: str, probabilities: bool) -> Any:
+    """``x`` after its one-line checks at the boundary: `[N, C]`, `[members, N, C]`, or
+    any `[..., C]` when ``ndim`` is None.
+
+    Every input: the rank, at least one row and one class, a real dtype, no NaN/inf.
+    Probabilities (``probabilities=True``): no negative value and every row summing to 1
+    within :func:`_sum_tolerance`. Logits that look like probabilities (every row
+    non-negative and summing to 1) get a warning: temperature scaling divides logits.
+    """
+    if ndim is None:
+        x = statmath.as_array(x)
+        if x.ndim == 0:
+            raise ValueError(f"`{name}` must be [..., classes], got a scalar; pass an array.")
+    else:
+        x = statmath.check_probs(x, ndim, name)
+    if x.size == 0:
+        raise ValueError(
+            f"`{name}` of shape {tuple(x.shape)} holds no example or no class; pass at least "
+            "one example (row) of at least one class."
+        )
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
+        raise ValueError(f"`{name}` must hold real numbers, got dtype {x.dtype}.")
+    finite, bad, lo, worst, worst_sum = (v.item() for v in jax.device_get(_row_stats(x)))
+    if not finite:
+        raise ValueError(
+            f"`{name}` contains NaN or inf (first in example {bad}); pass finite values (NaN "
+            "comes from a diverged model or a failed run: check it first)."
+        )
+    tol = _sum_tolerance(x.dtype, x.shape[-1])
+    if probabilities and lo < 0:
+        raise ValueError(
+            f"`{name}` holds negative values (min {lo:.4g}); pass probabilities in [0, 1] "
+            "(e.g. jax.nn.softmax(logits)), not logits."
+        )
+    if probabilities and abs(worst_sum - 1.0) > tol:
+        raise ValueError(
+            f"each row of `{name}` must sum to 1 (within {tol:.1e}), but example {worst} sums "
+            f"to {worst_sum:.6g}; pass probabilities (e.g. jax.nn.softmax(logits)), not "
+            "logits or unnormalised scores."
+        )
+    if not probabilities and x.shape[-1] > 1 and lo >= 0 and abs(worst_sum - 1.0) <= 1e-5:
+        warnings.warn(
+            f"every row of `{name}` is non-negative and sums to 1: these look like "
+            "probabilities, not logits; pass logits (e.g. ensemble_logits(member_probs) or "
+            "log(probs)), or use apply_temperature_to_probs",
+            stacklevel=3,
+        )
+    return x
+
+
+def _sum_tolerance(dtype: Any, classes: int) -> float:
+    """How far a row's sum may stray from 1: ``max(1e-3, 2 sqrt(C) eps(dtype))``."""
+    eps = float(jnp.finfo(dtype).eps) if jnp.issubdtype(dtype, jnp.floating) else 0.0
+    return max(1e-3, 2.0 * math.sqrt(classes) * eps)
+
+
+@jax.jit
+def _row_stats(x: Any) -> tuple[jax.Array, ...]:
+    """``(all finite, first example with NaN/inf, min, example whose sum is furthest from
+    1, that sum)`` of ``x`` `[..., N, C]`, reduced on device (only scalars come back, and
+    nothing is gathered or reshaped: ``x`` may be sharded over its rows)."""
+    x = statmath.as_float(x)
+    x = x[None] if x.ndim == 1 else x
+    ok = jnp.isfinite(x)
+    lead = tuple(range(x.ndim - 2))  # the member axis of [members, N, C], if any
+    finite_rows = jnp.all(ok, axis=(-1, *lead))  # [N]
+    sums = jnp.sum(jnp.where(ok, x, 0), axis=-1)  # [..., N]
+    worst = jnp.argmax(jnp.max(jnp.abs(sums - 1), axis=lead))
+    top, bottom = jnp.max(sums), jnp.min(sums)
+    worst_sum = jnp.where(jnp.abs(top - 1) >= jnp.abs(bottom - 1), top, bottom)
+    lo = jnp.min(jnp.where(ok, x, jnp.inf))
+    return jnp.all(finite_rows), jnp.argmin(finite_rows), lo, worst, worst_sum
 
 
 # --------------------------------------------------------------------------- temperature
@@ -151,7 +228,7 @@ def ensemble_logits(member_probs: ArrayLike) -> jax.Array:
       >>> np.round(np.exp(np.asarray(z)), 4).tolist()
       [[0.7, 0.3]]
     """
-    return _ensemble_logits_core(statmath.check_probs(member_probs, 3, "member_probs"))
+    return _ensemble_logits_core(_check_rows(member_probs, 3, "member_probs", True))
 
 
 @jax.jit
@@ -177,7 +254,7 @@ def apply_temperature(logits: ArrayLike, temperature: ArrayLike) -> jax.Array:
       >>> np.round(np.asarray(apply_temperature([[2.0, 0.0]], 2.0)), 4).tolist()
       [[0.7311, 0.2689]]
     """
-    logits = statmath.as_float(statmath.as_array(logits))
+    logits = statmath.as_float(_check_rows(logits, None, "logits", False))
     return _apply_core(logits, _temperature_array(temperature, logits))
 
 
@@ -207,7 +284,7 @@ def apply_temperature_to_probs(probs: ArrayLike, temperature: ArrayLike) -> jax.
       >>> np.round(np.asarray(apply_temperature_to_probs([[0.8, 0.2]], 0.5)), 4).tolist()
       [[0.9412, 0.0588]]
     """
-    probs = statmath.as_float(statmath.as_array(probs))
+    probs = statmath.as_float(_check_rows(probs, None, "probs", True))
     return _apply_core(statmath.clipped_log(probs), _temperature_array(temperature, probs))
 
 
@@ -254,19 +331,15 @@ def fit_temperature(
       >>> calibrated = apply_temperature(test_logits, t)
       >>> ts = fit_temperature(member_logits, val_labels, per_member=True)  # [members]
     """
-    logits = statmath.check_probs(logits, 3 if per_member else 2, "logits")
+    logits = _check_rows(logits, 3 if per_member else 2, "logits", False)
     member_logits = logits if per_member else logits[None]
     _, n, c = member_logits.shape
-    if n == 0:
-        raise ValueError("`logits` hold no example; give at least one held-out example.")
     labels = _check_labels(labels, n, c)
     lo, hi = (float(b) for b in bounds)
     if not 0.0 < lo < hi or not math.isfinite(hi):
         raise ValueError(f"`bounds` must be (lo, hi) with 0 < lo < hi < inf, got {bounds!r}.")
     if not 0.0 < rtol < 1.0:
         raise ValueError(f"`rtol` must lie in (0, 1), got {rtol!r}.")
-    if not bool(jax.device_get(_all_finite(member_logits))):
-        raise ValueError("`logits` contain NaN or inf; fit on finite logits.")
 
     def g(log_t: np.ndarray) -> np.ndarray:  # [M, K] log-temperatures -> [M, K] derivatives
         return np.asarray(jax.device_get(_dnll_dbeta(member_logits, labels, np.exp(-log_t))))
@@ -298,11 +371,6 @@ def fit_temperature(
     t = np.exp((a + b) / 2)
     t = np.where(at_lo, lo, np.where(at_hi, hi, t))
     return t if per_member else float(t[0])
-
-
-@jax.jit
-def _all_finite(x: Any) -> jax.Array:
-    return jnp.all(jnp.isfinite(x))
 
 
 @jax.jit
@@ -339,53 +407,101 @@ def conformal_scores(
 
     * ``"thr"``: ``s(x, c) = 1 - p_c``;
     * ``"aps"``: ``s(x, c) = sum_{c' ranked at or above c} p_c'`` (the cumulative mass down
-      to ``c``); with ``randomized`` ``u * p_c`` is subtracted, ``u ~ U[0, 1)`` per
-      example (exact ``1 - alpha`` coverage on average instead of ``>=``; the default,
+      to ``c``); with ``randomized`` ``u * p_c`` is subtracted, ``u`` in ``[0, 1)`` per
+      example (coverage close to ``1 - alpha`` instead of above it; the default,
       non-randomised score gives larger, deterministic sets);
     * ``"raps"``: the APS score plus ``lam * max(0, rank(c) - k_reg)``.
 
+    The randomisation ``u`` is a function of the example, not of its position: a 32-bit
+    hash of the bytes of its probability row (``-0.0`` read as ``0.0``) and of ``seed``,
+    scaled to ``[0, 1)``. An example therefore gets the same scores alone, in any batch or
+    on any mesh, and the score is one fixed function of ``(x, y)``: split conformal's
+    ``>= 1 - alpha`` guarantee holds for one-at-a-time calls exactly as for batched ones.
+    Identical rows share their ``u``.
+
     Args:
-      probs: `[N, classes]` probabilities (e.g. temperature-scaled).
+      probs: `[N, classes]` probabilities (e.g. temperature-scaled); each row non-negative
+        and summing to 1.
       method: one of :data:`METHODS`.
       k_reg: RAPS: the number of top classes free of the penalty (defaults from
         Angelopoulos & Bates' RAPS example; tune on held-out data).
       lam: RAPS: the penalty per class ranked below ``k_reg``.
-      randomized: APS/RAPS: subtract ``u * p_c`` (``u`` from ``jax.random.key(seed)``).
-      seed: the seed of the randomisation.
+      randomized: APS/RAPS: subtract ``u * p_c`` (``u`` the hash of the row and ``seed``).
+      seed: an int, the seed of the randomisation (use the same one to calibrate and
+        predict).
 
     Returns:
-      `[N, classes]` float scores.
+      `[N, classes]` float scores (the dtype of ``probs``: float64 stays float64 under
+      ``jax_enable_x64``).
 
     Raises:
-      ValueError: if ``probs`` is not 2-D, ``method`` is unknown, ``k_reg < 0`` or
-        ``lam < 0``.
+      ValueError: if ``probs`` is not 2-D, empty, not finite, negative or its rows do not
+        sum to 1, ``method`` is unknown, ``k_reg < 0``, ``lam < 0`` or ``seed`` not an int.
 
     Example:
       >>> np.round(np.asarray(conformal_scores([[0.6, 0.1, 0.3]], "aps")), 4).tolist()
       [[0.6, 1.0, 0.9]]
     """
-    probs = statmath.check_probs(probs, 2, "probs")
+    return _scores(_check_rows(probs, 2, "probs", True), method, k_reg, lam, randomized, seed)
+
+
+def _scores(
+    probs: Any, method: str, k_reg: int, lam: float, randomized: bool, seed: int
+) -> jax.Array:
+    """:func:`conformal_scores` of already checked ``probs``."""
     _check_method(method)
     if isinstance(k_reg, bool) or not isinstance(k_reg, int | np.integer) or k_reg < 0:
         raise ValueError(f"`k_reg` must be an int >= 0, got {k_reg!r}.")
-    if not float(lam) >= 0.0:
-        raise ValueError(f"`lam` must be >= 0, got {lam!r}.")
-    u = None
-    if randomized and method != "thr":
-        u = jax.random.uniform(jax.random.key(seed), (probs.shape[0],))
-    return _scores_core(probs, u, method=method, k_reg=int(k_reg), lam=float(lam))
+    if not float(lam) >= 0.0 or not math.isfinite(float(lam)):
+        raise ValueError(f"`lam` must be finite and >= 0, got {lam!r}.")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise ValueError(f"`seed` must be an int, got {seed!r}.")
+    words = np.array([int(seed) & 0xFFFFFFFF, (int(seed) >> 32) & 0xFFFFFFFF], np.uint32)
+    use_u = bool(randomized) and method != "thr"
+    return _scores_core(
+        probs, words, method=method, k_reg=int(k_reg), lam=float(lam), randomized=use_u
+    )
 
 
-@functools.partial(jax.jit, static_argnames=("method", "k_reg", "lam"))
-def _scores_core(probs: Any, u: Any, method: str, k_reg: int, lam: float) -> jax.Array:
+def _fmix32(h: jax.Array) -> jax.Array:
+    """MurmurHash3's 32-bit finaliser: every input bit flips each output bit with ~1/2."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _example_uniform(p: jax.Array, words: jax.Array) -> jax.Array:
+    """``u`` `[N]` in ``[0, 1)`` (float32, multiples of 2^-24): a hash of each row's bytes.
+
+    Each 32-bit word ``b_j`` of a row (float64 rows have two per value) is mixed with its
+    position and the seed's low word, the mixed words are summed modulo 2^32 (exact and
+    order-free, so a sharded or batched row gives the same sum) and the sum is mixed with
+    the seed's high word. Row by row: independent of the batch the row sits in.
+    """
+    if p.dtype not in (jnp.float32, jnp.float64):
+        p = p.astype(jnp.float32)
+    p = jnp.where(p == 0, jnp.zeros_like(p), p)  # -0.0 and 0.0 alike
+    bits = jax.lax.bitcast_convert_type(p, jnp.uint32).reshape(p.shape[0], -1)
+    pos = jnp.arange(bits.shape[1], dtype=jnp.uint32) * jnp.uint32(0x9E3779B9)
+    mixed = _fmix32(bits ^ _fmix32(pos + words[0])[None, :])
+    h = _fmix32(jnp.sum(mixed, axis=1, dtype=jnp.uint32) ^ _fmix32(words[1] + jnp.uint32(1)))
+    return (h >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)
+
+
+@functools.partial(jax.jit, static_argnames=("method", "k_reg", "lam", "randomized"))
+def _scores_core(
+    probs: Any, words: Any, method: str, k_reg: int, lam: float, randomized: bool
+) -> jax.Array:
     p = statmath.as_float(probs)
     if method == "thr":
         return 1.0 - p
     order = jnp.argsort(-p, axis=-1, stable=True)  # descending, ties: lower class first
     ranked = jnp.take_along_axis(p, order, axis=-1)
     score = jnp.cumsum(ranked, axis=-1)
-    if u is not None:
-        score = score - u.astype(p.dtype)[:, None] * ranked
+    if randomized:
+        score = score - _example_uniform(p, words).astype(p.dtype)[:, None] * ranked
     if method == "raps":
         rank = jnp.arange(1, p.shape[-1] + 1, dtype=p.dtype)[None, :]
         score = score + lam * jnp.maximum(rank - k_reg, 0.0)
@@ -407,29 +523,39 @@ def conformal_quantile(
     smallest) gives ``P(s_test <= q) >= 1 - alpha`` for an exchangeable test example, so
     :func:`prediction_sets` with this ``q`` covers the true label with probability at least
     ``1 - alpha`` (and at most ``1 - alpha + 1 / (n + 1)`` when scores have no ties).
+    ``q`` is exactly one of the scores, in their dtype (float64 under ``jax_enable_x64``
+    with float64 input), so every calibration example whose score is ``<= q`` is in its
+    own set.
 
     Args:
       probs: `[n, classes]` probabilities of the calibration examples (held out; the same
-        model and temperature as the test predictions).
+        model and temperature as the test predictions); rows non-negative, summing to 1.
       labels: `[n]` integer class indices.
       alpha: the miscoverage rate in ``(0, 1)``, e.g. ``0.1`` for 90% coverage.
       method: one of :data:`METHODS`.
       **score_kwargs: ``k_reg``, ``lam``, ``randomized``, ``seed`` of
-        :func:`conformal_scores`.
+        :func:`conformal_scores` (pass the same to :func:`prediction_sets`).
 
     Returns:
       ``q`` as a python float.
 
     Raises:
       ValueError: if ``alpha`` is not in ``(0, 1)`` or too small for ``n``
-        (``k > n``, i.e. ``n < 1 / alpha - 1``), or the shapes or labels are invalid.
+        (``k > n``, i.e. ``n < 1 / alpha - 1``), ``probs`` is empty, not finite, negative
+        or its rows do not sum to 1, or the shapes, labels or score arguments are invalid.
 
     Example:
       >>> q = conformal_quantile(val_probs, val_labels, alpha=0.1)
       >>> sets = prediction_sets(test_probs, q)
     """
     alpha = _check_alpha(alpha)
-    probs = statmath.check_probs(probs, 2, "probs")
+    _check_method(method)
+    unknown = set(score_kwargs) - {"k_reg", "lam", "randomized", "seed"}
+    if unknown:
+        raise ValueError(
+            f"unknown score arguments {sorted(unknown)}; use k_reg, lam, randomized or seed."
+        )
+    probs = _check_rows(probs, 2, "probs", True)
     n, c = probs.shape
     labels = _check_labels(labels, n, c)
     # The small slack keeps (n + 1)(1 - alpha) = 9.000000000000002 from rounding up to 10.
@@ -440,24 +566,31 @@ def conformal_quantile(
             f"alpha={alpha} is too small for n={n} calibration examples: split conformal "
             f"needs n >= 1/alpha - 1 = {need}; use more calibration examples or a larger alpha."
         )
-    scores = conformal_scores(probs, method, **score_kwargs)
+    kw = {"k_reg": 5, "lam": 0.01, "randomized": False, "seed": 0} | score_kwargs
+    scores = _scores(probs, method, **kw)
     return float(jax.device_get(_kth_true_score(scores, labels, k=max(k, 1))))
 
 
 @functools.partial(jax.jit, static_argnames="k")
 def _kth_true_score(scores: Any, labels: Any, k: int) -> jax.Array:
     true = jnp.take_along_axis(scores, labels[:, None], axis=-1)[:, 0]
-    return _kth_smallest(true.astype(jnp.float32), k)
+    return _kth_smallest(true, k)
 
 
 def _kth_smallest(x: jax.Array, k: int) -> jax.Array:
-    """The exact k-th smallest of ``x`` `[N]` (float32) by bisection on its bit patterns.
+    """The exact k-th smallest of ``x`` `[N]` by bisection on its bit patterns.
 
-    Only counts ``sum(x <= v)`` are taken (32 rounds), so ``x`` may stay sharded over
-    devices (a sort along a sharded axis would need it gathered).
+    float64 input (under ``jax_enable_x64``) is searched as float64 (64 rounds), anything
+    else as float32 (32 rounds): the result is exactly one of the values. Only counts
+    ``sum(x <= v)`` are taken, so ``x`` may stay sharded over devices (a sort along a
+    sharded axis would need it gathered).
     """
-    bits = jax.lax.bitcast_convert_type(x, jnp.int32)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 keys in the order of the floats
+    wide = x.dtype == jnp.float64
+    fdt, idt = (jnp.float64, jnp.int64) if wide else (jnp.float32, jnp.int32)
+    low = 0x7FFFFFFFFFFFFFFF if wide else 0x7FFFFFFF
+    bits = jax.lax.bitcast_convert_type(x.astype(fdt), idt)
+    sign = 63 if wide else 31
+    key = bits ^ ((bits >> sign) & low)  # integer keys in the order of the floats
 
     def body(_: Any, bounds: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         lo, hi = bounds
@@ -465,8 +598,8 @@ def _kth_smallest(x: jax.Array, k: int) -> jax.Array:
         enough = jnp.sum(key <= mid) >= k
         return jnp.where(enough, lo, mid + 1), jnp.where(enough, mid, hi)
 
-    lo, _ = jax.lax.fori_loop(0, 33, body, (jnp.min(key), jnp.max(key)))
-    return jax.lax.bitcast_convert_type(lo ^ ((lo >> 31) & 0x7FFFFFFF), jnp.float32)
+    lo, _ = jax.lax.fori_loop(0, sign + 2, body, (jnp.min(key), jnp.max(key)))
+    return jax.lax.bitcast_convert_type(lo ^ ((lo >> sign) & low), fdt)
 
 
 def prediction_sets(
@@ -478,10 +611,13 @@ def prediction_sets(
     ``P(y in C(x)) >= 1 - alpha``. ``"thr"`` sets are ``{c : p_c >= 1 - q}`` and may be
     empty when no class is that likely; ``"aps"`` / ``"raps"`` sets are the top classes
     whose cumulative mass stays within ``q`` (empty when the top class alone exceeds it).
+    Each row's set depends on that row alone (the randomisation too): an example gets the
+    same set alone or in any batch.
 
     Args:
-      probs: `[N, classes]` probabilities of the test examples.
-      q: the threshold.
+      probs: `[N, classes]` probabilities of the test examples; rows non-negative,
+        summing to 1.
+      q: the threshold, a finite scalar (a python float, or an array of shape `[]`).
       method: one of :data:`METHODS`.
       **score_kwargs: ``k_reg``, ``lam``, ``randomized``, ``seed`` of
         :func:`conformal_scores`.
@@ -490,14 +626,24 @@ def prediction_sets(
       `[N, classes]` bool jax array: True where the class is in the set.
 
     Raises:
-      ValueError: if ``probs`` is not 2-D or ``method`` is unknown.
+      ValueError: if ``probs`` is not 2-D, empty, not finite, negative or its rows do not
+        sum to 1, ``q`` is not a finite scalar, or ``method`` is unknown.
 
     Example:
       >>> prediction_sets(np.array([[0.7, 0.2, 0.1]]), q=0.85).tolist()
       [[True, True, False]]
     """
+    q_arr = np.asarray(jax.device_get(q))
+    if q_arr.shape not in ((), (1,)) or not np.issubdtype(q_arr.dtype, np.number):
+        raise ValueError(
+            f"`q` must be one threshold (a float from conformal_quantile), got an array of "
+            f"shape {q_arr.shape} and dtype {q_arr.dtype}; pass float(q)."
+        )
+    if not np.isfinite(q_arr).all():
+        raise ValueError(f"`q` must be finite, got {q_arr.item()}; recompute it on finite data.")
+    _check_method(method)
     scores = conformal_scores(probs, method, **score_kwargs)
-    return _within(scores, jnp.asarray(q, scores.dtype))
+    return _within(scores, jnp.asarray(q_arr.reshape(()), scores.dtype))
 
 
 @jax.jit
