@@ -294,6 +294,7 @@ def fit_temperature(
     per_member: bool = False,
     bounds: tuple[float, float] = (1e-3, 1e3),
     rtol: float = 1e-6,
+    at_bound: str = "raise",
 ) -> float | np.ndarray:
     """The temperature ``T > 0`` that minimises the NLL of ``softmax(logits / T)``.
 
@@ -308,8 +309,13 @@ def fit_temperature(
 
     For an ensemble, fit on :func:`ensemble_logits` ("pool, then calibrate": the
     temperature of the ensemble's prediction); ``per_member=True`` fits each member's own.
-    When the NLL still decreases at a bound (e.g. every held-out example is right with a
-    margin, so sharper is always better), the bound is returned with a warning.
+    When the NLL still decreases at a bound, no temperature in ``bounds`` fits: at the
+    lower bound every held-out example is right (sharper is then always better, and the
+    bound would make every test mistake a confident one), at the upper bound the logits
+    rank the labels worse than chance. Such a bound is refused (``at_bound="raise"``, the
+    default), or returned with a warning (``at_bound="warn"``, for a caller that decides
+    itself). On a model with error rate ``e`` a split of ``n`` examples is all right with
+    probability ``(1 - e)^n``: hold out at least ``5 / e`` (500 for a 99% model).
 
     Args:
       logits: `[N, classes]` logits (numpy or jax, possibly a global array sharded over a
@@ -318,13 +324,14 @@ def fit_temperature(
       per_member: fit one temperature per member of `[members, N, classes]` logits.
       bounds: ``(lo, hi)`` the range searched, ``0 < lo < hi``.
       rtol: relative precision of ``T``.
+      at_bound: ``"raise"`` or ``"warn"``: what a temperature at a bound does.
 
     Returns:
       ``T`` as a python float, or a float64 numpy array `[members]` with ``per_member``.
 
     Raises:
-      ValueError: if the shapes, labels, bounds or ``rtol`` are invalid, or the logits
-        are not finite.
+      ValueError: if the shapes, labels, bounds or ``rtol`` are invalid, the logits are
+        empty or not finite, or (``at_bound="raise"``) the NLL still decreases at a bound.
 
     Example:
       >>> t = fit_temperature(val_logits, val_labels)
@@ -340,6 +347,8 @@ def fit_temperature(
         raise ValueError(f"`bounds` must be (lo, hi) with 0 < lo < hi < inf, got {bounds!r}.")
     if not 0.0 < rtol < 1.0:
         raise ValueError(f"`rtol` must lie in (0, 1), got {rtol!r}.")
+    if at_bound not in ("raise", "warn"):
+        raise ValueError(f"`at_bound` must be 'raise' or 'warn', got {at_bound!r}.")
 
     def g(log_t: np.ndarray) -> np.ndarray:  # [M, K] log-temperatures -> [M, K] derivatives
         return np.asarray(jax.device_get(_dnll_dbeta(member_logits, labels, np.exp(-log_t))))
@@ -349,14 +358,7 @@ def fit_temperature(
     b = np.full(m, math.log(hi))
     ga, gb = g(np.stack([a, b], axis=1)).T  # g > 0 at small T (too sharp), < 0 at large T
     at_lo, at_hi = ga <= 0, gb >= 0
-    for edge, name, value in ((at_lo, "lower", lo), (at_hi, "upper", hi)):
-        if edge.any():
-            warnings.warn(
-                f"the NLL is still decreasing at the {name} temperature bound {value:g} "
-                f"(members {np.flatnonzero(edge).tolist()} of {m}); that bound is "
-                "returned: widen `bounds` or check the held-out data",
-                stacklevel=2,
-            )
+    _refuse_bound(at_lo, at_hi, lo, hi, n, at_bound)
     while np.max(b - a) > math.log1p(rtol) / 4:
         grid = a[:, None] + (b - a)[:, None] * np.arange(1, _GRID + 1) / (_GRID + 1)
         vals = g(grid)
@@ -371,6 +373,33 @@ def fit_temperature(
     t = np.exp((a + b) / 2)
     t = np.where(at_lo, lo, np.where(at_hi, hi, t))
     return t if per_member else float(t[0])
+
+
+def _refuse_bound(
+    at_lo: np.ndarray, at_hi: np.ndarray, lo: float, hi: float, n: int, at_bound: str
+) -> None:
+    """Raises (or warns) when a member's NLL still decreases at a temperature bound."""
+    for edge, name, value in ((at_lo, "lower", lo), (at_hi, "upper", hi)):
+        if not edge.any():
+            continue
+        why = (
+            f"the {n} held-out examples are (nearly) all classified right, so a sharper "
+            "softmax always lowers their NLL; hold out more examples (at least 5 / error "
+            "rate, e.g. 500 for a 99% model) so that some are wrong"
+            if name == "lower"
+            else "the logits rank the labels no better than chance; check the labels and "
+            "that these are the model's logits"
+        )
+        where = (
+            f" (members {np.flatnonzero(edge).tolist()} of {edge.size})" if edge.size > 1 else ""
+        )
+        msg = (
+            f"the NLL still decreases at the {name} temperature bound {value:g}{where}: no "
+            f"temperature fits, because {why}"
+        )
+        if at_bound == "raise":
+            raise ValueError(msg + "; the bound is not a calibration, so none is returned.")
+        warnings.warn(msg + "; that bound is returned (at_bound='warn')", stacklevel=3)
 
 
 @jax.jit

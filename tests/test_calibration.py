@@ -149,13 +149,18 @@ def test_fit_temperature_on_pooled_ensemble_logits():
     )
 
 
-def test_fit_temperature_returns_a_bound_with_a_warning():
+def test_fit_temperature_refuses_a_bound_or_returns_it_with_a_warning():
     y = np.arange(40) % C
     separable = 5.0 * np.eye(C)[y]  # always right with a margin: sharper is always better
+    with pytest.raises(ValueError, match="lower temperature bound 0.001.*hold out more") as e:
+        cal.fit_temperature(separable, y)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="upper temperature bound 100.*chance"):
+        cal.fit_temperature(-separable, y, bounds=(0.1, 100.0))
     with pytest.warns(UserWarning, match="lower temperature bound"):
-        assert cal.fit_temperature(separable, y) == 1e-3
+        assert cal.fit_temperature(separable, y, at_bound="warn") == 1e-3
     with pytest.warns(UserWarning, match="upper temperature bound 100"):
-        assert cal.fit_temperature(-separable, y, bounds=(0.1, 100.0)) == 100.0
+        assert cal.fit_temperature(-separable, y, bounds=(0.1, 100.0), at_bound="warn") == 100.0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cal.fit_temperature(np.random.default_rng(0).normal(size=(40, C)), y)
