@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from meshensemble.core import statmath
+from meshensemble.core import calibmath, statmath
 
 __all__ = [
     "METHODS",
@@ -128,80 +128,6 @@ def _temperature_array(temperature: Any, logits: Any) -> jax.Array:
     return t
 
 
-def _check_rows(x: Any, ndim: int | None, name: str, probabilities: bool) -> Any:
-    """``x`` after its one-line checks at the boundary: `[N, C]`, `[members, N, C]`, or
-    any `[..., C]` when ``ndim`` is None.
-
-    Every input: the rank, at least one row and one class, a real dtype, no NaN/inf.
-    Probabilities (``probabilities=True``): no negative value and every row summing to 1
-    within :func:`_sum_tolerance`. Logits that look like probabilities (every row
-    non-negative and summing to 1) get a warning: temperature scaling divides logits.
-    """
-    if ndim is None:
-        x = statmath.as_array(x)
-        if x.ndim == 0:
-            raise ValueError(f"`{name}` must be [..., classes], got a scalar; pass an array.")
-    else:
-        x = statmath.check_probs(x, ndim, name)
-    if x.size == 0:
-        raise ValueError(
-            f"`{name}` of shape {tuple(x.shape)} holds no example or no class; pass at least "
-            "one example (row) of at least one class."
-        )
-    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
-        raise ValueError(f"`{name}` must hold real numbers, got dtype {x.dtype}.")
-    finite, bad, lo, worst, worst_sum = (v.item() for v in jax.device_get(_row_stats(x)))
-    if not finite:
-        raise ValueError(
-            f"`{name}` contains NaN or inf (first in example {bad}); pass finite values (NaN "
-            "comes from a diverged model or a failed run: check it first)."
-        )
-    tol = _sum_tolerance(x.dtype, x.shape[-1])
-    if probabilities and lo < 0:
-        raise ValueError(
-            f"`{name}` holds negative values (min {lo:.4g}); pass probabilities in [0, 1] "
-            "(e.g. jax.nn.softmax(logits)), not logits."
-        )
-    if probabilities and abs(worst_sum - 1.0) > tol:
-        raise ValueError(
-            f"each row of `{name}` must sum to 1 (within {tol:.1e}), but example {worst} sums "
-            f"to {worst_sum:.6g}; pass probabilities (e.g. jax.nn.softmax(logits)), not "
-            "logits or unnormalised scores."
-        )
-    if not probabilities and x.shape[-1] > 1 and lo >= 0 and abs(worst_sum - 1.0) <= 1e-5:
-        warnings.warn(
-            f"every row of `{name}` is non-negative and sums to 1: these look like "
-            "probabilities, not logits; pass logits (e.g. ensemble_logits(member_probs) or "
-            "log(probs)), or use apply_temperature_to_probs",
-            stacklevel=3,
-        )
-    return x
-
-
-def _sum_tolerance(dtype: Any, classes: int) -> float:
-    """How far a row's sum may stray from 1: ``max(1e-3, 2 sqrt(C) eps(dtype))``."""
-    eps = float(jnp.finfo(dtype).eps) if jnp.issubdtype(dtype, jnp.floating) else 0.0
-    return max(1e-3, 2.0 * math.sqrt(classes) * eps)
-
-
-@jax.jit
-def _row_stats(x: Any) -> tuple[jax.Array, ...]:
-    """``(all finite, first example with NaN/inf, min, example whose sum is furthest from
-    1, that sum)`` of ``x`` `[..., N, C]`, reduced on device (only scalars come back, and
-    nothing is gathered or reshaped: ``x`` may be sharded over its rows)."""
-    x = statmath.as_float(x)
-    x = x[None] if x.ndim == 1 else x
-    ok = jnp.isfinite(x)
-    lead = tuple(range(x.ndim - 2))  # the member axis of [members, N, C], if any
-    finite_rows = jnp.all(ok, axis=(-1, *lead))  # [N]
-    sums = jnp.sum(jnp.where(ok, x, 0), axis=-1)  # [..., N]
-    worst = jnp.argmax(jnp.max(jnp.abs(sums - 1), axis=lead))
-    top, bottom = jnp.max(sums), jnp.min(sums)
-    worst_sum = jnp.where(jnp.abs(top - 1) >= jnp.abs(bottom - 1), top, bottom)
-    lo = jnp.min(jnp.where(ok, x, jnp.inf))
-    return jnp.all(finite_rows), jnp.argmin(finite_rows), lo, worst, worst_sum
-
-
 # --------------------------------------------------------------------------- temperature
 
 
@@ -228,7 +154,7 @@ def ensemble_logits(member_probs: ArrayLike) -> jax.Array:
       >>> np.round(np.exp(np.asarray(z)), 4).tolist()
       [[0.7, 0.3]]
     """
-    return _ensemble_logits_core(_check_rows(member_probs, 3, "member_probs", True))
+    return _ensemble_logits_core(calibmath.check_rows(member_probs, 3, "member_probs", True))
 
 
 @jax.jit
@@ -254,7 +180,7 @@ def apply_temperature(logits: ArrayLike, temperature: ArrayLike) -> jax.Array:
       >>> np.round(np.asarray(apply_temperature([[2.0, 0.0]], 2.0)), 4).tolist()
       [[0.7311, 0.2689]]
     """
-    logits = statmath.as_float(_check_rows(logits, None, "logits", False))
+    logits = statmath.as_float(calibmath.check_rows(logits, None, "logits", False))
     return _apply_core(logits, _temperature_array(temperature, logits))
 
 
@@ -284,7 +210,7 @@ def apply_temperature_to_probs(probs: ArrayLike, temperature: ArrayLike) -> jax.
       >>> np.round(np.asarray(apply_temperature_to_probs([[0.8, 0.2]], 0.5)), 4).tolist()
       [[0.9412, 0.0588]]
     """
-    probs = statmath.as_float(_check_rows(probs, None, "probs", True))
+    probs = statmath.as_float(calibmath.check_rows(probs, None, "probs", True))
     return _apply_core(statmath.clipped_log(probs), _temperature_array(temperature, probs))
 
 
@@ -338,7 +264,7 @@ def fit_temperature(
       >>> calibrated = apply_temperature(test_logits, t)
       >>> ts = fit_temperature(member_logits, val_labels, per_member=True)  # [members]
     """
-    logits = _check_rows(logits, 3 if per_member else 2, "logits", False)
+    logits = calibmath.check_rows(logits, 3 if per_member else 2, "logits", False)
     member_logits = logits if per_member else logits[None]
     _, n, c = member_logits.shape
     labels = _check_labels(labels, n, c)
@@ -471,7 +397,9 @@ def conformal_scores(
       >>> np.round(np.asarray(conformal_scores([[0.6, 0.1, 0.3]], "aps")), 4).tolist()
       [[0.6, 1.0, 0.9]]
     """
-    return _scores(_check_rows(probs, 2, "probs", True), method, k_reg, lam, randomized, seed)
+    return _scores(
+        calibmath.check_rows(probs, 2, "probs", True), method, k_reg, lam, randomized, seed
+    )
 
 
 def _scores(
@@ -492,33 +420,6 @@ def _scores(
     )
 
 
-def _fmix32(h: jax.Array) -> jax.Array:
-    """MurmurHash3's 32-bit finaliser: every input bit flips each output bit with ~1/2."""
-    h = h ^ (h >> 16)
-    h = h * jnp.uint32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * jnp.uint32(0xC2B2AE35)
-    return h ^ (h >> 16)
-
-
-def _example_uniform(p: jax.Array, words: jax.Array) -> jax.Array:
-    """``u`` `[N]` in ``[0, 1)`` (float32, multiples of 2^-24): a hash of each row's bytes.
-
-    Each 32-bit word ``b_j`` of a row (float64 rows have two per value) is mixed with its
-    position and the seed's low word, the mixed words are summed modulo 2^32 (exact and
-    order-free, so a sharded or batched row gives the same sum) and the sum is mixed with
-    the seed's high word. Row by row: independent of the batch the row sits in.
-    """
-    if p.dtype not in (jnp.float32, jnp.float64):
-        p = p.astype(jnp.float32)
-    p = jnp.where(p == 0, jnp.zeros_like(p), p)  # -0.0 and 0.0 alike
-    bits = jax.lax.bitcast_convert_type(p, jnp.uint32).reshape(p.shape[0], -1)
-    pos = jnp.arange(bits.shape[1], dtype=jnp.uint32) * jnp.uint32(0x9E3779B9)
-    mixed = _fmix32(bits ^ _fmix32(pos + words[0])[None, :])
-    h = _fmix32(jnp.sum(mixed, axis=1, dtype=jnp.uint32) ^ _fmix32(words[1] + jnp.uint32(1)))
-    return (h >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)
-
-
 @functools.partial(jax.jit, static_argnames=("method", "k_reg", "lam", "randomized"))
 def _scores_core(
     probs: Any, words: Any, method: str, k_reg: int, lam: float, randomized: bool
@@ -530,7 +431,7 @@ def _scores_core(
     ranked = jnp.take_along_axis(p, order, axis=-1)
     score = jnp.cumsum(ranked, axis=-1)
     if randomized:
-        score = score - _example_uniform(p, words).astype(p.dtype)[:, None] * ranked
+        score = score - calibmath.row_uniform(p, words).astype(p.dtype)[:, None] * ranked
     if method == "raps":
         rank = jnp.arange(1, p.shape[-1] + 1, dtype=p.dtype)[None, :]
         score = score + lam * jnp.maximum(rank - k_reg, 0.0)
@@ -584,7 +485,7 @@ def conformal_quantile(
         raise ValueError(
             f"unknown score arguments {sorted(unknown)}; use k_reg, lam, randomized or seed."
         )
-    probs = _check_rows(probs, 2, "probs", True)
+    probs = calibmath.check_rows(probs, 2, "probs", True)
     n, c = probs.shape
     labels = _check_labels(labels, n, c)
     # The small slack keeps (n + 1)(1 - alpha) = 9.000000000000002 from rounding up to 10.
@@ -603,32 +504,7 @@ def conformal_quantile(
 @functools.partial(jax.jit, static_argnames="k")
 def _kth_true_score(scores: Any, labels: Any, k: int) -> jax.Array:
     true = jnp.take_along_axis(scores, labels[:, None], axis=-1)[:, 0]
-    return _kth_smallest(true, k)
-
-
-def _kth_smallest(x: jax.Array, k: int) -> jax.Array:
-    """The exact k-th smallest of ``x`` `[N]` by bisection on its bit patterns.
-
-    float64 input (under ``jax_enable_x64``) is searched as float64 (64 rounds), anything
-    else as float32 (32 rounds): the result is exactly one of the values. Only counts
-    ``sum(x <= v)`` are taken, so ``x`` may stay sharded over devices (a sort along a
-    sharded axis would need it gathered).
-    """
-    wide = x.dtype == jnp.float64
-    fdt, idt = (jnp.float64, jnp.int64) if wide else (jnp.float32, jnp.int32)
-    low = 0x7FFFFFFFFFFFFFFF if wide else 0x7FFFFFFF
-    bits = jax.lax.bitcast_convert_type(x.astype(fdt), idt)
-    sign = 63 if wide else 31
-    key = bits ^ ((bits >> sign) & low)  # integer keys in the order of the floats
-
-    def body(_: Any, bounds: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        lo, hi = bounds
-        mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)  # floor((lo + hi) / 2), no overflow
-        enough = jnp.sum(key <= mid) >= k
-        return jnp.where(enough, lo, mid + 1), jnp.where(enough, mid, hi)
-
-    lo, _ = jax.lax.fori_loop(0, sign + 2, body, (jnp.min(key), jnp.max(key)))
-    return jax.lax.bitcast_convert_type(lo ^ ((lo >> sign) & low), fdt)
+    return calibmath.kth_smallest(true, k)
 
 
 def prediction_sets(
