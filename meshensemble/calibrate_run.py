@@ -58,13 +58,7 @@ def check_calibrate(workdir: str, cfg: Any, alpha: float, method: str) -> None:
     if method not in calibration.METHODS:
         raise ValueError(f"unknown conformal method {method!r}; use {calibration.METHODS}")
     n = int(cfg.validation)
-    if n < (1.0 - alpha) / alpha - 1e-9:
-        need = math.ceil((1.0 - alpha) / alpha - 1e-9)
-        raise ValueError(
-            f"alpha={alpha:g} is too small for the {n} validation examples of run {workdir}: "
-            f"split conformal needs n >= 1/alpha - 1 = {need}; use --alpha >= "
-            f"{1 / (n + 1):.4g} or train with --validation {need} or more"
-        )
+    check_alpha_for(n, alpha, f"the {n} validation examples of run {workdir}")
     if n + 1 < 10 / alpha:
         warnings.warn(
             f"{n} validation examples are few for alpha={alpha:g}: the sets cover up to "
@@ -78,6 +72,23 @@ def check_calibrate(workdir: str, cfg: Any, alpha: float, method: str) -> None:
             "them all right, and then no temperature fits (calibration is refused); hold "
             f"out {MIN_TEMPERATURE_EXAMPLES} or more (--validation)",
             stacklevel=2,
+        )
+
+
+def check_alpha_for(n: int, alpha: float, what: str) -> None:
+    """Refuses an ``alpha`` too small for ``n`` calibration examples (``n < 1/alpha - 1``).
+
+    Raises:
+      ValueError: one line naming ``what``, the smallest alpha and the split size needed.
+    """
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
+        raise ValueError(f"alpha={alpha!r} must lie in (0, 1), e.g. 0.1 for 90% coverage")
+    if n < (1.0 - alpha) / alpha - 1e-9:
+        need = math.ceil((1.0 - alpha) / alpha - 1e-9)
+        raise ValueError(
+            f"alpha={alpha:g} is too small for {what}: split conformal needs n >= "
+            f"1/alpha - 1 = {need}; use --alpha >= {1 / (n + 1):.4g} or train with "
+            f"--validation {need} or more"
         )
 
 
@@ -166,6 +177,7 @@ def calibrate_ensemble(
     """
     (xv, yv), (xt, yt) = validation, test
     yv, yt = np.asarray(yv, np.int32), np.asarray(yt, np.int32)
+    check_alpha_for(len(yv), alpha, f"{len(yv)} validation examples")  # before any work
     zv = stream_ensemble_logits(ens, state, xv, batch_size)
     t = fit_ensemble_temperature(zv, yv)
     pv = np.asarray(calibration.apply_temperature(zv, t))
