@@ -186,7 +186,8 @@ def test_predict_with_temperature(run) -> None:
     np.testing.assert_allclose(per[1], members[1], atol=1e-6)
     pooled = np.asarray(ens.predict(state, x, temperature=ts))
     np.testing.assert_allclose(pooled, per.mean(0), atol=1e-6)
-    for bad, text in ((0.0, "> 0"), ([1.0, 2.0], r"\[members\] = \[4\]"), (np.nan, "finite")):
+    bads = ((0.0, "> 0"), ([1.0, 2.0], r"\[members\] = \[4\]"), (np.nan, "finite"))
+    for bad, text in (*bads, (np.inf, "finite"), ("hot", "must be a number > 0")):
         with pytest.raises(ValueError, match=text):
             ens.predict(state, x, temperature=bad)
 
@@ -223,8 +224,8 @@ def test_evaluate_calibrate_writes_the_section(run, capsys) -> None:
         assert cli.main([*argv, "--calibrate", "--alpha", "0.2", "--ood", "noise"]) == 0
     out = capsys.readouterr().out
     assert "calibration: T=" in out and "coverage" in out
-    with open(os.path.join(workdir, evaluate.EVALUATION_FILE)) as f:
-        section = json.load(f)["calibration"]
+    with open(os.path.join(workdir, evaluate.EVALUATION_FILE)) as f:  # strict JSON
+        section = json.loads(f.read(), parse_constant=lambda t: pytest.fail(t))["calibration"]
     with open(os.path.join(workdir, evaluate.CALIBRATION_PLOT), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert section["num_validation"] == NUM_VAL and section["temperature"] > 0
