@@ -148,3 +148,10 @@ def test_metrics_records_are_strict_json_with_a_note_and_read_back(tmp_path):
     strict_load((tmp_path / "metrics.jsonl").read_text())
     back = restore_nonfinite(strict_load(dumps_strict({"a": [np.float32(1), -np.inf]})))
     assert back["a"] == [1.0, -np.inf]
+
+
+def test_the_flag_help_states_the_limit():
+    import dataclasses
+
+    field = {f.name: f for f in dataclasses.fields(me.TrainConfig)}["on_nonfinite"]
+    assert f"at most {MAX_REINITS} times each per run" in field.metadata["help"]
