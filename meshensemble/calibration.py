@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from typing import Any
 
 import jax
@@ -99,6 +98,14 @@ def _check_method(method: str) -> str:
     if method not in METHODS:
         raise ValueError(f"unknown conformal method {method!r}; use one of {METHODS}.")
     return method
+
+
+def _check_score_kwargs(score_kwargs: dict[str, Any]) -> None:
+    unknown = set(score_kwargs) - {"k_reg", "lam", "randomized", "seed"}
+    if unknown:
+        raise ValueError(
+            f"unknown score arguments {sorted(unknown)}; use k_reg, lam, randomized or seed."
+        )
 
 
 def _check_alpha(alpha: float) -> float:
@@ -284,7 +291,7 @@ def fit_temperature(
     b = np.full(m, math.log(hi))
     ga, gb = g(np.stack([a, b], axis=1)).T  # g > 0 at small T (too sharp), < 0 at large T
     at_lo, at_hi = ga <= 0, gb >= 0
-    _refuse_bound(at_lo, at_hi, lo, hi, n, at_bound)
+    calibmath.refuse_temperature_bound(at_lo, at_hi, lo, hi, n, at_bound)
     while np.max(b - a) > math.log1p(rtol) / 4:
         grid = a[:, None] + (b - a)[:, None] * np.arange(1, _GRID + 1) / (_GRID + 1)
         vals = g(grid)
@@ -299,33 +306,6 @@ def fit_temperature(
     t = np.exp((a + b) / 2)
     t = np.where(at_lo, lo, np.where(at_hi, hi, t))
     return t if per_member else float(t[0])
-
-
-def _refuse_bound(
-    at_lo: np.ndarray, at_hi: np.ndarray, lo: float, hi: float, n: int, at_bound: str
-) -> None:
-    """Raises (or warns) when a member's NLL still decreases at a temperature bound."""
-    for edge, name, value in ((at_lo, "lower", lo), (at_hi, "upper", hi)):
-        if not edge.any():
-            continue
-        why = (
-            f"the {n} held-out examples are (nearly) all classified right, so a sharper "
-            "softmax always lowers their NLL; hold out more examples (at least 5 / error "
-            "rate, e.g. 500 for a 99% model) so that some are wrong"
-            if name == "lower"
-            else "the logits rank the labels no better than chance; check the labels and "
-            "that these are the model's logits"
-        )
-        where = (
-            f" (members {np.flatnonzero(edge).tolist()} of {edge.size})" if edge.size > 1 else ""
-        )
-        msg = (
-            f"the NLL still decreases at the {name} temperature bound {value:g}{where}: no "
-            f"temperature fits, because {why}"
-        )
-        if at_bound == "raise":
-            raise ValueError(msg + "; the bound is not a calibration, so none is returned.")
-        warnings.warn(msg + "; that bound is returned (at_bound='warn')", stacklevel=3)
 
 
 @jax.jit
@@ -480,11 +460,7 @@ def conformal_quantile(
     """
     alpha = _check_alpha(alpha)
     _check_method(method)
-    unknown = set(score_kwargs) - {"k_reg", "lam", "randomized", "seed"}
-    if unknown:
-        raise ValueError(
-            f"unknown score arguments {sorted(unknown)}; use k_reg, lam, randomized or seed."
-        )
+    _check_score_kwargs(score_kwargs)
     probs = calibmath.check_rows(probs, 2, "probs", True)
     n, c = probs.shape
     labels = _check_labels(labels, n, c)
@@ -547,6 +523,7 @@ def prediction_sets(
     if not np.isfinite(q_arr).all():
         raise ValueError(f"`q` must be finite, got {q_arr.item()}; recompute it on finite data.")
     _check_method(method)
+    _check_score_kwargs(score_kwargs)
     scores = conformal_scores(probs, method, **score_kwargs)
     return _within(scores, jnp.asarray(q_arr.reshape(()), scores.dtype))
 

@@ -473,6 +473,12 @@ def test_logits_get_a_hint_and_bad_q_is_one_line():
         with pytest.raises(ValueError, match="`q`") as info:
             cal.prediction_sets(p, q)
         assert "\n" not in str(info.value)
+    for call in (
+        cal.conformal_quantile,
+        lambda p, y, a, m, **kw: cal.prediction_sets(p, 0.5, m, **kw),
+    ):
+        with pytest.raises(ValueError, match="unknown score arguments"):
+            call(p, y, 0.1, "aps", randomised=True)
     with pytest.raises(ValueError, match="seed"):
         cal.conformal_quantile(p, y, 0.1, "aps", randomized=True, seed=0.5)
     with pytest.warns(UserWarning, match="look like probabilities"):

@@ -6,6 +6,8 @@ per-example randomisation of APS/RAPS and the exact k-th smallest score.
   reduced on device so that a sharded array is never gathered;
 * :func:`row_uniform`: ``u`` in ``[0, 1)`` per row, a hash of the row's bytes and a seed,
   so an example gets the same ``u`` alone or in any batch;
+* :func:`refuse_temperature_bound`: the one line that refuses a temperature at a
+  search bound (why, and how large a held-out split to use);
 * :func:`kth_smallest`: the exact k-th smallest value by bisection on bit patterns
   (float32, or float64 under ``jax_enable_x64``).
 
@@ -22,6 +24,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from meshensemble.core import statmath
 
@@ -177,3 +180,37 @@ def kth_smallest(x: jax.Array, k: int) -> jax.Array:
 
     lo, _ = jax.lax.fori_loop(0, sign + 2, body, (jnp.min(key), jnp.max(key)))
     return jax.lax.bitcast_convert_type(lo ^ ((lo >> sign) & low), fdt)
+
+
+def refuse_temperature_bound(
+    at_lo: np.ndarray, at_hi: np.ndarray, lo: float, hi: float, n: int, at_bound: str
+) -> None:
+    """Raises (or warns) when a member's NLL still decreases at a temperature bound.
+
+    Args:
+      at_lo: bool ``[members]``, at the lower bound ``lo``; at_hi: at the upper bound ``hi``.
+      lo: the lower bound; hi: the upper bound; n: the held-out examples.
+      at_bound: ``"raise"`` (a ``ValueError`` line: why, and how many to hold out) or
+        ``"warn"`` (a ``UserWarning``; the caller returns the bound).
+    """
+    for edge, name, value in ((at_lo, "lower", lo), (at_hi, "upper", hi)):
+        if not edge.any():
+            continue
+        why = (
+            f"the {n} held-out examples are (nearly) all classified right, so a sharper "
+            "softmax always lowers their NLL; hold out more examples (at least 5 / error "
+            "rate, e.g. 500 for a 99% model) so that some are wrong"
+            if name == "lower"
+            else "the logits rank the labels no better than chance; check the labels and "
+            "that these are the model's logits"
+        )
+        where = (
+            f" (members {np.flatnonzero(edge).tolist()} of {edge.size})" if edge.size > 1 else ""
+        )
+        msg = (
+            f"the NLL still decreases at the {name} temperature bound {value:g}{where}: no "
+            f"temperature fits, because {why}"
+        )
+        if at_bound == "raise":
+            raise ValueError(msg + "; the bound is not a calibration, so none is returned.")
+        warnings.warn(msg + "; that bound is returned (at_bound='warn')", stacklevel=3)
