@@ -108,6 +108,13 @@ def _check_score_kwargs(score_kwargs: dict[str, Any]) -> None:
         )
 
 
+def _check_sets(sets: Any) -> Any:
+    sets = statmath.check_probs(sets, 2, "sets")
+    if sets.shape[0] == 0:
+        raise ValueError("`sets` holds no example; pass the sets of at least one example.")
+    return sets
+
+
 def _check_alpha(alpha: float) -> float:
     if isinstance(alpha, bool) or not isinstance(alpha, int | float | np.floating):
         raise ValueError(f"`alpha` must be a float in (0, 1), got {alpha!r}.")
@@ -543,13 +550,13 @@ def set_size(sets: ArrayLike) -> float:
       The mean number of classes per set, a python float.
 
     Raises:
-      ValueError: if ``sets`` is not 2-D.
+      ValueError: if ``sets`` is not 2-D or holds no example.
 
     Example:
       >>> set_size(np.array([[True, False], [True, True]]))
       1.5
     """
-    sets = statmath.check_probs(sets, 2, "sets")
+    sets = _check_sets(sets)
     return float(jax.device_get(_mean_size(sets)))
 
 
@@ -575,7 +582,7 @@ def coverage(sets: ArrayLike, labels: ArrayLike) -> float:
       >>> coverage(np.array([[True, False], [False, True]]), np.array([0, 0]))
       0.5
     """
-    sets = statmath.check_probs(sets, 2, "sets")
+    sets = _check_sets(sets)
     labels = _check_labels(labels, sets.shape[0], sets.shape[1])
     return float(jax.device_get(_covered(sets, labels)))
 

@@ -488,6 +488,10 @@ def test_logits_get_a_hint_and_bad_q_is_one_line():
             call(np.where(p > 0.3, np.inf, np.log(p)), y)
     with pytest.raises(ValueError, match="no example"):
         cal.apply_temperature(np.zeros((0, C)), 1.0)
+    with pytest.raises(ValueError, match="no example"):
+        cal.set_size(np.zeros((0, C), bool))
+    with pytest.raises(ValueError, match="no example"):
+        cal.coverage(np.zeros((0, C), bool), np.zeros(0, int))
     with pytest.raises(ValueError, match="finite"):
         cal.apply_temperature(np.log(p), np.inf)
 
