@@ -125,7 +125,12 @@ def _check_alpha(alpha: float) -> float:
 
 def _temperature_array(temperature: Any, logits: Any) -> jax.Array:
     """``temperature`` broadcast against ``logits``: a scalar, or `[M]` for `[M, N, C]`."""
-    t = jnp.asarray(temperature, dtype=jnp.result_type(float))
+    try:
+        t = jnp.asarray(temperature, dtype=jnp.result_type(float))
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"`temperature` must be a number > 0 (or [members] of them), got {temperature!r}."
+        ) from None
     if t.ndim == 1 and logits.ndim == 3 and t.shape[0] == logits.shape[0]:
         t = t[:, None, None]
     elif t.ndim != 0:
@@ -134,9 +139,12 @@ def _temperature_array(temperature: Any, logits: Any) -> jax.Array:
             f"logits [members, N, C]; got shape {tuple(t.shape)} for logits "
             f"{tuple(logits.shape)}."
         )
-    if not bool(jax.device_get(jnp.all((t > 0) & jnp.isfinite(t)))):
+    if isinstance(temperature, jax.core.Tracer):  # inside jit: only the shape is known
+        return t
+    host = np.asarray(jax.device_get(temperature), np.float64)
+    if not np.all((host > 0) & np.isfinite(host)):
         raise ValueError(
-            f"`temperature` must be finite and > 0, got {np.asarray(t).ravel().tolist()}; "
+            f"`temperature` must be finite and > 0, got {host.ravel().tolist()}; "
             "pass the T that fit_temperature returned."
         )
     return t
@@ -521,18 +529,19 @@ def prediction_sets(
       >>> prediction_sets(np.array([[0.7, 0.2, 0.1]]), q=0.85).tolist()
       [[True, True, False]]
     """
-    q_arr = np.asarray(jax.device_get(q))
-    if q_arr.shape not in ((), (1,)) or not np.issubdtype(q_arr.dtype, np.number):
+    traced = isinstance(q, jax.core.Tracer)
+    q_arr = q if traced else np.asarray(jax.device_get(q))
+    if q_arr.shape not in ((), (1,)) or not jnp.issubdtype(q_arr.dtype, jnp.number):
         raise ValueError(
             f"`q` must be one threshold (a float from conformal_quantile), got an array of "
             f"shape {q_arr.shape} and dtype {q_arr.dtype}; pass float(q)."
         )
-    if not np.isfinite(q_arr).all():
+    if not traced and not np.isfinite(q_arr).all():
         raise ValueError(f"`q` must be finite, got {q_arr.item()}; recompute it on finite data.")
     _check_method(method)
     _check_score_kwargs(score_kwargs)
     scores = conformal_scores(probs, method, **score_kwargs)
-    return _within(scores, jnp.asarray(q_arr.reshape(()), scores.dtype))
+    return _within(scores, jnp.asarray(q_arr, scores.dtype).reshape(()))
 
 
 @jax.jit

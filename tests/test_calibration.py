@@ -428,6 +428,12 @@ def test_an_example_gets_the_same_randomized_set_alone_and_in_any_batch():
                 cal.prediction_sets(batch, q, method, **kw)[row],
                 cal.prediction_sets(p32[5:6], q, method, **kw)[0],
             )
+    # one-row calls vmapped (values are checked outside jit, shapes inside): the same sets
+    one_row = lambda row: cal.prediction_sets(row[None], 0.6, "raps", randomized=True, seed=7)
+    np.testing.assert_array_equal(
+        jax.vmap(one_row)(p32)[:, 0],
+        cal.prediction_sets(p32, 0.6, "raps", randomized=True, seed=7),
+    )
     # u: one per example, spread over [0, 1), changed by the seed
     inclusive = ref_scores(p32, "aps")
     u = (inclusive - np.asarray(cal.conformal_scores(p32, "aps", randomized=True, seed=7))) / p32
@@ -494,6 +500,8 @@ def test_logits_get_a_hint_and_bad_q_is_one_line():
         cal.coverage(np.zeros((0, C), bool), np.zeros(0, int))
     with pytest.raises(ValueError, match="finite"):
         cal.apply_temperature(np.log(p), np.inf)
+    with pytest.raises(ValueError, match="a number > 0"):
+        cal.apply_temperature(np.log(p), "hot")
 
 
 def test_float64_quantile_is_exact_under_x64():

@@ -33,7 +33,8 @@ def check_rows(x: Any, ndim: int | None, name: str, probabilities: bool) -> Any:
     """``x`` after its one-line checks at the boundary: `[N, C]`, `[members, N, C]`, or
     any `[..., C]` when ``ndim`` is None.
 
-    Every input: the rank, at least one row and one class, a real dtype, no NaN/inf.
+    Every input: the rank, at least one row and one class, a real dtype, no NaN/inf (the
+    values of concrete arrays only: under ``jax.jit`` / ``vmap`` only the shape is checked).
     Probabilities (``probabilities=True``): no negative value and every row summing to 1
     within :func:`sum_tolerance`. Logits that look like probabilities (every row
     non-negative and summing to 1) get a warning: temperature scaling divides logits.
@@ -63,6 +64,8 @@ def check_rows(x: Any, ndim: int | None, name: str, probabilities: bool) -> Any:
         )
     if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
         raise ValueError(f"`{name}` must hold real numbers, got dtype {x.dtype}.")
+    if isinstance(x, jax.core.Tracer):  # inside jit/vmap: the values are not known here
+        return x
     finite, bad, lo, worst, worst_sum = (v.item() for v in jax.device_get(row_stats(x)))
     if not finite:
         raise ValueError(
