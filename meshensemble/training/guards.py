@@ -223,7 +223,8 @@ class NonFiniteGuard:
         self._pending = (first, metrics["loss"], np.zeros(self.ens.num_members, bool))
         self._step = first + rows
         if previous is None:
-            finite_members(state)  # compiles the state check now, not at the first save
+            if state is not None:  # compiles the state check now, not at the first save
+                finite_members(state)
             return state
         state, redone = self._inspect(state, previous, say, last_checkpoint)
         # this chunk ran on the bad members: their losses in it say nothing new
@@ -254,7 +255,7 @@ class NonFiniteGuard:
         previous, self._pending = self._pending, None
         if previous is not None:
             state = self._inspect(state, previous, say, last_checkpoint)[0]
-        bad = ~np.asarray(fetch(finite_members(state)))
+        bad = ~np.asarray(fetch(finite_members(state))) if state is not None else np.zeros(1, bool)
         if bad.any():
             members = np.flatnonzero(bad).tolist()
             state = self._repair(state, members, self._step, "state", say, last_checkpoint)[0]
