@@ -28,7 +28,8 @@ from meshensemble.training.identity import read_saved_config
 from meshensemble.training.outputs import writing
 
 TEMPERATURE_BOUNDS = (1e-3, 1e3)
-"""Range searched for T; at a bound (the NLL still falls there) ``temperature_at_bound``."""
+"""Range searched for T; a fit at a bound (the NLL still falls there) is refused, not applied
+(``temperature_at_bound`` in the section stays for readers of older files: always False)."""
 MIN_TEMPERATURE_EXAMPLES = 500
 """Fewer validation examples get a warning: on a 99% model a split of ``n`` is all right
 (no temperature fits) with probability ``0.99^n`` (37% at 100, 0.7% at 500)."""
@@ -81,7 +82,9 @@ def check_alpha_for(n: int, alpha: float, what: str) -> None:
     Raises:
       ValueError: one line naming ``what``, the smallest alpha and the split size needed.
     """
-    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float | np.floating):
+        raise ValueError(f"alpha={alpha!r} must be a number in (0, 1), e.g. 0.1")
+    if not 0 < alpha < 1:
         raise ValueError(f"alpha={alpha!r} must lie in (0, 1), e.g. 0.1 for 90% coverage")
     if n < (1.0 - alpha) / alpha - 1e-9:
         need = math.ceil((1.0 - alpha) / alpha - 1e-9)
