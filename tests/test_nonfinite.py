@@ -7,6 +7,7 @@ tokens to ``metrics.jsonl``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import chex
@@ -122,6 +123,7 @@ def test_a_finite_loss_with_nan_weights_is_not_saved(tmp_path, monkeypatch):
     monkeypatch.setitem(me.models.REGISTRY, "nangrad", NaNGradMLP)
     workdir = tmp_path / "one"
     cfg = small_config(workdir, model="nangrad", mesh="ensemble=4,data=1", max_steps=1)
+    cfg = dataclasses.replace(cfg, autotune=False, member_strategy="vmap")
     with pytest.raises(NonFiniteError, match=r"non-finite state in member\(s\) \[0, 1, 2, 3\]"):
         train(cfg, dataset=DATA)
     assert list_checkpoints(str(workdir)) == []
@@ -151,7 +153,5 @@ def test_metrics_records_are_strict_json_with_a_note_and_read_back(tmp_path):
 
 
 def test_the_flag_help_states_the_limit():
-    import dataclasses
-
     field = {f.name: f for f in dataclasses.fields(me.TrainConfig)}["on_nonfinite"]
     assert f"at most {MAX_REINITS} times each per run" in field.metadata["help"]
