@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Mapping
@@ -27,13 +28,27 @@ from meshensemble.training.identity import read_saved_config
 from meshensemble.training.outputs import writing
 
 TEMPERATURE_BOUNDS = (1e-3, 1e3)
-"""Range searched for T; at a bound (the NLL still falls there) ``temperature_at_bound``."""
+"""Range searched for T; a fit at a bound (the NLL still falls there) is refused, not applied
+(``temperature_at_bound`` in the section stays for readers of older files: always False)."""
+MIN_TEMPERATURE_EXAMPLES = 500
+"""Fewer validation examples get a warning: on a 99% model a split of ``n`` is all right
+(no temperature fits) with probability ``0.99^n`` (37% at 100, 0.7% at 500)."""
 CALIBRATION_PLOT = "calibration.png"
 """Reliability before / after temperature scaling and the conformal set-size histogram."""
 
 
 def check_calibrate(workdir: str, cfg: Any, alpha: float, method: str) -> None:
-    """One-line refusals before any work: no validation split, bad alpha or method."""
+    """One-line refusals before any work, from the run's ``config.json``.
+
+    Refuses no validation split, a bad alpha or method, and an alpha too small for the
+    split (split conformal needs ``n >= 1 / alpha - 1``); warns when the split is small for
+    the alpha (``n + 1 < 10 / alpha``: the coverage then exceeds ``1 - alpha`` by up to
+    ``1 / (n + 1)``, more than a tenth of alpha) or for a temperature (fewer than
+    :data:`MIN_TEMPERATURE_EXAMPLES`).
+
+    Raises:
+      ValueError: one line naming the problem and the fix.
+    """
     if not cfg.validation:
         raise ValueError(
             f"run {workdir} has no validation split to calibrate on (the test set is never "
@@ -43,6 +58,41 @@ def check_calibrate(workdir: str, cfg: Any, alpha: float, method: str) -> None:
         raise ValueError(f"alpha={alpha!r} must lie in (0, 1), e.g. 0.1 for 90% coverage")
     if method not in calibration.METHODS:
         raise ValueError(f"unknown conformal method {method!r}; use {calibration.METHODS}")
+    n = int(cfg.validation)
+    check_alpha_for(n, alpha, f"the {n} validation examples of run {workdir}")
+    if n + 1 < 10 / alpha:
+        warnings.warn(
+            f"{n} validation examples are few for alpha={alpha:g}: the sets cover up to "
+            f"1 - alpha + 1/(n+1) = {1 - alpha + 1 / (n + 1):.4f} on average; hold out "
+            f"{math.ceil(10 / alpha) - 1} or more for a coverage close to {1 - alpha:g}",
+            stacklevel=2,
+        )
+    if n < MIN_TEMPERATURE_EXAMPLES:
+        warnings.warn(
+            f"{n} validation examples are few for a temperature: an accurate model may get "
+            "them all right, and then no temperature fits (calibration is refused); hold "
+            f"out {MIN_TEMPERATURE_EXAMPLES} or more (--validation)",
+            stacklevel=2,
+        )
+
+
+def check_alpha_for(n: int, alpha: float, what: str) -> None:
+    """Refuses an ``alpha`` too small for ``n`` calibration examples (``n < 1/alpha - 1``).
+
+    Raises:
+      ValueError: one line naming ``what``, the smallest alpha and the split size needed.
+    """
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float | np.floating):
+        raise ValueError(f"alpha={alpha!r} must be a number in (0, 1), e.g. 0.1")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha={alpha!r} must lie in (0, 1), e.g. 0.1 for 90% coverage")
+    if n < (1.0 - alpha) / alpha - 1e-9:
+        need = math.ceil((1.0 - alpha) / alpha - 1e-9)
+        raise ValueError(
+            f"alpha={alpha:g} is too small for {what}: split conformal needs n >= "
+            f"1/alpha - 1 = {need}; use --alpha >= {1 / (n + 1):.4g} or train with "
+            f"--validation {need} or more"
+        )
 
 
 def check_split(workdir: str, split: Any) -> None:
@@ -130,10 +180,9 @@ def calibrate_ensemble(
     """
     (xv, yv), (xt, yt) = validation, test
     yv, yt = np.asarray(yv, np.int32), np.asarray(yt, np.int32)
+    check_alpha_for(len(yv), alpha, f"{len(yv)} validation examples")  # before any work
     zv = stream_ensemble_logits(ens, state, xv, batch_size)
-    with warnings.catch_warnings():  # at a bound: recorded in the section instead
-        warnings.simplefilter("ignore")
-        t = calibration.fit_temperature(zv, yv, bounds=TEMPERATURE_BOUNDS)
+    t = fit_ensemble_temperature(zv, yv)
     pv = np.asarray(calibration.apply_temperature(zv, t))
     q = calibration.conformal_quantile(pv, yv, alpha, method)
     zt = stream_ensemble_logits(ens, state, xt, batch_size)
@@ -161,6 +210,39 @@ def calibrate_ensemble(
     pairs = (("before", before), ("after", after))
     curves = {k: metrics.reliability_diagram_data(p, yt, num_bins) for k, p in pairs}
     return section, curves
+
+
+def fit_ensemble_temperature(logits: np.ndarray, labels: np.ndarray) -> float:
+    """``fit_temperature`` in :data:`TEMPERATURE_BOUNDS`; a bound is refused, not applied.
+
+    Raises:
+      ValueError: one line: the temperature ran to a bound, why, and how large a
+        validation split to hold out instead.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = calibration.fit_temperature(logits, labels, bounds=TEMPERATURE_BOUNDS, at_bound="warn")
+    if t not in TEMPERATURE_BOUNDS:
+        return t
+    n = len(labels)
+    wrong = int(np.sum(np.argmax(logits, axis=-1) != labels))
+    if t == TEMPERATURE_BOUNDS[0]:
+        why = (
+            f"{n - wrong} of the {n} validation examples are classified right, so a sharper "
+            "softmax always lowers their NLL and every test mistake would become a confident "
+            "one"
+        )
+        fix = (
+            "hold out more examples so that some are wrong (at least 5 / error rate: e.g. "
+            "--validation 500 for a 99% model, 5000 for 99.9%) and train again"
+        )
+    else:
+        why = f"the ensemble gets {wrong} of the {n} validation examples wrong: worse than chance"
+        fix = "check that the run's data and labels are the ones it was trained on"
+    raise ValueError(
+        f"the temperature ran to its search bound T={t:g}, which is not a calibration and is "
+        f"not applied: {why}; {fix}"
+    )
 
 
 def calibration_line(section: Mapping[str, Any]) -> str:

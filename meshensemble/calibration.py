@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from typing import Any
 
 import jax
@@ -49,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from meshensemble.core import statmath
+from meshensemble.core import calibmath, statmath
 
 __all__ = [
     "METHODS",
@@ -101,6 +100,21 @@ def _check_method(method: str) -> str:
     return method
 
 
+def _check_score_kwargs(score_kwargs: dict[str, Any]) -> None:
+    unknown = set(score_kwargs) - {"k_reg", "lam", "randomized", "seed"}
+    if unknown:
+        raise ValueError(
+            f"unknown score arguments {sorted(unknown)}; use k_reg, lam, randomized or seed."
+        )
+
+
+def _check_sets(sets: Any) -> Any:
+    sets = statmath.check_probs(sets, 2, "sets")
+    if sets.shape[0] == 0:
+        raise ValueError("`sets` holds no example; pass the sets of at least one example.")
+    return sets
+
+
 def _check_alpha(alpha: float) -> float:
     if isinstance(alpha, bool) or not isinstance(alpha, int | float | np.floating):
         raise ValueError(f"`alpha` must be a float in (0, 1), got {alpha!r}.")
@@ -111,7 +125,12 @@ def _check_alpha(alpha: float) -> float:
 
 def _temperature_array(temperature: Any, logits: Any) -> jax.Array:
     """``temperature`` broadcast against ``logits``: a scalar, or `[M]` for `[M, N, C]`."""
-    t = jnp.asarray(temperature, dtype=jnp.result_type(float))
+    try:
+        t = jnp.asarray(temperature, dtype=jnp.result_type(float))
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"`temperature` must be a number > 0 (or [members] of them), got {temperature!r}."
+        ) from None
     if t.ndim == 1 and logits.ndim == 3 and t.shape[0] == logits.shape[0]:
         t = t[:, None, None]
     elif t.ndim != 0:
@@ -120,8 +139,14 @@ def _temperature_array(temperature: Any, logits: Any) -> jax.Array:
             f"logits [members, N, C]; got shape {tuple(t.shape)} for logits "
             f"{tuple(logits.shape)}."
         )
-    if not bool(jax.device_get(jnp.all(t > 0))):
-        raise ValueError(f"`temperature` must be > 0, got {np.asarray(t).ravel().tolist()}.")
+    if isinstance(temperature, jax.core.Tracer):  # inside jit: only the shape is known
+        return t
+    host = np.asarray(jax.device_get(temperature), np.float64)
+    if not np.all((host > 0) & np.isfinite(host)):
+        raise ValueError(
+            f"`temperature` must be finite and > 0, got {host.ravel().tolist()}; "
+            "pass the T that fit_temperature returned."
+        )
     return t
 
 
@@ -151,7 +176,7 @@ def ensemble_logits(member_probs: ArrayLike) -> jax.Array:
       >>> np.round(np.exp(np.asarray(z)), 4).tolist()
       [[0.7, 0.3]]
     """
-    return _ensemble_logits_core(statmath.check_probs(member_probs, 3, "member_probs"))
+    return _ensemble_logits_core(calibmath.check_rows(member_probs, 3, "member_probs", True))
 
 
 @jax.jit
@@ -177,7 +202,7 @@ def apply_temperature(logits: ArrayLike, temperature: ArrayLike) -> jax.Array:
       >>> np.round(np.asarray(apply_temperature([[2.0, 0.0]], 2.0)), 4).tolist()
       [[0.7311, 0.2689]]
     """
-    logits = statmath.as_float(statmath.as_array(logits))
+    logits = statmath.as_float(calibmath.check_rows(logits, None, "logits", False))
     return _apply_core(logits, _temperature_array(temperature, logits))
 
 
@@ -207,7 +232,7 @@ def apply_temperature_to_probs(probs: ArrayLike, temperature: ArrayLike) -> jax.
       >>> np.round(np.asarray(apply_temperature_to_probs([[0.8, 0.2]], 0.5)), 4).tolist()
       [[0.9412, 0.0588]]
     """
-    probs = statmath.as_float(statmath.as_array(probs))
+    probs = statmath.as_float(calibmath.check_rows(probs, None, "probs", True))
     return _apply_core(statmath.clipped_log(probs), _temperature_array(temperature, probs))
 
 
@@ -217,6 +242,7 @@ def fit_temperature(
     per_member: bool = False,
     bounds: tuple[float, float] = (1e-3, 1e3),
     rtol: float = 1e-6,
+    at_bound: str = "raise",
 ) -> float | np.ndarray:
     """The temperature ``T > 0`` that minimises the NLL of ``softmax(logits / T)``.
 
@@ -231,8 +257,13 @@ def fit_temperature(
 
     For an ensemble, fit on :func:`ensemble_logits` ("pool, then calibrate": the
     temperature of the ensemble's prediction); ``per_member=True`` fits each member's own.
-    When the NLL still decreases at a bound (e.g. every held-out example is right with a
-    margin, so sharper is always better), the bound is returned with a warning.
+    When the NLL still decreases at a bound, no temperature in ``bounds`` fits: at the
+    lower bound every held-out example is right (sharper is then always better, and the
+    bound would make every test mistake a confident one), at the upper bound the logits
+    rank the labels worse than chance. Such a bound is refused (``at_bound="raise"``, the
+    default), or returned with a warning (``at_bound="warn"``, for a caller that decides
+    itself). On a model with error rate ``e`` a split of ``n`` examples is all right with
+    probability ``(1 - e)^n``: hold out at least ``5 / e`` (500 for a 99% model).
 
     Args:
       logits: `[N, classes]` logits (numpy or jax, possibly a global array sharded over a
@@ -241,32 +272,31 @@ def fit_temperature(
       per_member: fit one temperature per member of `[members, N, classes]` logits.
       bounds: ``(lo, hi)`` the range searched, ``0 < lo < hi``.
       rtol: relative precision of ``T``.
+      at_bound: ``"raise"`` or ``"warn"``: what a temperature at a bound does.
 
     Returns:
       ``T`` as a python float, or a float64 numpy array `[members]` with ``per_member``.
 
     Raises:
-      ValueError: if the shapes, labels, bounds or ``rtol`` are invalid, or the logits
-        are not finite.
+      ValueError: if the shapes, labels, bounds or ``rtol`` are invalid, the logits are
+        empty or not finite, or (``at_bound="raise"``) the NLL still decreases at a bound.
 
     Example:
       >>> t = fit_temperature(val_logits, val_labels)
       >>> calibrated = apply_temperature(test_logits, t)
       >>> ts = fit_temperature(member_logits, val_labels, per_member=True)  # [members]
     """
-    logits = statmath.check_probs(logits, 3 if per_member else 2, "logits")
+    logits = calibmath.check_rows(logits, 3 if per_member else 2, "logits", False)
     member_logits = logits if per_member else logits[None]
     _, n, c = member_logits.shape
-    if n == 0:
-        raise ValueError("`logits` hold no example; give at least one held-out example.")
     labels = _check_labels(labels, n, c)
     lo, hi = (float(b) for b in bounds)
     if not 0.0 < lo < hi or not math.isfinite(hi):
         raise ValueError(f"`bounds` must be (lo, hi) with 0 < lo < hi < inf, got {bounds!r}.")
     if not 0.0 < rtol < 1.0:
         raise ValueError(f"`rtol` must lie in (0, 1), got {rtol!r}.")
-    if not bool(jax.device_get(_all_finite(member_logits))):
-        raise ValueError("`logits` contain NaN or inf; fit on finite logits.")
+    if at_bound not in ("raise", "warn"):
+        raise ValueError(f"`at_bound` must be 'raise' or 'warn', got {at_bound!r}.")
 
     def g(log_t: np.ndarray) -> np.ndarray:  # [M, K] log-temperatures -> [M, K] derivatives
         return np.asarray(jax.device_get(_dnll_dbeta(member_logits, labels, np.exp(-log_t))))
@@ -276,14 +306,7 @@ def fit_temperature(
     b = np.full(m, math.log(hi))
     ga, gb = g(np.stack([a, b], axis=1)).T  # g > 0 at small T (too sharp), < 0 at large T
     at_lo, at_hi = ga <= 0, gb >= 0
-    for edge, name, value in ((at_lo, "lower", lo), (at_hi, "upper", hi)):
-        if edge.any():
-            warnings.warn(
-                f"the NLL is still decreasing at the {name} temperature bound {value:g} "
-                f"(members {np.flatnonzero(edge).tolist()} of {m}); that bound is "
-                "returned: widen `bounds` or check the held-out data",
-                stacklevel=2,
-            )
+    calibmath.refuse_temperature_bound(at_lo, at_hi, lo, hi, n, at_bound)
     while np.max(b - a) > math.log1p(rtol) / 4:
         grid = a[:, None] + (b - a)[:, None] * np.arange(1, _GRID + 1) / (_GRID + 1)
         vals = g(grid)
@@ -298,11 +321,6 @@ def fit_temperature(
     t = np.exp((a + b) / 2)
     t = np.where(at_lo, lo, np.where(at_hi, hi, t))
     return t if per_member else float(t[0])
-
-
-@jax.jit
-def _all_finite(x: Any) -> jax.Array:
-    return jnp.all(jnp.isfinite(x))
 
 
 @jax.jit
@@ -339,53 +357,76 @@ def conformal_scores(
 
     * ``"thr"``: ``s(x, c) = 1 - p_c``;
     * ``"aps"``: ``s(x, c) = sum_{c' ranked at or above c} p_c'`` (the cumulative mass down
-      to ``c``); with ``randomized`` ``u * p_c`` is subtracted, ``u ~ U[0, 1)`` per
-      example (exact ``1 - alpha`` coverage on average instead of ``>=``; the default,
+      to ``c``); with ``randomized`` ``u * p_c`` is subtracted, ``u`` in ``[0, 1)`` per
+      example (coverage close to ``1 - alpha`` instead of above it; the default,
       non-randomised score gives larger, deterministic sets);
     * ``"raps"``: the APS score plus ``lam * max(0, rank(c) - k_reg)``.
 
+    The randomisation ``u`` is a function of the example, not of its position: a 32-bit
+    hash of the bytes of its probability row (``-0.0`` read as ``0.0``) and of ``seed``,
+    scaled to ``[0, 1)``. An example therefore gets the same scores alone, in any batch or
+    on any mesh, and the score is one fixed function of ``(x, y)``: split conformal's
+    ``>= 1 - alpha`` guarantee holds for one-at-a-time calls exactly as for batched ones.
+    Identical rows share their ``u``.
+
     Args:
-      probs: `[N, classes]` probabilities (e.g. temperature-scaled).
+      probs: `[N, classes]` probabilities (e.g. temperature-scaled); each row non-negative
+        and summing to 1.
       method: one of :data:`METHODS`.
       k_reg: RAPS: the number of top classes free of the penalty (defaults from
         Angelopoulos & Bates' RAPS example; tune on held-out data).
       lam: RAPS: the penalty per class ranked below ``k_reg``.
-      randomized: APS/RAPS: subtract ``u * p_c`` (``u`` from ``jax.random.key(seed)``).
-      seed: the seed of the randomisation.
+      randomized: APS/RAPS: subtract ``u * p_c`` (``u`` the hash of the row and ``seed``).
+      seed: an int, the seed of the randomisation (use the same one to calibrate and
+        predict).
 
     Returns:
-      `[N, classes]` float scores.
+      `[N, classes]` float scores (the dtype of ``probs``: float64 stays float64 under
+      ``jax_enable_x64``).
 
     Raises:
-      ValueError: if ``probs`` is not 2-D, ``method`` is unknown, ``k_reg < 0`` or
-        ``lam < 0``.
+      ValueError: if ``probs`` is not 2-D, empty, not finite, negative or its rows do not
+        sum to 1, ``method`` is unknown, ``k_reg < 0``, ``lam < 0`` or ``seed`` not an int.
 
     Example:
       >>> np.round(np.asarray(conformal_scores([[0.6, 0.1, 0.3]], "aps")), 4).tolist()
       [[0.6, 1.0, 0.9]]
     """
-    probs = statmath.check_probs(probs, 2, "probs")
+    return _scores(
+        calibmath.check_rows(probs, 2, "probs", True), method, k_reg, lam, randomized, seed
+    )
+
+
+def _scores(
+    probs: Any, method: str, k_reg: int, lam: float, randomized: bool, seed: int
+) -> jax.Array:
+    """:func:`conformal_scores` of already checked ``probs``."""
     _check_method(method)
     if isinstance(k_reg, bool) or not isinstance(k_reg, int | np.integer) or k_reg < 0:
         raise ValueError(f"`k_reg` must be an int >= 0, got {k_reg!r}.")
-    if not float(lam) >= 0.0:
-        raise ValueError(f"`lam` must be >= 0, got {lam!r}.")
-    u = None
-    if randomized and method != "thr":
-        u = jax.random.uniform(jax.random.key(seed), (probs.shape[0],))
-    return _scores_core(probs, u, method=method, k_reg=int(k_reg), lam=float(lam))
+    if not float(lam) >= 0.0 or not math.isfinite(float(lam)):
+        raise ValueError(f"`lam` must be finite and >= 0, got {lam!r}.")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise ValueError(f"`seed` must be an int, got {seed!r}.")
+    words = np.array([int(seed) & 0xFFFFFFFF, (int(seed) >> 32) & 0xFFFFFFFF], np.uint32)
+    use_u = bool(randomized) and method != "thr"
+    return _scores_core(
+        probs, words, method=method, k_reg=int(k_reg), lam=float(lam), randomized=use_u
+    )
 
 
-@functools.partial(jax.jit, static_argnames=("method", "k_reg", "lam"))
-def _scores_core(probs: Any, u: Any, method: str, k_reg: int, lam: float) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("method", "k_reg", "lam", "randomized"))
+def _scores_core(
+    probs: Any, words: Any, method: str, k_reg: int, lam: float, randomized: bool
+) -> jax.Array:
     p = statmath.as_float(probs)
     if method == "thr":
         return 1.0 - p
     order = jnp.argsort(-p, axis=-1, stable=True)  # descending, ties: lower class first
     ranked = jnp.take_along_axis(p, order, axis=-1)
     score = jnp.cumsum(ranked, axis=-1)
-    if u is not None:
-        score = score - u.astype(p.dtype)[:, None] * ranked
+    if randomized:
+        score = score - calibmath.row_uniform(p, words).astype(p.dtype)[:, None] * ranked
     if method == "raps":
         rank = jnp.arange(1, p.shape[-1] + 1, dtype=p.dtype)[None, :]
         score = score + lam * jnp.maximum(rank - k_reg, 0.0)
@@ -407,29 +448,35 @@ def conformal_quantile(
     smallest) gives ``P(s_test <= q) >= 1 - alpha`` for an exchangeable test example, so
     :func:`prediction_sets` with this ``q`` covers the true label with probability at least
     ``1 - alpha`` (and at most ``1 - alpha + 1 / (n + 1)`` when scores have no ties).
+    ``q`` is exactly one of the scores, in their dtype (float64 under ``jax_enable_x64``
+    with float64 input), so every calibration example whose score is ``<= q`` is in its
+    own set.
 
     Args:
       probs: `[n, classes]` probabilities of the calibration examples (held out; the same
-        model and temperature as the test predictions).
+        model and temperature as the test predictions); rows non-negative, summing to 1.
       labels: `[n]` integer class indices.
       alpha: the miscoverage rate in ``(0, 1)``, e.g. ``0.1`` for 90% coverage.
       method: one of :data:`METHODS`.
       **score_kwargs: ``k_reg``, ``lam``, ``randomized``, ``seed`` of
-        :func:`conformal_scores`.
+        :func:`conformal_scores` (pass the same to :func:`prediction_sets`).
 
     Returns:
       ``q`` as a python float.
 
     Raises:
       ValueError: if ``alpha`` is not in ``(0, 1)`` or too small for ``n``
-        (``k > n``, i.e. ``n < 1 / alpha - 1``), or the shapes or labels are invalid.
+        (``k > n``, i.e. ``n < 1 / alpha - 1``), ``probs`` is empty, not finite, negative
+        or its rows do not sum to 1, or the shapes, labels or score arguments are invalid.
 
     Example:
       >>> q = conformal_quantile(val_probs, val_labels, alpha=0.1)
       >>> sets = prediction_sets(test_probs, q)
     """
     alpha = _check_alpha(alpha)
-    probs = statmath.check_probs(probs, 2, "probs")
+    _check_method(method)
+    _check_score_kwargs(score_kwargs)
+    probs = calibmath.check_rows(probs, 2, "probs", True)
     n, c = probs.shape
     labels = _check_labels(labels, n, c)
     # The small slack keeps (n + 1)(1 - alpha) = 9.000000000000002 from rounding up to 10.
@@ -440,33 +487,15 @@ def conformal_quantile(
             f"alpha={alpha} is too small for n={n} calibration examples: split conformal "
             f"needs n >= 1/alpha - 1 = {need}; use more calibration examples or a larger alpha."
         )
-    scores = conformal_scores(probs, method, **score_kwargs)
+    kw = {"k_reg": 5, "lam": 0.01, "randomized": False, "seed": 0} | score_kwargs
+    scores = _scores(probs, method, **kw)
     return float(jax.device_get(_kth_true_score(scores, labels, k=max(k, 1))))
 
 
 @functools.partial(jax.jit, static_argnames="k")
 def _kth_true_score(scores: Any, labels: Any, k: int) -> jax.Array:
     true = jnp.take_along_axis(scores, labels[:, None], axis=-1)[:, 0]
-    return _kth_smallest(true.astype(jnp.float32), k)
-
-
-def _kth_smallest(x: jax.Array, k: int) -> jax.Array:
-    """The exact k-th smallest of ``x`` `[N]` (float32) by bisection on its bit patterns.
-
-    Only counts ``sum(x <= v)`` are taken (32 rounds), so ``x`` may stay sharded over
-    devices (a sort along a sharded axis would need it gathered).
-    """
-    bits = jax.lax.bitcast_convert_type(x, jnp.int32)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 keys in the order of the floats
-
-    def body(_: Any, bounds: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        lo, hi = bounds
-        mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)  # floor((lo + hi) / 2), no overflow
-        enough = jnp.sum(key <= mid) >= k
-        return jnp.where(enough, lo, mid + 1), jnp.where(enough, mid, hi)
-
-    lo, _ = jax.lax.fori_loop(0, 33, body, (jnp.min(key), jnp.max(key)))
-    return jax.lax.bitcast_convert_type(lo ^ ((lo >> 31) & 0x7FFFFFFF), jnp.float32)
+    return calibmath.kth_smallest(true, k)
 
 
 def prediction_sets(
@@ -478,10 +507,13 @@ def prediction_sets(
     ``P(y in C(x)) >= 1 - alpha``. ``"thr"`` sets are ``{c : p_c >= 1 - q}`` and may be
     empty when no class is that likely; ``"aps"`` / ``"raps"`` sets are the top classes
     whose cumulative mass stays within ``q`` (empty when the top class alone exceeds it).
+    Each row's set depends on that row alone (the randomisation too): an example gets the
+    same set alone or in any batch.
 
     Args:
-      probs: `[N, classes]` probabilities of the test examples.
-      q: the threshold.
+      probs: `[N, classes]` probabilities of the test examples; rows non-negative,
+        summing to 1.
+      q: the threshold, a finite scalar (a python float, or an array of shape `[]`).
       method: one of :data:`METHODS`.
       **score_kwargs: ``k_reg``, ``lam``, ``randomized``, ``seed`` of
         :func:`conformal_scores`.
@@ -490,14 +522,26 @@ def prediction_sets(
       `[N, classes]` bool jax array: True where the class is in the set.
 
     Raises:
-      ValueError: if ``probs`` is not 2-D or ``method`` is unknown.
+      ValueError: if ``probs`` is not 2-D, empty, not finite, negative or its rows do not
+        sum to 1, ``q`` is not a finite scalar, or ``method`` is unknown.
 
     Example:
       >>> prediction_sets(np.array([[0.7, 0.2, 0.1]]), q=0.85).tolist()
       [[True, True, False]]
     """
+    traced = isinstance(q, jax.core.Tracer)
+    q_arr = q if traced else np.asarray(jax.device_get(q))
+    if q_arr.shape not in ((), (1,)) or not jnp.issubdtype(q_arr.dtype, jnp.number):
+        raise ValueError(
+            f"`q` must be one threshold (a float from conformal_quantile), got an array of "
+            f"shape {q_arr.shape} and dtype {q_arr.dtype}; pass float(q)."
+        )
+    if not traced and not np.isfinite(q_arr).all():
+        raise ValueError(f"`q` must be finite, got {q_arr.item()}; recompute it on finite data.")
+    _check_method(method)
+    _check_score_kwargs(score_kwargs)
     scores = conformal_scores(probs, method, **score_kwargs)
-    return _within(scores, jnp.asarray(q, scores.dtype))
+    return _within(scores, jnp.asarray(q_arr, scores.dtype).reshape(()))
 
 
 @jax.jit
@@ -515,13 +559,13 @@ def set_size(sets: ArrayLike) -> float:
       The mean number of classes per set, a python float.
 
     Raises:
-      ValueError: if ``sets`` is not 2-D.
+      ValueError: if ``sets`` is not 2-D or holds no example.
 
     Example:
       >>> set_size(np.array([[True, False], [True, True]]))
       1.5
     """
-    sets = statmath.check_probs(sets, 2, "sets")
+    sets = _check_sets(sets)
     return float(jax.device_get(_mean_size(sets)))
 
 
@@ -547,7 +591,7 @@ def coverage(sets: ArrayLike, labels: ArrayLike) -> float:
       >>> coverage(np.array([[True, False], [False, True]]), np.array([0, 0]))
       0.5
     """
-    sets = statmath.check_probs(sets, 2, "sets")
+    sets = _check_sets(sets)
     labels = _check_labels(labels, sets.shape[0], sets.shape[1])
     return float(jax.device_get(_covered(sets, labels)))
 

@@ -56,7 +56,7 @@ from meshensemble.training.checkpoint import (
     restore_checkpoint,
 )
 from meshensemble.training.config import default_mesh_shape
-from meshensemble.training.outputs import check_writable, writing
+from meshensemble.training.outputs import check_writable, dumps_strict, writing
 
 OOD_SETS = ("noise", "inverted", "fashion_mnist")
 """OOD sets :func:`evaluate_run` knows (see :func:`ood_images`)."""
@@ -501,8 +501,9 @@ def _write(
     from meshensemble import plots
 
     path = os.path.join(workdir, EVALUATION_FILE)
+    text = dumps_strict(result, indent=2)  # NaN as null, noted: strict JSON
     with writing(path), open(path, "w") as f:
-        json.dump(result, f, indent=2)
+        f.write(text)
     members = f"members pooled (mean member ECE {result['test_mean_member_ece']:.4f})"
     curves = {
         f"ensemble (ECE {result['test_ensemble_ece']:.4f})": test["ensemble"],

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import types
+import warnings
 from functools import partial
 
 import jax
@@ -185,7 +186,8 @@ def test_predict_with_temperature(run) -> None:
     np.testing.assert_allclose(per[1], members[1], atol=1e-6)
     pooled = np.asarray(ens.predict(state, x, temperature=ts))
     np.testing.assert_allclose(pooled, per.mean(0), atol=1e-6)
-    for bad, text in ((0.0, "> 0"), ([1.0, 2.0], r"\[members\] = \[4\]"), (np.nan, "finite")):
+    bads = ((0.0, "> 0"), ([1.0, 2.0], r"\[members\] = \[4\]"), (np.nan, "finite"))
+    for bad, text in (*bads, (np.inf, "finite"), ("hot", "must be a number > 0")):
         with pytest.raises(ValueError, match=text):
             ens.predict(state, x, temperature=bad)
 
@@ -218,11 +220,12 @@ def test_inference_bundle_carries_the_temperature(run) -> None:
 def test_evaluate_calibrate_writes_the_section(run, capsys) -> None:
     workdir = _copy(run, "cli")
     argv = ["evaluate", "--workdir", workdir, "--mesh", "ensemble=2,data=4", "--batch-size", "40"]
-    assert cli.main([*argv, "--calibrate", "--alpha", "0.2", "--ood", "noise"]) == 0
+    with pytest.warns(UserWarning, match="64 validation examples are few for a temperature"):
+        assert cli.main([*argv, "--calibrate", "--alpha", "0.2", "--ood", "noise"]) == 0
     out = capsys.readouterr().out
     assert "calibration: T=" in out and "coverage" in out
-    with open(os.path.join(workdir, evaluate.EVALUATION_FILE)) as f:
-        section = json.load(f)["calibration"]
+    with open(os.path.join(workdir, evaluate.EVALUATION_FILE)) as f:  # strict JSON
+        section = json.loads(f.read(), parse_constant=lambda t: pytest.fail(t))["calibration"]
     with open(os.path.join(workdir, evaluate.CALIBRATION_PLOT), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert section["num_validation"] == NUM_VAL and section["temperature"] > 0
@@ -271,3 +274,54 @@ def test_calibrate_refuses_a_run_without_validation(run, capsys) -> None:
     assert cli.main(["evaluate", "--workdir", run.workdir, "--calibrate", "--alpha", "2"]) == 2
     assert "alpha=2.0 must lie in (0, 1)" in capsys.readouterr().err
     jax.clear_caches()
+
+
+def test_a_temperature_at_its_bound_is_refused_not_applied(run) -> None:
+    """Five validation examples, all right (issue 25, case 4): T ran to 0.001 and was
+    applied, test NLL 0.433 -> 3.674. Now one line says why and how many to hold out."""
+    ens, state = run.trained.ensemble, run.trained.state
+    x, y = run.ds.test_images, run.ds.test_labels
+    right = np.flatnonzero(np.asarray(ens.predict(state, x)).argmax(-1) == y)[:5]
+    with pytest.raises(ValueError, match="search bound T=0.001.*not applied.*--validation") as e:
+        evaluate.calibrate_ensemble(ens, state, (x[right], y[right]), (x, y), alpha=0.2)
+    assert "\n" not in str(e.value)
+    # the library itself refuses a bound unless asked to return it
+    z = 5.0 * np.eye(10)[np.arange(40) % 10]
+    with pytest.raises(ValueError, match="lower temperature bound 0.001.*hold out more"):
+        calibration.fit_temperature(z, np.arange(40) % 10)
+
+
+def test_alpha_too_small_for_the_split_is_refused_before_any_work(run, capsys, monkeypatch):
+    """--alpha 0.001 with 500 validation examples: refused from config.json, before the
+    restore, the test evaluation and the OOD evaluation; the run folder is unchanged."""
+    workdir = _copy(run, "small_alpha")
+    path = os.path.join(workdir, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    cfg["validation"] = 500
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+
+    def never(*args, **kwargs):
+        raise AssertionError("restored a checkpoint before refusing")
+
+    monkeypatch.setattr(evaluate, "restore_checkpoint", never, raising=False)
+    before = {
+        p: os.stat(os.path.join(r, p)).st_mtime_ns for r, _, fs in os.walk(workdir) for p in fs
+    }
+    argv = ["evaluate", "--workdir", workdir, "--calibrate", "--alpha", "0.001", "--ood", "noise"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "n >= 1/alpha - 1 = 999" in err and "500" in err, err
+    after = {
+        p: os.stat(os.path.join(r, p)).st_mtime_ns for r, _, fs in os.walk(workdir) for p in fs
+    }
+    assert after == before
+    # a split that is merely small for the alpha or for a temperature is a warning
+    small = types.SimpleNamespace(validation=64)
+    for alpha, want in ((0.2, ["few for a temperature"]), (0.1, ["few for alpha=0.1", "temp"])):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            evaluate.check_calibrate(workdir, small, alpha, "thr")
+        assert [w for w in want if not any(w in str(s.message) for s in seen)] == []
+        assert len(seen) == len(want)

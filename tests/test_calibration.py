@@ -149,13 +149,18 @@ def test_fit_temperature_on_pooled_ensemble_logits():
     )
 
 
-def test_fit_temperature_returns_a_bound_with_a_warning():
+def test_fit_temperature_refuses_a_bound_or_returns_it_with_a_warning():
     y = np.arange(40) % C
     separable = 5.0 * np.eye(C)[y]  # always right with a margin: sharper is always better
+    with pytest.raises(ValueError, match="lower temperature bound 0.001.*hold out more") as e:
+        cal.fit_temperature(separable, y)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="upper temperature bound 100.*chance"):
+        cal.fit_temperature(-separable, y, bounds=(0.1, 100.0))
     with pytest.warns(UserWarning, match="lower temperature bound"):
-        assert cal.fit_temperature(separable, y) == 1e-3
+        assert cal.fit_temperature(separable, y, at_bound="warn") == 1e-3
     with pytest.warns(UserWarning, match="upper temperature bound 100"):
-        assert cal.fit_temperature(-separable, y, bounds=(0.1, 100.0)) == 100.0
+        assert cal.fit_temperature(-separable, y, bounds=(0.1, 100.0), at_bound="warn") == 100.0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cal.fit_temperature(np.random.default_rng(0).normal(size=(40, C)), y)
@@ -369,3 +374,153 @@ def test_public_names():
         if callable(obj):
             doc = obj.__doc__ or ""
             assert "Args:" in doc and "Returns:" in doc and "Example:" in doc, name
+
+
+# --------------------------------------------------------------------------- issue 25
+
+
+def _one_at_a_time(p: np.ndarray, q: float, method: str, **kw) -> np.ndarray:
+    """Each row's set from its own call, as a server predicting one example at a time."""
+    return np.concatenate(
+        [np.asarray(cal.prediction_sets(p[i : i + 1], q, method, **kw)) for i in range(len(p))]
+    )
+
+
+@pytest.mark.parametrize(
+    ("method", "kw"),
+    [("aps", {}), ("raps", {"k_reg": 1, "lam": 0.1})],
+    ids=["aps", "raps"],
+)
+def test_randomized_sets_cover_when_predicted_one_at_a_time(method, kw):
+    """Labels drawn from known probabilities; 20 random calibration/test splits; each test
+    example predicted in its own call, one seed for all (as a user would). With an offset
+    drawn by row position every one-row call reused one ``u`` and covered ~0.73 at alpha
+    0.2."""
+    rng = np.random.default_rng(25)
+    alpha, n_cal, n_test, covered = 0.2, 300, 100, []
+    p, y = sample(rng, 2000)
+    for split in range(20):
+        idx = rng.permutation(len(y))
+        cal_i, test_i = idx[:n_cal], idx[n_cal : n_cal + n_test]
+        q = cal.conformal_quantile(
+            p[cal_i], y[cal_i], alpha, method, randomized=True, seed=10, **kw
+        )
+        sets = _one_at_a_time(p[test_i], q, method, randomized=True, seed=10, **kw)
+        covered.append(sets[np.arange(n_test), y[test_i]])
+        if split == 0:  # the same sets in one batch
+            batch = cal.prediction_sets(p[test_i], q, method, randomized=True, seed=10, **kw)
+            np.testing.assert_array_equal(sets, batch)
+    assert np.mean(covered) >= 1 - alpha - 0.02, np.mean(covered)
+
+
+def test_an_example_gets_the_same_randomized_set_alone_and_in_any_batch():
+    rng = np.random.default_rng(26)
+    p, _ = sample(rng, 64)
+    p32 = p.astype(np.float32)
+    for method in ("aps", "raps"):
+        kw = {"randomized": True, "seed": 7}
+        alone = cal.conformal_scores(p32[5:6], method, **kw)
+        for batch in (p32, p32[::-1], np.roll(p32, 3, axis=0), p32[:6]):
+            row = int(np.flatnonzero((batch == p32[5]).all(1))[0])
+            np.testing.assert_array_equal(cal.conformal_scores(batch, method, **kw)[row], alone[0])
+            q = 0.6
+            np.testing.assert_array_equal(
+                cal.prediction_sets(batch, q, method, **kw)[row],
+                cal.prediction_sets(p32[5:6], q, method, **kw)[0],
+            )
+    # one-row calls vmapped (values are checked outside jit, shapes inside): the same sets
+    one_row = lambda row: cal.prediction_sets(row[None], 0.6, "raps", randomized=True, seed=7)
+    np.testing.assert_array_equal(
+        jax.vmap(one_row)(p32)[:, 0],
+        cal.prediction_sets(p32, 0.6, "raps", randomized=True, seed=7),
+    )
+    # u: one per example, spread over [0, 1), changed by the seed
+    inclusive = ref_scores(p32, "aps")
+    u = (inclusive - np.asarray(cal.conformal_scores(p32, "aps", randomized=True, seed=7))) / p32
+    assert np.ptp(u, axis=1).max() < 1e-3 and u[:, 0].std() > 0.2
+    other = cal.conformal_scores(p32, "aps", randomized=True, seed=8)
+    assert not np.array_equal(other, cal.conformal_scores(p32, "aps", randomized=True, seed=7))
+
+
+BAD_PROBS = [
+    (lambda p: np.where(p > 0.3, np.nan, p), "NaN or inf"),
+    (lambda p: np.where(p > 0.3, np.inf, p), "NaN or inf"),
+    (lambda p: np.log(p), "negative"),  # logits
+    (lambda p: 3.0 * p, "sum to 1"),  # unnormalised
+    (lambda p: p[:0], "no example"),
+    (lambda p: p[:, :0], "no example"),
+    (lambda p: p[None], "2-D"),
+]
+
+
+@pytest.mark.parametrize(("bad", "match"), BAD_PROBS)
+def test_conformal_inputs_are_checked_at_the_boundary(bad, match):
+    p, y = sample(np.random.default_rng(27), 40)
+    calls = [
+        lambda x: cal.conformal_quantile(x, y[: len(x)] if x.ndim == 2 else y, 0.1, "aps"),
+        lambda x: cal.prediction_sets(x, 0.5, "raps"),
+        lambda x: cal.conformal_scores(x, "thr"),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match=match) as info:
+            call(bad(p))
+        assert "\n" not in str(info.value)
+    if match in ("NaN or inf", "negative", "sum to 1"):
+        for call in (cal.ensemble_logits, lambda x: cal.apply_temperature_to_probs(x, 2.0)):
+            with pytest.raises(ValueError, match=match):
+                call(bad(p)[None] if call is cal.ensemble_logits else bad(p))
+
+
+def test_logits_get_a_hint_and_bad_q_is_one_line():
+    p, y = sample(np.random.default_rng(28), 40)
+    with pytest.raises(ValueError, match="not logits"):
+        cal.conformal_quantile(np.log(p) + 5.0, y, 0.1)  # positive logits: rows sum to ~60
+    for q in (np.array([0.5, 0.6]), np.full((40, 1), 0.5), np.nan, "0.5"):
+        with pytest.raises(ValueError, match="`q`") as info:
+            cal.prediction_sets(p, q)
+        assert "\n" not in str(info.value)
+    for call in (
+        cal.conformal_quantile,
+        lambda p, y, a, m, **kw: cal.prediction_sets(p, 0.5, m, **kw),
+    ):
+        with pytest.raises(ValueError, match="unknown score arguments"):
+            call(p, y, 0.1, "aps", randomised=True)
+    with pytest.raises(ValueError, match="seed"):
+        cal.conformal_quantile(p, y, 0.1, "aps", randomized=True, seed=0.5)
+    with pytest.warns(UserWarning, match="look like probabilities"):
+        cal.fit_temperature(p, y)
+    for call in (cal.fit_temperature, lambda z, _: cal.apply_temperature(z, 1.0)):
+        with pytest.raises(ValueError, match="NaN or inf"):
+            call(np.where(p > 0.3, np.inf, np.log(p)), y)
+    with pytest.raises(ValueError, match="no example"):
+        cal.apply_temperature(np.zeros((0, C)), 1.0)
+    with pytest.raises(ValueError, match="no example"):
+        cal.set_size(np.zeros((0, C), bool))
+    with pytest.raises(ValueError, match="no example"):
+        cal.coverage(np.zeros((0, C), bool), np.zeros(0, int))
+    with pytest.raises(ValueError, match="finite"):
+        cal.apply_temperature(np.log(p), np.inf)
+    with pytest.raises(ValueError, match="a number > 0"):
+        cal.apply_temperature(np.log(p), "hot")
+
+
+def test_float64_quantile_is_exact_under_x64():
+    """Under x64 float64 scores were compared with q rounded to float32: a calibration
+    example at the k-th score fell outside its own set in 161 of 400 draws."""
+    rng = np.random.default_rng(29)
+    with jax.enable_x64(True):
+        for draw in range(10):
+            p, y = sample(rng, 200)
+            for method, kw in (("thr", {}), ("aps", {"randomized": True, "seed": draw})):
+                s = np.asarray(cal.conformal_scores(p, method, **kw))
+                assert s.dtype == np.float64
+                q = cal.conformal_quantile(p, y, 0.1, method, **kw)
+                true = s[np.arange(200), y]
+                assert q in true  # exactly one of the float64 scores
+                sets = np.asarray(cal.prediction_sets(p, q, method, **kw))
+                inside = sets[np.arange(200), y]
+                np.testing.assert_array_equal(inside, true <= q)
+                assert inside.sum() >= math.ceil(201 * 0.9)
+        z = rng.normal(size=(5, C))
+        assert cal.apply_temperature(z, 2.0).dtype == np.float64
+        assert cal.apply_temperature_to_probs(ref_softmax(z), 2.0).dtype == np.float64

@@ -797,3 +797,16 @@ def test_public_face_keeps_its_names_and_shares_the_core_sums():
     assert metrics.member_summaries is core_stats.member_summaries
     assert metrics.example_stats is core_stats.example_stats
     assert metrics.EXAMPLE_STAT_KEYS is core_stats.EXAMPLE_STAT_KEYS
+
+
+def test_entropy_of_nan_probabilities_is_nan_not_zero():
+    """NaN probabilities (a diverged member) were reported with entropy 0.0: certain."""
+    nan = float("nan")
+    assert np.isnan(np.asarray(metrics.entropy([[nan, 0.5, 0.5]]))).all()
+    member_probs = np.array([[[nan, nan]], [[0.5, 0.5]]], np.float32)
+    assert np.isnan(np.asarray(metrics.expected_entropy(member_probs))).all()
+    assert np.isnan(np.asarray(metrics.mutual_information(member_probs))).all()
+    got = metrics.ensemble_metrics(member_probs, np.array([0]))
+    assert np.isnan(got["entropy"]) and np.isnan(got["expected_entropy"])
+    # exact zeros still contribute 0 (a one-hot row is certain)
+    assert float(np.asarray(metrics.entropy([[1.0, 0.0]]))[0]) == 0.0

@@ -129,10 +129,13 @@ def onehot(labels: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
 
 
 def shannon_entropy(probs: Any) -> jax.Array:
-    """``-sum_c p_c log p_c`` over the last axis, with ``0 log 0 = 0`` (no clip): `[...]`."""
+    """``-sum_c p_c log p_c`` over the last axis, with ``0 log 0 = 0`` (no clip): `[...]`.
+
+    Only exact zeros count as 0: a NaN or negative entry gives NaN, never a false 0.0.
+    """
     probs = as_float(probs)
-    pos = probs > 0
-    plogp = jnp.where(pos, probs * jnp.log(jnp.where(pos, probs, 1.0)), 0.0)
+    zero = probs == 0
+    plogp = jnp.where(zero, 0.0, probs * jnp.log(jnp.where(zero, 1.0, probs)))
     return 0.0 - jnp.sum(plogp, axis=-1)  # 0 - x, not -x: a one-hot gives +0.0, not -0.0
 
 

@@ -41,7 +41,13 @@ def check_temperature(temperature: Any, num_members: int) -> np.ndarray | None:
     """
     if temperature is None:
         return None
-    t = np.asarray(temperature, np.float32)
+    try:
+        t = np.asarray(temperature, np.float32)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"temperature {temperature!r} must be a number > 0 or [members] of them; pass "
+            "the T that me.calibration.fit_temperature returned"
+        ) from None
     if t.ndim not in (0, 1) or (t.ndim == 1 and t.shape[0] != num_members):
         raise ValueError(
             f"temperature of shape {t.shape} must be a scalar or [members] = "

@@ -257,8 +257,9 @@ class TrainConfig:
     )
     on_nonfinite: str = _field(
         "stop",
-        "what a NaN/inf loss does: stop raises, keeping the last good checkpoint; reinit "
-        "re-initialises only the members whose loss became non-finite",
+        "what a NaN/inf loss or state does: stop raises, keeping the last good checkpoint; "
+        "reinit re-initialises only the members that became non-finite, at most 3 times "
+        "each per run (then it stops); no NaN/inf state is ever saved",
         choices=ON_NONFINITE,
     )
     quiet: bool = _field(False, "print only the final table (and a line when resuming or stopping)")

@@ -6,7 +6,9 @@ enough for that to come within ``TrainConfig.stop_within`` seconds by
 :class:`meshensemble.training.pacing.Pacer`.
 :class:`NonFiniteGuard` inspects each chunk's per-member losses one chunk behind (so it
 never stalls the device queue) and either raises :class:`NonFiniteError` or
-re-initialises only the bad members.
+re-initialises only the bad members, at most :data:`MAX_REINITS` times per member; before
+every checkpoint and evaluation it also checks the state itself, so a NaN/inf parameter is
+never saved.
 
 Example:
   >>> guard = NonFiniteGuard(ens, "reinit", init_key, images[:1])
@@ -28,9 +30,15 @@ from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.state import EnsembleState
 
+MAX_REINITS = 3
+"""Re-initialisations allowed per member and per run (a resumed run counts afresh) with
+``on_nonfinite="reinit"``: a member that becomes non-finite once more stops the run with
+:class:`NonFiniteError` (a run that diverges from any start cannot be repaired this way)."""
+
 
 class NonFiniteError(RuntimeError):
-    """A member's loss became NaN or infinite (with ``on_nonfinite="stop"``)."""
+    """A member's loss or state became NaN or infinite (with ``on_nonfinite="stop"``, or
+    more than :data:`MAX_REINITS` times for one member with ``"reinit"``)."""
 
 
 class StopSignal:
@@ -93,6 +101,28 @@ class StopSignal:
 
 
 @jax.jit
+def finite_members(state: EnsembleState) -> jax.Array:
+    """Whether each member's parameters, optimizer and model state are all finite.
+
+    Args:
+      state: an :class:`~meshensemble.core.state.EnsembleState` (leaves ``[members, ...]``,
+        possibly sharded: only the ``[members]`` answer is reduced).
+
+    Returns:
+      bool ``[members]``.
+
+    Example:
+      >>> bool(finite_members(state).all())
+      True
+    """
+    ok = jnp.ones(state.step.shape, bool)
+    for x in jax.tree.leaves((state.params, state.opt_state, state.model_state)):
+        if jnp.issubdtype(x.dtype, jnp.inexact) and x.ndim >= 1:
+            ok = ok & jnp.all(jnp.isfinite(x), axis=tuple(range(1, x.ndim)))
+    return ok
+
+
+@jax.jit
 def select_members(mask: jax.Array, fresh: Any, old: Any) -> Any:
     """Takes the members where ``mask`` is True from ``fresh``, the others from ``old``.
 
@@ -121,13 +151,18 @@ class NonFiniteGuard:
     step; ``"reinit"`` re-initialises only those members (key ``fold_in(init_key, step)``,
     fresh optimizer state) and goes on. The chunk dispatched before the re-initialisation
     was computed from the bad members, so its losses of those members are ignored: each
-    event re-initialises a member once and training continues from the fresh member.
+    event re-initialises a member once and training continues from the fresh member. A
+    member is re-initialised at most ``max_reinits`` times per run; one more event raises
+    :class:`NonFiniteError`. :meth:`flush` (before every checkpoint and evaluation) also
+    checks the parameters and optimizer state themselves (a step with a finite loss can
+    still leave NaN/inf weights), so a state with NaN/inf is never saved or evaluated.
 
     Args:
       ens: the ensemble being trained.
       on_nonfinite: ``"stop"`` or ``"reinit"``.
       init_key: the run's initialisation key.
       sample: an input batch for :meth:`meshensemble.Ensemble.init`, e.g. ``images[:1]``.
+      max_reinits: re-initialisations allowed per member (default :data:`MAX_REINITS`).
 
     Example:
       >>> guard = NonFiniteGuard(ens, "reinit", init_key, images[:1])
@@ -135,13 +170,25 @@ class NonFiniteGuard:
       >>> state = guard.flush(state, print)                  # before saving or evaluating
     """
 
-    def __init__(self, ens: Ensemble, on_nonfinite: str, init_key: jax.Array, sample: Any):
+    def __init__(
+        self,
+        ens: Ensemble,
+        on_nonfinite: str,
+        init_key: jax.Array,
+        sample: Any,
+        max_reinits: int = MAX_REINITS,
+    ):
         if on_nonfinite not in ("stop", "reinit"):
             raise ValueError(f"on_nonfinite={on_nonfinite!r} is not allowed; choose stop, reinit")
+        if isinstance(max_reinits, bool) or not isinstance(max_reinits, int) or max_reinits < 0:
+            raise ValueError(f"max_reinits={max_reinits!r} must be an int >= 0")
         self.ens, self.on_nonfinite = ens, on_nonfinite
         self.init_key, self.sample = init_key, sample
+        self.max_reinits = max_reinits
+        self.reinits = np.zeros(ens.num_members, int)  # re-initialisations so far, per member
         # (step before the chunk, its losses [n, members], members to ignore [members])
         self._pending: tuple[int, jax.Array, np.ndarray] | None = None
+        self._step = 0  # the step the newest chunk ended at
 
     def check(
         self,
@@ -167,13 +214,17 @@ class NonFiniteGuard:
           ``state``, with re-initialised members if the previous chunk had bad ones.
 
         Raises:
-          NonFiniteError: a bad loss with ``on_nonfinite="stop"``.
+          NonFiniteError: a bad loss with ``on_nonfinite="stop"``, or a member bad once
+            more after ``max_reinits`` re-initialisations.
         """
         previous = self._pending
         rows = metrics["loss"].shape[0]
         first = step - (rows - (rows if steps is None else steps))  # the zero rows' "step"
         self._pending = (first, metrics["loss"], np.zeros(self.ens.num_members, bool))
+        self._step = first + rows
         if previous is None:
+            if state is not None:  # compiles the state check now, not at the first save
+                finite_members(state)
             return state
         state, redone = self._inspect(state, previous, say, last_checkpoint)
         # this chunk ran on the bad members: their losses in it say nothing new
@@ -186,7 +237,8 @@ class NonFiniteGuard:
         say: Callable[[str], None],
         last_checkpoint: Callable[[], int | None] = lambda: None,
     ) -> EnsembleState:
-        """Inspects the pending chunk now (before a checkpoint or an evaluation).
+        """Inspects the pending chunk and the state itself now (before a checkpoint or an
+        evaluation).
 
         Args:
           state: the current state.
@@ -194,33 +246,51 @@ class NonFiniteGuard:
           last_checkpoint: the newest saved step, for the error message.
 
         Returns:
-          ``state``, repaired if needed.
+          ``state``, repaired if needed: every member finite.
 
         Raises:
-          NonFiniteError: a bad loss with ``on_nonfinite="stop"``.
+          NonFiniteError: a bad loss or state with ``on_nonfinite="stop"``, or a member
+            bad once more after ``max_reinits`` re-initialisations.
         """
         previous, self._pending = self._pending, None
-        if previous is None:
-            return state
-        return self._inspect(state, previous, say, last_checkpoint)[0]
+        if previous is not None:
+            state = self._inspect(state, previous, say, last_checkpoint)[0]
+        bad = ~np.asarray(fetch(finite_members(state))) if state is not None else np.zeros(1, bool)
+        if bad.any():
+            members = np.flatnonzero(bad).tolist()
+            state = self._repair(state, members, self._step, "state", say, last_checkpoint)[0]
+        return state
 
     def _inspect(self, state, pending, say, last_checkpoint) -> tuple[EnsembleState, np.ndarray]:
         first_step, losses, ignore = pending
         bad = ~np.isfinite(fetch(losses))  # [n, members], already computed
         bad[:, ignore] = False
-        redone = np.zeros(self.ens.num_members, bool)
         if not bad.any():
-            return state, redone
+            return state, np.zeros(self.ens.num_members, bool)
         members = sorted(set(np.nonzero(bad)[1].tolist()))
         at = first_step + 1 + int(np.nonzero(bad.any(1))[0][0])
+        return self._repair(state, members, at, "loss", say, last_checkpoint)
+
+    def _repair(self, state, members, at, what, say, last_checkpoint):
+        """Re-initialises ``members`` (or raises): ``(state, the re-initialised mask)``."""
+        last = last_checkpoint()
+        keep = f"the last good checkpoint is {last}" if last is not None else "no checkpoint"
         if self.on_nonfinite == "reinit":
-            say(f"non-finite loss in member(s) {members} at step {at}: re-initialising them")
+            over = [m for m in members if self.reinits[m] >= self.max_reinits]
+            if over:
+                raise NonFiniteError(
+                    f"non-finite {what} in member(s) {over} at step {at} after "
+                    f"{self.max_reinits} re-initialisations each (the limit per member): the "
+                    f"run diverges from any start; {keep} (none with NaN is saved); lower the "
+                    "learning rate and train again"
+                )
+            say(f"non-finite {what} in member(s) {members} at step {at}: re-initialising them")
+            self.reinits[members] += 1
+            redone = np.zeros(self.ens.num_members, bool)
             redone[members] = True
             fresh = self.ens.init(jax.random.fold_in(self.init_key, at), self.sample)
             return select_members(jnp.asarray(redone), fresh, state), redone
-        last = last_checkpoint()
-        keep = f"the last good checkpoint is {last}" if last is not None else "no checkpoint"
         raise NonFiniteError(
-            f"non-finite loss in member(s) {members} at step {at}; {keep}; lower the learning "
+            f"non-finite {what} in member(s) {members} at step {at}; {keep}; lower the learning "
             "rate, or pass --on-nonfinite reinit to re-initialise only those members"
         )

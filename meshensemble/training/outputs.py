@@ -41,8 +41,87 @@ candidates the auto-tuner compiled, at its first use only) of this command."""
 """Folder of the TensorBoard event files under the workdir."""
 
 
+NONFINITE_NOTE = "nonfinite"
+"""Key of the note a strict JSON object carries when values were NaN/inf: ``{path:
+"NaN" | "Infinity" | "-Infinity"}`` for each value written as ``null`` (a path is the keys
+and list indices down to it, joined by ``/``, e.g. ``"test_member_nll/2"``)."""
+
+
 class OutputError(RuntimeError):
     """An output file could not be written (disk full, read-only, a folder in the way)."""
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every NaN/inf float written as None and noted: strict JSON.
+
+    Python's ``json`` writes bare ``NaN``/``Infinity`` tokens that strict parsers (and
+    ``json.loads(s, parse_constant=...)`` raising) reject. Each non-finite float in
+    ``value`` (python or numpy floats, in dicts, lists and tuples) becomes None; a dict at
+    the top gets the note :data:`NONFINITE_NOTE` naming them, so a reader can tell
+    "not a number" from "missing" and :func:`restore_nonfinite` can undo it.
+
+    Args:
+      value: a JSON-able value (numpy scalars and arrays are converted).
+
+    Returns:
+      A JSON-able value with no non-finite float, to dump with ``allow_nan=False``.
+
+    Example:
+      >>> strict_json({"nll": float("nan"), "acc": [0.5, float("inf")]})
+      {'nll': None, 'acc': [0.5, None], 'nonfinite': {'nll': 'NaN', 'acc/1': 'Infinity'}}
+    """
+    found: dict[str, str] = {}
+
+    def walk(v: Any, path: str) -> Any:
+        if isinstance(v, dict):
+            return {k: walk(x, f"{path}/{k}" if path else str(k)) for k, x in v.items()}
+        if isinstance(v, list | tuple | np.ndarray):
+            return [walk(x, f"{path}/{i}" if path else str(i)) for i, x in enumerate(v)]
+        if isinstance(v, np.generic):
+            v = v.item()
+        if isinstance(v, float) and not np.isfinite(v):
+            found[path] = "NaN" if np.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+            return None
+        return v
+
+    out = walk(value, "")
+    if found and isinstance(out, dict):
+        out[NONFINITE_NOTE] = found
+    return out
+
+
+def restore_nonfinite(record: dict[str, Any]) -> dict[str, Any]:
+    """Undoes :func:`strict_json` on a dict read back: the noted None become NaN/inf again.
+
+    Args:
+      record: a dict parsed from strict JSON (it is not changed).
+
+    Returns:
+      The dict without the note, its noted values as floats.
+
+    Example:
+      >>> restore_nonfinite({"nll": None, "nonfinite": {"nll": "NaN"}})
+      {'nll': nan}
+    """
+    record = dict(record)
+    note = record.pop(NONFINITE_NOTE, None) or {}
+    for path, text in note.items():
+        *parents, last = path.split("/")
+        node: Any = record
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[int(last) if isinstance(node, list) else last] = float(text)
+    return record
+
+
+def dumps_strict(value: Any, **kwargs: Any) -> str:
+    """``json.dumps`` of :func:`strict_json` ``(value)``: never a bare NaN/Infinity token.
+
+    Example:
+      >>> dumps_strict({"nll": float("nan")})
+      '{"nll": null, "nonfinite": {"nll": "NaN"}}'
+    """
+    return json.dumps(strict_json(value), allow_nan=False, **kwargs)
 
 
 @contextlib.contextmanager
@@ -152,14 +231,14 @@ class RunWriter:
         self.metrics_path = os.path.join(workdir, METRICS_FILE)
         if keep_until is not None and os.path.exists(self.metrics_path):
             with open(self.metrics_path) as f:
-                records = [json.loads(line) for line in f if line.strip()]
+                records = [restore_nonfinite(json.loads(line)) for line in f if line.strip()]
             self.history = [r for r in records if r["step"] <= keep_until]
         if not enabled:
             return
         with writing(self.metrics_path):
             os.makedirs(workdir, exist_ok=True)
             with open(self.metrics_path, "w") as f:  # cut back to the restored step
-                f.writelines(json.dumps(r) + "\n" for r in self.history)
+                f.writelines(dumps_strict(r) + "\n" for r in self.history)
         if tensorboard:
             try:
                 from tensorboardX import SummaryWriter
@@ -181,8 +260,9 @@ class RunWriter:
         if not self.enabled:
             return
         path = os.path.join(self.workdir, CONFIG_FILE)
+        text = dumps_strict(dataclasses.asdict(cfg) | {"resolved": resolved}, indent=2)
         with writing(path), open(path, "w") as f:
-            json.dump(dataclasses.asdict(cfg) | {"resolved": resolved}, f, indent=2)
+            f.write(text)
 
     def write_compile(self, summary: dict[str, Any]) -> None:
         """Writes :data:`COMPILE_FILE`: what this command compiled (replaced by each command).
@@ -193,15 +273,21 @@ class RunWriter:
         if not self.enabled:
             return
         path = os.path.join(self.workdir, COMPILE_FILE)
+        text = dumps_strict(summary, indent=2)
         with writing(path), open(path, "w") as f:
-            json.dump(summary, f, indent=2)
+            f.write(text)
 
     def write_metrics(self, record: dict[str, Any]) -> None:
-        """Appends one record to ``metrics.jsonl`` (and its scalars to TensorBoard)."""
+        """Appends one record to ``metrics.jsonl`` (and its scalars to TensorBoard).
+
+        The line is strict JSON: a NaN/inf value is written as ``null`` and named in the
+        record's :data:`NONFINITE_NOTE` (see :func:`strict_json`).
+        """
         if not self.enabled:
             return
+        line = dumps_strict(record) + "\n"
         with writing(self.metrics_path), open(self.metrics_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(line)
         if self.tb is not None:
             for name, value in record.items():
                 if isinstance(value, float):
