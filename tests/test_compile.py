@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+from pathlib import Path
 
 import chex
 import jax
@@ -168,6 +169,13 @@ def test_the_tuners_programs_are_reported_apart_and_only_at_first_use(tmp_path):
     second = train(tiny(tmp_path, "again", **kw), DATA)
     assert second.compile["tuning"] == {"programs": 0, "seconds": 0.0}
     assert second.compile["programs"] <= len(RUN_PROGRAMS)
+    choices = json.loads(Path(path).read_text())  # a damaged entry: a line, the run goes on
+    Path(path).write_text(json.dumps({k: {**v, "seconds": "abc"} for k, v in choices.items()}))
+    lines.clear()
+    damaged = train(tiny(tmp_path, "damaged", quiet=False, **kw), DATA, lines.append)
+    assert damaged.history[-1]["step"] == 2
+    assert [line for line in lines if path in line and "ignored" in line], lines
+    assert autotune.valid_record(next(iter(json.loads(Path(path).read_text()).values())))
     lines.clear()  # no compilation cache: measured, and the lines never claim a cache
     off = tiny(tmp_path, "off", quiet=False, compile_cache=False, **kw)
     train(off, DATA, lines.append)
