@@ -12,7 +12,9 @@ model at hand and keeps the fastest, within a budget:
   further candidate it estimates that candidate's cost from the default's (its build,
   compilation and first call, plus ``rounds`` steps) and stops measuring when the cost
   would exceed the budget; when no other candidate fits, the run keeps the platform
-  default and says so in one line;
+  default and says so in one line. Timing the default itself (one compiled step, a
+  warm-up call and one timed step, before the budget is known) is a fixed cost the
+  budget cannot bound; the line reports it (its initialisation is reused by the run);
 * a candidate whose first timed step is over :data:`ABANDON_FACTOR` (1.5x) the best
   median so far is abandoned there (it cannot win);
 * a candidate replaces the default only when its median step is at least
@@ -459,7 +461,8 @@ def _describe(name: str, default: str, m: Measurement, stored: str | None, pin: 
             f"{name}: {1e3 * m.seconds[name]:.1f} ms/step, the platform default kept: measuring "
             f"{len(m.skipped)} other candidate(s) would take ~{_secs(m.needs_s)} each, over the "
             f"tuner's budget of {_secs(m.budget_s)} ({TUNING_SHARE:.0%} of the run's expected "
-            f"{_secs(m.expected_s)} of training); {where}"
+            f"{_secs(m.expected_s)} of training; timing the default took {_secs(m.spent_s)}); "
+            f"{where}"
         )
     others = ", ".join(
         f"{n} {1e3 * s:.1f} ms{' (abandoned)' if n in m.abandoned else ''}"
