@@ -155,9 +155,11 @@ def test_a_run_compiles_few_programs(tmp_path):
     assert len(names) <= len(RUN_PROGRAMS) and result.compile["programs"] == len(names)
 
 
-def test_the_tuners_programs_are_reported_apart_and_only_at_first_use(tmp_path):
+def test_the_tuners_programs_are_reported_apart_and_only_at_first_use(tmp_path, monkeypatch):
     """A first run measures the member strategies: their programs are the tuner's, not the
-    run's; a second run (new workdir, same cache) reads the choice and compiles none."""
+    run's; a second run (new workdir, same cache) reads the choice and compiles none; a
+    damaged entry costs one line; without a cache no line claims one (those two runs
+    build the candidates but time them with a fake, to compile less)."""
     need_devices(8)
     lines: list[str] = []
     kw = dict(max_steps=2, mesh=TWO_PER_DEVICE)
@@ -176,6 +178,7 @@ def test_the_tuners_programs_are_reported_apart_and_only_at_first_use(tmp_path):
     choices = json.loads(Path(path).read_text())  # a damaged entry: a line, the run goes on
     Path(path).write_text(json.dumps({k: {**v, "seconds": "abc"} for k, v in choices.items()}))
     lines.clear()
+    monkeypatch.setattr(autotune, "measure", fake_measure({"vmap": 1.0, "loop": 1.0}))
     damaged = train(tiny(tmp_path, "damaged", quiet=False, **kw), DATA, lines.append)
     assert damaged.history[-1]["step"] == 2
     assert [line for line in lines if path in line and "ignored" in line], lines
