@@ -76,7 +76,12 @@ share), :mod:`~meshensemble.bench.flops` (the analytic FLOP count),
 device, step time). The command
 line (``meshensemble bench``) lives in :mod:`meshensemble.cli.bench`.
 
+``--suite accelerator`` runs the cases every accelerator target needs and writes one row
+per target to ``DIR/accelerator.json`` and ``DIR/accelerator.md``
+(:mod:`~meshensemble.bench.suite`).
+
 Example:
+  $ meshensemble bench --suite accelerator --data-file mnist.npz --out results/
   $ meshensemble bench --fake-devices 8 --data-file mnist.npz --out bench.json
   $ meshensemble bench --tiny --out /tmp/bench.json  # CI: a tiny configuration, < 60 s
   $ meshensemble bench --tiny --cases howto,backends

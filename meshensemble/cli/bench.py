@@ -52,7 +52,9 @@ def add_parser(sub: Any) -> None:
             "mesh scaling and member strategies, in one process, round-robin, against "
             "float32 and bfloat16 matmuls (FLOPs counted analytically); and the time a "
             "fresh process takes to train to --target-accuracy, cold and warm "
-            "compilation cache. Runs unchanged on a GPU (leave out --fake-devices)."
+            "compilation cache. Runs unchanged on a GPU (leave out --fake-devices). "
+            "--suite accelerator measures every accelerator target into --out DIR "
+            "(accelerator.json, accelerator.md)."
         ),
     )
     p.set_defaults(run=run)
