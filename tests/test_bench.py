@@ -385,6 +385,15 @@ def test_the_accelerator_suite_sets_its_cases_and_given_flags_win():
         bench.resolve(suite="gpu")
 
 
+def test_the_suite_refuses_a_file_as_its_out_folder(tmp_path, capsys):
+    taken = tmp_path / "results.json"
+    taken.write_text("{}")
+    assert main(["bench", "--suite", "accelerator", "--tiny", "--out", str(taken)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {taken} is a file" in err and len(err.strip().splitlines()) == 1
+    assert taken.read_text() == "{}"
+
+
 def fake_suite_results(**over):
     """The parts of a bench result the accelerator rows read, as on one H100."""
     run = {

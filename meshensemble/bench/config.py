@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -261,6 +262,10 @@ def resolve(tiny: bool = False, **given: Any) -> BenchConfig:
         raise ValueError(f"--case-budget {budget} must be a positive number")
     if values.get("model", "cnn") not in (*MODELS, "mlp32"):
         raise ValueError(f"--model {values['model']}: choose from {', '.join(MODELS)}")
+    if values.get("suite") and os.path.isfile(values["out"]):
+        raise ValueError(
+            f"--out {values['out']} is a file; --suite writes a folder of files: name a folder"
+        )
     if values.get("cases"):  # empty: all cases
         values["cases"] = _cases(values["cases"])
     if values.get("layouts"):
