@@ -297,18 +297,7 @@ def _measured(
 
         return build
 
-    key = autotune.tuning_key(
-        what="member_strategy,conv",
-        candidates=sorted(names),
-        model=cfg.model,
-        members=cfg.members,
-        members_per_device=members_per_device,
-        mesh=dict(mesh.shape),
-        batch=cfg.batch_size,
-        data=(tuple(dataset.train_images.shape[1:]), str(dataset.train_images.dtype)),
-        precision=cfg.precision,
-        backend=cfg.backend,
-    )
+    key = _key(cfg, mesh, dataset, sorted(names), members_per_device)
     path = autotune.choices_path(cache_dir) if cache_dir else None
     pin = " ".join(
         ([f"--member-strategy {default[0]}"] if strategy_open else [])
@@ -334,9 +323,8 @@ def _measured(
         and not m.skipped
         and (m.budget_s is None or m.spent_s + m.needs_s <= m.budget_s)
     )
-    platform = mesh.devices.flat[0].platform
     timed_now = (strategy, conv) in stepping
-    if cfg.precision == "fp32" and timed_now and spare and platform in BF16_PLATFORMS:
+    if cfg.precision == "fp32" and timed_now and spare and _platform(mesh) in BF16_PLATFORMS:
         with CompileLog.tuning():  # bf16 too, when the budget has room for one more
             bf16 = make(strategy, conv, dataclasses.replace(cfg, precision="bf16"))()
             bf16_ratio = autotune.precision_ratio(stepping[strategy, conv], bf16, rounds, timer)
@@ -345,6 +333,28 @@ def _measured(
     choice = Choice(strategy, conv, how, decision.reason, built.get((strategy, conv)), bf16_ratio)
     choice.notes = list(decision.notes)
     return choice
+
+
+def _key(
+    cfg: TrainConfig, mesh: Mesh, dataset: data_lib.Dataset, names: list[str], per_device: int
+) -> str:
+    """The choices file's key: everything that decides the choice."""
+    return autotune.tuning_key(
+        what="member_strategy,conv",
+        candidates=names,
+        model=cfg.model,
+        members=cfg.members,
+        members_per_device=per_device,
+        mesh=dict(mesh.shape),
+        batch=cfg.batch_size,
+        data=(tuple(dataset.train_images.shape[1:]), str(dataset.train_images.dtype)),
+        precision=cfg.precision,
+        backend=cfg.backend,
+    )
+
+
+def _platform(mesh: Mesh) -> str:
+    return mesh.devices.flat[0].platform
 
 
 def concrete(cfg: TrainConfig, strategy: str, conv: str | None) -> TrainConfig:
