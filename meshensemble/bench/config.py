@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
+from meshensemble.bench.suite import SUITES, suite_defaults
 from meshensemble.core.ensemble import default_strategy
 from meshensemble.models.conv import default_conv
 from meshensemble.models.zoo import REGISTRY
@@ -68,6 +70,9 @@ class BenchConfig:
 
     Attributes:
       members: ensemble size of the main cases.
+      suite: a suite of :data:`meshensemble.bench.suite.SUITES` (it sets ``cases``,
+        ``members_per_device``, ``repeats`` and ``case_budget``; ``out`` is then a folder),
+        or None.
       conv_members: ensemble size of the ``reform`` and ``scan`` cases (None: ``members``).
       batch_size: examples per member per step.
       repeats: timed rounds (each case's time is the median over them).
@@ -77,7 +82,7 @@ class BenchConfig:
       tiny: the CI configuration (see :func:`resolve`).
       data_file: a Keras-layout MNIST ``.npz``; else the embedded sample, else synthetic.
       model: ``"cnn"`` or ``"mlp"`` (the tiny configuration's default: ``MLP((32,))``).
-      out: the JSON file to write.
+      out: the JSON file to write (with ``suite``: the folder of the suite's files).
       plot: a PNG of time per step against members per device, or None.
       epoch_cap: the most steps ``chunk_epoch`` runs per call (None: a whole epoch).
       case_budget: stop timing a case once its timed calls add up to this many seconds
@@ -94,6 +99,15 @@ class BenchConfig:
     """
 
     members: int = dataclasses.field(default=8, metadata=_flag("ensemble size (default 8)"))
+    suite: str | None = dataclasses.field(
+        default=None,
+        metadata=_flag(
+            "run a suite: accelerator = every accelerator target (matmuls, HOWTO, epoch, "
+            "members per device, time to accuracy) into --out DIR/accelerator.json and "
+            "accelerator.md (see meshensemble.bench.suite)",
+            choices=tuple(SUITES),
+        ),
+    )
     conv_members: int | None = None
     batch_size: int = dataclasses.field(
         default=128, metadata=_flag("examples per member per step (default 128; tiny 32)")
@@ -116,7 +130,8 @@ class BenchConfig:
         default="cnn", metadata=_flag("model (default cnn; tiny: MLP((32,)))", choices=MODELS)
     )
     out: str = dataclasses.field(
-        default="bench.json", metadata=_flag("JSON results file (default bench.json)")
+        default="bench.json",
+        metadata=_flag("JSON results file (default bench.json); with --suite: a folder"),
     )
     plot: str | None = dataclasses.field(
         default=None,
@@ -228,6 +243,10 @@ def resolve(tiny: bool = False, **given: Any) -> BenchConfig:
     if unknown:
         raise ValueError(f"bench: unknown setting(s) {', '.join(unknown)}; known: {sorted(fields)}")
     values: dict[str, Any] = dict(TINY) if tiny else {}
+    if given.get("suite") is not None:  # the suite's settings, then the given flags
+        members = given.get("members") or values.get("members", 8)
+        values.update(suite_defaults(given["suite"], members, tiny))
+        values["out"] = "bench-" + given["suite"]
     values.update({k: v for k, v in given.items() if v is not None})
     for name in _POSITIVE:
         value = values.get(name)
@@ -243,6 +262,10 @@ def resolve(tiny: bool = False, **given: Any) -> BenchConfig:
         raise ValueError(f"--case-budget {budget} must be a positive number")
     if values.get("model", "cnn") not in (*MODELS, "mlp32"):
         raise ValueError(f"--model {values['model']}: choose from {', '.join(MODELS)}")
+    if values.get("suite") and os.path.isfile(values["out"]):
+        raise ValueError(
+            f"--out {values['out']} is a file; --suite writes a folder of files: name a folder"
+        )
     if values.get("cases"):  # empty: all cases
         values["cases"] = _cases(values["cases"])
     if values.get("layouts"):

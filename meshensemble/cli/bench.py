@@ -52,7 +52,9 @@ def add_parser(sub: Any) -> None:
             "mesh scaling and member strategies, in one process, round-robin, against "
             "float32 and bfloat16 matmuls (FLOPs counted analytically); and the time a "
             "fresh process takes to train to --target-accuracy, cold and warm "
-            "compilation cache. Runs unchanged on a GPU (leave out --fake-devices)."
+            "compilation cache. Runs unchanged on a GPU (leave out --fake-devices). "
+            "--suite accelerator measures every accelerator target into --out DIR "
+            "(accelerator.json, accelerator.md)."
         ),
     )
     p.set_defaults(run=run)
@@ -71,6 +73,10 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``meshensemble bench`` from parsed flags: table on stdout, JSON to ``--out``.
+
+    With ``--suite accelerator`` ``--out`` is a folder: ``accelerator.json`` and
+    ``accelerator.md`` (:func:`meshensemble.bench.write_suite`) go there, and the
+    markdown table is printed too.
 
     Args:
       args: parsed ``bench`` arguments.
@@ -93,8 +99,14 @@ def run(args: argparse.Namespace) -> int:
     setup_devices(args.fake_devices)
     results = bench.run_bench(cfg)
     print(bench.format_table(results))
-    bench.write_json(results, cfg.out)
-    print(f"wrote {cfg.out}")
+    if cfg.suite:
+        json_path, md_path = bench.write_suite(results, cfg.out)
+        with open(md_path) as f:
+            print(f.read(), end="")
+        print(f"wrote {json_path} and {md_path}")
+    else:
+        bench.write_json(results, cfg.out)
+        print(f"wrote {cfg.out}")
     if cfg.plot:
         if bench.plot_members(results, cfg.plot):
             print(f"wrote {cfg.plot}")

@@ -1,19 +1,43 @@
-"""Defaults chosen by measurement: time candidate programs on the actual device, keep the winner.
+"""Defaults chosen by measurement, on a budget: time candidate programs, keep the winner.
 
 How the members a device holds are computed (``vmap`` or an unrolled ``loop``) and how a
 CNN computes its convolutions (XLA's, or im2col matmuls) are each fastest on some devices
-and models and slow on others. :func:`choose` times a few steps of every candidate on
-the device and model at hand (compilation and a warm-up call excluded, candidates
-interleaved round by round so that load from other jobs falls on all alike, the median
-kept) and remembers the winner in a small JSON file next to the compilation cache, keyed
-by everything that decides it (device kind, JAX version, model, shapes): the next run of
-the same configuration reads the choice instead of measuring again.
+and models and slow on others. :func:`decide` times the candidates on the device and
+model at hand and keeps the fastest, within a budget:
+
+* the platform default is measured first: it is built and compiled, then its first
+  timed step tells what the run's training will cost (``planned_steps`` x that step);
+* the tuner spends at most :data:`TUNING_SHARE` (10 %) of that expected training time,
+  counted from its start (building and compiling the candidates included): before each
+  further candidate it estimates that candidate's cost from the default's (its build,
+  compilation and first call, plus ``rounds`` steps) and stops measuring when the cost
+  would exceed the budget; when no other candidate fits, the run keeps the platform
+  default and says so in one line. Timing the default itself (one compiled step, a
+  warm-up call and one timed step, before the budget is known) is a fixed cost the
+  budget cannot bound; the line reports it (its initialisation is reused by the run);
+* a candidate whose first timed step is over :data:`ABANDON_FACTOR` (1.5x) the best
+  median so far is abandoned there (it cannot win);
+* a candidate replaces the default only when its median step is at least
+  :data:`KEEP_MARGIN` (5 %) faster, so that the load of other jobs on a shared machine
+  does not flip the choice (and with it the run's numbers) from run to run.
+
+The choice is remembered in a small JSON file next to the compilation cache
+(:func:`choices_path`), keyed by everything that decides it (device kind, JAX version,
+model, shapes): the next run of the same configuration reads it instead of measuring.
+With no cache folder nothing is stored, and the line says so. An entry of the wrong shape
+is ignored with one line naming the file (and replaced by the new measurement). For
+reproducible numbers, pin the choice (``--member-strategy`` and ``--conv``, or
+``--no-autotune`` for the platform defaults); ``config.json`` records what a run used.
+
+Every clock is injectable (``timer``), so the decisions are tested without timing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -25,6 +49,18 @@ import jax
 
 CHOICES_FILE = "meshensemble-choices.json"
 """File (beside the compilation cache's folder) holding the measured choices."""
+
+TUNING_SHARE = 0.10
+"""The most the tuner spends, as a share of the run's expected training time (the
+planned steps times the default's first timed step)."""
+
+ABANDON_FACTOR = 1.5
+"""A candidate whose first timed step exceeds this many times the best median so far is
+abandoned without further steps."""
+
+KEEP_MARGIN = 0.05
+"""A candidate replaces the platform default only when its median step is at least this
+share faster than the default's."""
 
 
 def tuning_key(**parts: Any) -> str:
@@ -38,8 +74,8 @@ def tuning_key(**parts: Any) -> str:
       A short hex key.
 
     Example:
-      >>> tuning_key(what="member_strategy", model="CNN()", batch=128)
-      '3f2a9c...'
+      >>> len(tuning_key(what="member_strategy", model="CNN()", batch=128))
+      16
     """
     device = jax.devices()[0]
     everything = {
@@ -68,30 +104,70 @@ def choices_path(cache_dir: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(cache_dir)), CHOICES_FILE)
 
 
-def read_choices(path: str | None) -> dict[str, Any]:
+def read_choices(path: str | None, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The recorded choices (``{}`` when the file is absent or unreadable).
 
     Args:
       path: the JSON file, or None.
+      warn: called with one line naming the file when it exists but is not a JSON
+        object (it is then ignored, and rewritten by the next measurement).
 
     Returns:
-      ``{key: {"choice": name, "seconds": {name: s}}}``.
+      ``{key: {"choice": name, "seconds": {name: s}, ...}}`` (entries unchecked: see
+      :func:`valid_record`).
 
     Example:
-      >>> read_choices(choices_path(cache_dir)).get(key, {}).get("choice")
+      >>> read_choices("/nonexistent/choices.json")
+      {}
     """
     if not path:
         return {}
     try:
         with open(path) as f:
             loaded = json.load(f)
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return {}
-    return loaded if isinstance(loaded, dict) else {}
+    except (OSError, ValueError) as err:
+        if warn:
+            warn(f"ignored the auto-tuner's choices file {path}: unreadable ({err}); measuring")
+        return {}
+    if not isinstance(loaded, dict):
+        if warn:
+            warn(f"ignored the auto-tuner's choices file {path}: not a JSON object; measuring")
+        return {}
+    return loaded
 
 
-def _write_choice(path: str, key: str, record: dict[str, Any]) -> None:
-    """Adds one choice to the file atomically; a failure only means measuring again later."""
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+def valid_record(record: Any) -> bool:
+    """Whether a choices-file entry has the shape this module writes.
+
+    Args:
+      record: one value of :func:`read_choices`.
+
+    Returns:
+      True for ``{"choice": str, "seconds": {str: number >= 0}}`` whose optional
+      ``bf16_ratio``/``needs_s`` are numbers >= 0 and ``complete`` a bool.
+
+    Example:
+      >>> valid_record({"choice": "loop", "seconds": {"loop": "abc"}})
+      False
+    """
+    if not isinstance(record, dict) or not isinstance(record.get("choice"), str):
+        return False
+    seconds = record.get("seconds")
+    if not isinstance(seconds, dict) or not all(_number(s) for s in seconds.values()):
+        return False
+    if any(k in record and not _number(record[k]) for k in ("bf16_ratio", "needs_s")):
+        return False
+    return isinstance(record.get("complete", True), bool)
+
+
+def _write_choice(path: str, key: str, record: dict[str, Any]) -> bool:
+    """Adds one choice to the file atomically; False when it could not be written."""
     try:
         choices = read_choices(path)
         choices[key] = record
@@ -101,7 +177,14 @@ def _write_choice(path: str, key: str, record: dict[str, Any]) -> None:
             json.dump(choices, f, indent=1, sort_keys=True)
         os.replace(tmp, path)
     except OSError:
-        pass
+        return False
+    return True
+
+
+def _timed(fn: Callable[[], Any], timer: Callable[[], float]) -> float:
+    start = timer()
+    jax.block_until_ready(fn())
+    return timer() - start
 
 
 def time_candidates(
@@ -113,7 +196,7 @@ def time_candidates(
 
     Each candidate is called once first (compilation and warm-up, not timed); then each
     round calls every candidate once, in turn, waiting for its result
-    (``jax.block_until_ready``).
+    (``jax.block_until_ready``). No budget: :func:`measure` is the tuner's.
 
     Args:
       candidates: ``{name: fn}``; ``fn()`` runs one step and returns its outputs.
@@ -137,10 +220,268 @@ def time_candidates(
     times: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(rounds):
         for name, fn in candidates.items():
-            start = timer()
-            jax.block_until_ready(fn())
-            times[name].append(timer() - start)
+            times[name].append(_timed(fn, timer))
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+@dataclasses.dataclass
+class Measurement:
+    """What :func:`measure` found and spent.
+
+    Attributes:
+      seconds: per measured candidate, its median step (an abandoned candidate: its one
+        timed step); the default is always there.
+      abandoned: candidates stopped after one timed step (over :data:`ABANDON_FACTOR`
+        times the best median so far).
+      skipped: candidates not measured because their estimated cost exceeded the budget.
+      spent_s: the tuner's time, from its start (builds and compilations included).
+      budget_s: :data:`TUNING_SHARE` of ``expected_s`` (None: no budget).
+      expected_s: the run's expected training time, planned steps x the default's first
+        timed step (None when the planned steps are unknown).
+      needs_s: the estimated cost of measuring one more candidate (the default's build,
+        compilation and first call, plus ``rounds`` of its steps).
+    """
+
+    seconds: dict[str, float]
+    abandoned: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+    spent_s: float = 0.0
+    budget_s: float | None = None
+    expected_s: float | None = None
+    needs_s: float = 0.0
+
+    def winner(self, default: str, margin: float = KEEP_MARGIN) -> str:
+        """The fastest fully measured candidate, or ``default`` unless beaten by ``margin``.
+
+        Args:
+          default: the platform default's name.
+          margin: the share a candidate must be faster by to replace the default.
+
+        Returns:
+          A candidate name.
+        """
+        timed = {n: s for n, s in self.seconds.items() if n not in self.abandoned}
+        best = min(timed, key=timed.__getitem__)
+        return best if timed[best] < (1 - margin) * timed[default] else default
+
+
+def measure(
+    candidates: Mapping[str, Callable[[], Callable[[], Any]]],
+    default: str,
+    planned_steps: int | None = None,
+    rounds: int = 3,
+    timer: Callable[[], float] = time.perf_counter,
+    share: float = TUNING_SHARE,
+) -> Measurement:
+    """Times the default, then each other candidate while the budget allows (see the module).
+
+    Args:
+      candidates: ``{name: make}``; ``make()`` builds the candidate and returns its
+        one-step callable; the first call of that callable compiles (untimed).
+      default: the platform default's name (a key of ``candidates``), measured first.
+      planned_steps: the run's training steps (None: no budget).
+      rounds: timed steps per fully measured candidate.
+      timer: the clock (injectable for tests).
+      share: the budget as a share of the expected training time.
+
+    Returns:
+      A :class:`Measurement`.
+
+    Raises:
+      ValueError: ``default`` is not a candidate, or ``rounds < 1``.
+
+    Example:
+      >>> m = measure({"vmap": make_vmap, "loop": make_loop}, "loop", planned_steps=1000)
+      >>> m.winner("loop"), m.spent_s, m.budget_s
+    """
+    if default not in candidates or rounds < 1:
+        raise ValueError(f"need the default among {list(candidates)} and rounds >= 1")
+    start = timer()
+    fn = candidates[default]()
+    jax.block_until_ready(fn())
+    first = _timed(fn, timer)
+    expected = None if planned_steps is None else planned_steps * first
+    budget = None if expected is None else share * expected
+    needs = (timer() - start) + (rounds - 1) * first
+    others = [n for n in candidates if n != default]
+
+    def affordable() -> bool:
+        return budget is None or (timer() - start) + needs <= budget
+
+    def result(times: dict[str, list[float]], abandoned=(), skipped=()) -> Measurement:
+        seconds = {n: statistics.median(ts) for n, ts in times.items()}
+        spent = timer() - start
+        return Measurement(
+            seconds, tuple(abandoned), tuple(skipped), spent, budget, expected, needs
+        )
+
+    if not others or not affordable():
+        return result({default: [first]}, skipped=others)
+    times = {default: [first] + [_timed(fn, timer) for _ in range(rounds - 1)]}
+    abandoned: list[str] = []
+    for i, name in enumerate(others):
+        if not affordable():
+            return result(times, abandoned, others[i:])
+        fn = candidates[name]()
+        jax.block_until_ready(fn())
+        times[name] = [_timed(fn, timer)]
+        best = min(statistics.median(v) for n, v in times.items() if n not in (*abandoned, name))
+        if times[name][0] > ABANDON_FACTOR * best:
+            abandoned.append(name)
+            continue
+        times[name] += [_timed(fn, timer) for _ in range(rounds - 1)]
+    return result(times, abandoned)
+
+
+@dataclasses.dataclass
+class Decision:
+    """What :func:`decide` chose, how, and the line that says why.
+
+    Attributes:
+      name: the chosen candidate.
+      how: ``"cached"`` (read from the choices file), ``"measured"`` (measured now),
+        ``"default"`` (measuring could not pay off: the platform default kept) or
+        ``"only"`` (a single candidate).
+      reason: one line, e.g. ``"loop: 9.1 ms/step against vmap 12.0 ms (measured now in
+        1.2 s, 4% of the run's expected 30 s; stored in /x/meshensemble-choices.json)"``.
+      measurement: the :class:`Measurement` when measured now, else None.
+      stored: the choices file the decision was written to, or None.
+      notes: lines about a damaged choices file (each names the file).
+    """
+
+    name: str
+    how: str
+    reason: str
+    measurement: Measurement | None = None
+    stored: str | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def decide(
+    key: str,
+    candidates: Mapping[str, Callable[[], Callable[[], Any]]],
+    path: str | None,
+    default: str | None = None,
+    planned_steps: int | None = None,
+    rounds: int = 3,
+    timer: Callable[[], float] = time.perf_counter,
+    share: float = TUNING_SHARE,
+    pin: str = "",
+) -> Decision:
+    """The candidate to use: read from ``path`` when measured before, else measured now.
+
+    A recorded entry is used unless it was cut short by a smaller budget than this run's
+    (then the run measures again); an entry of the wrong shape is ignored with a note
+    naming the file, and replaced by the new measurement.
+
+    Args:
+      key: from :func:`tuning_key`.
+      candidates: ``{name: make}``; ``make()`` builds the candidate and returns its
+        one-step callable (only called when a measurement is needed, so a cached choice
+        builds nothing).
+      path: the choices file (:func:`choices_path`), or None to measure without keeping.
+      default: the platform default (default: the first candidate).
+      planned_steps: the run's training steps, for the budget (None: no budget).
+      rounds: timed steps per fully measured candidate.
+      timer: the clock (injectable for tests).
+      share: the budget's share of the expected training time.
+      pin: how to pin a choice, quoted in the line when nothing is stored or the default
+        is kept, e.g. ``"--member-strategy S --conv C"``.
+
+    Returns:
+      A :class:`Decision`.
+
+    Raises:
+      ValueError: no candidates, or a default that is not one of them.
+
+    Example:
+      >>> d = decide(key, {"vmap": make_vmap, "loop": make_loop}, path, "loop", 1000)
+      >>> d.name, d.how, d.reason
+    """
+    if not candidates:
+        raise ValueError("decide needs at least one candidate")
+    default = next(iter(candidates)) if default is None else default
+    if default not in candidates:
+        raise ValueError(f"default {default!r} is not a candidate of {list(candidates)}")
+    notes: list[str] = []
+    record = read_choices(path, notes.append).get(key)
+    if record is not None and not valid_record(record):
+        notes.append(
+            f"ignored a damaged entry in the auto-tuner's choices file {path} "
+            "(not the shape it writes); measuring again, which replaces it"
+        )
+    elif (
+        record is not None
+        and record["choice"] in candidates
+        and _settled(record, planned_steps, share, default)
+    ):
+        how = f"measured earlier; read from {path}"
+        return Decision(
+            record["choice"],
+            "cached",
+            _reason(record["choice"], record["seconds"], how),
+            notes=notes,
+        )
+    if len(candidates) == 1:
+        return Decision(default, "only", f"{default}: the only candidate", notes=notes)
+    m = measure(candidates, default, planned_steps, rounds, timer, share)
+    name = m.winner(default)
+    entry = {"choice": name, "seconds": m.seconds, "complete": not m.skipped, "needs_s": m.needs_s}
+    stored = path if path and _write_choice(path, key, entry) else None
+    return Decision(
+        name,
+        "default" if m.skipped and name == default else "measured",
+        _describe(name, default, m, stored, pin),
+        m,
+        stored,
+        notes,
+    )
+
+
+def _settled(record: Mapping[str, Any], planned: int | None, share: float, default: str) -> bool:
+    """Whether a recorded decision stands for this run (a cut-short one: unless it can pay now)."""
+    if record.get("complete", True):
+        return True
+    step = record["seconds"].get(default)
+    if planned is None or step is None:
+        return planned is not None  # no budget now: measure everything
+    return record.get("needs_s", 0.0) > share * planned * step
+
+
+def _describe(name: str, default: str, m: Measurement, stored: str | None, pin: str) -> str:
+    """The decision's line: the times, the budget, and where (whether) the choice is kept."""
+    where = (
+        f"stored in {stored}"
+        if stored
+        else "not stored: no usable compilation cache folder, so each run measures again"
+        + (f"; pin it with {pin}" if pin else "")
+    )
+    if m.skipped and len(m.seconds) == 1:
+        return (
+            f"{name}: {1e3 * m.seconds[name]:.1f} ms/step, the platform default kept: measuring "
+            f"{len(m.skipped)} other candidate(s) would take ~{_secs(m.needs_s)} each, over the "
+            f"tuner's budget of {_secs(m.budget_s)} ({TUNING_SHARE:.0%} of the run's expected "
+            f"{_secs(m.expected_s)} of training; timing the default took {_secs(m.spent_s)}); "
+            f"{where}"
+        )
+    others = ", ".join(
+        f"{n} {1e3 * s:.1f} ms{' (abandoned)' if n in m.abandoned else ''}"
+        for n, s in m.seconds.items()
+        if n != name
+    )
+    spend = f"measured now in {_secs(m.spent_s)}"
+    if m.expected_s:
+        spend += f", {m.spent_s / m.expected_s:.0%} of the run's expected {_secs(m.expected_s)}"
+    skipped = f"; {len(m.skipped)} not measured (over budget)" if m.skipped else ""
+    kept = ""
+    if name == default and any(n not in m.abandoned for n in m.seconds if n != name):
+        kept = f"; the default kept unless {KEEP_MARGIN:.0%} faster"
+    head = f"{name}: {1e3 * m.seconds[name]:.1f} ms/step against {others}"
+    return f"{head} ({spend}{skipped}{kept}; {where})"
+
+
+def _secs(s: float | None) -> str:
+    return "?" if s is None else f"{s:.1f} s" if s < 100 else f"{s:.0f} s"
 
 
 def choose(
@@ -149,21 +490,22 @@ def choose(
     path: str | None,
     rounds: int = 3,
     timer: Callable[[], float] = time.perf_counter,
+    default: str | None = None,
+    planned_steps: int | None = None,
 ) -> tuple[str, str]:
-    """The fastest candidate: read from ``path`` when measured before, else measured now.
+    """:func:`decide`'s name and line (no budget unless ``planned_steps`` is given).
 
     Args:
       key: from :func:`tuning_key`.
-      candidates: ``{name: make}``; ``make()`` builds the candidate and returns its
-        one-step callable (only called when a measurement is needed, so a cached choice
-        builds nothing).
-      path: the choices file (:func:`choices_path`), or None to measure without keeping.
-      rounds: timed calls per candidate.
+      candidates: ``{name: make}`` as :func:`decide` takes them.
+      path: the choices file, or None.
+      rounds: timed steps per candidate.
       timer: the clock (injectable for tests).
+      default: the platform default (default: the first candidate).
+      planned_steps: the run's training steps, for the budget.
 
     Returns:
-      ``(name, reason)``: the chosen candidate and a line that says why, e.g.
-      ``"loop: 9.1 ms/step against vmap 12.0 ms (measured)"``.
+      ``(name, reason)``.
 
     Raises:
       ValueError: no candidates.
@@ -171,20 +513,8 @@ def choose(
     Example:
       >>> name, why = choose(key, {"vmap": make_vmap, "loop": make_loop}, path)
     """
-    if not candidates:
-        raise ValueError("choose needs at least one candidate")
-    recorded = read_choices(path).get(key)
-    if isinstance(recorded, dict) and recorded.get("choice") in candidates:
-        name = recorded["choice"]
-        return name, _reason(name, recorded.get("seconds", {}), "measured earlier, cached")
-    if len(candidates) == 1:
-        name = next(iter(candidates))
-        return name, f"{name}: the only candidate"
-    seconds = time_candidates({n: make() for n, make in candidates.items()}, rounds, timer)
-    name = min(seconds, key=seconds.get)
-    if path:
-        _write_choice(path, key, {"choice": name, "seconds": seconds})
-    return name, _reason(name, seconds, "measured now")
+    d = decide(key, candidates, path, default, planned_steps, rounds, timer)
+    return d.name, d.reason
 
 
 def _reason(name: str, seconds: Mapping[str, float], how: str) -> str:
@@ -248,13 +578,14 @@ def recorded(path: str | None, key: str) -> dict[str, Any]:
 
     Returns:
       ``{"choice": name, "seconds": {...}, ...}`` with any extra fields :func:`remember`
-      added (e.g. ``"bf16_ratio"``).
+      added (e.g. ``"bf16_ratio"``); ``{}`` for an entry of the wrong shape
+      (:func:`valid_record`).
 
     Example:
       >>> recorded(path, key).get("bf16_ratio")
     """
     record = read_choices(path).get(key)
-    return record if isinstance(record, dict) else {}
+    return record if valid_record(record) else {}
 
 
 def remember(path: str | None, key: str, **extra: Any) -> None:

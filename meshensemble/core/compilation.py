@@ -161,8 +161,9 @@ class CompileLog:
     def tuning() -> Iterator[None]:
         """Marks what compiles inside the block as the auto-tuner's (``purpose="tuning"``).
 
-        The tuner compiles each candidate to time it, once per device, model and shapes
-        (its choice is cached), so a run reports those programs apart from its own.
+        The tuner compiles each candidate it times (once per device, model and shapes
+        when its choice can be stored), so a run reports those programs apart from its
+        own.
 
         Example:
           >>> with CompileLog.tuning():
@@ -182,7 +183,7 @@ class CompileLog:
           "cache_misses": n, "by_program": [{"name", "seconds", "cache"}, ...],
           "tuning": {"programs": n, "seconds": s}}``: the first five count the run's own
           programs (``by_program`` sorted by time, longest first); ``tuning`` the
-          candidates the auto-tuner compiled (0 once its choice is cached).
+          candidates the auto-tuner compiled (0 when it read its choice or measured nothing).
 
         Example:
           >>> log.summary()["by_program"][0]
@@ -217,9 +218,8 @@ class CompileLog:
         s = self.summary()
         top = ", ".join(f"{p['name']} {p['seconds']:.1f}s" for p in s["by_program"][:3])
         tuned = s["tuning"]
-        extra = (
-            f"; the auto-tuner compiled {tuned['programs']} more in {tuned['seconds']:.1f}s "
-            "(first use only: its choice is cached)"
+        extra = (  # whether its choice is kept, the tuner's own line says
+            f"; the auto-tuner compiled {tuned['programs']} more in {tuned['seconds']:.1f}s"
             if tuned["programs"]
             else ""
         )

@@ -16,8 +16,9 @@ and gradients (up to float rounding):
   grouped convolution at all (:func:`conv_gemm_grad`). Also covers strides and any
   padding.
 
-``"auto"`` picks per platform at trace time: ``"im2col"`` on CPU, ``"xla"`` elsewhere
-(cuDNN and TPU convolutions are what accelerators are built for).
+``"auto"`` picks per platform at trace time (:func:`default_conv`): ``"im2col"`` on CPU
+and GPU (where vmapped members would otherwise run a grouped convolution), ``"xla"`` on
+TPU.
 :func:`conv_general_dilated` returns a drop-in for ``lax.conv_general_dilated`` that
 ``flax.linen.Conv`` takes as its ``conv_general_dilated`` attribute, so a model keeps
 its parameters and only the computation changes; :class:`meshensemble.models.CNN` has a
@@ -314,20 +315,27 @@ CONV_CHOICES = ("auto", *CONV_IMPLS)
 
 
 def default_conv(platform: str) -> str:
-    """The convolution measured fastest for the CNN on ``platform``.
+    """The convolution the CNN uses on ``platform`` unless told (or measured) otherwise.
+
+    On CPU ``im2col`` ran 0.7-0.85x the time of XLA's convolution per step (measured by
+    ``meshensemble bench``). On a GPU members are vmapped, and JAX batches XLA's
+    convolution over members into a grouped convolution (``feature_group_count`` =
+    members); ``im2col`` makes them batched matmuls instead, and its compiled 8-member
+    step stays within 1.3x state + activations (both checked on CPU by the tests, not yet
+    timed on a GPU: the auto-tuner times ``xla`` and ``gemm_grad`` against it). TPUs keep
+    XLA's convolution.
 
     Args:
       platform: ``"cpu"``, ``"gpu"``, ``"tpu"`` ...
 
     Returns:
-      ``"im2col"`` on CPU (0.7-0.85x the time of XLA's convolution per step, measured
-      by ``meshensemble bench``), ``"xla"`` elsewhere.
+      ``"im2col"`` on CPU and GPU, ``"xla"`` elsewhere.
 
     Example:
-      >>> me.conv.default_conv("cpu"), me.conv.default_conv("gpu")
+      >>> me.conv.default_conv("cpu"), me.conv.default_conv("tpu")
       ('im2col', 'xla')
     """
-    return "im2col" if platform == "cpu" else "xla"
+    return "im2col" if platform in ("cpu", "gpu") else "xla"
 
 
 def resolve_conv(impl: str) -> str:

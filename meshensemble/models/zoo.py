@@ -23,8 +23,9 @@ class CNN(nn.Module):
 
     ``conv`` only changes how the convolutions are computed, never the parameters
     (names, shapes, initialisation) or the values beyond float rounding: ``"auto"``
-    computes them as im2col matmuls on CPU, where that is faster (and stays fast under
-    ``vmap`` and inside ``lax.scan``), and with XLA's convolution elsewhere; see
+    computes them as im2col matmuls on CPU and GPU (faster on CPU; under ``vmap`` over
+    members batched matmuls, never a grouped convolution), with XLA's convolution on
+    TPU; see
     :mod:`meshensemble.models.conv`.
 
     Attributes:

@@ -129,8 +129,8 @@ class TrainConfig:
         "auto",
         "how the CNN computes its convolutions (cnn and howto_cnn only): auto measures xla, "
         "im2col and gemm_grad (XLA's convolution, kernel gradient as a GEMM) on this "
-        "device (see autotune; without it: im2col matmuls on CPU, XLA's convolution "
-        "elsewhere); see meshensemble.models.conv",
+        "device (see autotune; without it: im2col matmuls on CPU and GPU, XLA's "
+        "convolution on TPU); see meshensemble.models.conv",
         choices=CONV_CHOICES,
     )
     autotune: bool = _field(

@@ -1,19 +1,29 @@
 """Measured defaults for a run: the member strategy (and the CNN's convolution) by timing.
 
 With ``TrainConfig.member_strategy="auto"`` (and ``conv="auto"`` for the CNN models) and
-``autotune`` on, :func:`resolve_choices` times one training step of every candidate
-(``vmap``/``loop``, times ``xla``/``im2col``/``gemm_grad`` when the convolution is open) on the
-run's own device, model and batch, with :func:`meshensemble.core.autotune.choose`, and
-keeps the fastest. The choice is remembered in the choices file beside the compilation
-cache (:func:`~meshensemble.core.autotune.choices_path`), so the next run of the same
-configuration reads it instead of measuring; with the compilation cache off it is
-measured each run and not kept. When the candidates ran in fp32, the winner is also timed
-in bf16 and the run says how fast bf16 would be (:attr:`Choice.bf16_ratio`; the precision
-never changes by itself). A resumed run takes the choice its ``config.json``
+``autotune`` on, :func:`resolve_choices` times training steps of the candidates that can
+differ (``vmap``/``loop``, times ``xla``/``im2col``/``gemm_grad`` when the convolution is
+open; at one member per device ``vmap`` and ``loop`` are one program and are not
+compared) on the run's own device, model and batch, with
+:func:`meshensemble.core.autotune.decide`: the platform default first, then the others
+while the budget lasts (:data:`~meshensemble.core.autotune.TUNING_SHARE`, 10 % of the
+run's expected training time: :func:`planned_steps` x the default's first step), a
+candidate abandoned at its first step when it is clearly slower. When measuring cannot pay
+off, the run keeps the platform default and says so in one line.
+
+The choice is remembered in the choices file beside the compilation cache
+(:func:`~meshensemble.core.autotune.choices_path`), so the next run of the same
+configuration reads it instead of measuring; with the compilation cache off (or its
+folder unusable) it is measured each run and not kept, and the run's line says so. When
+the candidates ran in fp32 on a GPU or TPU and the budget has room, the winner is also
+timed in bf16 and the run says how fast bf16 would be (:attr:`Choice.bf16_ratio`; the
+precision never changes by itself). A resumed run takes the choice its ``config.json``
 recorded (bitwise resume); ``autotune=False`` takes the platform defaults
 (:func:`~meshensemble.core.ensemble.default_strategy`,
-:func:`~meshensemble.models.conv.default_conv`); an explicit strategy or convolution is
-used as given and not measured.
+:func:`~meshensemble.models.conv.default_conv`); an explicit strategy or convolution
+(``--member-strategy``, ``--conv``: the way to pin the choice for reproducible numbers)
+is used as given and not measured. ``config.json``'s ``resolved`` entry records what the
+run used and why.
 
 Every candidate runs on its own ensemble and its own copy of the state (:func:`step_candidate`),
 so no measurement touches the run's state.
@@ -63,15 +73,17 @@ class Choice:
       member_strategy: ``"vmap"`` or ``"loop"``.
       conv: the convolution (``"xla"``, ``"im2col"``, ``"canonical"``, ``"gemm_grad"``),
         or None for a model without one.
-      how: ``"given"`` (explicit), ``"default"`` (platform default, autotune off),
-        ``"recorded"`` (a resumed run's ``config.json``), ``"cached"`` (measured by an
-        earlier run) or ``"measured"`` (measured now).
+      how: ``"given"`` (explicit), ``"default"`` (platform default: autotune off, one
+        member per device with the convolution given, or measuring could not pay off
+        within the tuner's budget), ``"recorded"`` (a resumed run's ``config.json``),
+        ``"cached"`` (measured by an earlier run) or ``"measured"`` (measured now).
       reason: one line saying why, e.g. ``"loop: 9.1 ms/step against vmap 12.0 ms
         (measured now)"``.
       ensemble: when measured now, the winner's ensemble, already initialised with the
         run's key (reusing it saves compiling the initialisation again); else None.
       bf16_ratio: when fp32 candidates were measured (now or by the run that cached the
         choice), the winner's bf16 step time over its fp32 step time; else None.
+      notes: lines about a damaged choices file the tuner ignored (each names the file).
     """
 
     member_strategy: str
@@ -80,6 +92,7 @@ class Choice:
     reason: str
     ensemble: Ensemble | None = dataclasses.field(default=None, repr=False)
     bf16_ratio: float | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     def line(self) -> str:
         """The line a run prints, e.g. ``member strategy: loop, conv: im2col (...)``."""
@@ -87,9 +100,9 @@ class Choice:
         return f"member strategy: {self.member_strategy}{conv} ({self.reason})"
 
     def lines(self) -> list[str]:
-        """:meth:`line`, then the bf16 line when bf16 was measured against fp32."""
+        """The :attr:`notes`, :meth:`line`, then the bf16 line when bf16 was measured."""
         bf16 = [] if self.bf16_ratio is None else [autotune.bf16_line(self.bf16_ratio)]
-        return [self.line(), *bf16]
+        return [*self.notes, self.line(), *bf16]
 
     def resolved(self) -> dict[str, Any]:
         """The ``config.json`` ``resolved`` entries: the choices and ``tuning``."""
@@ -160,6 +173,24 @@ def open_settings(cfg: TrainConfig) -> tuple[bool, bool]:
     return cfg.member_strategy == "auto", cfg.conv == "auto" and cfg.model in CONV_MODELS
 
 
+def planned_steps(cfg: TrainConfig, dataset: data_lib.Dataset) -> int:
+    """The training steps the run plans: ``epochs`` x full batches, capped by ``max_steps``.
+
+    Args:
+      cfg: the run's config.
+      dataset: the run's data (after any validation split).
+
+    Returns:
+      The number of steps (what the tuner's budget is a share of).
+
+    Example:
+      >>> planned_steps(TrainConfig(epochs=5, batch_size=128), dataset)  # 4,000 examples
+      155
+    """
+    steps = cfg.epochs * (len(dataset.train_labels) // cfg.batch_size)
+    return steps if cfg.max_steps is None else min(steps, cfg.max_steps)
+
+
 def resolve_choices(
     cfg: TrainConfig,
     mesh: Mesh,
@@ -173,13 +204,19 @@ def resolve_choices(
 ) -> Choice:
     """The member strategy and convolution the run uses, measured when ``auto`` asks for it.
 
+    Only candidates that can differ are measured: at one member per device ``vmap`` and
+    ``loop`` are the same program, so the strategy is the platform default there. The
+    measurement has a budget (:func:`meshensemble.core.autotune.decide`):
+    :data:`~meshensemble.core.autotune.TUNING_SHARE` of the run's expected training time
+    (:func:`planned_steps` x the platform default's first step).
+
     Args:
       cfg: the run's config.
       mesh: the run's mesh.
       dataset: the run's data (its first ``batch_size`` training examples are the batch).
       init_key: the members' initialisation key (each candidate initialises its own state).
       cache_dir: the compilation cache folder in use, or None (then a measurement is not
-        kept).
+        kept, and the run's line says so).
       recorded: a resumed run's ``config.json`` ``resolved`` entry, whose choices win.
       rounds: timed steps per candidate.
       timer: the clock (injectable for tests).
@@ -204,12 +241,48 @@ def resolve_choices(
         return Choice(strategy, conv, "recorded", "recorded in the resumed run's config.json")
     if not cfg.autotune:
         return Choice(strategy, conv, "default", f"platform default for {platform}")
-    strategies = STRATEGY_CANDIDATES if strategy_open else (strategy,)
-    convs = CONV_CANDIDATES if conv_open else (conv,)
+    members_per_device = cfg.members // int(mesh.shape[ENSEMBLE])
+    if members_per_device == 1 and strategy_open:  # vmap and loop: one program
+        strategy_open = False
+        if not conv_open:
+            why = f"one member per device: vmap and loop are the same program ({platform})"
+            return Choice(strategy, conv, "default", why)
+    return _measured(
+        cfg,
+        mesh,
+        dataset,
+        init_key,
+        cache_dir,
+        strategy_open,
+        conv_open,
+        (strategy, conv),
+        members_per_device,
+        rounds,
+        timer,
+    )
+
+
+def _measured(
+    cfg: TrainConfig,
+    mesh: Mesh,
+    dataset: data_lib.Dataset,
+    init_key: jax.Array,
+    cache_dir: str | None,
+    strategy_open: bool,
+    conv_open: bool,
+    default: tuple[str, str | None],
+    members_per_device: int,
+    rounds: int,
+    timer: Callable[[], float],
+) -> Choice:
+    """:func:`resolve_choices` once something is left to measure."""
+    strategies = STRATEGY_CANDIDATES if strategy_open else (default[0],)
+    convs = CONV_CANDIDATES if conv_open else (default[1],)
     names = {_name(s, c, strategy_open, conv_open): (s, c) for s in strategies for c in convs}
+    default_name = _name(*default, strategy_open, conv_open)
+    names = {default_name: names.pop(default_name), **names}  # the default first
     sample = dataset.train_images[:1]
     images, labels = dataset.train_images[: cfg.batch_size], dataset.train_labels[: cfg.batch_size]
-
     built: dict[tuple[str, str | None], Ensemble] = {}
     stepping: dict[tuple[str, str | None], Callable[[], Any]] = {}
 
@@ -224,32 +297,64 @@ def resolve_choices(
 
         return build
 
-    key = autotune.tuning_key(
+    key = _key(cfg, mesh, dataset, sorted(names), members_per_device)
+    path = autotune.choices_path(cache_dir) if cache_dir else None
+    pin = " ".join(
+        ([f"--member-strategy {default[0]}"] if strategy_open else [])
+        + ([f"--conv {default[1]}"] if conv_open else [])
+    )
+    planned = planned_steps(cfg, dataset)
+    with CompileLog.tuning():
+        decision = autotune.decide(
+            key,
+            {n: make(*sc) for n, sc in names.items()},
+            path,
+            default_name,
+            planned,
+            rounds,
+            timer,
+            pin=pin,
+        )
+    strategy, conv = names[decision.name]
+    bf16_ratio = autotune.recorded(path, key).get("bf16_ratio")
+    m = decision.measurement
+    spare = (
+        m is not None
+        and not m.skipped
+        and (m.budget_s is None or m.spent_s + m.needs_s <= m.budget_s)
+    )
+    timed_now = (strategy, conv) in stepping
+    if cfg.precision == "fp32" and timed_now and spare and _platform(mesh) in BF16_PLATFORMS:
+        with CompileLog.tuning():  # bf16 too, when the budget has room for one more
+            bf16 = make(strategy, conv, dataclasses.replace(cfg, precision="bf16"))()
+            bf16_ratio = autotune.precision_ratio(stepping[strategy, conv], bf16, rounds, timer)
+        autotune.remember(path, key, bf16_ratio=bf16_ratio)
+    how = {"cached": "cached", "default": "default"}.get(decision.how, "measured")
+    choice = Choice(strategy, conv, how, decision.reason, built.get((strategy, conv)), bf16_ratio)
+    choice.notes = list(decision.notes)
+    return choice
+
+
+def _key(
+    cfg: TrainConfig, mesh: Mesh, dataset: data_lib.Dataset, names: list[str], per_device: int
+) -> str:
+    """The choices file's key: everything that decides the choice."""
+    return autotune.tuning_key(
         what="member_strategy,conv",
-        candidates=sorted(names),
+        candidates=names,
         model=cfg.model,
         members=cfg.members,
-        members_per_device=cfg.members // int(mesh.shape[ENSEMBLE]),
+        members_per_device=per_device,
         mesh=dict(mesh.shape),
         batch=cfg.batch_size,
         data=(tuple(dataset.train_images.shape[1:]), str(dataset.train_images.dtype)),
         precision=cfg.precision,
         backend=cfg.backend,
     )
-    path = autotune.choices_path(cache_dir) if cache_dir else None
-    candidates = {n: make(*sc) for n, sc in names.items()}
-    with CompileLog.tuning():
-        name, reason = autotune.choose(key, candidates, path, rounds=rounds, timer=timer)
-    strategy, conv = names[name]
-    how = "cached" if "cached" in reason else "measured"
-    bf16_ratio = autotune.recorded(path, key).get("bf16_ratio")
-    timed_now = (strategy, conv) in stepping
-    if cfg.precision == "fp32" and timed_now and platform in BF16_PLATFORMS:  # bf16 too
-        with CompileLog.tuning():
-            bf16 = make(strategy, conv, dataclasses.replace(cfg, precision="bf16"))()
-            bf16_ratio = autotune.precision_ratio(stepping[strategy, conv], bf16, rounds, timer)
-        autotune.remember(path, key, bf16_ratio=bf16_ratio)
-    return Choice(strategy, conv, how, reason, built.get((strategy, conv)), bf16_ratio)
+
+
+def _platform(mesh: Mesh) -> str:
+    return mesh.devices.flat[0].platform
 
 
 def concrete(cfg: TrainConfig, strategy: str, conv: str | None) -> TrainConfig:
