@@ -104,6 +104,33 @@ def check_writable(workdir: str, what: str = "pass a writable --workdir") -> Non
         raise ValueError(f"workdir {workdir} is not writable ({reason}{where}); {what}") from None
 
 
+@contextlib.contextmanager
+def replacing(path: str) -> Iterator[Any]:
+    """A text file to write that replaces ``path`` atomically when the block ends.
+
+    The block writes ``path + ".tmp"``, which is renamed over ``path`` once complete (or
+    removed if the block fails), so a reader or a crash never sees half a file.
+
+    Args:
+      path: the file to replace.
+
+    Yields:
+      The open temporary file.
+
+    Example:
+      >>> with replacing("runs/mnist/config.json") as f:
+      ...     json.dump(cfg, f)
+    """
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def clear_run(workdir: str) -> None:
     """Deletes a run's outputs from ``workdir`` (for ``overwrite``); other files stay.
 
@@ -181,7 +208,7 @@ class RunWriter:
         if not self.enabled:
             return
         path = os.path.join(self.workdir, CONFIG_FILE)
-        with writing(path), open(path, "w") as f:
+        with writing(path), replacing(path) as f:
             json.dump(dataclasses.asdict(cfg) | {"resolved": resolved}, f, indent=2)
 
     def write_compile(self, summary: dict[str, Any]) -> None:
@@ -193,7 +220,7 @@ class RunWriter:
         if not self.enabled:
             return
         path = os.path.join(self.workdir, COMPILE_FILE)
-        with writing(path), open(path, "w") as f:
+        with writing(path), replacing(path) as f:
             json.dump(summary, f, indent=2)
 
     def write_metrics(self, record: dict[str, Any]) -> None:
