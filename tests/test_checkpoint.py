@@ -830,3 +830,27 @@ def test_every_json_of_a_run_is_written_atomically(tmp_path, monkeypatch):
         os.listdir(tmp_path / "w"))  # fmt: skip
     assert {f"{name}.tmp" for name in JSON_FILES} <= set(opened), opened  # the spy saw them
     assert not [name for name in opened if name in JSON_FILES], opened
+
+
+def test_resume_refuses_data_with_every_odd_image_inverted_naming_the_split(tmp_path):
+    """Every byte counts: more images than the old strided sample read (1,024 of them)."""
+    from meshensemble.training import identity
+
+    data = me.data.synthetic(num_train=2100, num_test=8, seed=4)
+    images = data.train_images.copy()
+    images[1::2] = 255 - images[1::2]  # the same labels
+    odd = me.data.Dataset("mnist", images, data.train_labels, data.test_images,
+                          data.test_labels, source="synthetic", note="odd")  # fmt: skip
+    held = identity.data_identity(data, None)
+    saved = {"resolved": {"data_identity": held, "data": "synthetic"}}
+    identity.check_same_run(str(tmp_path), saved, {}, identity.data_identity(data, None))
+    with pytest.raises(ValueError) as err:
+        identity.check_same_run(str(tmp_path), saved, {}, identity.data_identity(odd, None))
+    text = str(err.value)
+    assert text.startswith(f"workdir {tmp_path} holds a run with train split fingerprint=bytes:")
+    assert "(the train data differ)" in text and "\n" not in text
+    # with a validation split, both parts are named
+    held = identity.data_identity(data, None, validation=100, seed=0)
+    saved = {"resolved": {"data_identity": held, "data": "synthetic"}}
+    with pytest.raises(ValueError, match=r"\(the train and validation data differ\)"):
+        identity.check_same_run(str(tmp_path), saved, {}, identity.data_identity(odd, None, 100))

@@ -417,3 +417,25 @@ def test_a_checkpoint_deleted_mid_read_is_told_apart_and_the_previous_used(
     assert r["checkpoint_step"] == 2
     text = " ".join(lines)
     assert "checkpoint 4 was deleted while being read" in text and "damaged" not in text, lines
+
+
+def test_a_run_with_the_old_identity_format_still_evaluates_and_says_so(pyrun, tmp_path):
+    from meshensemble.training import identity
+
+    workdir = _pycopy(pyrun, tmp_path, "old")
+    path = os.path.join(workdir, "config.json")
+    with open(path) as f:
+        saved = json.load(f)
+    saved["resolved"]["data_identity"] = {
+        "source": "synthetic", "num_train": 160, "num_test": 40, "data_file": None,
+        "fingerprint": identity.sampled_fingerprint(SYN),
+    }  # fmt: skip
+    with open(path, "w") as f:
+        json.dump(saved, f)
+    lines: list[str] = []
+    r = evaluate.evaluate_run(workdir, dataset=SYN, ood=[], echo=lines.append)
+    assert r["checkpoint_step"] == 4
+    assert any("records its data in the old format" in line for line in lines), lines
+    other = data.synthetic(160, 40, seed=9)
+    with pytest.raises(data.DataError, match="sampled fingerprint"):
+        evaluate.evaluate_run(workdir, dataset=other, ood=[], echo=lambda s: None)

@@ -18,7 +18,7 @@ import meshensemble as me
 from meshensemble import cli
 from meshensemble.data import lazy, manifest, stream
 from meshensemble.training import train
-from meshensemble.training.identity import data_fingerprint, split_fingerprint
+from meshensemble.training.identity import data_fingerprint, data_identity, split_fingerprint
 
 BIG = me.data.synthetic(num_train=4096, num_test=40, seed=5)  # N >> what 2 steps read
 
@@ -85,6 +85,13 @@ def test_source_images_read_only_where_indexed_and_refuse_a_whole_load(files, mo
     # the fingerprint: the files' manifest (no image read), every label; a changed label
     # changes it
     assert split_fingerprint(x, ds.train_labels).startswith("manifest:")
+    reads.clear()  # the identity with a validation split reads no image of the files
+    held = data_identity(ds, None, validation=96, seed=1)["splits"]
+    assert (
+        not reads
+        and held["validation"].startswith("manifest:")
+        and held["train"] != (data_identity(ds, None)["splits"]["train"])
+    )
     assert split_fingerprint(BIG.train_images, BIG.train_labels).startswith("bytes:")
     labels = BIG.train_labels.copy()
     labels[5] = (labels[5] + 1) % 10
@@ -235,6 +242,8 @@ def test_convert_caps_shards_refuses_a_full_folder_and_leaves_no_partial_one(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not empty; pass --overwrite" in err, err
     assert {n: (out / n).read_bytes() for n in os.listdir(out)} == before
+    with pytest.raises(me.data.DataError, match="not empty; pass --overwrite"):
+        lazy.write_array_record_dataset(out, BIG)  # from Python too
     assert cli.main([*argv, "--overwrite"]) == 0  # no old shard left behind
     assert sorted(os.listdir(out)) == [*two[:3], "train.array_record"]
     me.data.load_array_record_dataset(out)

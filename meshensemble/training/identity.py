@@ -21,6 +21,7 @@ import numpy as np
 
 from meshensemble import data as data_lib
 from meshensemble.core.distributed import agree
+from meshensemble.data import split
 from meshensemble.training.config import CONFIG_FILE, TrainConfig
 
 RUN_FIELDS = (
@@ -203,13 +204,18 @@ def data_identity(
       'bytes:'
     """
     from_file = dataset.source == "npz" and data_file is not None
-    train_images, train_labels, held = dataset.train_images, dataset.train_labels, None
+    images, labels, held = dataset.train_images, dataset.train_labels, None
+    train = split_fingerprint(images, labels)
     if isinstance(validation, int) and 0 < validation < dataset.num_train:
-        split = data_lib.split_validation(dataset, validation, seed)
-        train_images, train_labels = split.train.train_images, split.train.train_labels
-        held = split_fingerprint(split.images, split.labels)
+        out = split.validation_indices(labels, validation, seed, dataset.num_classes)
+        keep = np.ones(len(labels), bool)
+        keep[out] = False
+        lazy = getattr(images, "lazy", False)  # a lazy split: views, no image read
+        part = (lambda rows: images.subset(rows)) if lazy else (lambda rows: images[rows])
+        train = split_fingerprint(part(keep), labels[keep])
+        held = split_fingerprint(part(out), labels[out])
     splits = {
-        "train": split_fingerprint(train_images, train_labels),
+        "train": train,
         "validation": held,
         "test": split_fingerprint(dataset.test_images, dataset.test_labels),
     }
