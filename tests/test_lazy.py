@@ -23,6 +23,14 @@ from meshensemble.training.identity import data_fingerprint, data_identity, spli
 BIG = me.data.synthetic(num_train=4096, num_test=40, seed=5)  # N >> what 2 steps read
 
 
+@pytest.fixture(autouse=True)
+def verify_cache(tmp_path_factory, monkeypatch):
+    """Each test's own cache of verified files (never the user's ~/.cache)."""
+    path = tmp_path_factory.mktemp("cache") / "verified-files.json"
+    monkeypatch.setenv(manifest.VERIFY_CACHE_ENV, str(path))
+    return path
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """``BIG`` as ArrayRecord files (2 train shards) and as an npz."""
@@ -282,6 +290,24 @@ def test_a_missing_changed_or_corrupt_shard_is_named_with_the_fix(files, tmp_pat
     os.remove(directory / "train.array_record-00000-of-00002")
     with pytest.raises(me.data.DataError, match=r"train.array_record-00000-of-00002: missing"):
         me.data.load_array_record_dataset(directory)
+
+
+def test_a_host_hashes_a_file_once_until_it_changes(tmp_path, verify_cache, monkeypatch):
+    directory = tmp_path / "ar"
+    lazy.write_array_record_dataset(directory, BIG, shards=2)
+    me.data.load_array_record_dataset(directory)  # reads images of both shards: verifies them
+    assert len(json.loads(verify_cache.read_text())) == 4  # 2 shards, test file, labels
+    hashed = []
+    digest = manifest.file_digest
+    monkeypatch.setattr(manifest, "file_digest", lambda p: hashed.append(p) or digest(p))
+    me.data.load_array_record_dataset(directory)  # another start on this host: no hash
+    assert hashed == []
+    shard = directory / "train.array_record-00001-of-00002"
+    os.utime(shard, ns=(1, 1))  # the file was rewritten (same bytes here): hashed again
+    ds = me.data.load_array_record_dataset(directory)
+    assert hashed == [str(shard)]
+    ds.train_images[np.arange(4096)]  # reads both shards: each verified once
+    assert hashed == [str(shard)]
 
 
 # ------------------------------------------------------------------ 2 processes

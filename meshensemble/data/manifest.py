@@ -6,9 +6,9 @@ count. A run start then costs a ``stat`` per file (:func:`check_manifest`: a mis
 or resized file is refused, naming it), and the dataset's identity is a hash of the
 manifest (:func:`manifest_fingerprint`), not of the files. The bytes are verified where
 they are read: a :class:`FileVerifier` hashes each file the first time a process reads a
-record from it and refuses a file whose content differs from the manifest, so nobody
-rehashes the whole dataset at every start, and each host hashes only the files it reads,
-once per process.
+record from it and refuses a file whose content differs from the manifest; a host
+remembers the files it verified (by size, mtime and inode), so nobody rehashes the dataset
+at every start: each host hashes each file it reads once, until the file changes.
 
 Example:
   >>> write_manifest("/data/mnist_ar", ["train.array_record", "test.array_record"], counts)
@@ -185,23 +185,85 @@ def manifest_fingerprint(manifest: Mapping[str, Any], names: Sequence[str]) -> s
     return digest.hexdigest()
 
 
-class FileVerifier:
-    """Checks each file against its manifest SHA-256 the first time it is read (per process).
+VERIFY_CACHE_ENV = "MESHENSEMBLE_VERIFY_CACHE"
+"""Environment variable: the file where a host remembers the files it verified (default
+``~/.cache/meshensemble/verified-files.json``); ``off`` verifies every file in every
+process."""
 
-    Thread-safe (Grain's reader threads share it); a file is hashed once per verifier.
+
+def verify_cache_path() -> str | None:
+    """The host's cache of verified files (:data:`VERIFY_CACHE_ENV`), or None when off.
+
+    Returns:
+      A path, or None.
+
+    Example:
+      >>> verify_cache_path()
+      '/home/me/.cache/meshensemble/verified-files.json'
+    """
+    value = os.environ.get(VERIFY_CACHE_ENV)
+    if value is not None:
+        return None if value.strip().lower() in ("", "off", "0") else value
+    return os.path.join(os.path.expanduser("~"), ".cache", "meshensemble", "verified-files.json")
+
+
+def _stamp(path: str) -> str:
+    """What changes when a file is replaced or rewritten: size, mtime (ns), inode."""
+    st = os.stat(path)
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
+class FileVerifier:
+    """Checks each file against its manifest SHA-256 the first time it is read.
+
+    A file is hashed once per verifier (thread-safe: Grain's reader threads share it), and
+    once per host as long as it stays the same file: a verified file's size, mtime and
+    inode are remembered in the host's cache (:func:`verify_cache_path`), so later runs on
+    that host skip the hash; a rewritten or replaced file is hashed again.
 
     Args:
       digests: ``{path: sha256}`` of the files to verify.
+      cache: the cache file; default :func:`verify_cache_path` (None: no cache).
 
     Example:
       >>> v = FileVerifier({"/data/a.array_record": "ab12..."})
       >>> v.verify("/data/a.array_record")   # hashes it now; later calls are free
     """
 
-    def __init__(self, digests: Mapping[str, str]):
-        self.digests = dict(digests)
+    def __init__(self, digests: Mapping[str, str], cache: str | None | bool = True):
+        self.digests = {os.path.abspath(k): v for k, v in digests.items()}
+        self.cache = verify_cache_path() if cache is True else cache or None
         self._done: set[str] = set()
         self._lock = threading.Lock()
+
+    def _cached(self, path: str, stamp: str, want: str) -> bool:
+        if self.cache is None:
+            return False
+        try:
+            with open(self.cache) as f:
+                entry = json.load(f).get(path)
+        except (OSError, ValueError, AttributeError):
+            return False
+        return entry == {"stamp": stamp, "sha256": want}
+
+    def _remember(self, path: str, stamp: str, want: str) -> None:
+        if self.cache is None:
+            return
+        try:  # best effort: a read-only home only costs a hash next time
+            try:
+                with open(self.cache) as f:
+                    known = json.load(f)
+                known = known if isinstance(known, dict) else {}
+            except (OSError, ValueError):
+                known = {}
+            known[path] = {"stamp": stamp, "sha256": want}
+            os.makedirs(os.path.dirname(os.path.abspath(self.cache)), exist_ok=True)
+            tmp = f"{self.cache}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(known, f)
+            os.replace(tmp, self.cache)
+        except OSError:
+            pass
 
     def verify(self, path: str) -> None:
         """Hashes ``path`` unless already verified; raises when it differs from the manifest.
@@ -212,15 +274,19 @@ class FileVerifier:
         Raises:
           DataError: one line naming the file, the manifest and the fix.
         """
+        path = os.path.abspath(path)
         want = self.digests.get(path)
         if want is None or path in self._done:
             return
         with self._lock:
             if path in self._done:
                 return
-            if file_digest(path) != want:
-                raise DataError(
-                    f"{path}: its content differs from the SHA-256 in {MANIFEST_FILE} (the "
-                    f"file was changed or damaged after conversion); {REWRITE_FIX}"
-                )
+            stamp = _stamp(path)
+            if not self._cached(path, stamp, want):
+                if file_digest(path) != want:
+                    raise DataError(
+                        f"{path}: its content differs from the SHA-256 in {MANIFEST_FILE} "
+                        f"(the file was changed or damaged after conversion); {REWRITE_FIX}"
+                    )
+                self._remember(path, stamp, want)
             self._done.add(path)
