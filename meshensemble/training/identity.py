@@ -113,9 +113,9 @@ def split_fingerprint(images: Any, labels: Any) -> str:
     digest = hashlib.sha256()
     labels = np.ascontiguousarray(labels, np.int32)
     digest.update(repr((tuple(images.shape), str(images.dtype), labels.shape)).encode())
-    digest.update(labels.tobytes())
+    digest.update(labels)  # the buffers themselves: no copy
     if not getattr(images, "lazy", False):
-        digest.update(np.ascontiguousarray(images).tobytes())
+        digest.update(np.ascontiguousarray(images))
         return "bytes:" + digest.hexdigest()
     content = data_lib.lazy.content_id(images)
     if content is not None:
