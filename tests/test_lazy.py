@@ -290,6 +290,9 @@ def test_a_missing_changed_or_corrupt_shard_is_named_with_the_fix(files, tmp_pat
     os.remove(directory / "train.array_record-00000-of-00002")
     with pytest.raises(me.data.DataError, match=r"train.array_record-00000-of-00002: missing"):
         me.data.load_array_record_dataset(directory)
+    (directory / "train.array_record-00000-of-00003").write_bytes(b"")  # an old convert's
+    with pytest.raises(me.data.DataError, match=r"shards of several conversions \(-of-00002"):
+        me.data.load_array_record_dataset(directory)
 
 
 def test_a_host_hashes_a_file_once_until_it_changes(tmp_path, verify_cache, monkeypatch):

@@ -341,6 +341,12 @@ def _train_files(directory: str) -> list[str]:
         return [single]
     found = sorted(glob.glob(glob.escape(single) + "-*-of-*"))
     totals = {int(m.group(2)) for m in map(_SHARD.search, found) if m}
+    if len(totals) > 1:  # shards of two conversions into one folder
+        kinds = " and ".join(f"-of-{n:05d}" for n in sorted(totals))
+        raise DataError(
+            f"{directory}: train shards of several conversions ({kinds}): leftovers of an "
+            f"earlier one; {manifest.REWRITE_FIX}"
+        )
     if len(totals) == 1:  # every shard of n present? (folders without a manifest)
         n = totals.pop()
         want = [f"{single}-{i:05d}-of-{n:05d}" for i in range(n)]
