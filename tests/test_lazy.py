@@ -181,10 +181,12 @@ def test_bad_arrayrecord_data_is_one_line_exit_2_and_nothing_written(files, tmp_
         os.remove(directory / "labels.npz")
     elif case == "no train files":
         os.remove(directory / "train.array_record")
-    elif case == "malformed labels":
+    elif case == "malformed labels":  # in a folder without a manifest (it would say first)
         (directory / "labels.npz").write_bytes(b"not an npz")
+        os.remove(directory / manifest.MANIFEST_FILE)
     elif case == "short labels":
         np.savez(directory / "labels.npz", train_labels=np.zeros(3), test_labels=np.zeros(16))
+        os.remove(directory / manifest.MANIFEST_FILE)
     elif case == "no --data-dir":
         source = source[:2]
     elif case == "data file":

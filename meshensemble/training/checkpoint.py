@@ -10,9 +10,15 @@ killed in between (the polling interval plus one read of the checkpoint: millise
 small ensembles, seconds for gigabytes) leaves a finished checkpoint without a checksum,
 which :func:`restore_checkpoint` reports as "unverified" and uses only if it reads back.
 
+The checksums are written twice, ``checksums.json`` then ``checksums.copy.json`` (each a
+temporary file renamed into place): a lost or garbled ``checksums.json`` falls back to
+the copy, and when neither can be read the restore is refused (never "unverified").
+
 On restore, a checksum mismatch or unreadable files (truncated, garbled) mark a
 checkpoint damaged: it is reported, moved to ``checkpoints_damaged/`` (kept for
-inspection) and the previous one is used. Other failures raise :class:`CheckpointError`.
+inspection; only when resuming: ``evaluate`` leaves it in place) and the previous one is
+used. A checkpoint deleted while it is read (another job's ``--keep`` clean-up) is told
+apart from a damaged one. Other failures raise :class:`CheckpointError`.
 
 The state's structure checks and the inference bundle (:func:`extract_members`,
 :func:`save_inference`, :func:`load_inference`) live in :mod:`meshensemble.training.bundle`
@@ -480,9 +486,12 @@ def restore_checkpoint(
 
     The newest checkpoint whose recorded checksum matches (and that orbax can read) is
     used; a damaged one is reported through ``echo``, moved to
-    ``workdir/checkpoints_damaged/<step>`` (kept for inspection; the run saves that step
-    again when it gets there) and skipped. Naming ``step`` restores exactly that one or
-    fails, moving nothing.
+    ``workdir/checkpoints_damaged/<step>`` with ``move_damaged`` (kept for inspection; the
+    run saves that step again when it gets there), else left in place, and skipped. A
+    checkpoint whose folder disappears while it is read (a training job's ``--keep``
+    clean-up) is reported as deleted, not damaged, and skipped. Naming ``step`` restores
+    exactly that one or fails, moving nothing. The checksums come from
+    ``checksums.json`` or its copy (:func:`load_checksums`).
 
     Args:
       workdir: the run's folder.
@@ -499,7 +508,9 @@ def restore_checkpoint(
 
     Raises:
       FileNotFoundError: no checkpoint (or not that step) in ``workdir``.
-      CheckpointError: every candidate checkpoint is damaged; or ``ens`` does not fit
+      CheckpointError: ``step`` is damaged or was deleted (one line naming it and the
+        steps available); both checksum files are unreadable; every candidate
+        checkpoint is damaged; or ``ens`` does not fit
         the checkpoint (member count, model, optimizer: the message names both sides);
         or reading failed for a reason other than damage (out of memory, permission,
         I/O), which stops here instead of falling back to an older checkpoint.

@@ -366,13 +366,11 @@ def check_same_run(
         return
     note = resolved.get("data") or "the same data"
     fix = f"resume with the run's data ({note})"
-    for key in DATA_KEYS:
+    for key in DATA_KEYS[:-1]:  # the file's path last: its content counts first
         if key in held_data and held_data[key] != data[key]:
             label = {"source": "data source"}.get(key, key)
             raise _refuse(workdir, f"{label}={held_data[key]!r}", f"{label}={data[key]!r}", fix)
-    if held_data.get("format") != IDENTITY_FORMAT:
-        return  # an older run: its sampled fingerprint is not comparable; sizes matched
-    differ = differing_splits(held_data, data)
+    differ = differing_splits(held_data, data) if held_data.get("format") == IDENTITY_FORMAT else []
     if differ:
         name = differ[0]
         held_fp, this_fp = (_short(d["splits"].get(name)) for d in (held_data, data))
@@ -382,6 +380,9 @@ def check_same_run(
             f"{name} split fingerprint={this_fp} (the {' and '.join(differ)} data differ)",
             fix,
         )
+    key = DATA_KEYS[-1]  # an older run's sampled fingerprint is not compared: sizes matched
+    if key in held_data and held_data[key] != data[key]:
+        raise _refuse(workdir, f"{key}={held_data[key]!r}", f"{key}={data[key]!r}", fix)
 
 
 def _short(fingerprint: str | None) -> str:
