@@ -254,6 +254,8 @@ def test_convert_caps_shards_refuses_a_full_folder_and_leaves_no_partial_one(
     assert {n: (out / n).read_bytes() for n in os.listdir(out)} == before
     with pytest.raises(me.data.DataError, match="not empty; pass --overwrite"):
         lazy.write_array_record_dataset(out, BIG)  # from Python too
+    with pytest.raises(me.data.DataError, match="holds 'ar', which convert did not write"):
+        lazy.write_array_record_dataset(tmp_path, BIG, overwrite=True)  # never a foreign folder
     assert cli.main([*argv, "--overwrite"]) == 0  # no old shard left behind
     assert sorted(os.listdir(out)) == [*two[:3], "train.array_record"]
     me.data.load_array_record_dataset(out)

@@ -257,7 +257,8 @@ def write_array_record_dataset(
 
     Args:
       directory: the folder to write (on storage every host can read); it must not exist
-        or be empty, unless ``overwrite``.
+        or be empty, unless ``overwrite`` (which replaces only a folder holding nothing
+        but a dataset's files).
       dataset: an in-memory :class:`Dataset`.
       shards: how many train files (consecutive runs of examples); capped by
         :func:`shard_count` at :data:`MIN_RECORDS_PER_SHARD` records a file.
@@ -267,8 +268,9 @@ def write_array_record_dataset(
       The paths written: the train files, the test file, the labels file, the manifest.
 
     Raises:
-      DataError: ``shards`` below 1, a lazy dataset (write from arrays), or a non-empty
-        ``directory`` without ``overwrite`` (nothing is written then).
+      DataError: ``shards`` below 1, a lazy dataset (write from arrays), a non-empty
+        ``directory`` without ``overwrite``, or one holding other files (nothing is
+        written then).
 
     Example:
       >>> write_array_record_dataset("/data/mnist_ar", me.data.load_npz("mnist.npz"), shards=4)
@@ -281,10 +283,17 @@ def write_array_record_dataset(
     directory = os.path.abspath(os.fspath(directory))
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise DataError(f"{directory}: a file is in the way; pass a folder path to write")
-    if os.path.isdir(directory) and os.listdir(directory) and not overwrite:
+    held = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    if held and not overwrite:
         raise DataError(
             f"{directory}: not empty; pass --overwrite (overwrite=True) to replace it, or "
             "another folder"
+        )
+    foreign = [n for n in held if not _OWN_FILE.match(n)]
+    if foreign:  # --overwrite replaces the folder: never one holding other files
+        raise DataError(
+            f"{directory}: holds {foreign[0]!r}, which convert did not write; --overwrite "
+            "only replaces a dataset folder: pick another folder"
         )
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
@@ -332,6 +341,10 @@ def _swap_in(tmp: str, directory: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+_OWN_FILE = re.compile(
+    rf"^({re.escape(TRAIN_FILE)}(-\d+-of-\d+)?|{re.escape(TEST_FILE)}|{re.escape(LABELS_FILE)}"
+    rf"|{re.escape(manifest.MANIFEST_FILE)})$"
+)
 _SHARD = re.compile(r"-(\d+)-of-(\d+)$")
 
 
