@@ -344,8 +344,10 @@ def _restore_read_only(
         workdir, ens, sample, checkpoint, echo=lines.append, move_damaged=False
     )
     if checkpoint is None and newest is not None and step != newest:
-        why = "; ".join(line.replace("; trying the previous one", "") for line in lines)
-        say(f"evaluating checkpoint {step}, not the newest ({newest}): {why}")
+        tails = ("; trying the previous one", "; trying the newest remaining one")
+        why = "; ".join(functools.reduce(lambda t, x: t.replace(x, ""), tails, ln) for ln in lines)
+        which = f"not the newest ({newest})" if step < newest else "saved meanwhile"
+        say(f"evaluating checkpoint {step}, {which}: {why}")
     else:
         for line in lines:
             say(line)

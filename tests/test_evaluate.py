@@ -419,6 +419,30 @@ def test_a_checkpoint_deleted_mid_read_is_told_apart_and_the_previous_used(
     assert "checkpoint 4 was deleted while being read" in text and "damaged" not in text, lines
 
 
+def test_after_a_clean_up_mid_read_the_newest_remaining_checkpoint_is_used(
+    pyrun, tmp_path, monkeypatch
+):
+    """Training with --keep saved 6 and removed 4 while 4 was read: 6 is used, not 2."""
+    workdir = _pycopy(pyrun, tmp_path, "relist")
+    folder = os.path.join(workdir, "checkpoints")
+    digest = ckpt_lib.checkpoint_digest
+
+    def saved_and_cleaned(path):
+        if os.path.basename(path) == "4" and not os.path.exists(os.path.join(folder, "6")):
+            shutil.copytree(path, os.path.join(folder, "6"))  # "checkpoint 6", 4's bytes
+            sums = ckpt_lib.read_checksums(folder)
+            ckpt_lib.write_checksums(folder, sums | {"6": sums["4"]})
+            shutil.rmtree(path)
+        return digest(path)
+
+    monkeypatch.setattr(ckpt_lib, "checkpoint_digest", saved_and_cleaned)
+    lines: list[str] = []
+    r = evaluate.evaluate_run(workdir, dataset=SYN, ood=[], echo=lines.append)
+    assert r["checkpoint_step"] == 6, lines
+    said = "evaluating checkpoint 6, saved meanwhile: checkpoint 4 was deleted while being read"
+    assert any(line.startswith(said) for line in lines), lines
+
+
 def test_a_run_with_the_old_identity_format_still_evaluates_and_says_so(pyrun, tmp_path):
     from meshensemble.training import identity
 

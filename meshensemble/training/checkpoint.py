@@ -538,8 +538,12 @@ def restore_checkpoint(
     args = ocp.args.Composite(state=ocp.args.StandardRestore(target), loop=ocp.args.JsonRestore())
     mngr = checkpoint_manager(workdir, create=False)
     problems: list[str] = []
+    tried: set[int] = set()
+    relisted = False
     try:
-        for s in candidates:
+        while [c for c in candidates if c not in tried]:
+            s = next(c for c in candidates if c not in tried)
+            tried.add(s)
             found = _restore_one(mngr, args, target, directory, s, sums.get(str(s)), problems)
             if found is not None:
                 if sums.get(str(s)) is None:
@@ -557,7 +561,13 @@ def restore_checkpoint(
             gone = problems[-1].endswith(_VANISHED)
             moved = _move_aside(workdir, s) if move_damaged and not gone else None
             where = f"; moved it to {moved}" if moved else "" if gone else "; left it in place"
-            say(f"{problems[-1]}{where}; trying the previous one")
+            if gone and not relisted:  # a clean-up ran beside us: look again, once
+                relisted, steps = True, list_checkpoints(workdir)
+                candidates = sorted(steps, reverse=True)
+                sums = load_checksums(directory, len(steps))[0]
+                say(f"{problems[-1]}; trying the newest remaining one")
+            else:
+                say(f"{problems[-1]}{where}; trying the previous one")
     finally:
         mngr.close()
     raise CheckpointError(f"no good checkpoint in {directory}: {'; '.join(problems)}")
