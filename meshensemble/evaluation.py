@@ -52,7 +52,6 @@ from meshensemble.data.split import split_validation
 from meshensemble.training import CONFIG_FILE, TrainConfig, build_ensemble, final_table
 from meshensemble.training.checkpoint import (
     CHECKPOINT_DIR,
-    checkpoint_manager,
     list_checkpoints,
     restore_checkpoint,
 )
@@ -317,11 +316,7 @@ def _mesh_shape(mesh: Any, members: int) -> dict[str, int]:
 def _checkpoint_steps(workdir: str, step: int | None) -> None:
     """Fails early (before loading data) when the run has no checkpoint or not ``step``."""
     folder = os.path.join(workdir, CHECKPOINT_DIR)
-    steps = []
-    if os.path.isdir(folder):
-        mngr = checkpoint_manager(workdir)
-        steps = list(mngr.all_steps())
-        mngr.close()
+    steps = list_checkpoints(workdir)  # a listing: nothing in the run is opened for writing
     if not steps:
         raise FileNotFoundError(
             f"no checkpoint in {folder}; train the run with checkpoints (without "
