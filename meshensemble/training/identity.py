@@ -1,10 +1,14 @@
-"""What defines a run, so that resuming in a workdir never mixes two runs.
+"""What defines a run and its data, so that nothing mixes two runs or two datasets.
 
 A workdir's ``config.json`` records the fields that define its run (:data:`RUN_FIELDS`)
 and, under ``resolved.data_identity``, the data actually used (:func:`data_identity`):
-the source, the number of train and test examples, a fingerprint of the arrays and the
-npz file. :func:`check_same_run` compares them with a new run's and raises one line on
-the first difference, before anything in the workdir changes.
+the source, the number of train and test examples, the npz file, where the data came
+from, and a fingerprint of every byte of each split (train, validation, test;
+:func:`split_fingerprint`: whole arrays hashed, or an ArrayRecord folder's manifest).
+:func:`check_same_run` compares them with a resumed run's and raises one line on the
+first difference, before anything in the workdir changes; :func:`load_run_data` and
+:func:`check_run_data` do the same for ``evaluate`` (and ``--calibrate``): the run's own
+data, or a one-line refusal naming the split.
 
 Example:
   >>> check_same_run("runs/mnist", saved, run_fields(cfg))
