@@ -536,6 +536,8 @@ def restore_checkpoint(
     _drop_leftovers()
     target = abstract_state(ens, sample)
     args = ocp.args.Composite(state=ocp.args.StandardRestore(target), loop=ocp.args.JsonRestore())
+    absl = logging.getLogger("absl")
+    absl.addFilter(_drop_missing_metadata)
     mngr = checkpoint_manager(workdir, create=False)
     problems: list[str] = []
     tried: set[int] = set()
@@ -570,7 +572,14 @@ def restore_checkpoint(
                 say(f"{problems[-1]}{where}; trying the previous one")
     finally:
         mngr.close()
+        absl.removeFilter(_drop_missing_metadata)
     raise CheckpointError(f"no good checkpoint in {directory}: {'; '.join(problems)}")
+
+
+def _drop_missing_metadata(record: logging.LogRecord) -> bool:
+    """Logging filter: orbax's "Metadata file does not exist" warning on every restore of
+    a checkpoint saved without its optional metadata file is noise, not a problem."""
+    return not str(record.msg).startswith("Metadata file does not exist")
 
 
 _VANISHED = "was deleted while being read (another job's clean-up, e.g. training with --keep)"
