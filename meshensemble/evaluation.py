@@ -52,11 +52,12 @@ from meshensemble.data.split import split_validation
 from meshensemble.training import CONFIG_FILE, TrainConfig, build_ensemble, final_table
 from meshensemble.training.checkpoint import (
     CHECKPOINT_DIR,
-    checkpoint_manager,
+    list_checkpoints,
     restore_checkpoint,
 )
 from meshensemble.training.config import default_mesh_shape
-from meshensemble.training.outputs import check_writable, dumps_strict, writing
+from meshensemble.training.identity import check_run_data, load_run_data
+from meshensemble.training.outputs import check_writable, dumps_strict, replacing, writing
 
 OOD_SETS = ("noise", "inverted", "fashion_mnist")
 """OOD sets :func:`evaluate_run` knows (see :func:`ood_images`)."""
@@ -315,11 +316,7 @@ def _mesh_shape(mesh: Any, members: int) -> dict[str, int]:
 def _checkpoint_steps(workdir: str, step: int | None) -> None:
     """Fails early (before loading data) when the run has no checkpoint or not ``step``."""
     folder = os.path.join(workdir, CHECKPOINT_DIR)
-    steps = []
-    if os.path.isdir(folder):
-        mngr = checkpoint_manager(workdir)
-        steps = list(mngr.all_steps())
-        mngr.close()
+    steps = list_checkpoints(workdir)  # a listing: nothing in the run is opened for writing
     if not steps:
         raise FileNotFoundError(
             f"no checkpoint in {folder}; train the run with checkpoints (without "
@@ -330,6 +327,26 @@ def _checkpoint_steps(workdir: str, step: int | None) -> None:
             f"no checkpoint {step} in {folder}; available steps: "
             f"{', '.join(map(str, sorted(steps)))}"
         )
+
+
+def _restore_read_only(
+    workdir: str, ens: Any, sample: Any, checkpoint: int | None, say: Callable[[str], Any]
+) -> tuple[Any, int]:
+    """Restores without touching the run's checkpoints; one line when not the newest."""
+    newest = max(list_checkpoints(workdir), default=None)
+    lines: list[str] = []
+    state, _, step = restore_checkpoint(
+        workdir, ens, sample, checkpoint, echo=lines.append, move_damaged=False
+    )
+    if checkpoint is None and newest is not None and step != newest:
+        tails = ("; trying the previous one", "; trying the newest remaining one")
+        why = "; ".join(functools.reduce(lambda t, x: t.replace(x, ""), tails, ln) for ln in lines)
+        which = f"not the newest ({newest})" if step < newest else "saved meanwhile"
+        say(f"evaluating checkpoint {step}, {which}: {why}")
+    else:
+        for line in lines:
+            say(line)
+    return state, int(step)
 
 
 def evaluate_run(
@@ -347,6 +364,8 @@ def evaluate_run(
     calibrate: bool = False,
     alpha: float = 0.1,
     conformal: str = "thr",
+    data_dir: str | None = None,
+    dataset: data_lib.Dataset | None = None,
 ) -> dict[str, Any]:
     """Evaluates a trained run: test metrics, OOD detection and calibration plots.
 
@@ -366,7 +385,10 @@ def evaluate_run(
         devices with ``ensemble = gcd(members, devices)`` (it may differ from training).
       batch_size: examples per compiled call.
       num_bins: equal-width confidence bins for the ECE and the reliability diagram.
-      source: overrides the run's data source (``auto``, ``tfds``, ``npz``, ``sample``).
+      source: overrides the run's data source (``auto``, ``tfds``, ``npz``, ``sample``,
+        ``arrayrecord``). Without ``source``, ``data_file``, ``data_dir`` and ``dataset``
+        the run's recorded source and file are used (see
+        :func:`meshensemble.training.identity.load_run_data`).
       data_file: overrides the run's Keras-layout npz.
       ood_file: a Keras-layout Fashion-MNIST npz for the ``fashion_mnist`` OOD set.
       echo: where the summary lines go (default ``print``).
@@ -375,6 +397,15 @@ def evaluate_run(
         writes ``calibration.png``.
       alpha: the conformal miscoverage rate in ``(0, 1)``.
       conformal: the conformal score, one of :data:`meshensemble.calibration.METHODS`.
+      data_dir: overrides the run's TFDS folder or ArrayRecord folder.
+      dataset: the data to evaluate on, for a run trained on a Python ``dataset=`` object
+        (e.g. ``me.data.synthetic(256, 64)``); checked against the run's identity.
+
+    Every split's fingerprint is compared with the run's ``resolved.data_identity``
+    before any checkpoint is read; a difference is refused with one line naming the
+    split. The run's checkpoints are only read: a damaged one is reported and skipped,
+    never moved, and a line says which step was evaluated and why when it is not the
+    newest.
 
     Returns:
       A flat dict: ``test_ensemble_{accuracy,nll,brier,ece,entropy,expected_entropy,
@@ -390,6 +421,8 @@ def evaluate_run(
     Raises:
       FileNotFoundError: ``workdir``, its ``config.json`` or the checkpoint is missing
         (the message lists the available steps).
+      meshensemble.training.CheckpointError: ``checkpoint`` does not verify, or no
+        checkpoint does.
       ValueError: a corrupt ``config.json``, a workdir that is not writable, an unknown
         OOD set, a bad mesh, batch size or bin count; ``calibrate`` for a run without a
         validation split ("train with --validation N first"), a bad ``alpha`` or method.
@@ -436,10 +469,11 @@ def evaluate_run(
         else make_mesh(shape.get("ensemble"), shape.get("data", 1), shape.get("model"))
     )
 
-    src = source or cfg.source
-    if data_file is None and src in ("npz", "auto"):
-        data_file = cfg.data_file
-    dataset = data_lib.load_dataset(cfg.dataset, src, data_file, cfg.data_dir, log=say)
+    if dataset is None:
+        dataset = load_run_data(
+            workdir, cfg, source=source, data_file=data_file, data_dir=data_dir, log=say
+        )
+    check_run_data(workdir, cfg, dataset, say)  # the run's data, split by split, or refuse
     ood_sets = {
         n: ood_images(n, dataset.test_images, ood_file, cfg.data_dir, log=say) for n in names
     }
@@ -448,7 +482,7 @@ def evaluate_run(
     if calibrate:
         check_split(workdir, split)
     ens = build_ensemble(cfg, device_mesh, (split.train if split else dataset).num_train)
-    state, _, step = restore_checkpoint(workdir, ens, dataset.test_images[:1], checkpoint)
+    state, step = _restore_read_only(workdir, ens, dataset.test_images[:1], checkpoint, say)
 
     ev = ens.evaluate(state, dataset.test_images, dataset.test_labels, batch_size, num_bins)
     result = metrics.prefix_metrics(ev, "test")
@@ -502,7 +536,7 @@ def _write(
 
     path = os.path.join(workdir, EVALUATION_FILE)
     text = dumps_strict(result, indent=2)  # NaN as null, noted: strict JSON
-    with writing(path), open(path, "w") as f:
+    with writing(path), replacing(path) as f:
         f.write(text)
     members = f"members pooled (mean member ECE {result['test_mean_member_ece']:.4f})"
     curves = {

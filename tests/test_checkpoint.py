@@ -27,6 +27,8 @@ import meshensemble as me
 from meshensemble.cli import main
 
 CHECKSUMS = me.checkpoint.CHECKSUMS
+CHECKSUMS_COPY = me.checkpoint.CHECKSUMS_COPY
+JSON_FILES = (CHECKSUMS, CHECKSUMS_COPY, "manifest.json", "config.json", "compile.json")
 list_checkpoints = me.checkpoint.list_checkpoints
 read_checksums = me.checkpoint.read_checksums
 train = me.training.train
@@ -755,3 +757,102 @@ def test_checkpointer_reports_unwritable_target(tmp_path):
         assert not target.exists()
     finally:
         locked.chmod(0o700)
+
+
+# ------------------------------------------------------------------ checksums and their copy
+def two_checkpoints(workdir) -> tuple:
+    """Checkpoints 1 and 2 of different states (other initialisations)."""
+    ens, first = small_state()
+    second = ens.init(jax.random.PRNGKey(1), DATA.test_images[:1])
+    ckpt = me.Checkpointer(str(workdir), keep=3)
+    ckpt.save(1, first, {"step": 1})
+    ckpt.save(2, second, {"step": 2})
+    ckpt.close()
+    return ens, (first, second)
+
+
+def test_restore_takes_the_newest_checkpoint_not_the_oldest(tmp_path, caplog):
+    need_devices(8)
+    ens, (_, second) = two_checkpoints(tmp_path / "w")
+    caplog.clear()
+    state, loop, step = me.restore_checkpoint(str(tmp_path / "w"), ens, DATA.test_images[:1])
+    assert (step, loop) == (2, {"step": 2})
+    chex.assert_trees_all_equal(jax.device_get(state.params), jax.device_get(second.params))
+    assert "Metadata file does not exist" not in caplog.text  # orbax's noise, dropped
+
+
+def test_a_damaged_checksums_file_never_lets_a_damaged_checkpoint_through(tmp_path):
+    need_devices(8)
+    workdir = tmp_path / "w"
+    ens, _ = two_checkpoints(workdir)
+    folder = workdir / "checkpoints"
+    assert read_checksums(str(folder)) == json.loads((folder / CHECKSUMS_COPY).read_text())
+    flip_a_bit(biggest_file(workdir, 2))
+    (folder / CHECKSUMS).write_text('{"1": "ab')  # truncated by a crash
+    messages: list[str] = []
+    _, _, step = me.restore_checkpoint(
+        str(workdir), ens, DATA.test_images[:1], echo=messages.append, move_damaged=False
+    )
+    assert step == 1, messages  # the copy's checksum caught the flipped bit
+    assert (
+        messages[0].startswith(f"{folder / CHECKSUMS} is damaged (")
+        and "using its copy" in (messages[0])
+    )
+    assert messages[1].startswith("checkpoint 2 is damaged (checksum mismatch)"), messages
+    # both gone bad: refused, naming the file and the fix; nothing is used unverified
+    (folder / CHECKSUMS_COPY).write_text("")
+    with pytest.raises(me.checkpoint.CheckpointError) as err:
+        me.restore_checkpoint(str(workdir), ens, DATA.test_images[:1])
+    text = str(err.value)
+    assert text.startswith(f"{folder / CHECKSUMS} is damaged (") and "write {} into" in text
+    assert "\n" not in text
+
+
+def test_every_json_of_a_run_is_written_atomically(tmp_path, monkeypatch):
+    """No JSON file of a run is ever opened for writing under its own name (a crash
+    mid-write would leave half a file): each is written to a temporary name, renamed."""
+    need_devices(8)
+    import builtins
+
+    opened, real_open = [], builtins.open
+
+    def spy(file, mode="r", *args, **kw):
+        if any(m in mode for m in "wax"):
+            opened.append(os.path.basename(str(file)))
+        return real_open(file, mode, *args, **kw)
+
+    monkeypatch.setattr(builtins, "open", spy)
+    two_checkpoints(tmp_path / "w")
+    me.data.write_array_record_dataset(tmp_path / "ar", me.data.synthetic(8, 4))
+    writer = me.training.outputs.RunWriter(str(tmp_path / "w"))
+    writer.write_config(cfg(tmp_path / "w"), {"data_identity": None})
+    writer.write_compile({})
+    assert {CHECKSUMS, CHECKSUMS_COPY, "manifest.json", "config.json"} <= set(os.listdir(
+        tmp_path / "w" / "checkpoints")) | set(os.listdir(tmp_path / "ar")) | set(
+        os.listdir(tmp_path / "w"))  # fmt: skip
+    assert {f"{name}.tmp" for name in JSON_FILES} <= set(opened), opened  # the spy saw them
+    assert not [name for name in opened if name in JSON_FILES], opened
+
+
+def test_resume_refuses_data_with_every_odd_image_inverted_naming_the_split(tmp_path):
+    """Every byte counts: more images than the old strided sample read (1,024 of them)."""
+    from meshensemble.training import identity
+
+    data = me.data.synthetic(num_train=2100, num_test=8, seed=4)
+    images = data.train_images.copy()
+    images[1::2] = 255 - images[1::2]  # the same labels
+    odd = me.data.Dataset("mnist", images, data.train_labels, data.test_images,
+                          data.test_labels, source="synthetic", note="odd")  # fmt: skip
+    held = identity.data_identity(data, None)
+    saved = {"resolved": {"data_identity": held, "data": "synthetic"}}
+    identity.check_same_run(str(tmp_path), saved, {}, identity.data_identity(data, None))
+    with pytest.raises(ValueError) as err:
+        identity.check_same_run(str(tmp_path), saved, {}, identity.data_identity(odd, None))
+    text = str(err.value)
+    assert text.startswith(f"workdir {tmp_path} holds a run with train split fingerprint=bytes:")
+    assert "(the train data differ)" in text and "\n" not in text
+    # with a validation split, both parts are named
+    held = identity.data_identity(data, None, validation=100, seed=0)
+    saved = {"resolved": {"data_identity": held, "data": "synthetic"}}
+    with pytest.raises(ValueError, match=r"\(the train and validation data differ\)"):
+        identity.check_same_run(str(tmp_path), saved, {}, identity.data_identity(odd, None, 100))

@@ -18,6 +18,7 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 from meshensemble import cli, data, metrics
 from meshensemble import evaluation as evaluate
 from meshensemble.training import TrainConfig, train
+from meshensemble.training import checkpoint as ckpt_lib
 
 NUM_TEST = 90  # not a multiple of the batch or of data=4: exercises padding and masking
 BATCH = 32
@@ -300,3 +301,165 @@ def test_a_failed_write_is_one_line(run, capsys) -> None:
         path = os.path.join(workdir, name)
         assert err.startswith(f"error: could not write {path}: Is a directory; "), err
         assert err.count("\n") == 1 and "Traceback" not in err
+
+
+# ------------------------------------------------------------------ the run's own data, read-only
+SYN = data.synthetic(160, 40, seed=1)
+"""Data passed from Python (``train(cfg, dataset=SYN)``): evaluate cannot reload it."""
+
+
+@pytest.fixture(scope="module")
+def pyrun(tmp_path_factory):
+    """4 MLP members trained from a Python dataset with a validation split: checkpoints 2, 4."""
+    need_devices(8)
+    workdir = os.fspath(tmp_path_factory.mktemp("pyrun") / "run")
+    cfg = TrainConfig(
+        model="mlp", members=4, mesh="ensemble=4,data=2", epochs=1, batch_size=32,
+        validation=32, checkpoint_every=2, keep=5, workdir=workdir, quiet=True,
+        eval_batch_size=40,
+    )  # fmt: skip
+    train(cfg, dataset=SYN)
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == [
+        "2", "4", "checksums.copy.json", "checksums.json"
+    ]  # fmt: skip
+    return workdir
+
+
+def _tree(folder: str) -> dict[str, bytes]:
+    """Every file under ``folder`` with its bytes (a run's state, to see it unchanged)."""
+    out = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, folder)] = f.read()
+    return out
+
+
+def _pycopy(pyrun, tmp_path, name: str) -> str:
+    dest = os.fspath(tmp_path / name)
+    shutil.copytree(pyrun, dest)
+    return dest
+
+
+def _flip(workdir: str, step: int) -> None:
+    """Flips one bit in the biggest file of checkpoint ``step`` (orbax reads it silently)."""
+    folder = os.path.join(workdir, "checkpoints", str(step))
+    files = [os.path.join(r, n) for r, _, ns in os.walk(folder) for n in ns]
+    victim = max(files, key=os.path.getsize)
+    with open(victim, "rb") as f:
+        raw = bytearray(f.read())
+    raw[len(raw) // 2] ^= 1
+    with open(victim, "wb") as f:
+        f.write(raw)
+
+
+def test_a_python_dataset_run_is_refused_without_its_data_then_checked(pyrun, tmp_path, capsys):
+    before = _tree(pyrun)
+    err = _one_line_error(
+        capsys, ["evaluate", "--workdir", pyrun], "trained on data passed from Python", "dataset="
+    )
+    assert "synthetic" in err and _tree(pyrun) == before  # refused before any work
+    test = (SYN.test_images[::-1], SYN.test_labels[::-1])
+    other = data.Dataset("mnist", SYN.train_images, SYN.train_labels, *test,
+                         source="synthetic", note="reversed test")  # fmt: skip
+    with pytest.raises(data.DataError, match=r"^the test split of this data \(reversed test\)"):
+        evaluate.evaluate_run(pyrun, dataset=other, ood=[], echo=lambda s: None)
+    assert _tree(pyrun) == before
+    workdir = _pycopy(pyrun, tmp_path, "given")
+    r = evaluate.evaluate_run(workdir, dataset=SYN, ood=[], echo=lambda s: None)
+    assert r["checkpoint_step"] == 4 and r["num_test"] == 40
+
+
+def test_calibrate_on_a_file_with_every_odd_image_inverted_is_refused(pyrun, tmp_path, capsys):
+    images = SYN.train_images.copy()
+    images[1::2] = 255 - images[1::2]  # same labels, other images
+    odd = data.Dataset("mnist", images, SYN.train_labels, SYN.test_images, SYN.test_labels,
+                       source="synthetic", note="odd inverted")  # fmt: skip
+    npz = data.save_npz(odd, tmp_path / "odd.npz")
+    before = _tree(pyrun)
+    argv = ["evaluate", "--workdir", pyrun, "--calibrate", "--source", "npz", "--data-file", npz]
+    _one_line_error(capsys, argv, "the train and validation splits of this data", "differ from run")
+    assert _tree(pyrun) == before  # no evaluation.json, nothing rewritten
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_in_place_and_named(pyrun, tmp_path, capsys):
+    workdir = _pycopy(pyrun, tmp_path, "damaged")
+    _flip(workdir, 4)
+    checkpoints = _tree(os.path.join(workdir, "checkpoints"))
+    lines: list[str] = []
+    r = evaluate.evaluate_run(workdir, dataset=SYN, ood=[], echo=lines.append)
+    assert r["checkpoint_step"] == 2
+    said = "evaluating checkpoint 2, not the newest (4): checkpoint 4 is damaged (checksum "
+    assert any(line.startswith(said) and "left it in place" in line for line in lines), lines
+    # read-only: nothing moved, deleted or rewritten in checkpoints/
+    assert _tree(os.path.join(workdir, "checkpoints")) == checkpoints
+    assert not os.path.exists(os.path.join(workdir, "checkpoints_damaged"))
+    with pytest.raises(ckpt_lib.CheckpointError, match=r"^checkpoint 4 in .* is damaged"):
+        evaluate.evaluate_run(workdir, checkpoint=4, dataset=SYN, ood=[], echo=lambda s: None)
+    assert _tree(os.path.join(workdir, "checkpoints")) == checkpoints
+
+
+def test_a_checkpoint_deleted_mid_read_is_told_apart_and_the_previous_used(
+    pyrun, tmp_path, monkeypatch
+):
+    workdir = _pycopy(pyrun, tmp_path, "vanish")
+    digest = ckpt_lib.checkpoint_digest
+
+    def deleted_while_read(path):  # a training job's --keep clean-up, mid-read
+        if os.path.basename(path) == "4":
+            shutil.rmtree(path)
+        return digest(path)
+
+    monkeypatch.setattr(ckpt_lib, "checkpoint_digest", deleted_while_read)
+    lines: list[str] = []
+    r = evaluate.evaluate_run(workdir, dataset=SYN, ood=[], echo=lines.append)
+    assert r["checkpoint_step"] == 2
+    text = " ".join(lines)
+    assert "checkpoint 4 was deleted while being read" in text and "damaged" not in text, lines
+
+
+def test_after_a_clean_up_mid_read_the_newest_remaining_checkpoint_is_used(
+    pyrun, tmp_path, monkeypatch
+):
+    """Training with --keep saved 6 and removed 4 while 4 was read: 6 is used, not 2."""
+    workdir = _pycopy(pyrun, tmp_path, "relist")
+    folder = os.path.join(workdir, "checkpoints")
+    digest = ckpt_lib.checkpoint_digest
+
+    def saved_and_cleaned(path):
+        if os.path.basename(path) == "4" and not os.path.exists(os.path.join(folder, "6")):
+            shutil.copytree(path, os.path.join(folder, "6"))  # "checkpoint 6", 4's bytes
+            sums = ckpt_lib.read_checksums(folder)
+            ckpt_lib.write_checksums(folder, sums | {"6": sums["4"]})
+            shutil.rmtree(path)
+        return digest(path)
+
+    monkeypatch.setattr(ckpt_lib, "checkpoint_digest", saved_and_cleaned)
+    lines: list[str] = []
+    r = evaluate.evaluate_run(workdir, dataset=SYN, ood=[], echo=lines.append)
+    assert r["checkpoint_step"] == 6, lines
+    said = "evaluating checkpoint 6, saved meanwhile: checkpoint 4 was deleted while being read"
+    assert any(line.startswith(said) for line in lines), lines
+
+
+def test_a_run_with_the_old_identity_format_still_evaluates_and_says_so(pyrun, tmp_path):
+    from meshensemble.training import identity
+
+    workdir = _pycopy(pyrun, tmp_path, "old")
+    path = os.path.join(workdir, "config.json")
+    with open(path) as f:
+        saved = json.load(f)
+    saved["resolved"]["data_identity"] = {
+        "source": "synthetic", "num_train": 160, "num_test": 40, "data_file": None,
+        "fingerprint": identity.sampled_fingerprint(SYN),
+    }  # fmt: skip
+    with open(path, "w") as f:
+        json.dump(saved, f)
+    lines: list[str] = []
+    r = evaluate.evaluate_run(workdir, dataset=SYN, ood=[], echo=lines.append)
+    assert r["checkpoint_step"] == 4
+    assert any("records its data in the old format" in line for line in lines), lines
+    other = data.synthetic(160, 40, seed=9)
+    with pytest.raises(data.DataError, match="sampled fingerprint"):
+        evaluate.evaluate_run(workdir, dataset=other, ood=[], echo=lambda s: None)

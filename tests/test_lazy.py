@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 
 import chex
@@ -15,11 +16,19 @@ from conftest import need_devices, small_config
 
 import meshensemble as me
 from meshensemble import cli
-from meshensemble.data import lazy, stream
+from meshensemble.data import lazy, manifest, stream
 from meshensemble.training import train
-from meshensemble.training.identity import FINGERPRINT_SAMPLES, data_fingerprint
+from meshensemble.training.identity import data_fingerprint, data_identity, split_fingerprint
 
 BIG = me.data.synthetic(num_train=4096, num_test=40, seed=5)  # N >> what 2 steps read
+
+
+@pytest.fixture(autouse=True)
+def verify_cache(tmp_path_factory, monkeypatch):
+    """Each test's own cache of verified files (never the user's ~/.cache)."""
+    path = tmp_path_factory.mktemp("cache") / "verified-files.json"
+    monkeypatch.setenv(manifest.VERIFY_CACHE_ENV, str(path))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +90,17 @@ def test_source_images_read_only_where_indexed_and_refuse_a_whole_load(files, mo
     np.testing.assert_array_equal(split.images, ref.images)
     np.testing.assert_array_equal(split.train.train_images[[0, 3999]],
                                   ref.train.train_images[[0, 3999]])  # fmt: skip
-    # the fingerprint: the same as the arrays'; a changed label changes it
-    assert data_fingerprint(ds) == data_fingerprint(BIG)
+    # the fingerprint: the files' manifest (no image read), every label; a changed label
+    # changes it
+    assert split_fingerprint(x, ds.train_labels).startswith("manifest:")
+    reads.clear()  # the identity with a validation split reads no image of the files
+    held = data_identity(ds, None, validation=96, seed=1)["splits"]
+    assert (
+        not reads
+        and held["validation"].startswith("manifest:")
+        and held["train"] != (data_identity(ds, None)["splits"]["train"])
+    )
+    assert split_fingerprint(BIG.train_images, BIG.train_labels).startswith("bytes:")
     labels = BIG.train_labels.copy()
     labels[5] = (labels[5] + 1) % 10
     changed = me.data.Dataset("mnist", x, labels, ds.test_images, ds.test_labels,
@@ -106,11 +124,11 @@ def test_streamed_arrayrecord_cli_run_equals_in_memory_runs_and_reads_only_its_b
     assert cli.main(argv) == 0  # --input auto: a lazy split streams
     config = json.loads((workdir / "config.json").read_text())
     assert config["resolved"]["data_identity"]["source"] == "arrayrecord"
-    # reads: the strided fingerprint sample, the check of 2 images, the init sample, and the
-    # batches of the 2 steps plus what Grain read ahead (8 steps): never the 4096 examples
+    # reads: the check of 2 images, the init sample, and the batches of the 2 steps plus
+    # what Grain read ahead (8 steps): never the 4096 examples (the identity reads none)
     batches = [r for r in reads if len(r) == 32]
     assert 2 <= len(batches) <= 2 + 8
-    assert sum(map(len, reads)) <= FINGERPRINT_SAMPLES + 2 + 1 + 32 * len(batches) < 4096 // 2
+    assert sum(map(len, reads)) <= 2 + 1 + 32 * len(batches) < 4096 // 2
     cfg = dict(model="mlp", member_strategy="vmap", max_steps=2, checkpoint=False)
     in_memory = dict(source="npz", data_file=npz)
     device = train(small_config(tmp_path / "d", input="device", **cfg, **in_memory))
@@ -163,10 +181,12 @@ def test_bad_arrayrecord_data_is_one_line_exit_2_and_nothing_written(files, tmp_
         os.remove(directory / "labels.npz")
     elif case == "no train files":
         os.remove(directory / "train.array_record")
-    elif case == "malformed labels":
+    elif case == "malformed labels":  # in a folder without a manifest (it would say first)
         (directory / "labels.npz").write_bytes(b"not an npz")
+        os.remove(directory / manifest.MANIFEST_FILE)
     elif case == "short labels":
         np.savez(directory / "labels.npz", train_labels=np.zeros(3), test_labels=np.zeros(16))
+        os.remove(directory / manifest.MANIFEST_FILE)
     elif case == "no --data-dir":
         source = source[:2]
     elif case == "data file":
@@ -194,12 +214,12 @@ def test_resume_refuses_changed_arrayrecord_files(tmp_path, capsys):
     labels[9] = (labels[9] + 1) % 10  # one label of the files changed: another dataset
     changed = me.data.Dataset("mnist", data.train_images, labels, data.test_images,
                               data.test_labels, source="synthetic", note="x")  # fmt: skip
-    lazy.write_array_record_dataset(directory, changed)
+    lazy.write_array_record_dataset(directory, changed, overwrite=True)
     capsys.readouterr()
     argv[argv.index("--max-steps") + 1] = "2"
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "data fingerprint" in err[0], err
+    assert len(err) == 1 and "train split fingerprint" in err[0], err
 
 
 def test_convert_writes_the_files_train_reads(tmp_path, capsys):
@@ -208,14 +228,93 @@ def test_convert_writes_the_files_train_reads(tmp_path, capsys):
     argv = ["convert", "--data-file", npz, "--out", str(out), "--shards", "3"]
     assert cli.main(argv) == 0
     names = sorted(os.listdir(out))
-    assert names == ["labels.npz", "test.array_record"] + [
-        f"train.array_record-0000{i}-of-00003" for i in range(3)
-    ]
+    assert names == ["labels.npz", "manifest.json", "test.array_record", "train.array_record"]
     ds = me.data.load_array_record_dataset(out)
     np.testing.assert_array_equal(
         ds.train_images[np.arange(64)], me.data.load_npz(npz).train_images
     )
     assert cli.main(["convert", "--data-file", npz, "--out", str(out), "--shards", "0"]) == 2
+
+
+def test_convert_caps_shards_refuses_a_full_folder_and_leaves_no_partial_one(
+    tmp_path, capsys, monkeypatch
+):
+    npz = me.data.save_npz(me.data.synthetic(2048, 16, seed=2), tmp_path / "d.npz")
+    out = tmp_path / "ar"
+    argv = ["convert", "--data-file", npz, "--out", str(out)]
+    assert cli.main([*argv, "--shards", "5000"]) == 0  # not 5,000 files of 0-1 examples
+    assert "--shards 5000: writing 2 train file(s) instead" in capsys.readouterr().out
+    two = sorted(os.listdir(out))
+    shards = [f"train.array_record-0000{i}-of-00002" for i in range(2)]
+    assert two == ["labels.npz", "manifest.json", "test.array_record", *shards]
+    before = {n: (out / n).read_bytes() for n in two}
+    assert cli.main(argv) == 2  # a full folder: refused before anything is written
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not empty; pass --overwrite" in err, err
+    assert {n: (out / n).read_bytes() for n in os.listdir(out)} == before
+    with pytest.raises(me.data.DataError, match="not empty; pass --overwrite"):
+        lazy.write_array_record_dataset(out, BIG)  # from Python too
+    with pytest.raises(me.data.DataError, match="holds 'ar', which convert did not write"):
+        lazy.write_array_record_dataset(tmp_path, BIG, overwrite=True)  # never a foreign folder
+    assert cli.main([*argv, "--overwrite"]) == 0  # no old shard left behind
+    assert sorted(os.listdir(out)) == [*two[:3], "train.array_record"]
+    me.data.load_array_record_dataset(out)
+    # Ctrl-C mid-write: no partial folder, the old one intact
+    write = lazy.write_array_record
+
+    def interrupted(path, *args, **kw):
+        if lazy.TEST_FILE in os.fspath(path):
+            raise KeyboardInterrupt
+        return write(path, *args, **kw)
+
+    monkeypatch.setattr(lazy, "write_array_record", interrupted)
+    before = {n: (out / n).read_bytes() for n in os.listdir(out)}
+    for target in (tmp_path / "new", out):
+        with pytest.raises(KeyboardInterrupt):
+            lazy.write_array_record_dataset(target, BIG, overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == ["ar", "d.npz"]
+    assert {n: (out / n).read_bytes() for n in os.listdir(out)} == before
+
+
+def test_a_missing_changed_or_corrupt_shard_is_named_with_the_fix(files, tmp_path):
+    directory = tmp_path / "ar"
+    shutil.copytree(files[0], directory)
+    shard = directory / "train.array_record-00001-of-00002"
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0x10  # same size: only its content hash tells
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(me.data.DataError) as err:  # the load reads the last image: shard 1
+        me.data.load_array_record_dataset(directory)
+    assert str(err.value).startswith(f"{shard}: its content differs from the SHA-256 in ")
+    assert "--overwrite" in str(err.value)
+    os.remove(directory / manifest.MANIFEST_FILE)  # no manifest: Riegeli's own check, named
+    ds = me.data.load_array_record_dataset(directory)
+    with pytest.raises(me.data.DataError, match=f"^{shard}: cannot read its records"):
+        ds.train_images[np.arange(2048, 4096)]
+    os.remove(directory / "train.array_record-00000-of-00002")
+    with pytest.raises(me.data.DataError, match=r"train.array_record-00000-of-00002: missing"):
+        me.data.load_array_record_dataset(directory)
+    (directory / "train.array_record-00000-of-00003").write_bytes(b"")  # an old convert's
+    with pytest.raises(me.data.DataError, match=r"shards of several conversions \(-of-00002"):
+        me.data.load_array_record_dataset(directory)
+
+
+def test_a_host_hashes_a_file_once_until_it_changes(tmp_path, verify_cache, monkeypatch):
+    directory = tmp_path / "ar"
+    lazy.write_array_record_dataset(directory, BIG, shards=2)
+    me.data.load_array_record_dataset(directory)  # reads images of both shards: verifies them
+    assert len(json.loads(verify_cache.read_text())) == 4  # 2 shards, test file, labels
+    hashed = []
+    digest = manifest.file_digest
+    monkeypatch.setattr(manifest, "file_digest", lambda p: hashed.append(p) or digest(p))
+    me.data.load_array_record_dataset(directory)  # another start on this host: no hash
+    assert hashed == []
+    shard = directory / "train.array_record-00001-of-00002"
+    os.utime(shard, ns=(1, 1))  # the file was rewritten (same bytes here): hashed again
+    ds = me.data.load_array_record_dataset(directory)
+    assert hashed == [str(shard)]
+    ds.train_images[np.arange(4096)]  # reads both shards: each verified once
+    assert hashed == [str(shard)]
 
 
 # ------------------------------------------------------------------ 2 processes

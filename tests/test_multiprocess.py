@@ -255,7 +255,7 @@ def test_processes_with_different_data_all_stop_naming_the_host(npz, tmp_path, c
                 p.kill()
             p.wait()
     host = socket.gethostname()
-    differs = "fingerprint=" if case == "same size, other content" else "num_train=96"
+    differs = "content=" if case == "same size, other content" else "num_train=96"
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 2, err[-2000:]
         last = err.strip().splitlines()[-1]

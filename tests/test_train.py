@@ -247,7 +247,7 @@ def test_train_refuses_to_resume_another_run_and_changes_nothing(tmp_path):
         (dict(shuffle="per-member"), None, "shuffle='shared', this run has shuffle='per-member'"),
         (dict(schedule="cosine"), None, "schedule='constant', this run has schedule='cosine'"),
         (dict(model="cnn"), None, "model='mlp', this run has model='cnn'"),
-        (dict(), other, "holds a run with data fingerprint="),
+        (dict(), other, "holds a run with train split fingerprint="),
         (dict(), me.data.synthetic(num_train=64, num_test=40), "num_train=192, this run has "),
     ]
     for change, data, message in cases:
@@ -306,7 +306,7 @@ def test_resuming_with_another_data_file_is_one_line(tmp_path, npz, capsys):
     capsys.readouterr()
     for path, message in (
         (fewer, "holds a run with num_train=192, this run has num_train=64"),
-        (other, "holds a run with data fingerprint="),
+        (other, "holds a run with train split fingerprint="),
         (str(copy), f"holds a run with data_file='{npz}', this run has data_file='{copy}'"),
     ):
         code = cli.main(["train", "--workdir", str(workdir), "--data-file", path])

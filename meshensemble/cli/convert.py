@@ -13,10 +13,12 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from meshensemble import data
 from meshensemble.cli.common import UsageError
+from meshensemble.data import lazy
 
 __all__ = ["add_parser", "run"]
 
@@ -45,9 +47,20 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.set_defaults(run=run)
     p.add_argument("--data-file", required=True, metavar="PATH", help="the npz to convert")
     p.add_argument("--out", required=True, metavar="DIR", help="the folder to write")
-    p.add_argument("--shards", type=int, default=1, metavar="N", help="train files (default: 1)")
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        metavar="N",
+        help=f"train files (default: 1; at most one per {lazy.MIN_RECORDS_PER_SHARD} examples)",
+    )
     p.add_argument(
         "--dataset", default="mnist", choices=data.DATASETS, help="the dataset (default: mnist)"
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty --out folder (once the new files are complete)",
     )
     return p
 
@@ -59,13 +72,27 @@ def run(args: argparse.Namespace) -> int:
       0 when the files were written.
 
     Raises:
-      UsageError: ``--shards`` below 1 (exit 2).
+      UsageError: ``--shards`` below 1, or a non-empty ``--out`` without ``--overwrite``
+        (exit 2), before anything is written.
       meshensemble.data.DataError: an unreadable or malformed npz (exit 2).
     """
     if args.shards < 1:
         raise UsageError(f"--shards {args.shards}: pass 1 or more train files")
+    out = os.path.abspath(args.out)
+    if os.path.isdir(out) and os.listdir(out) and not args.overwrite:
+        raise UsageError(
+            f"--out {args.out}: not empty; pass --overwrite to replace it, or another folder"
+        )
     dataset = data.load_npz(args.data_file, args.dataset)
-    paths = data.write_array_record_dataset(args.out, dataset, shards=args.shards)
+    shards = lazy.shard_count(dataset.num_train, args.shards)
+    if shards < args.shards:
+        print(
+            f"--shards {args.shards}: writing {shards} train file(s) instead, at least "
+            f"{lazy.MIN_RECORDS_PER_SHARD} of the {dataset.num_train:,} examples each"
+        )
+    paths = data.write_array_record_dataset(
+        args.out, dataset, shards=shards, overwrite=args.overwrite
+    )
     print(f"wrote {dataset.note} as {len(paths)} files in {args.out}:")
     for path in paths:
         print(f"  {path}")

@@ -1,7 +1,8 @@
 """``meshensemble evaluate``: a trained run's test metrics, calibration and OOD detection.
 
 The flags that mean a :class:`~meshensemble.TrainConfig` field (``--workdir``,
-``--mesh``, ``--source``, ``--data-file``, ``--batch-size`` as ``eval_batch_size``)
+``--mesh``, ``--source``, ``--data-file``, ``--data-dir``, ``--batch-size`` as
+``eval_batch_size``)
 take its type, choices and help from the field's metadata.
 
 Example:
@@ -93,11 +94,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default="thr",
         help="conformal score for --calibrate (default: thr)",
     )
-    for name in ("source", "data_file"):
+    for name in ("source", "data_file", "data_dir"):
         add_field_flag(
             p,
             name,
-            help=f"overrides the run's {name}: {field_help(config_field(name))}",
+            help=f"overrides the run's {name} (default: the data the run recorded; its "
+            f"identity is checked): {field_help(config_field(name))}",
             default=None,
         )
     add_debug_flag(p)
@@ -124,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         num_bins=args.num_bins,
         source=args.source,
         data_file=args.data_file,
+        data_dir=args.data_dir,
         ood_file=args.ood_file,
         calibrate=args.calibrate,
         alpha=args.alpha,

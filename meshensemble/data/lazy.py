@@ -25,11 +25,16 @@ Example:
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
+import re
+import shutil
+import tempfile
 from typing import Any
 
 import numpy as np
 
+from meshensemble.data import manifest
 from meshensemble.data import tfds as tfds_lib
 from meshensemble.data.dataset import (
     FULL_SIZES,
@@ -49,8 +54,12 @@ TRAIN_FILE = "train.array_record"
 """The train split's ArrayRecord file (or the stem of its shards)."""
 TEST_FILE = "test.array_record"
 """The test split's ArrayRecord file."""
-CONVERT_FIX = "write it with: meshensemble convert --data-file mnist.npz --out DIR"
+CONVERT_FIX = "write it with: meshensemble convert --data-file mnist.npz --out DIR --overwrite"
 """How the messages about missing or malformed ArrayRecord datasets say to make one."""
+MIN_RECORDS_PER_SHARD = 1000
+"""Fewest records a train file of :func:`write_array_record_dataset` holds (each ArrayRecord
+file costs about 125 KB beyond its records, so 5,000 shards of 3,000 examples would take
+600 MB): more shards than ``num_train // MIN_RECORDS_PER_SHARD`` are capped to that."""
 
 
 class IndexedSource:
@@ -193,57 +202,174 @@ def is_lazy(data: Any) -> bool:
     return bool(getattr(images, "lazy", False))
 
 
-def write_array_record_dataset(
-    directory: str | os.PathLike, dataset: Dataset, shards: int = 1
-) -> list[str]:
-    """Writes a dataset as ArrayRecord files plus a labels file, for pods.
-
-    Writes ``train.array_record`` (``shards == 1``) or ``train.array_record-0000i-of-0000n``,
-    ``test.array_record`` and ``labels.npz`` (``train_labels``, ``test_labels``) in
-    ``directory`` (created if needed); :func:`load_array_record_dataset` reads them.
+def shard_count(num_train: int, shards: int) -> int:
+    """``shards`` capped so each train file holds at least :data:`MIN_RECORDS_PER_SHARD`.
 
     Args:
-      directory: the folder to write (on storage every host can read).
-      dataset: an in-memory :class:`Dataset`.
-      shards: how many train files (consecutive runs of examples).
+      num_train: training examples.
+      shards: the train files asked for.
 
     Returns:
-      The paths written: the train files, the test file, the labels file.
+      ``min(shards, max(1, num_train // MIN_RECORDS_PER_SHARD))``.
+
+    Example:
+      >>> shard_count(3000, 5000)
+      3
+    """
+    return max(1, min(int(shards), int(num_train) // MIN_RECORDS_PER_SHARD))
+
+
+def content_id(images: Any) -> str | None:
+    """What identifies the bytes of a lazy split without reading it, or None.
+
+    The base source's ``content_id`` (an ArrayRecord folder's manifest hashes, set by
+    :func:`load_array_record_dataset`) and the rows each :class:`IndexedSource` view takes.
+
+    Args:
+      images: a :class:`SourceImages`.
+
+    Returns:
+      A string, or None when the source has no ``content_id`` (e.g. TFDS's data).
+
+    Example:
+      >>> content_id(load_array_record_dataset("/data/mnist_ar").train_images)[:9]
+      'manifest:'
+    """
+    source, views = getattr(images, "source", None), []
+    while isinstance(source, IndexedSource):
+        views.append(hashlib.sha256(np.ascontiguousarray(source.indices).tobytes()).hexdigest())
+        source = source.source
+    base = getattr(source, "content_id", None)
+    return None if base is None else "|".join([base, *views])
+
+
+def write_array_record_dataset(
+    directory: str | os.PathLike, dataset: Dataset, shards: int = 1, *, overwrite: bool = False
+) -> list[str]:
+    """Writes a dataset as ArrayRecord files, a labels file and a manifest, for pods.
+
+    Writes ``train.array_record`` (one shard) or ``train.array_record-0000i-of-0000n``,
+    ``test.array_record``, ``labels.npz`` (``train_labels``, ``test_labels``) and
+    ``manifest.json`` (each file's size, SHA-256 and records:
+    :mod:`meshensemble.data.manifest`); :func:`load_array_record_dataset` reads them. The
+    files are written into a temporary sibling folder that is renamed into place when
+    complete, so an interrupted write (Ctrl-C, a full disk) leaves no partial folder.
+
+    Args:
+      directory: the folder to write (on storage every host can read); it must not exist
+        or be empty, unless ``overwrite`` (which replaces only a folder holding nothing
+        but a dataset's files).
+      dataset: an in-memory :class:`Dataset`.
+      shards: how many train files (consecutive runs of examples); capped by
+        :func:`shard_count` at :data:`MIN_RECORDS_PER_SHARD` records a file.
+      overwrite: replace a non-empty ``directory`` (only once the new files are complete).
+
+    Returns:
+      The paths written: the train files, the test file, the labels file, the manifest.
 
     Raises:
-      DataError: ``shards`` below 1, or a lazy dataset (write from arrays).
+      DataError: ``shards`` below 1, a lazy dataset (write from arrays), a non-empty
+        ``directory`` without ``overwrite``, or one holding other files (nothing is
+        written then).
 
     Example:
       >>> write_array_record_dataset("/data/mnist_ar", me.data.load_npz("mnist.npz"), shards=4)
-      ['/data/mnist_ar/train.array_record-00000-of-00004', ..., '/data/mnist_ar/labels.npz']
+      ['/data/mnist_ar/train.array_record-00000-of-00004', ..., '/data/mnist_ar/manifest.json']
     """
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise DataError(f"write_array_record_dataset: shards={shards!r}; pass an integer >= 1")
     if is_lazy(dataset):
         raise DataError("write_array_record_dataset: the dataset is lazy; write from arrays")
-    directory = os.fspath(directory)
-    os.makedirs(directory, exist_ok=True)
+    directory = os.path.abspath(os.fspath(directory))
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise DataError(f"{directory}: a file is in the way; pass a folder path to write")
+    held = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    if held and not overwrite:
+        raise DataError(
+            f"{directory}: not empty; pass --overwrite (overwrite=True) to replace it, or "
+            "another folder"
+        )
+    foreign = [n for n in held if not _OWN_FILE.match(n)]
+    if foreign:  # --overwrite replaces the folder: never one holding other files
+        raise DataError(
+            f"{directory}: holds {foreign[0]!r}, which convert did not write; --overwrite "
+            "only replaces a dataset folder: pick another folder"
+        )
+    parent = os.path.dirname(directory)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
+    try:
+        names = _write_files(tmp, dataset, shard_count(dataset.num_train, shards))
+        _swap_in(tmp, directory)
+    except BaseException:  # Ctrl-C included: no partial folder is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [os.path.join(directory, n) for n in names]
+
+
+def _write_files(directory: str, dataset: Dataset, shards: int) -> list[str]:
+    """Writes the files and the manifest into ``directory``; their names."""
     train = write_array_record(
         os.path.join(directory, TRAIN_FILE), dataset.train_images, dataset.train_labels, shards
     )
-    test = write_array_record(
-        os.path.join(directory, TEST_FILE), dataset.test_images, dataset.test_labels
-    )
-    labels = os.path.join(directory, LABELS_FILE)
+    write_array_record(os.path.join(directory, TEST_FILE), dataset.test_images, dataset.test_labels)
     np.savez(
-        labels,
+        os.path.join(directory, LABELS_FILE),
         train_labels=dataset.train_labels,
         test_labels=dataset.test_labels,
         name=np.asarray(dataset.name),
     )
-    return [*train, *test, labels]
+    parts = np.array_split(np.arange(dataset.num_train), len(train))
+    counts = {os.path.basename(p): len(part) for p, part in zip(train, parts, strict=True)}
+    counts[TEST_FILE] = dataset.num_test
+    names = [*(os.path.basename(p) for p in train), TEST_FILE, LABELS_FILE]
+    manifest.write_manifest(directory, names, counts)
+    return [*names, manifest.MANIFEST_FILE]
+
+
+def _swap_in(tmp: str, directory: str) -> None:
+    """Renames the finished ``tmp`` to ``directory``, replacing what was there."""
+    old = None
+    if os.path.isdir(directory):
+        if not os.listdir(directory):
+            os.rmdir(directory)
+        else:
+            old = f"{tmp}.old"
+            os.rename(directory, old)
+    os.rename(tmp, directory)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+_OWN_FILE = re.compile(
+    rf"^({re.escape(TRAIN_FILE)}(-\d+-of-\d+)?|{re.escape(TEST_FILE)}|{re.escape(LABELS_FILE)}"
+    rf"|{re.escape(manifest.MANIFEST_FILE)})$"
+)
+_SHARD = re.compile(r"-(\d+)-of-(\d+)$")
 
 
 def _train_files(directory: str) -> list[str]:
     single = os.path.join(directory, TRAIN_FILE)
     if os.path.isfile(single):
         return [single]
-    return sorted(glob.glob(glob.escape(single) + "-*-of-*"))
+    found = sorted(glob.glob(glob.escape(single) + "-*-of-*"))
+    totals = {int(m.group(2)) for m in map(_SHARD.search, found) if m}
+    if len(totals) > 1:  # shards of two conversions into one folder
+        kinds = " and ".join(f"-of-{n:05d}" for n in sorted(totals))
+        raise DataError(
+            f"{directory}: train shards of several conversions ({kinds}): leftovers of an "
+            f"earlier one; {manifest.REWRITE_FIX}"
+        )
+    if len(totals) == 1:  # every shard of n present? (folders without a manifest)
+        n = totals.pop()
+        want = [f"{single}-{i:05d}-of-{n:05d}" for i in range(n)]
+        gone = [w for w in want if w not in found]
+        if gone:
+            raise DataError(
+                f"{gone[0]}: missing ({len(gone)} of {n} train shards missing); "
+                f"{manifest.REWRITE_FIX}"
+            )
+    return found
 
 
 def load_array_record_dataset(directory: str | os.PathLike, name: str = "mnist") -> Dataset:
@@ -287,6 +413,7 @@ def load_array_record_dataset(directory: str | os.PathLike, name: str = "mnist")
     ]
     if missing:
         raise DataError(f"{where}: missing {', '.join(missing)}; {CONVERT_FIX}")
+    train_source, test_source = _open_sources(directory, train_files, test_file)
     try:
         with np.load(labels_file, allow_pickle=False) as f:
             train_labels, test_labels = np.asarray(f["train_labels"]), np.asarray(f["test_labels"])
@@ -295,8 +422,6 @@ def load_array_record_dataset(directory: str | os.PathLike, name: str = "mnist")
             f"{where}: {LABELS_FILE} is not readable with train_labels and test_labels "
             f"({type(e).__name__}: {first_line(e)}); {CONVERT_FIX}"
         ) from e
-    train_source = ArrayRecordSource(train_files)
-    test_source = ArrayRecordSource(test_file)
     for split, labels, src in (
         ("train", train_labels, train_source),
         ("test", test_labels, test_source),
@@ -323,6 +448,44 @@ def load_array_record_dataset(directory: str | os.PathLike, name: str = "mnist")
         source="arrayrecord",
         note=note,
     )
+
+
+def _open_sources(
+    directory: str, train_files: list[str], test_file: str
+) -> tuple[ArrayRecordSource, ArrayRecordSource]:
+    """The train and test sources, checked against the folder's manifest where it has one.
+
+    The manifest's sizes are checked now (a ``stat`` per file); the test file and
+    ``labels.npz`` (read whole anyway) are verified now, each train file by its source the
+    first time a record of it is read. ``content_id`` of the train source identifies its
+    bytes: the manifest's hashes, else (an older folder) the files' names and sizes.
+    """
+    found = manifest.read_manifest(directory)
+    if found is None:
+        train = ArrayRecordSource(train_files)
+        sizes = [(os.path.basename(p), os.path.getsize(p)) for p in train_files]
+        train.content_id = "sizes:" + repr(sizes)
+        return train, ArrayRecordSource(test_file)
+    manifest.check_manifest(directory, found, train_files)
+    files = found["files"]
+    names = [os.path.basename(p) for p in train_files]
+    missing = [n for n in names + [TEST_FILE, LABELS_FILE] if n not in files]
+    if missing:
+        raise DataError(
+            f"{os.path.join(directory, missing[0])}: not listed in {manifest.MANIFEST_FILE}; "
+            f"{manifest.REWRITE_FIX}"
+        )
+    verifier = manifest.FileVerifier({p: files[n]["sha256"] for p, n in zip(train_files, names)})
+    counts = [files[n].get("records") for n in names]
+    counts = None if None in counts else counts
+    train = ArrayRecordSource(train_files, counts=counts, verifier=verifier)
+    train.content_id = "manifest:" + manifest.manifest_fingerprint(found, names)
+    check = manifest.FileVerifier(
+        {os.path.join(directory, n): files[n]["sha256"] for n in (TEST_FILE, LABELS_FILE)}
+    )
+    for name in (TEST_FILE, LABELS_FILE):
+        check.verify(os.path.join(directory, name))
+    return train, ArrayRecordSource(test_file)
 
 
 def load_tfds_stream(name: str, data_dir: str | os.PathLike | None = None) -> Dataset:

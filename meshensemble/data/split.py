@@ -111,6 +111,32 @@ def _per_class_counts(labels: np.ndarray, count: int, classes: int) -> np.ndarra
     return take
 
 
+def validation_indices(labels: Any, count: int, seed: int = 0, classes: int = 10) -> np.ndarray:
+    """The sorted positions :func:`split_validation` holds out, from the labels alone.
+
+    Args:
+      labels: int ``[N]`` training labels.
+      count: examples to hold out, ``0 < count <= N``.
+      seed: the run's seed.
+      classes: the number of classes.
+
+    Returns:
+      int64 ``[count]`` sorted indices (no image is read: a lazy split stays unread).
+
+    Example:
+      >>> validation_indices(ds.train_labels, 50, seed=0).shape
+      (50,)
+    """
+    labels = np.asarray(labels)
+    rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, VALIDATION_STREAM])
+    take = _per_class_counts(labels, int(count), classes)
+    picked = [
+        rng.choice(np.flatnonzero(labels == c), size=int(k), replace=False)
+        for c, k in enumerate(take)
+    ]
+    return np.sort(np.concatenate(picked).astype(np.int64))
+
+
 def split_validation(
     dataset: Dataset, count: int, seed: int = 0, *, batch_size: int = 1
 ) -> ValidationSplit:
@@ -156,13 +182,7 @@ def split_validation(
     if count == 0:
         empty = np.zeros((0,), np.int64)
         return ValidationSplit(dataset, dataset.train_images[:0], labels[:0], empty, int(seed))
-    rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, VALIDATION_STREAM])
-    take = _per_class_counts(labels, int(count), dataset.num_classes)
-    picked = [
-        rng.choice(np.flatnonzero(labels == c), size=int(k), replace=False)
-        for c, k in enumerate(take)
-    ]
-    indices = np.sort(np.concatenate(picked).astype(np.int64))
+    indices = validation_indices(labels, int(count), seed, dataset.num_classes)
     keep = np.ones(n, bool)
     keep[indices] = False
     images = dataset.train_images  # a lazy split stays lazy (an index-remapped view)

@@ -126,15 +126,25 @@ class ArrayRecordSource(_RecordSource):
 
     Args:
       paths: one file or several (their records in order form the dataset).
+      counts: the record count of each file (from the dataset's manifest); with
+        ``verifier``, each file is verified the first time one of its records is read.
+      verifier: a :class:`meshensemble.data.manifest.FileVerifier` of the files.
 
     Raises:
-      DataError: a file is missing, or its records are not :data:`RECORD_BYTES` long.
+      DataError: a file is missing, or its records are not :data:`RECORD_BYTES` long;
+        from :meth:`read`: a file that cannot be read (damaged) or whose content differs
+        from its manifest (one line naming the file and the fix).
 
     Example:
       >>> src = ArrayRecordSource(write_array_record("/data/train.array_record", x, y))
     """
 
-    def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike]):
+    def __init__(
+        self,
+        paths: str | os.PathLike | Sequence[str | os.PathLike],
+        counts: Sequence[int] | None = None,
+        verifier: Any = None,
+    ):
         paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
         missing = [str(p) for p in paths if not os.path.isfile(p)]
         if missing or not paths:
@@ -143,7 +153,15 @@ class ArrayRecordSource(_RecordSource):
                 "me.data.stream.write_array_record(path, images, labels)"
             )
         self.paths = [str(p) for p in paths]
-        self.records = grain.sources.ArrayRecordDataSource(self.paths)
+        self.verifier = verifier
+        self.ends = None if counts is None else np.cumsum(np.asarray(counts, np.int64))
+        try:
+            self.records = grain.sources.ArrayRecordDataSource(self.paths)
+            if self.ends is None and len(self.paths) > 1:  # to name a damaged file
+                sizes = [len(grain.sources.ArrayRecordDataSource([p])) for p in self.paths]
+                self.ends = np.cumsum(np.asarray(sizes, np.int64))
+        except Exception as err:  # e.g. a truncated file's footer
+            raise DataError(_damaged(self.paths, err)) from None
         if len(self.records) and len(self.records[0]) != RECORD_BYTES:
             raise DataError(
                 f"{self.paths[0]}: records of {len(self.records[0])} bytes; expected "
@@ -151,11 +169,51 @@ class ArrayRecordSource(_RecordSource):
                 "writes them)"
             )
 
+    def files_of(self, indices: np.ndarray) -> list[str]:
+        """The files holding the records at ``indices`` (all files when counts are unknown)."""
+        if self.ends is None or len(self.ends) != len(self.paths):
+            return list(self.paths)
+        which = np.unique(np.searchsorted(self.ends, np.asarray(indices).ravel(), side="right"))
+        return [self.paths[i] for i in which if i < len(self.paths)]
+
+    def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The examples at ``indices`` (any shape ``S``), each file verified on first read.
+
+        Args:
+          indices: int ``S``.
+
+        Returns:
+          ``(images, labels)``: uint8 ``S + [28, 28, 1]`` and int32 ``S``.
+
+        Raises:
+          DataError: a file is damaged or differs from its manifest (naming the file).
+        """
+        files = self.files_of(indices)
+        if self.verifier is not None:
+            for path in files:
+                self.verifier.verify(path)
+        try:
+            return super().read(indices)
+        except DataError:
+            raise
+        except Exception as err:  # Riegeli's "Corrupted ... at byte N" names no file
+            raise DataError(_damaged(files, err)) from None
+
     @staticmethod
     def decode(records: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         """``(images uint8 [n, 28, 28, 1], labels int32 [n])`` from raw records."""
         raw = np.frombuffer(b"".join(records), np.uint8).reshape(len(records), RECORD_BYTES)
         return raw[:, 1:].reshape((len(records), *IMAGE_SHAPE)), raw[:, 0].astype(np.int32)
+
+
+def _damaged(paths: Sequence[str], err: BaseException) -> str:
+    where = paths[0] if len(paths) == 1 else f"one of {', '.join(paths)}"
+    text = " ".join(str(err).split())[:200] or type(err).__name__
+    return (
+        f"{where}: cannot read its records ({type(err).__name__}: {text}); the file is "
+        "damaged or truncated: write the dataset again (meshensemble convert --data-file "
+        "mnist.npz --out DIR --overwrite)"
+    )
 
 
 class TfdsSource(_RecordSource):

@@ -10,9 +10,15 @@ killed in between (the polling interval plus one read of the checkpoint: millise
 small ensembles, seconds for gigabytes) leaves a finished checkpoint without a checksum,
 which :func:`restore_checkpoint` reports as "unverified" and uses only if it reads back.
 
+The checksums are written twice, ``checksums.json`` then ``checksums.copy.json`` (each a
+temporary file renamed into place): a lost or garbled ``checksums.json`` falls back to
+the copy, and when neither can be read the restore is refused (never "unverified").
+
 On restore, a checksum mismatch or unreadable files (truncated, garbled) mark a
 checkpoint damaged: it is reported, moved to ``checkpoints_damaged/`` (kept for
-inspection) and the previous one is used. Other failures raise :class:`CheckpointError`.
+inspection; only when resuming: ``evaluate`` leaves it in place) and the previous one is
+used. A checkpoint deleted while it is read (another job's ``--keep`` clean-up) is told
+apart from a damaged one. Other failures raise :class:`CheckpointError`.
 
 The state's structure checks and the inference bundle (:func:`extract_members`,
 :func:`save_inference`, :func:`load_inference`) live in :mod:`meshensemble.training.bundle`
@@ -52,6 +58,10 @@ CHECKPOINT_DIR = "checkpoints"
 """Folder under a run's workdir that holds its checkpoints."""
 CHECKSUMS = "checksums.json"
 """File in the checkpoint folder with the SHA-256 of each finished checkpoint."""
+CHECKSUMS_COPY = "checksums.copy.json"
+"""A second copy of :data:`CHECKSUMS` (written after it, each atomically): read when
+``checksums.json`` is missing or damaged, so a lost file never lets a damaged checkpoint
+through as merely "unverified"."""
 WATCH_INTERVAL = 0.02
 """Seconds between a checksum watcher's looks for a finished save."""
 DAMAGED_DIR = "checkpoints_damaged"
@@ -213,7 +223,7 @@ class Checkpointer:
                         sums[str(s)] = checkpoint_digest(path)
                 live = set(list_checkpoints(self.workdir))
                 sums = {k: v for k, v in sums.items() if k.isdigit() and int(k) in live}
-                _atomic_json(os.path.join(self.dir, CHECKSUMS), sums)
+                write_checksums(self.dir, sums)
             self._unhashed = [s for s in self._unhashed if s not in todo]
 
     def _finish(self) -> None:
@@ -274,14 +284,96 @@ class Checkpointer:
                 _quiet_orbax(False)
 
 
-def read_checksums(directory: str) -> dict[str, str]:
-    """The recorded checksums of a checkpoint folder (``{}`` when there are none)."""
+def _read_sums(path: str) -> dict[str, str] | None:
+    """The checksums in ``path``; None when it is missing; raises ValueError when damaged."""
     try:
-        with open(os.path.join(directory, CHECKSUMS)) as f:
+        with open(path) as f:
             data = json.load(f)
-        return {str(k): str(v) for k, v in data.items()}
-    except (OSError, ValueError, AttributeError):
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(_first_line(err)) from None
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise ValueError("not a JSON object of checksums")
+    return {str(k): v for k, v in data.items()}
+
+
+def read_checksums(directory: str) -> dict[str, str]:
+    """The recorded checksums of a checkpoint folder (``{}`` when there are none).
+
+    ``checksums.json`` is read, or its copy :data:`CHECKSUMS_COPY` when it is missing or
+    damaged; when neither is readable the result is ``{}`` (use :func:`load_checksums` to
+    know why).
+
+    Args:
+      directory: the checkpoint folder (``workdir/checkpoints``).
+
+    Returns:
+      ``{step: sha256}``.
+
+    Example:
+      >>> read_checksums("runs/mnist/checkpoints")
+      {'469': '3f2a...'}
+    """
+    try:
+        return load_checksums(directory)[0]
+    except CheckpointError:
         return {}
+
+
+def load_checksums(directory: str, checkpoints: int = 0) -> tuple[dict[str, str], str | None]:
+    """The recorded checksums, from ``checksums.json`` or else its copy.
+
+    Args:
+      directory: the checkpoint folder.
+      checkpoints: how many finished checkpoints it holds: with two or more, a folder
+        without either file has lost its checksums (a run records them at every save).
+
+    Returns:
+      ``(sums, note)``: ``note`` is one line when the copy was used, else None.
+
+    Raises:
+      CheckpointError: both files are damaged or missing while checkpoints exist that
+        were checksummed; one line naming the file and the fix. Nothing is trusted
+        unverified silently.
+
+    Example:
+      >>> sums, note = load_checksums("runs/mnist/checkpoints", 2)
+    """
+    path, copy = os.path.join(directory, CHECKSUMS), os.path.join(directory, CHECKSUMS_COPY)
+    problems = []
+    for name in (path, copy):
+        try:
+            sums = _read_sums(name)
+        except ValueError as err:
+            problems.append(f"{name} is damaged ({err})")
+            continue
+        if sums is None:
+            problems.append(f"{name} is missing")
+            continue
+        return sums, (f"{problems[0]}; using its copy {name}" if problems else None)
+    damaged = any("damaged" in p for p in problems)
+    if not damaged and checkpoints < 2:
+        return {}, None  # a run stopped before its first checksum was recorded
+    raise CheckpointError(
+        f"{'; '.join(problems)}: the {checkpoints} checkpoint(s) in {directory} cannot be "
+        f"verified; to use them unverified (each is still read back) write {{}} into "
+        f"{path}, or train again"
+    )
+
+
+def write_checksums(directory: str, sums: dict[str, str]) -> None:
+    """Writes ``checksums.json`` and its copy, each atomically (a temporary file renamed).
+
+    Args:
+      directory: the checkpoint folder.
+      sums: ``{step: sha256}``.
+
+    Example:
+      >>> write_checksums("runs/mnist/checkpoints", {"469": "3f2a..."})
+    """
+    for name in (CHECKSUMS, CHECKSUMS_COPY):
+        _atomic_json(os.path.join(directory, name), sums)
 
 
 _SAVE_CAUSES = {
@@ -394,9 +486,12 @@ def restore_checkpoint(
 
     The newest checkpoint whose recorded checksum matches (and that orbax can read) is
     used; a damaged one is reported through ``echo``, moved to
-    ``workdir/checkpoints_damaged/<step>`` (kept for inspection; the run saves that step
-    again when it gets there) and skipped. Naming ``step`` restores exactly that one or
-    fails, moving nothing.
+    ``workdir/checkpoints_damaged/<step>`` with ``move_damaged`` (kept for inspection; the
+    run saves that step again when it gets there), else left in place, and skipped. A
+    checkpoint whose folder disappears while it is read (a training job's ``--keep``
+    clean-up) is reported as deleted, not damaged, and skipped. Naming ``step`` restores
+    exactly that one or fails, moving nothing. The checksums come from
+    ``checksums.json`` or its copy (:func:`load_checksums`).
 
     Args:
       workdir: the run's folder.
@@ -413,7 +508,9 @@ def restore_checkpoint(
 
     Raises:
       FileNotFoundError: no checkpoint (or not that step) in ``workdir``.
-      CheckpointError: every candidate checkpoint is damaged; or ``ens`` does not fit
+      CheckpointError: ``step`` is damaged or was deleted (one line naming it and the
+        steps available); both checksum files are unreadable; every candidate
+        checkpoint is damaged; or ``ens`` does not fit
         the checkpoint (member count, model, optimizer: the message names both sides);
         or reading failed for a reason other than damage (out of memory, permission,
         I/O), which stops here instead of falling back to an older checkpoint.
@@ -433,52 +530,104 @@ def restore_checkpoint(
             f"no checkpoint {step} in {directory}; available: {', '.join(map(str, steps))}"
         )
     candidates = [step] if step is not None else sorted(steps, reverse=True)
-    sums = read_checksums(directory)
+    sums, note = load_checksums(directory, len(steps))
+    if note:
+        say(note)
     _drop_leftovers()
     target = abstract_state(ens, sample)
     args = ocp.args.Composite(state=ocp.args.StandardRestore(target), loop=ocp.args.JsonRestore())
+    absl = logging.getLogger("absl")
+    absl.addFilter(_drop_missing_metadata)
     mngr = checkpoint_manager(workdir, create=False)
-    problems = []
+    problems: list[str] = []
+    tried: set[int] = set()
+    relisted = False
     try:
-        for s in candidates:
-            path, want = os.path.join(directory, str(s)), sums.get(str(s))
-            if not os.path.isdir(path):
-                continue  # deleted meanwhile (a running job keeps only its newest)
-            try:
-                got = checkpoint_digest(path) if want is not None else None
-            except FileNotFoundError:
-                continue
-            except OSError as err:  # permission, I/O: the files may well be fine
-                raise _restore_error(s, directory, err, verified=False) from None
-            if got != want:
-                problems.append(f"checkpoint {s} is damaged (checksum mismatch)")
-            else:
-                try:
-                    check_structure(
-                        os.path.join(path, "state"), target, f"checkpoint {s} in {directory}"
+        while [c for c in candidates if c not in tried]:
+            s = next(c for c in candidates if c not in tried)
+            tried.add(s)
+            found = _restore_one(mngr, args, target, directory, s, sums.get(str(s)), problems)
+            if found is not None:
+                if sums.get(str(s)) is None:
+                    say(
+                        f"checkpoint {s} has no recorded checksum (the run stopped before "
+                        "recording it): unverified, but it reads back; using it"
                     )
-                    restored = mngr.restore(s, args=args)
-                except CheckpointError:
-                    raise
-                except Exception as err:
-                    # a verified checkpoint holds the bytes that were written: not damaged
-                    if want is not None or _outside_cause(err):
-                        raise _restore_error(s, directory, err, verified=want is not None) from None
-                    problems.append(f"checkpoint {s} is unreadable ({_first_line(err)})")
-                    gc.collect()  # orbax's abandoned reads, while _drop_leftovers is in place
-                else:
-                    if want is None:
-                        say(
-                            f"checkpoint {s} has no recorded checksum (the run stopped before "
-                            "recording it): unverified, but it reads back; using it"
-                        )
-                    return restored["state"], dict(restored["loop"]), int(s)
-            moved = _move_aside(workdir, s) if step is None and move_damaged else None
-            where = f"; moved it to {moved}" if moved else ""
-            say(f"{problems[-1]}{where}; trying the previous one")
+                return found["state"], dict(found["loop"]), int(s)
+            if step is not None:
+                raise CheckpointError(
+                    f"checkpoint {step} in {directory} {problems[-1].split(' ', 2)[2]}; pick "
+                    f"another with --checkpoint (available: {', '.join(map(str, steps))}), or "
+                    "omit it to use the newest checkpoint that verifies"
+                )
+            gone = problems[-1].endswith(_VANISHED)
+            moved = _move_aside(workdir, s) if move_damaged and not gone else None
+            where = f"; moved it to {moved}" if moved else "" if gone else "; left it in place"
+            if gone and not relisted:  # a clean-up ran beside us: look again, once
+                relisted, steps = True, list_checkpoints(workdir)
+                candidates = sorted(steps, reverse=True)
+                sums = load_checksums(directory, len(steps))[0]
+                say(f"{problems[-1]}; trying the newest remaining one")
+            else:
+                say(f"{problems[-1]}{where}; trying the previous one")
     finally:
         mngr.close()
+        absl.removeFilter(_drop_missing_metadata)
     raise CheckpointError(f"no good checkpoint in {directory}: {'; '.join(problems)}")
+
+
+def _drop_missing_metadata(record: logging.LogRecord) -> bool:
+    """Logging filter: orbax's "Metadata file does not exist" warning on every restore of
+    a checkpoint saved without its optional metadata file is noise, not a problem."""
+    return not str(record.msg).startswith("Metadata file does not exist")
+
+
+_VANISHED = "was deleted while being read (another job's clean-up, e.g. training with --keep)"
+
+
+def _restore_one(
+    mngr: Any, args: Any, target: Any, directory: str, s: int, want: str | None, problems: list
+) -> Any:
+    """Checkpoint ``s`` restored, or None with the reason appended to ``problems``.
+
+    A checkpoint deleted while it is read (a training job's ``--keep`` clean-up) is told
+    apart from a damaged one: its folder is gone afterwards.
+    """
+    path = os.path.join(directory, str(s))
+    vanished = lambda: not os.path.isdir(path)
+    if vanished():
+        problems.append(f"checkpoint {s} {_VANISHED}")
+        return None
+    try:
+        got = checkpoint_digest(path) if want is not None else None
+    except FileNotFoundError:
+        problems.append(f"checkpoint {s} {_VANISHED}")
+        return None
+    except OSError as err:  # permission, I/O: the files may well be fine
+        raise _restore_error(s, directory, err, verified=False) from None
+    if got != want:
+        damaged = f"checkpoint {s} is damaged (checksum mismatch)"
+        problems.append(f"checkpoint {s} {_VANISHED}" if vanished() else damaged)
+        return None
+    try:
+        check_structure(os.path.join(path, "state"), target, f"checkpoint {s} in {directory}")
+        return mngr.restore(s, args=args)
+    except CheckpointError:
+        if vanished():
+            problems.append(f"checkpoint {s} {_VANISHED}")
+            return None
+        raise
+    except Exception as err:
+        if vanished():
+            problems.append(f"checkpoint {s} {_VANISHED}")
+            gc.collect()
+            return None
+        # a verified checkpoint holds the bytes that were written: not damaged
+        if want is not None or _outside_cause(err):
+            raise _restore_error(s, directory, err, verified=want is not None) from None
+        problems.append(f"checkpoint {s} is unreadable ({_first_line(err)})")
+        gc.collect()  # orbax's abandoned reads, while _drop_leftovers is in place
+        return None
 
 
 def _first_line(err: BaseException, limit: int = 200) -> str:
@@ -526,7 +675,7 @@ def _move_aside(workdir: str, step: int) -> str | None:
         shutil.move(os.path.join(directory, str(step)), dest)
         sums = read_checksums(directory)
         if sums.pop(str(step), None) is not None:
-            _atomic_json(os.path.join(directory, CHECKSUMS), sums)
+            write_checksums(directory, sums)
     except OSError as err:
         log.warning("could not move damaged checkpoint %s to %s: %s", step, dest, err)
         return None

@@ -1,10 +1,14 @@
-"""What defines a run, so that resuming in a workdir never mixes two runs.
+"""What defines a run and its data, so that nothing mixes two runs or two datasets.
 
 A workdir's ``config.json`` records the fields that define its run (:data:`RUN_FIELDS`)
 and, under ``resolved.data_identity``, the data actually used (:func:`data_identity`):
-the source, the number of train and test examples, a fingerprint of the arrays and the
-npz file. :func:`check_same_run` compares them with a new run's and raises one line on
-the first difference, before anything in the workdir changes.
+the source, the number of train and test examples, the npz file, where the data came
+from, and a fingerprint of every byte of each split (train, validation, test;
+:func:`split_fingerprint`: whole arrays hashed, or an ArrayRecord folder's manifest).
+:func:`check_same_run` compares them with a resumed run's and raises one line on the
+first difference, before anything in the workdir changes; :func:`load_run_data` and
+:func:`check_run_data` do the same for ``evaluate`` (and ``--calibrate``): the run's own
+data, or a one-line refusal naming the split.
 
 Example:
   >>> check_same_run("runs/mnist", saved, run_fields(cfg))
@@ -21,6 +25,7 @@ import numpy as np
 
 from meshensemble import data as data_lib
 from meshensemble.core.distributed import agree
+from meshensemble.data import split
 from meshensemble.training.config import CONFIG_FILE, TrainConfig
 
 RUN_FIELDS = (
@@ -51,10 +56,15 @@ a decaying schedule (a constant rate can be extended by more epochs) and
 ``input`` (``device``/``stream``) is not among them: both inputs train the same members from
 the same order, so a run may resume with the other one (the streamed iterator's position is
 restored from the checkpoint)."""
-DATA_KEYS = ("source", "num_train", "num_test", "fingerprint", "data_file")
-"""Keys of :func:`data_identity`, compared in this order."""
+DATA_KEYS = ("source", "num_train", "num_test", "data_file")
+"""Keys of :func:`data_identity` a resume compares before the splits' fingerprints."""
+IDENTITY_FORMAT = 2
+"""Version of :func:`data_identity`'s layout. Runs written before it (no ``format`` key)
+recorded one ``fingerprint`` of a strided sample of the images (:func:`sampled_fingerprint`)."""
+SPLITS = ("train", "validation", "test")
+"""The splits :func:`data_identity` fingerprints, each one separately."""
 FINGERPRINT_SAMPLES = 1024
-"""Images per split hashed by :func:`data_fingerprint` (evenly strided)."""
+"""Images per split hashed by the old format's :func:`sampled_fingerprint` (evenly strided)."""
 
 
 def run_fields(cfg: TrainConfig) -> dict[str, Any]:
@@ -82,8 +92,68 @@ def run_fields(cfg: TrainConfig) -> dict[str, Any]:
     return out
 
 
+def split_fingerprint(images: Any, labels: Any) -> str:
+    """A fingerprint of every byte of one split: ``"<kind>:<64 hex digits>"``.
+
+    In-memory images (``kind="bytes"``) are hashed whole with their labels (SHA-256 runs at
+    about 1 GB/s: tens of milliseconds for MNIST). A lazy split in ArrayRecord files
+    (``kind="manifest"``) is identified by its files' manifest hashes, the labels and the
+    rows it takes from them, without reading an image: each host verifies the files as it
+    reads them (:mod:`meshensemble.data.manifest`). A lazy split without a manifest (TFDS's
+    prepared data) falls back to ``kind="sample"``: every label and
+    :data:`FINGERPRINT_SAMPLES` strided images.
+
+    Args:
+      images: uint8 ``[N, 28, 28, 1]`` (or a lazy :class:`~meshensemble.data.SourceImages`).
+      labels: int ``[N]``.
+
+    Returns:
+      The fingerprint; two fingerprints of different kinds are not comparable.
+
+    Example:
+      >>> split_fingerprint(ds.test_images, ds.test_labels)[:6]
+      'bytes:'
+    """
+    digest = hashlib.sha256()
+    labels = np.ascontiguousarray(labels, np.int32)
+    digest.update(repr((tuple(images.shape), str(images.dtype), labels.shape)).encode())
+    digest.update(labels)  # the buffers themselves: no copy
+    if not getattr(images, "lazy", False):
+        digest.update(np.ascontiguousarray(images))
+        return "bytes:" + digest.hexdigest()
+    content = data_lib.lazy.content_id(images)
+    if content is not None:
+        digest.update(content.encode())
+        return "manifest:" + digest.hexdigest()
+    stride = max(1, len(images) // FINGERPRINT_SAMPLES)
+    digest.update(np.ascontiguousarray(images[::stride]).tobytes())
+    return "sample:" + digest.hexdigest()
+
+
 def data_fingerprint(dataset: data_lib.Dataset) -> str:
-    """A cheap fingerprint of a dataset's arrays: shapes, all labels, strided images.
+    """A fingerprint of every byte of a dataset's train and test splits.
+
+    Args:
+      dataset: the data.
+
+    Returns:
+      16 hex digits of a SHA-256 over :func:`split_fingerprint` of both splits.
+
+    Example:
+      >>> data_fingerprint(me.data.synthetic(64, 16))
+      '3f...'
+    """
+    parts = (
+        split_fingerprint(dataset.train_images, dataset.train_labels),
+        split_fingerprint(dataset.test_images, dataset.test_labels),
+    )
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def sampled_fingerprint(dataset: data_lib.Dataset) -> str:
+    """The old format's fingerprint: shapes, all labels, strided images of each split.
+
+    Only for comparing with runs recorded before :data:`IDENTITY_FORMAT` 2.
 
     Args:
       dataset: the data.
@@ -93,8 +163,8 @@ def data_fingerprint(dataset: data_lib.Dataset) -> str:
       :data:`FINGERPRINT_SAMPLES` evenly strided images of each split.
 
     Example:
-      >>> data_fingerprint(me.data.synthetic(64, 16))
-      '3f...'
+      >>> sampled_fingerprint(me.data.synthetic(64, 16))
+      '9c...'
     """
     digest = hashlib.sha256()
     for images, labels in (
@@ -108,32 +178,93 @@ def data_fingerprint(dataset: data_lib.Dataset) -> str:
     return digest.hexdigest()[:16]
 
 
-def data_identity(dataset: data_lib.Dataset, data_file: str | None) -> dict[str, Any]:
+def data_identity(
+    dataset: data_lib.Dataset,
+    data_file: str | None,
+    validation: int = 0,
+    seed: int = 0,
+    *,
+    origin: str = "config",
+) -> dict[str, Any]:
     """What a run's data was, as recorded in ``config.json`` (``resolved.data_identity``).
 
     Args:
-      dataset: the data the run uses.
+      dataset: the data the run uses (before its validation split is held out).
       data_file: the config's ``data_file``; recorded (absolute) only when the data came
         from an npz file.
+      validation: the run's ``validation`` count (0: no validation split).
+      seed: the run's seed (it draws the validation split).
+      origin: ``"config"`` when the data was loaded from the config's data settings (so
+        ``evaluate`` can load it again), ``"object"`` when it was passed from Python.
 
     Returns:
-      ``{"source", "num_train", "num_test", "fingerprint", "data_file"}``.
+      ``{"format", "source", "num_train", "num_test", "data_file", "origin", "splits",
+      "content"}``: ``splits`` maps ``train`` (the examples trained on), ``validation``
+      (held out; None without one) and ``test`` to their :func:`split_fingerprint`;
+      ``content`` is 16 hex digits over all three.
 
     Example:
-      >>> data_identity(me.data.synthetic(64, 16), None)["num_train"]
-      64
+      >>> data_identity(me.data.synthetic(64, 16), None)["splits"]["test"][:6]
+      'bytes:'
     """
     from_file = dataset.source == "npz" and data_file is not None
+    images, labels, held = dataset.train_images, dataset.train_labels, None
+    train = split_fingerprint(images, labels)
+    if isinstance(validation, int) and 0 < validation < dataset.num_train:
+        out = split.validation_indices(labels, validation, seed, dataset.num_classes)
+        keep = np.ones(len(labels), bool)
+        keep[out] = False
+        lazy = getattr(images, "lazy", False)  # a lazy split: views, no image read
+        part = (lambda rows: images.subset(rows)) if lazy else (lambda rows: images[rows])
+        train = split_fingerprint(part(keep), labels[keep])
+        held = split_fingerprint(part(out), labels[out])
+    splits = {
+        "train": train,
+        "validation": held,
+        "test": split_fingerprint(dataset.test_images, dataset.test_labels),
+    }
+    content = hashlib.sha256(repr(sorted(splits.items())).encode()).hexdigest()[:16]
     return {
+        "format": IDENTITY_FORMAT,
         "source": dataset.source,
         "num_train": len(dataset.train_labels),
         "num_test": len(dataset.test_labels),
-        "fingerprint": data_fingerprint(dataset),
         "data_file": os.path.abspath(data_file) if from_file else None,
+        "origin": origin,
+        "splits": splits,
+        "content": content,
     }
 
 
-AGREED_DATA_KEYS = ("source", "num_train", "num_test", "fingerprint")
+def differing_splits(held: dict[str, Any], data: dict[str, Any]) -> list[str]:
+    """The splits whose fingerprints differ between two :func:`data_identity` records.
+
+    A split is compared only when both record it with fingerprints of the same kind (see
+    :func:`split_fingerprint`).
+
+    Args:
+      held: the recorded identity (format 2).
+      data: the new one.
+
+    Returns:
+      Names from :data:`SPLITS`, in that order.
+
+    Example:
+      >>> differing_splits(saved_identity, data_identity(other, None))
+      ['train', 'test']
+    """
+    old, new = held.get("splits") or {}, data.get("splits") or {}
+    out = []
+    for name in SPLITS:
+        a, b = old.get(name), new.get(name)
+        if a is None and b is None:
+            continue
+        if (a is None) != (b is None) or a.split(":")[0] == b.split(":")[0] and a != b:
+            out.append(name)
+    return out
+
+
+AGREED_DATA_KEYS = ("source", "num_train", "num_test", "content")
 """Keys of :func:`data_identity` every process must share (the npz path may differ)."""
 
 
@@ -237,13 +368,163 @@ def check_same_run(
     held_data = resolved.get("data_identity") if isinstance(resolved, dict) else None
     if data is None or not isinstance(held_data, dict):
         return
-    for key in DATA_KEYS:
+    note = resolved.get("data") or "the same data"
+    fix = f"resume with the run's data ({note})"
+    for key in DATA_KEYS[:-1]:  # the file's path last: its content counts first
         if key in held_data and held_data[key] != data[key]:
-            note = resolved.get("data") or "the same data"
-            label = {"fingerprint": "data fingerprint", "source": "data source"}.get(key, key)
-            raise _refuse(
-                workdir,
-                f"{label}={held_data[key]!r}",
-                f"{label}={data[key]!r}",
-                f"resume with the run's data ({note})",
+            label = {"source": "data source"}.get(key, key)
+            raise _refuse(workdir, f"{label}={held_data[key]!r}", f"{label}={data[key]!r}", fix)
+    differ = differing_splits(held_data, data) if held_data.get("format") == IDENTITY_FORMAT else []
+    if differ:
+        name = differ[0]
+        held_fp, this_fp = (_short(d["splits"].get(name)) for d in (held_data, data))
+        raise _refuse(
+            workdir,
+            f"{name} split fingerprint={held_fp}",
+            f"{name} split fingerprint={this_fp} (the {' and '.join(differ)} data differ)",
+            fix,
+        )
+    key = DATA_KEYS[-1]  # an older run's sampled fingerprint is not compared: sizes matched
+    if key in held_data and held_data[key] != data[key]:
+        raise _refuse(workdir, f"{key}={held_data[key]!r}", f"{key}={data[key]!r}", fix)
+
+
+def _short(fingerprint: str | None) -> str:
+    """``kind:first 12 hex digits`` of a :func:`split_fingerprint`, for messages."""
+    if fingerprint is None:
+        return "none"
+    kind, _, hexes = fingerprint.partition(":")
+    return f"{kind}:{hexes[:12]}"
+
+
+def recorded_identity(saved: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``resolved.data_identity`` of a ``config.json`` object, or None.
+
+    Args:
+      saved: from :func:`read_saved_config`.
+
+    Returns:
+      The recorded identity (any format), or None when the run recorded none.
+
+    Example:
+      >>> recorded_identity(read_saved_config("runs/mnist"))["source"]
+      'npz'
+    """
+    resolved = (saved or {}).get("resolved")
+    held = resolved.get("data_identity") if isinstance(resolved, dict) else None
+    return held if isinstance(held, dict) else None
+
+
+def load_run_data(
+    workdir: str,
+    cfg: TrainConfig,
+    *,
+    source: str | None = None,
+    data_file: str | None = None,
+    data_dir: str | None = None,
+    log: Any = None,
+) -> data_lib.Dataset:
+    """The data to evaluate a run on: the data it recorded, or the data the flags name.
+
+    Without ``source``, ``data_file`` and ``data_dir`` the run's recorded source and file
+    are loaded again (``resolved.data_identity``; for older runs the config's settings).
+    A run trained on data passed from Python (``me.train(cfg, dataset=ds)``) or on
+    synthetic data cannot be reloaded from its config: it is refused before any work.
+
+    Args:
+      workdir: the run's folder (for messages).
+      cfg: the run's config (:func:`meshensemble.evaluation.load_run_config`).
+      source: overrides the source; data_file: the npz; data_dir: TFDS's folder or the
+        ArrayRecord folder.
+      log: gets the loader's line saying which data was used.
+
+    Returns:
+      The :class:`~meshensemble.data.Dataset` (check it with :func:`check_run_data`).
+
+    Raises:
+      meshensemble.data.DataError: the recorded data cannot be loaded again (one line
+        saying to pass the data), or the loader's one-line errors (a missing file...).
+
+    Example:
+      >>> ds = load_run_data("runs/mnist", load_run_config("runs/mnist"))
+    """
+    held = recorded_identity(read_saved_config(workdir)) or {}
+    flags = any(v is not None for v in (source, data_file, data_dir))
+    stream = cfg.input == "stream" or bool(getattr(cfg, "streaming", False))
+    if not flags and (held.get("origin") == "object" or held.get("source") == "synthetic"):
+        raise data_lib.DataError(
+            f"run {workdir} was trained on data passed from Python ({held.get('source')}, "
+            f"{held.get('num_train')} train / {held.get('num_test')} test examples), which "
+            "evaluate cannot load again; pass that data: evaluate_run(workdir, dataset=ds) "
+            "from Python, or --source/--data-file/--data-dir when it is on disk (its "
+            "identity is checked)"
+        )
+    if not flags and held.get("source") in data_lib.SOURCES:
+        src, data_file = held["source"], held.get("data_file") or cfg.data_file
+    else:
+        src = source or cfg.source
+        if data_file is None and src in ("npz", "auto"):
+            data_file = cfg.data_file
+    return data_lib.load_dataset(
+        cfg.dataset, src, data_file, data_dir or cfg.data_dir, log=log, stream=stream
+    )
+
+
+def check_run_data(
+    workdir: str, cfg: TrainConfig, dataset: data_lib.Dataset, say: Any = print
+) -> None:
+    """Refuses data other than the run's, comparing the fingerprints of every split.
+
+    Args:
+      workdir: the run's folder.
+      cfg: its config (the validation count and seed rebuild the split).
+      dataset: the data about to be evaluated.
+      say: gets one line when the run's identity cannot be fully checked (runs written
+        before :data:`IDENTITY_FORMAT` 2, or without an identity).
+
+    Raises:
+      meshensemble.data.DataError: one line naming the differing split(s), both
+        fingerprints and the fix, e.g. ``the test split of this data differs from run R's
+        (fingerprint bytes:1a2b... recorded, bytes:9f8e... now); evaluate on the run's
+        data: ...``.
+
+    Example:
+      >>> check_run_data("runs/mnist", cfg, dataset)
+    """
+    held = recorded_identity(read_saved_config(workdir))
+    if held is None:
+        say(f"run {workdir} recorded no data identity: the data could not be checked")
+        return
+    object_data = held.get("origin") == "object" or held.get("source") == "synthetic"
+    fix = (
+        "pass the data the run was trained on"
+        if object_data
+        else "evaluate on the run's data (drop --source/--data-file/--data-dir to load what "
+        "it recorded)"
+    )
+    if held.get("format") != IDENTITY_FORMAT:
+        same = (held.get("num_train"), held.get("num_test"), held.get("fingerprint")) == (
+            dataset.num_train,
+            dataset.num_test,
+            sampled_fingerprint(dataset),
+        )
+        if not same:
+            raise data_lib.DataError(
+                f"this data ({dataset.note}) differs from the data run {workdir} was trained "
+                f"on (its sizes or sampled fingerprint {held.get('fingerprint')!r}); {fix}"
             )
+        say(
+            f"run {workdir} records its data in the old format (sizes and a sample of the "
+            "images): only that was checked"
+        )
+        return
+    data = data_identity(dataset, None, cfg.validation, cfg.seed)
+    differ = differing_splits(held, data)
+    if differ:
+        name = differ[0]
+        raise data_lib.DataError(
+            f"the {' and '.join(differ)} split{'s' if len(differ) > 1 else ''} of this data "
+            f"({dataset.note}) differ{'' if len(differ) > 1 else 's'} from run {workdir}'s "
+            f"({name}: fingerprint {_short(held['splits'].get(name))} recorded, "
+            f"{_short(data['splits'].get(name))} now); {fix}"
+        )

@@ -317,13 +317,14 @@ def _train(
     tell = echo or (print if main else quiet)  # final table, resumes, stops: even when quiet
     check_writable(cfg.workdir)  # before any work
     saved = _saved_run(cfg)
+    origin = "object" if dataset is not None else "config"  # evaluate reloads only "config"
     if dataset is None:
         streamed = cfg.input == "stream" or cfg.streaming  # tfds then opens a lazy train split
         dataset = data_lib.load_dataset(
             cfg.dataset, cfg.source, cfg.data_file, cfg.data_dir, log=say, stream=streamed
         )
     check_lazy_input(cfg, dataset)  # a lazy train split never goes to the devices whole
-    identity = data_identity(dataset, cfg.data_file)
+    identity = data_identity(dataset, cfg.data_file, cfg.validation, cfg.seed, origin=origin)
     agree_data(identity, dataset.note)  # every process the same data, or all stop
     if saved is not None:
         check_same_run(cfg.workdir, saved, run_fields(cfg), identity)

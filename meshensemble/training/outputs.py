@@ -183,6 +183,33 @@ def check_writable(workdir: str, what: str = "pass a writable --workdir") -> Non
         raise ValueError(f"workdir {workdir} is not writable ({reason}{where}); {what}") from None
 
 
+@contextlib.contextmanager
+def replacing(path: str) -> Iterator[Any]:
+    """A text file to write that replaces ``path`` atomically when the block ends.
+
+    The block writes ``path + ".tmp"``, which is renamed over ``path`` once complete (or
+    removed if the block fails), so a reader or a crash never sees half a file.
+
+    Args:
+      path: the file to replace.
+
+    Yields:
+      The open temporary file.
+
+    Example:
+      >>> with replacing("runs/mnist/config.json") as f:
+      ...     json.dump(cfg, f)
+    """
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def clear_run(workdir: str) -> None:
     """Deletes a run's outputs from ``workdir`` (for ``overwrite``); other files stay.
 
@@ -261,7 +288,7 @@ class RunWriter:
             return
         path = os.path.join(self.workdir, CONFIG_FILE)
         text = dumps_strict(dataclasses.asdict(cfg) | {"resolved": resolved}, indent=2)
-        with writing(path), open(path, "w") as f:
+        with writing(path), replacing(path) as f:
             f.write(text)
 
     def write_compile(self, summary: dict[str, Any]) -> None:
@@ -274,7 +301,7 @@ class RunWriter:
             return
         path = os.path.join(self.workdir, COMPILE_FILE)
         text = dumps_strict(summary, indent=2)
-        with writing(path), open(path, "w") as f:
+        with writing(path), replacing(path) as f:
             f.write(text)
 
     def write_metrics(self, record: dict[str, Any]) -> None:

@@ -1,0 +1,292 @@
+"""The content manifest of a file dataset: what its files hold, checked without rehashing.
+
+:func:`~meshensemble.data.lazy.write_array_record_dataset` (``meshensemble convert``)
+writes ``manifest.json`` next to the files once: each file's size, SHA-256 and record
+count. A run start then costs a ``stat`` per file (:func:`check_manifest`: a missing, extra
+or resized file is refused, naming it), and the dataset's identity is a hash of the
+manifest (:func:`manifest_fingerprint`), not of the files. The bytes are verified where
+they are read: a :class:`FileVerifier` hashes each file the first time a process reads a
+record from it and refuses a file whose content differs from the manifest; a host
+remembers the files it verified (by size, mtime and inode), so nobody rehashes the dataset
+at every start: each host hashes each file it reads once, until the file changes.
+
+Example:
+  >>> write_manifest("/data/mnist_ar", ["train.array_record", "test.array_record"], counts)
+  >>> check_manifest("/data/mnist_ar", read_manifest("/data/mnist_ar"))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from meshensemble.data.dataset import DataError, first_line
+
+MANIFEST_FILE = "manifest.json"
+"""The manifest's name in a dataset folder."""
+MANIFEST_FORMAT = 1
+"""Version of the manifest's layout (``{"format", "files": {name: {bytes, sha256, records}}}``)."""
+REWRITE_FIX = (
+    "write the dataset again: meshensemble convert --data-file mnist.npz --out DIR --overwrite"
+)
+"""How messages about a changed or damaged file dataset say to repair it."""
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB blocks.
+
+    Args:
+      path: the file.
+
+    Returns:
+      64 hex digits.
+
+    Example:
+      >>> len(file_digest("/data/mnist_ar/labels.npz"))
+      64
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(
+    directory: str | os.PathLike, names: Sequence[str], records: Mapping[str, int] | None = None
+) -> str:
+    """Writes ``manifest.json`` for the files ``names`` of ``directory`` (atomically).
+
+    Args:
+      directory: the dataset's folder.
+      names: file names in it (not paths).
+      records: the record count of each file, where it has one.
+
+    Returns:
+      The manifest's path.
+
+    Example:
+      >>> write_manifest("/data/mnist_ar", ["test.array_record"], {"test.array_record": 10000})
+      '/data/mnist_ar/manifest.json'
+    """
+    directory, records = os.fspath(directory), dict(records or {})
+    files = {}
+    for name in names:
+        path = os.path.join(directory, name)
+        entry = {"bytes": os.path.getsize(path), "sha256": file_digest(path)}
+        if name in records:
+            entry["records"] = int(records[name])
+        files[name] = entry
+    path = os.path.join(directory, MANIFEST_FILE)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"format": MANIFEST_FORMAT, "files": files}, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The manifest of ``directory``, or None when it has none (written before manifests).
+
+    Args:
+      directory: the dataset's folder.
+
+    Returns:
+      ``{"format", "files": {name: {"bytes", "sha256"[, "records"]}}}`` or None.
+
+    Raises:
+      DataError: the manifest exists but is unreadable or malformed (one line, the fix).
+
+    Example:
+      >>> sorted(read_manifest("/data/mnist_ar")["files"])[:1]
+      ['labels.npz']
+    """
+    path = os.path.join(os.fspath(directory), MANIFEST_FILE)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+        files = manifest["files"]
+        ok = isinstance(files, dict) and all(
+            isinstance(e, dict)
+            and isinstance(e.get("bytes"), int)
+            and isinstance(e.get("sha256"), str)
+            for e in files.values()
+        )
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DataError(f"{path}: unreadable manifest ({first_line(err)}); {REWRITE_FIX}") from None
+    if not ok:
+        raise DataError(
+            f"{path}: malformed manifest (each file needs bytes and sha256); {REWRITE_FIX}"
+        )
+    return manifest
+
+
+def check_manifest(
+    directory: str | os.PathLike, manifest: Mapping[str, Any], present: Sequence[str] = ()
+) -> None:
+    """Checks that the files of ``manifest`` are there with their sizes (a ``stat`` each).
+
+    Args:
+      directory: the dataset's folder.
+      manifest: from :func:`read_manifest`.
+      present: names of data files found in the folder (e.g. the train shards): one the
+        manifest does not list is a leftover of another conversion and is refused.
+
+    Raises:
+      DataError: one line naming the first missing, resized or unlisted file and the fix.
+
+    Example:
+      >>> check_manifest("/data/mnist_ar", read_manifest("/data/mnist_ar"))
+    """
+    directory, files = os.fspath(directory), manifest["files"]
+    for name, entry in sorted(files.items()):
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            raise DataError(f"{path}: missing (listed in {MANIFEST_FILE}); {REWRITE_FIX}")
+        size = os.path.getsize(path)
+        if size != entry["bytes"]:
+            raise DataError(
+                f"{path}: {size} bytes, {MANIFEST_FILE} records {entry['bytes']}: the file "
+                f"changed or is truncated; {REWRITE_FIX}"
+            )
+    extra = sorted(os.path.basename(p) for p in present if os.path.basename(p) not in files)
+    if extra:
+        raise DataError(
+            f"{os.path.join(directory, extra[0])}: not listed in {MANIFEST_FILE} (a leftover "
+            f"of another conversion?); {REWRITE_FIX}"
+        )
+
+
+def manifest_fingerprint(manifest: Mapping[str, Any], names: Sequence[str]) -> str:
+    """A hash of the manifest's entries for ``names`` (the identity of those files' bytes).
+
+    Args:
+      manifest: from :func:`read_manifest`.
+      names: the file names, in order.
+
+    Returns:
+      64 hex digits.
+
+    Example:
+      >>> manifest_fingerprint(read_manifest(d), ["train.array_record"])[:4]
+    """
+    digest = hashlib.sha256()
+    for name in names:
+        entry = manifest["files"][name]
+        digest.update(f"{entry['bytes']}:{entry['sha256']}\0".encode())
+    return digest.hexdigest()
+
+
+VERIFY_CACHE_ENV = "MESHENSEMBLE_VERIFY_CACHE"
+"""Environment variable: the file where a host remembers the files it verified (default
+``~/.cache/meshensemble/verified-files.json``); ``off`` verifies every file in every
+process."""
+
+
+def verify_cache_path() -> str | None:
+    """The host's cache of verified files (:data:`VERIFY_CACHE_ENV`), or None when off.
+
+    Returns:
+      A path, or None.
+
+    Example:
+      >>> verify_cache_path()
+      '/home/me/.cache/meshensemble/verified-files.json'
+    """
+    value = os.environ.get(VERIFY_CACHE_ENV)
+    if value is not None:
+        return None if value.strip().lower() in ("", "off", "0") else value
+    return os.path.join(os.path.expanduser("~"), ".cache", "meshensemble", "verified-files.json")
+
+
+def _stamp(path: str) -> str:
+    """What changes when a file is replaced or rewritten: size, mtime (ns), inode."""
+    st = os.stat(path)
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
+class FileVerifier:
+    """Checks each file against its manifest SHA-256 the first time it is read.
+
+    A file is hashed once per verifier (thread-safe: Grain's reader threads share it), and
+    once per host as long as it stays the same file: a verified file's size, mtime and
+    inode are remembered in the host's cache (:func:`verify_cache_path`), so later runs on
+    that host skip the hash; a rewritten or replaced file is hashed again.
+
+    Args:
+      digests: ``{path: sha256}`` of the files to verify.
+      cache: the cache file; default :func:`verify_cache_path` (None: no cache).
+
+    Example:
+      >>> v = FileVerifier({"/data/a.array_record": "ab12..."})
+      >>> v.verify("/data/a.array_record")   # hashes it now; later calls are free
+    """
+
+    def __init__(self, digests: Mapping[str, str], cache: str | None | bool = True):
+        self.digests = {os.path.abspath(k): v for k, v in digests.items()}
+        self.cache = verify_cache_path() if cache is True else cache or None
+        self._done: set[str] = set()
+        self._lock = threading.Lock()
+
+    def _cached(self, path: str, stamp: str, want: str) -> bool:
+        if self.cache is None:
+            return False
+        try:
+            with open(self.cache) as f:
+                entry = json.load(f).get(path)
+        except (OSError, ValueError, AttributeError):
+            return False
+        return entry == {"stamp": stamp, "sha256": want}
+
+    def _remember(self, path: str, stamp: str, want: str) -> None:
+        if self.cache is None:
+            return
+        try:  # best effort: a read-only home only costs a hash next time
+            try:
+                with open(self.cache) as f:
+                    known = json.load(f)
+                known = known if isinstance(known, dict) else {}
+            except (OSError, ValueError):
+                known = {}
+            known[path] = {"stamp": stamp, "sha256": want}
+            os.makedirs(os.path.dirname(os.path.abspath(self.cache)), exist_ok=True)
+            tmp = f"{self.cache}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(known, f)
+            os.replace(tmp, self.cache)
+        except OSError:
+            pass
+
+    def verify(self, path: str) -> None:
+        """Hashes ``path`` unless already verified; raises when it differs from the manifest.
+
+        Args:
+          path: a file of ``digests`` (other paths are not checked).
+
+        Raises:
+          DataError: one line naming the file, the manifest and the fix.
+        """
+        path = os.path.abspath(path)
+        want = self.digests.get(path)
+        if want is None or path in self._done:
+            return
+        with self._lock:
+            if path in self._done:
+                return
+            stamp = _stamp(path)
+            if not self._cached(path, stamp, want):
+                if file_digest(path) != want:
+                    raise DataError(
+                        f"{path}: its content differs from the SHA-256 in {MANIFEST_FILE} "
+                        f"(the file was changed or damaged after conversion); {REWRITE_FIX}"
+                    )
+                self._remember(path, stamp, want)
+            self._done.add(path)
