@@ -16,6 +16,7 @@ from meshensemble import models as models
 from meshensemble import testing as testing
 from meshensemble import training as training
 from meshensemble.core import distributed as distributed
+from meshensemble.core import tasks as tasks
 from meshensemble.core.adapters import FunctionModel as FunctionModel
 from meshensemble.core.adapters import LinenModel as LinenModel
 from meshensemble.core.adapters import Model as Model
@@ -93,6 +94,7 @@ __all__ = [
     "save_checkpoint",
     "save_inference",
     "softmax_cross_entropy",
+    "tasks",
     "testing",
     "training",
     "checkpoint",
