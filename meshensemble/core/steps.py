@@ -565,7 +565,7 @@ def member_moments(cfg: StepConfig, state: EnsembleState, x: jax.Array) -> dict[
 def _mixture_moments(cfg: StepConfig, mean: jax.Array, variance: jax.Array) -> dict[str, jax.Array]:
     mu = reduce_over(cfg, lax.pmean, jnp.mean(mean, axis=0), ENSEMBLE)
     aleatoric = reduce_over(cfg, lax.pmean, jnp.mean(variance, axis=0), ENSEMBLE)
-    epistemic = reduce_over(cfg, lax.pmean, jnp.mean((mean - mu) ** 2, axis=0), ENSEMBLE)
+    epistemic = reduce_over(cfg, lax.pmean, jnp.mean((mean - mu[None]) ** 2, axis=0), ENSEMBLE)
     return {"mean": mu, "variance": aleatoric + epistemic, "aleatoric": aleatoric,
             "epistemic": epistemic}  # fmt: skip
 
@@ -601,9 +601,9 @@ def mixture_log_density(
     Returns:
       ``[b, T]`` log densities of the mixture, the same on every ``ensemble`` device.
     """
-    log_p = gaussian.log_density(mean, variance, y)
+    log_p = gaussian.log_density(mean, variance, y[None])
     top = lax.stop_gradient(reduce_over(cfg, lax.pmax, jnp.max(log_p, axis=0), ENSEMBLE))
-    total = reduce_over(cfg, lax.psum, jnp.sum(jnp.exp(log_p - top), axis=0), ENSEMBLE)
+    total = reduce_over(cfg, lax.psum, jnp.sum(jnp.exp(log_p - top[None]), axis=0), ENSEMBLE)
     return top + jnp.log(total) - jnp.log(float(mean.shape[0] * lax.axis_size(ENSEMBLE)))
 
 
@@ -625,8 +625,8 @@ def mixture_quantiles(
     def halve(_, bracket):
         lo, hi = bracket
         mid = 0.5 * (lo + hi)
-        local = jnp.mean(gaussian.cdf(mean[..., None], variance[..., None], mid), axis=0)
-        below = reduce_over(cfg, lax.pmean, local, ENSEMBLE) < p
+        local = jnp.mean(gaussian.cdf(mean[..., None], variance[..., None], mid[None]), axis=0)
+        below = reduce_over(cfg, lax.pmean, local, ENSEMBLE) < p[None, None]
         return jnp.where(below, mid, lo), jnp.where(below, hi, mid)
 
     lo, hi = lax.fori_loop(0, gaussian.BISECTION_STEPS, halve, (lo, hi))
@@ -670,15 +670,19 @@ def regression_eval_stats(
     mean, variance, y = m["mean"], m["variance"], y.astype(jnp.float32)
     mix = _mixture_moments(cfg, mean, variance)
     w = mask.astype(jnp.float32)[:, None]
-    cdf_y = reduce_over(cfg, lax.pmean, jnp.mean(gaussian.cdf(mean, variance, y), 0), ENSEMBLE)
+    cdf_y = reduce_over(
+        cfg, lax.pmean, jnp.mean(gaussian.cdf(mean, variance, y[None]), 0), ENSEMBLE
+    )
     to_y = reduce_over(
-        cfg, lax.pmean, jnp.mean(gaussian.abs_moment(y - mean, variance), 0), ENSEMBLE
+        cfg, lax.pmean, jnp.mean(gaussian.abs_moment(y[None] - mean, variance), 0), ENSEMBLE
     )
     crps = to_y - 0.5 * mixture_pair_term(cfg, mean, variance)
     q = mixture_quantiles(cfg, mean, variance, gaussian.QUANTILE_LEVELS)
     lo, hi = q[..., 0::2], q[..., 1::2]
     inside = ((lo <= y[..., None]) & (y[..., None] <= hi)).astype(jnp.float32)
-    below = (cdf_y[..., None] <= jnp.asarray(gaussian.CALIBRATION_LEVELS)).astype(jnp.float32)
+    below = (cdf_y[..., None] <= jnp.asarray(gaussian.CALIBRATION_LEVELS)[None, None]).astype(
+        jnp.float32
+    )
     total = lambda v: jnp.sum(v * w, axis=(0, 1))
     wide = lambda v: jnp.sum(v * w[..., None], axis=(0, 1))
     sums = {

@@ -127,11 +127,12 @@ class Regression:
           ``(mean [..., T], variance [..., T])``.
         """
         mean, variance = gaussian.moments(outputs.astype(jnp.float32), self.min_variance)
+        row = lambda v: jnp.asarray(v, jnp.float32).reshape((1,) * (mean.ndim - 1) + (-1,))
         if self.target_scale is not None:
-            scale = jnp.asarray(self.target_scale, jnp.float32)
+            scale = row(self.target_scale)
             mean, variance = mean * scale, variance * scale**2
         if self.target_shift is not None:
-            mean = mean + jnp.asarray(self.target_shift, jnp.float32)
+            mean = mean + row(self.target_shift)
         return mean, variance
 
     def loss(self, outputs: jax.Array, targets: jax.Array) -> jax.Array:

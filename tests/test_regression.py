@@ -1,0 +1,226 @@
+"""Regression ensembles: the Gaussian mixture on the mesh, proper scores, parity, calibration."""
+
+from __future__ import annotations
+
+import functools
+from operator import itemgetter
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from scipy import integrate, optimize, special, stats
+
+import meshensemble as me
+from meshensemble import testing
+
+M = 8
+
+
+class Net(nn.Module):
+    """A small Gaussian regression head: ``[B, F] -> [B, 2T]``."""
+
+    targets: int = 1
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        return nn.Dense(2 * self.targets)(nn.tanh(nn.Dense(16)(x)))
+
+
+def _data(n=32, targets=1, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-2, 2, (n, 3)).astype(np.float32)
+    y = np.sin(x[:, :targets] * 2) + 0.2 * rng.normal(size=(n, targets))
+    return x, y.astype(np.float32)
+
+
+X, Y = _data()
+TX = optax.adam(1e-2)
+
+
+def _ens(mesh, backend="shard_map", targets=1, **kw):
+    task = me.tasks.Regression(targets=targets, **kw)
+    return me.Ensemble(Net(targets), TX, M, mesh, backend=backend, task=task)
+
+
+@functools.cache
+def trained(mesh_shape=(4, 2), backend="shard_map", steps=3):
+    mesh = me.make_mesh(*mesh_shape)
+    ens = _ens(mesh, backend)
+    state = ens.init(jax.random.key(0), X[:1])
+    history = []
+    for _ in range(steps):
+        state, metrics = ens.train_step(state, X, Y)
+        history.append(jax.tree.map(np.asarray, metrics))
+    return ens, state, history
+
+
+# ------------------------------------------------------------------ parity
+@pytest.mark.parametrize(
+    "mesh_shape, backend",
+    [
+        ((8, 1), "shard_map"),
+        pytest.param((2, 4), "shard_map", marks=pytest.mark.slow),
+        pytest.param((1, 1), "shard_map", marks=pytest.mark.slow),
+        ((8, 1), "pmap"),
+    ],
+)
+def test_regression_is_mesh_and_backend_invariant(mesh_shape, backend):
+    _, ref, ref_hist = trained((4, 2))
+    _, state, hist = trained(mesh_shape, backend)
+    testing.assert_trees_close(state.params, ref.params, rtol=1e-5, atol=1e-5)
+    testing.assert_trees_close(hist, ref_hist, rtol=1e-5, atol=1e-5)
+
+
+def test_members_equal_gaussian_models_trained_alone_in_flax_optax():
+    ens, state, hist = trained((4, 2))
+    task, net = ens.task, Net()
+
+    def loss(params, x, y):  # the data axis's 2 shards: the mean of their mean NLLs
+        out = net.apply({"params": params}, x)
+        mean, var = out[:, :1], jax.nn.softplus(out[:, 1:]) + task.min_variance
+        nll = 0.5 * (jnp.log(2 * jnp.pi * var) + (y - mean) ** 2 / var)
+        return jnp.mean(jnp.stack([jnp.mean(h) for h in jnp.split(nll, 2)]))
+
+    @jax.jit
+    def step(params, opt_state):
+        value, grads = jax.value_and_grad(loss)(params, X, Y)
+        updates, opt_state = TX.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    got = me.distributed.fetch(state.params)
+    for i, k in enumerate(jax.random.split(jax.random.key(0), M)):
+        params = net.init(k, X[:1])["params"]
+        opt_state = TX.init(params)
+        for s in range(3):
+            params, opt_state, value = step(params, opt_state)
+            np.testing.assert_allclose(hist[s]["loss"][i], value, rtol=1e-5, atol=1e-5)
+        testing.assert_trees_close(jax.tree.map(itemgetter(i), got), params, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ the mixture
+def _members(ens, state, x):
+    pm = me.distributed.fetch(ens.predict_members(state, x))
+    return pm["mean"].astype(np.float64), pm["variance"].astype(np.float64)
+
+
+def test_predict_is_the_members_mixture():
+    ens, state, _ = trained()
+    x = X[:13]  # not a multiple of the data axis: padded and trimmed
+    mu, var = _members(ens, state, x)
+    assert mu.shape == var.shape == (M, 13, 1)
+    out = me.distributed.fetch(ens.predict(state, x))
+    mean = mu.mean(0)
+    np.testing.assert_allclose(out["mean"], mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["variance"], (var + mu**2).mean(0) - mean**2, rtol=1e-4)
+    np.testing.assert_allclose(out["aleatoric"], var.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(out["epistemic"], mu.var(0), rtol=1e-4, atol=1e-7)
+
+
+def _mixture_cdf(mu, sd, q):
+    return stats.norm.cdf((q - mu) / sd).mean()
+
+
+def reference_scores(mu, var, y):
+    """The proper scores of the uniform Gaussian mixture by numpy/scipy, example by example."""
+    sd = np.sqrt(var)
+    log_p = special.logsumexp(stats.norm.logpdf(y, mu, sd), axis=0) - np.log(len(mu))
+    mean = mu.mean(0)
+    out = {"nll": -log_p.mean(), "rmse": np.sqrt(((mean - y) ** 2).mean())}
+    out["mae"] = np.abs(mean - y).mean()
+    crps, pit = [], []
+    for j in range(y.shape[0]):
+        m, s, t = mu[:, j, 0], sd[:, j, 0], y[j, 0]
+        lo, hi = (m - 12 * s).min(), (m + 12 * s).max()
+        below = integrate.quad(lambda z, m=m, s=s: _mixture_cdf(m, s, z) ** 2, lo, t, limit=200)
+        above = integrate.quad(
+            lambda z, m=m, s=s: (1 - _mixture_cdf(m, s, z)) ** 2, t, hi, limit=200
+        )
+        crps.append(below[0] + above[0])  # CRPS = integral of (F(z) - 1[z >= y])^2
+        pit.append(_mixture_cdf(m, s, t))
+    out["crps"] = np.mean(crps)
+    for c in (0.5, 0.9, 0.95):
+        inside, width = [], []
+        for j in range(y.shape[0]):
+            m, s = mu[:, j, 0], sd[:, j, 0]
+            q = lambda p, m=m, s=s: optimize.brentq(
+                lambda z: _mixture_cdf(m, s, z) - p, (m - 12 * s).min(), (m + 12 * s).max()
+            )
+            a, b = q((1 - c) / 2), q((1 + c) / 2)
+            inside.append(a <= y[j, 0] <= b)
+            width.append(b - a)
+        out[f"coverage_{round(100 * c)}"] = np.mean(inside)
+        out[f"width_{round(100 * c)}"] = np.mean(width)
+    levels = np.arange(1, 20) / 20
+    observed = (np.asarray(pit)[:, None] <= levels).mean(0)
+    out["quantile_calibration_error"] = np.mean((levels - observed) ** 2)  # Kuleshov et al.
+    return out
+
+
+def test_evaluate_streams_the_proper_scores_of_the_mixture():
+    ens, state, _ = trained()
+    x, y = _data(27, seed=1)  # 27 rows in batches of 10: padding and masking
+    got = ens.evaluate(state, x, y[:, 0], batch_size=10)
+    mu, var = _members(ens, state, x)
+    want = reference_scores(mu, var, y.astype(np.float64))
+    assert got["count"] == 27
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=2e-4, atol=2e-5, err_msg=k)
+
+
+@pytest.mark.slow
+def test_evaluate_is_the_same_on_every_mesh():
+    scores = []
+    for shape in [(4, 2), (8, 1), (1, 8)]:
+        ens, state, _ = trained(shape)
+        scores.append(ens.evaluate(state, X, Y, batch_size=16))
+    for s in scores[1:]:
+        for k, v in scores[0].items():
+            np.testing.assert_allclose(s[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_two_targets_and_target_units():
+    mesh = me.make_mesh(4, 2)
+    x, y = _data(16, targets=2)
+    shift, scale = (10.0, -3.0), (2.0, 0.5)
+    ens = _ens(mesh, targets=2)
+    units = _ens(mesh, targets=2, target_shift=shift, target_scale=scale)
+    state = ens.init(jax.random.key(1), x[:1])
+    a = me.distributed.fetch(ens.predict(state, x))
+    b = me.distributed.fetch(units.predict(state, x))
+    assert a["mean"].shape == (16, 2)
+    np.testing.assert_allclose(b["mean"], np.asarray(shift) + np.asarray(scale) * a["mean"], 1e-5)
+    np.testing.assert_allclose(b["variance"], np.asarray(scale) ** 2 * a["variance"], 1e-5)
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda e, s: e.train_step(s, X, Y.astype(np.int32)), r"dtype int32; give float"),
+        (lambda e, s: e.train_step(s, X, np.zeros((32, 3), np.float32)), r"do not end in 1 "),
+        (lambda e, s: e.train_step(s, X[:31], Y[:31]), r"multiple of the mesh's data axis"),
+        (lambda e, s: e.train_step(s, X[:8], Y), r"differ in length"),
+        (lambda e, s: e.evaluate(s, X[:4], Y), r"x has 4 rows but y has shape"),
+    ],
+)
+def test_bad_targets_raise_one_line(call, match):
+    ens = _ens(me.make_mesh(4, 2))
+    state = ens.init(jax.random.key(0), X[:1])
+    with pytest.raises(ValueError, match=match):
+        call(ens, state)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"targets": 0}, r"targets=0 must be a positive integer"),
+        ({"targets": 1, "min_variance": 0.0}, r"min_variance=0.0 must be a positive"),
+        ({"targets": 2, "target_scale": (1.0, -1.0)}, r"target_scale=.* 2 finite values > 0"),
+    ],
+)
+def test_bad_task_raises(kw, match):
+    with pytest.raises(ValueError, match=match):
+        me.tasks.Regression(**kw)
