@@ -224,3 +224,88 @@ def test_bad_targets_raise_one_line(call, match):
 def test_bad_task_raises(kw, match):
     with pytest.raises(ValueError, match=match):
         me.tasks.Regression(**kw)
+
+
+# ------------------------------------------------------------------ the 1-D toy
+def toy_ensemble(shared_init: bool = False, steps: int = 300):
+    """8 MLP members on the paper's toy (standardised); optionally all from member 0's init."""
+    data = me.data.toy1d(seed=0)
+    st = me.data.standardizer(data)
+    task = me.tasks.Regression(1, target_shift=st["y_mean"], target_scale=st["y_std"])
+    xm, xs = np.float32(st["x_mean"]), np.float32(st["x_std"])
+    model = me.models.MLP((50,), num_classes=2)
+    ens = me.Ensemble(
+        model, optax.adam(0.02), M, me.make_mesh(8, 1), task=task,
+        input_transform=lambda x: (x - xm[None]) / xs[None],
+    )  # fmt: skip
+    state = ens.init(jax.random.key(0), data.x_train[:1])
+    if shared_init:
+        first = lambda v, o: jax.device_put(np.repeat(np.asarray(v)[:1], M, 0), o.sharding)
+        state = state.replace(params=jax.tree.map(first, state.params, state.params))
+    for _ in range(steps):
+        state, _ = ens.train_step(state, data.x_train, data.y_train)
+    return me.distributed.fetch(ens.predict(state, np.array([[-6.0], [0.0], [6.0]], np.float32)))
+
+
+def _spread_grows_away_from_the_data(out):
+    sd, epi = np.sqrt(out["variance"][:, 0]), np.sqrt(out["epistemic"][:, 0])
+    assert min(sd[0], sd[2]) >= 3 * sd[1], f"mixture sd at x = -6, 0, 6: {sd}"
+    assert min(epi[0], epi[2]) >= 3 * epi[1], f"members' spread at x = -6, 0, 6: {epi}"
+
+
+def test_toy_mixture_sd_at_6_is_3x_its_value_at_0():
+    _spread_grows_away_from_the_data(toy_ensemble())
+
+
+def test_toy_target_fails_when_members_share_their_initialisation():
+    with pytest.raises(AssertionError, match="members' spread|mixture sd"):
+        _spread_grows_away_from_the_data(toy_ensemble(shared_init=True))
+
+
+# ------------------------------------------------------------------ calibration
+def test_fit_variance_scale_minimises_the_nll():
+    rng = np.random.default_rng(0)
+    mean, var = rng.normal(size=200), rng.uniform(0.5, 2.0, 200)
+    y = mean + 1.7 * np.sqrt(var) * rng.normal(size=200)
+    s = me.calibration.fit_variance_scale(mean, var, y)
+    nll = lambda c: -stats.norm.logpdf(y, mean, np.sqrt(c * var)).sum()
+    best = optimize.minimize_scalar(nll, bounds=(0.1, 20), method="bounded").x
+    np.testing.assert_allclose(s, best, rtol=1e-4)
+    assert 2.2 < s < 3.6  # about 1.7^2
+
+
+def test_conformal_intervals_cover_over_20_random_splits():
+    rng = np.random.default_rng(0)
+    n, alpha = 1500, 0.1
+    x = rng.uniform(-3, 3, n)
+    y = np.sin(x) + (0.2 + 0.3 * np.abs(x)) * rng.standard_t(4, n)
+    mean, std = np.sin(x) + 0.1, 0.3 * np.ones(n)  # biased, misspecified scale
+    covered = []
+    for split in range(20):
+        order = np.random.default_rng(split).permutation(n)
+        cal, test = order[:300], order[300:]
+        q = me.calibration.conformal_interval_quantile(mean[cal], std[cal], y[cal], alpha)
+        covered.append(np.mean(np.abs(y[test] - mean[test]) <= q * std[test]))
+    # The guarantee is on average over splits: the mean over 20, within two standard errors
+    se = np.std(covered) / np.sqrt(len(covered))
+    assert np.mean(covered) >= 1 - alpha - 2 * se, (np.mean(covered), se)
+    assert np.mean(covered) < 1 - alpha + 0.03  # and not trivially wide
+    k = int(np.ceil(301 * 0.9))  # the finite-sample rank
+    scores = np.sort(np.abs(y[cal] - mean[cal]) / std[cal])
+    assert q == scores[k - 1]
+    assert me.calibration.conformal_interval_quantile(mean[:5], std[:5], y[:5], 0.1) == np.inf
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda c: c.fit_variance_scale([0.0, 1.0], [1.0], [0.0, 1.0]), r"variance has shape"),
+        (lambda c: c.fit_variance_scale([0.0], [-1.0], [0.0]), r"variance has values <= 0"),
+        (lambda c: c.fit_variance_scale([], [], []), r"mean is empty"),
+        (lambda c: c.conformal_interval_quantile([0.0], [1.0], [0.0], 1.5), r"alpha=1.5 must"),
+        (lambda c: c.conformal_interval_quantile([0.0], [1.0], [np.nan], 0.1), r"y holds non-"),
+    ],
+)
+def test_regression_calibration_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(me.calibration)
