@@ -209,6 +209,10 @@ def train(
       >>> result.history[-1]["test_ensemble_accuracy"]
     """
     cfg.validate()
+    if cfg.task == "regression":  # the Gaussian regression run (--task regression)
+        from meshensemble.training import regression_run
+
+        return regression_run.train_regression(cfg, echo)
     stop = StopSignal.install()  # from the start: a SIGTERM during compilation counts too
     try:
         cache_dir = use_compilation_cache(cfg)
