@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from operator import itemgetter
 
 import flax.linen as nn
@@ -309,3 +310,55 @@ def test_conformal_intervals_cover_over_20_random_splits():
 def test_regression_calibration_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call(me.calibration)
+
+
+# ------------------------------------------------------------------ the run and the CLI
+def _cfg(workdir, **kw):
+    base = dict(task="regression", source="toy1d", members=4, mesh="ensemble=4,data=2",
+                optimizer="adam", learning_rate=0.01, epochs=4, batch_size=8,
+                compile_cache=False, quiet=True, workdir=str(workdir))  # fmt: skip
+    return me.TrainConfig(**(base | kw))
+
+
+def test_regression_run_writes_standardised_outputs_and_resumes_exactly(tmp_path):
+    whole = me.training.train(_cfg(tmp_path / "a"))
+    cut = me.training.train(_cfg(tmp_path / "b", max_steps=3))
+    assert cut.history[-1]["step"] == 3
+    resumed = me.training.train(_cfg(tmp_path / "b"))
+    testing.assert_trees_close(resumed.state.params, whole.state.params, rtol=0, atol=0)
+
+    saved = json.loads((tmp_path / "a" / "config.json").read_text())
+    stats_ = saved["resolved"]["standardizer"]
+    np.testing.assert_allclose(stats_["y_mean"], whole.dataset.y_train.mean(0), rtol=1e-5)
+    assert saved["task"] == "regression" and saved["resolved"]["model"] == "mlp"
+    assert (tmp_path / "a" / "regression.png").stat().st_size > 10_000
+    last = whole.history[-1]
+    assert {"test_nll", "test_crps", "test_coverage_90", "test_width_90"} <= set(last)
+    # predictions are in the data's units: the mixture mean is near the targets' scale
+    out = me.distributed.fetch(whole.ensemble.predict(whole.state, whole.dataset.x_test))
+    assert abs(out["mean"].mean() - whole.dataset.y_test.mean()) < whole.dataset.y_test.std()
+
+
+def test_regression_cli_on_an_npz_with_a_validation_split(tmp_path, capsys):
+    from meshensemble import cli
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 3)).astype(np.float32)
+    y = (x @ np.array([1.0, -2.0, 0.5]) + 100).astype(np.float32)  # targets [N]
+    path = tmp_path / "d.npz"
+    np.savez(path, x_train=x[:32], y_train=y[:32], x_test=x[32:], y_test=y[32:])
+    argv = ["train", "--task", "regression", "--source", "npz", "--data-file", str(path),
+            "--members", "2", "--mesh", "ensemble=2,data=1", "--epochs", "2", "--batch-size",
+            "8", "--validation", "8", "--no-compile-cache", "--workdir"]  # fmt: skip
+    argv.append(str(tmp_path / "w"))
+    assert cli.main(argv) == 0
+    record = json.loads((tmp_path / "w" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["step"] == 6 and "val_nll" in record and "test_rmse" in record
+    assert not (tmp_path / "w" / "regression.png").exists()  # 3 features: no 1-D figure
+    bad = ["train", "--source", "toy1d", "--workdir", str(tmp_path / "c")]
+    assert cli.main(bad) == 2
+    assert "source='toy1d' is regression data; add --task regression" in capsys.readouterr().err
+    np.savez(tmp_path / "e.npz", x_train=x, y_train=y)
+    assert cli.main([*argv[:6], str(tmp_path / "e.npz"), "--workdir", str(tmp_path / "e")]) == 2
+    assert "has no x_test, y_test" in capsys.readouterr().err
+    assert not (tmp_path / "e").exists()
