@@ -538,17 +538,14 @@ def regression_train_step(
       :func:`mixture_log_density`) and ``ensemble_rmse`` (of the mixture's mean) scalars
       (NaN for per-member batches).
     """
-    per_member = y.ndim == 3
-    axes = (0, 0 if per_member else None, 0 if per_member else None)
+    axes = (0, 0, 0) if y.ndim == 3 else (0, None, None)
     fn = lambda s, xb, yb: _regression_member_step(cfg, s, xb, yb)
     state, loss, rmse, moments = map_members(fn, cfg.strategy, axes, state, _prepare(cfg, x), y)
     metrics = {"loss": loss, "rmse": rmse}
-    if per_member:
+    if y.ndim == 3:  # per-member batches: no ensemble over different examples
         nan = jnp.full((), jnp.nan, jnp.float32)
-        metrics.update(ensemble_nll=nan, ensemble_rmse=nan)
-        return state, metrics
-    mean, variance = ordered_after(state.params, moments)
-    y = y.astype(jnp.float32)
+        return state, metrics | {"ensemble_nll": nan, "ensemble_rmse": nan}
+    (mean, variance), y = ordered_after(state.params, moments), y.astype(jnp.float32)
     nll = -jnp.mean(mixture_log_density(cfg, mean, variance, y))
     mixture_mean = reduce_over(cfg, lax.pmean, jnp.mean(mean, axis=0), ENSEMBLE)
     nll, sq = reduce_over(cfg, lax.pmean, (nll, jnp.mean((mixture_mean - y) ** 2)), DATA)
@@ -640,10 +637,12 @@ def mixture_pair_term(cfg: StepConfig, mean: jax.Array, variance: jax.Array) -> 
     members moving one step round the ring (``ppermute``) each time; the pair sums are
     ``psum``-ed over ``ensemble``. Returns ``[b, T]``.
     """
-    e = lax.axis_size(ENSEMBLE)
-    own = visiting = (mean, variance)
-    total = gaussian.pair_abs_sum(own, visiting)
-    ring = [(i, (i + 1) % e) for i in range(e)]
+    e, own = lax.axis_size(ENSEMBLE), (mean, variance)
+    total, visiting, ring = (
+        gaussian.pair_abs_sum(own, own),
+        own,
+        [(i, (i + 1) % e) for i in range(e)],
+    )
     for _ in range(e - 1):
         visiting = lax.ppermute(visiting, ENSEMBLE, ring)
         total = total + gaussian.pair_abs_sum(own, visiting)
