@@ -320,6 +320,7 @@ def _cfg(workdir, **kw):
     return me.TrainConfig(**(base | kw))
 
 
+@pytest.mark.slow
 def test_regression_run_writes_standardised_outputs_and_resumes_exactly(tmp_path):
     whole = me.training.train(_cfg(tmp_path / "a"))
     cut = me.training.train(_cfg(tmp_path / "b", max_steps=3))
