@@ -363,3 +363,45 @@ def test_regression_cli_on_an_npz_with_a_validation_split(tmp_path, capsys):
     assert cli.main([*argv[:6], str(tmp_path / "e.npz"), "--workdir", str(tmp_path / "e")]) == 2
     assert "has no x_test, y_test" in capsys.readouterr().err
     assert not (tmp_path / "e").exists()
+
+
+def test_per_member_batches_of_the_same_rows_equal_a_shared_batch():
+    ens, ref, _ = trained((4, 2))
+    other = _ens(me.make_mesh(4, 2))
+    state = other.init(jax.random.key(0), X[:1])
+    for _ in range(3):
+        state, metrics = other.train_step(state, np.stack([X] * M), np.stack([Y] * M))
+    testing.assert_trees_close(state.params, ref.params, rtol=1e-5, atol=1e-5)
+    assert np.isnan(metrics["ensemble_nll"])  # members saw different batches: no mixture
+
+
+@pytest.mark.slow
+def test_fsdp_regression_equals_whole_members():
+    _, ref, _ = trained((4, 2))
+    ens = me.Ensemble(
+        Net(), TX, M, me.make_mesh(4, 2), task=me.tasks.Regression(1), shard_members=True
+    )
+    state = ens.init(jax.random.key(0), X[:1])
+    for _ in range(3):
+        state, _ = ens.train_step(state, X, Y)
+    testing.assert_trees_close(state.params, ref.params, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_two_processes_train_the_same_regression_ensemble_as_one(tmp_path):
+    from meshensemble.core.distributed import launch_local
+
+    argv = ["train", "--task", "regression", "--source", "toy1d", "--members", "8",
+            "--mesh", "ensemble=4,data=2", "--optimizer", "adam", "--learning-rate", "0.01",
+            "--batch-size", "8", "--max-steps", "3", "--quiet", "--no-compile-cache",
+            "--workdir", str(tmp_path / "multi")]  # fmt: skip
+    assert launch_local(argv, 2, 4, timeout=400, prefix_output=False) == 0
+    one = me.training.train(
+        _cfg(tmp_path / "one", members=8, batch_size=8, max_steps=3, mesh="ensemble=4,data=2")
+    )
+    state, _, step = me.restore_checkpoint(str(tmp_path / "multi"), one.ensemble, X[:1, :1])
+    assert step == 3
+    testing.assert_trees_close(state.params, one.state.params, rtol=1e-5, atol=1e-5)
+    multi = (tmp_path / "multi" / "metrics.jsonl").read_text().splitlines()[-1]
+    for key, value in json.loads(multi).items():
+        np.testing.assert_allclose(value, one.history[-1][key], rtol=1e-5, atol=1e-5, err_msg=key)

@@ -28,6 +28,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from meshensemble import data as data_lib
+from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.mesh import make_mesh, parse_mesh
 from meshensemble.core.tasks import Regression
@@ -186,8 +187,10 @@ def draw_figure(ens: Ensemble, state: Any, train: RegressionData, path: str) -> 
 
     lo, hi = float(train.x_train.min()), float(train.x_train.max())
     grid = np.linspace(lo - (hi - lo) / 2, hi + (hi - lo) / 2, 200, dtype=np.float32)[:, None]
-    out = jax.device_get(ens.predict(state, grid))
-    members = jax.device_get(ens.predict_members(state, grid))["mean"][..., 0]
+    out = fetch(ens.predict(state, grid))  # every process takes part; process 0 draws
+    members = fetch(ens.predict_members(state, grid))["mean"][..., 0]
+    if jax.process_index():
+        return
     sd = np.sqrt(out["variance"][:, 0])
     plots.regression_figure(grid[:, 0], out["mean"][:, 0], sd, members, train.x_train,
                             train.y_train, path)  # fmt: skip
@@ -259,7 +262,7 @@ def train_regression(
                 break
         if step < last and (step // steps) % every:
             continue  # evaluate (and save) every `every` epochs, and at the end
-        loss = np.asarray(jax.device_get(metrics["loss"]))
+        loss = np.asarray(fetch(metrics["loss"]))
         if not np.all(np.isfinite(loss)):
             raise NonFiniteError(
                 f"members {np.flatnonzero(~np.isfinite(loss)).tolist()} have a non-finite "
@@ -281,7 +284,7 @@ def train_regression(
             ckpt.save(step, state, {"epoch": epoch + 1, "step": step})
     if ckpt is not None:
         ckpt.close()
-    if main and data.x_train.shape[1] == 1 and data.targets == 1:
+    if data.x_train.shape[1] == 1 and data.targets == 1:
         draw_figure(ens, state, train, os.path.join(cfg.workdir, PLOT_FILE))
     writer.close()
     return RegressionResult(ens, state, writer.history, data, time.perf_counter() - t0)
