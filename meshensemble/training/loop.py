@@ -191,8 +191,13 @@ def train(
         (a :mod:`meshensemble.data.stream` source, e.g. ArrayRecord files, holding the
         examples of ``dataset``'s train split in the same order); default those arrays.
 
+    With ``cfg.task == "regression"`` the run is
+    :func:`meshensemble.training.regression_run.train_regression`'s (Gaussian members on
+    float targets, see docs/regression.md).
+
     Returns:
-      A :class:`TrainResult`.
+      A :class:`TrainResult` (a
+      :class:`~meshensemble.training.regression_run.RegressionResult` for regression).
 
     Raises:
       ValueError: a bad config value, a workdir that is not writable, or a workdir that
