@@ -405,3 +405,11 @@ def test_two_processes_train_the_same_regression_ensemble_as_one(tmp_path):
     multi = (tmp_path / "multi" / "metrics.jsonl").read_text().splitlines()[-1]
     for key, value in json.loads(multi).items():
         np.testing.assert_allclose(value, one.history[-1][key], rtol=1e-5, atol=1e-5, err_msg=key)
+
+
+def test_predict_members_drops_the_padding_when_members_equal_examples():
+    ens = me.Ensemble(Net(), TX, 3, me.make_mesh(1, 2), task=me.tasks.Regression(1))
+    state = ens.init(jax.random.key(0), X[:1])
+    out = ens.predict_members(state, X[:3])  # 3 rows padded to 4 over data=2
+    assert out["mean"].shape == out["variance"].shape == (3, 3, 1)
+    assert ens.predict(state, X[:3])["epistemic"].shape == (3, 1)

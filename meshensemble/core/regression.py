@@ -58,7 +58,7 @@ def predict(ens: Any, state: Any, x: Any, members: bool) -> dict[str, jax.Array]
         spec,
     )
     out = fn(state, inputs.pad(x, ens.data_size))
-    if next(iter(out.values())).shape[-3 if members else -2] == n:
+    if out["mean"].shape[-2] == n:  # the examples' axis of [members, N, T] and [N, T]
         return out
     whole = P(ENSEMBLE) if members else P()  # padding dropped: no longer divisible over data
     trim = lambda v: put(v, ens.mesh, whole)[:, :n] if members else put(v, ens.mesh, whole)[:n]
