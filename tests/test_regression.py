@@ -205,6 +205,8 @@ def test_two_targets_and_target_units():
         (lambda e, s: e.train_step(s, X[:31], Y[:31]), r"multiple of the mesh's data axis"),
         (lambda e, s: e.train_step(s, X[:8], Y), r"differ in length"),
         (lambda e, s: e.evaluate(s, X[:4], Y), r"x has 4 rows but y has shape"),
+        (lambda e, s: e.predict(s, X, temperature=1.5), r"temperature and logits are for cl"),
+        (lambda e, s: e.predict_members(s, X, logits=True), r"fit_variance_scale instead"),
     ],
 )
 def test_bad_targets_raise_one_line(call, match):

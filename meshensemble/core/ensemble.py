@@ -440,7 +440,7 @@ class Ensemble:
           >>> ens.predict_members(state, images, logits=True)  # [8, N, 10] logits
         """
         if self.regression:
-            return regression.predict(self, state, images, members=True)
+            return regression.predict(self, state, images, True, temperature, logits)
         t = tempering.check_temperature(temperature, self.num_members)
         out = self._predict(state, images, members=True, logits=logits)
         if t is None:
@@ -476,7 +476,7 @@ class Ensemble:
           >>> ens.predict(state, images, temperature=1.3)  # calibrated probabilities
         """
         if self.regression:
-            return regression.predict(self, state, images, members=False)
+            return regression.predict(self, state, images, False, temperature)
         t = tempering.check_temperature(temperature, self.num_members)
         if t is None:
             return self._predict(state, images, members=False)

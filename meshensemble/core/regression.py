@@ -35,7 +35,9 @@ def _inputs(ens: Any, state: Any, x: Any) -> tuple[Any, int]:
     return x, n
 
 
-def predict(ens: Any, state: Any, x: Any, members: bool) -> dict[str, jax.Array]:
+def predict(
+    ens: Any, state: Any, x: Any, members: bool, temperature: Any = None, logits: bool = False
+) -> dict[str, jax.Array]:
     """The mixture's moments (or each member's Gaussian) for ``x``, computed on the mesh.
 
     Args:
@@ -44,10 +46,19 @@ def predict(ens: Any, state: Any, x: Any, members: bool) -> dict[str, jax.Array]
       x: ``[N, ...]`` inputs, any ``N``.
       members: each member's ``{"mean", "variance"}`` ``[members, N, T]`` (True) or the
         mixture's ``{"mean", "variance", "aleatoric", "epistemic"}`` ``[N, T]`` (False).
+      temperature, logits: classification's options; must be None / False.
 
     Returns:
       The dict of arrays (members split over ``ensemble``).
+
+    Raises:
+      ValueError: a temperature or ``logits=True`` (classification only), or no rows.
     """
+    if temperature is not None or logits:
+        raise ValueError(
+            "temperature and logits are for classification ensembles; scale a regression "
+            "ensemble's variance with me.calibration.fit_variance_scale instead"
+        )
     x, n = _inputs(ens, state, x)
     per_device = steps.member_moments if members else steps.mixture_moments
     spec = MEMBER_BATCH if members else BATCH
