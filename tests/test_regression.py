@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import pathlib
 from operator import itemgetter
 
 import flax.linen as nn
@@ -415,3 +416,17 @@ def test_predict_members_drops_the_padding_when_members_equal_examples():
     out = ens.predict_members(state, X[:3])  # 3 rows padded to 4 over data=2
     assert out["mean"].shape == out["variance"].shape == (3, 3, 1)
     assert ens.predict(state, X[:3])["epistemic"].shape == (3, 1)
+
+
+@pytest.mark.slow
+def test_the_diabetes_comparison_runs(capsys):
+    pytest.importorskip("sklearn")
+    import importlib.util
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "regression" / "compare.py"
+    spec = importlib.util.spec_from_file_location("regression_compare", path)
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    rows = compare.main(["--steps", "20"])
+    assert "| BayesianRidge |" in capsys.readouterr().out
+    assert set(rows["ensemble (8 MLP members, mixture)"]) >= {"nll", "crps", "coverage_90"}

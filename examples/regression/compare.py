@@ -14,17 +14,14 @@ from __future__ import annotations
 import argparse
 import math
 
+import jax
 import numpy as np
 import optax
+from scipy import stats
+from sklearn.ensemble import GradientBoostingRegressor
+from sklearn.linear_model import BayesianRidge
 
 import meshensemble as me
-
-me.use_fake_cpu_devices(8)
-
-import jax  # noqa: E402
-from scipy import stats  # noqa: E402
-from sklearn.ensemble import GradientBoostingRegressor  # noqa: E402
-from sklearn.linear_model import BayesianRidge  # noqa: E402
 
 
 def gaussian_scores(mean, sd, y):
@@ -61,11 +58,15 @@ def train_ensemble(data, members, steps, seed):
     return ens, state
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    """Trains, scores and prints the table; returns its rows (and ``"conformal"``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=300)
-    args = parser.parse_args()
+    parser.add_argument("--fake-devices", type=int, default=8, help="0: the real devices")
+    args = parser.parse_args(argv)
+    if args.fake_devices:  # before JAX's first computation
+        me.use_fake_cpu_devices(args.fake_devices)
     data = me.data.diabetes(seed=args.seed)
     y = data.y_test[:, 0].astype(np.float64)
     rows = {}
@@ -106,6 +107,7 @@ def main() -> None:
         covered.append(np.mean(np.abs(y[test] - mu[test]) <= q * sd[test]))
     print(f"\nconformal 90% (ensemble mean +/- q sd): mean coverage over 20 splits "
           f"{np.mean(covered):.3f} (min {np.min(covered):.3f})")  # fmt: skip
+    return rows | {"conformal": {"coverage_90": float(np.mean(covered))}}
 
 
 if __name__ == "__main__":
