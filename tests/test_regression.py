@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import pathlib
@@ -353,7 +354,8 @@ def test_regression_cli_on_an_npz_with_a_validation_split(tmp_path, capsys):
     np.savez(path, x_train=x[:32], y_train=y[:32], x_test=x[32:], y_test=y[32:])
     argv = ["train", "--task", "regression", "--source", "npz", "--data-file", str(path),
             "--members", "2", "--mesh", "ensemble=2,data=1", "--epochs", "2", "--batch-size",
-            "8", "--validation", "8", "--no-compile-cache", "--workdir"]  # fmt: skip
+            "8", "--validation", "8", "--no-compile-cache", "--shuffle", "per-member",
+            "--workdir"]  # fmt: skip
     argv.append(str(tmp_path / "w"))
     assert cli.main(argv) == 0
     record = json.loads((tmp_path / "w" / "metrics.jsonl").read_text().splitlines()[-1])
@@ -430,3 +432,30 @@ def test_the_diabetes_comparison_runs(capsys):
     rows = compare.main(["--steps", "20"])
     assert "| BayesianRidge |" in capsys.readouterr().out
     assert set(rows["ensemble (8 MLP members, mixture)"]) >= {"nll", "crps", "coverage_90"}
+
+
+def test_the_run_plan_and_epoch_batches_are_pure_and_seeded():
+    run = me.training.regression_run
+    cfg = me.TrainConfig(task="regression", batch_size=8, epochs=40, mesh="ensemble=2,data=4")
+    plan = run.plan_run(cfg, 19, 8)
+    assert (plan.batch, plan.steps, plan.last, plan.every) == (8, 2, 80, 2)
+    rows = run.epoch_batches(cfg, plan, 3, 19)
+    assert rows.shape == (2, 8) and len(set(rows.ravel())) == 16
+    np.testing.assert_array_equal(rows, run.epoch_batches(cfg, plan, 3, 19))
+    per = dataclasses.replace(cfg, shuffle="per-member", members=4)
+    assert run.epoch_batches(per, plan, 3, 19).shape == (2, 4, 8)
+    with pytest.raises(ValueError, match="3 training rows cannot fill a batch on a data axis"):
+        run.plan_run(cfg, 3, 8)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"bootstrap": True}, r"bootstrap=True is not available with task='regression'"),
+        ({"source": "sample"}, r"source='sample' holds images and class labels"),
+        ({"task": "classification", "source": "diabetes"}, r"add --task regression"),
+    ],
+)
+def test_regression_config_errors(kw, match):
+    with pytest.raises(ValueError, match=match):
+        me.TrainConfig(**({"task": "regression"} | kw)).validate()

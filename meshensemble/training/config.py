@@ -322,7 +322,7 @@ class TrainConfig:
         _number("stop_within", self.stop_within, ">= 0 seconds (0: no cap)", lambda v: v >= 0)
         if self.mesh:
             parse_mesh(self.mesh)
-        _check_task_source(self.task, self.source)
+        _check_task(self)
         if self.conv != "auto" and self.model not in CONV_MODELS:
             raise ValueError(
                 f"conv={self.conv!r} applies to the models {', '.join(CONV_MODELS)}, not "
@@ -331,14 +331,30 @@ class TrainConfig:
         return self
 
 
-def _check_task_source(task: str, source: str) -> None:
+def _check_task(cfg: TrainConfig) -> None:
+    """One-line ValueError for a source or option the task does not have."""
+    task, source = cfg.task, cfg.source
     if task == "classification" and source in REGRESSION_ONLY_SOURCES:
         raise ValueError(f"source={source!r} is regression data; add --task regression")
-    if task == "regression" and source not in ("auto", "npz", *REGRESSION_ONLY_SOURCES):
+    if task != "regression":
+        return
+    if source not in ("auto", "npz", *REGRESSION_ONLY_SOURCES):
         raise ValueError(
             f"source={source!r} holds images and class labels, not regression data; use "
             "--source npz --data-file PATH, --source toy1d or --source diabetes"
         )
+    unsupported = {
+        "bootstrap": cfg.bootstrap,
+        "augment": cfg.augment != "none",
+        "label_smoothing": cfg.label_smoothing != 0,
+        "input": cfg.input == "stream" or cfg.streaming,
+    }
+    for name, used in unsupported.items():
+        if used:
+            raise ValueError(
+                f"{name}={getattr(cfg, name)!r} is not available with task='regression'; "
+                f"leave --{name.replace('_', '-')} at its default"
+            )
 
 
 def _positive_int(name: str, value: Any) -> None:

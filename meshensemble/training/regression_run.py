@@ -38,6 +38,7 @@ from meshensemble.training.checkpoint import Checkpointer, list_checkpoints, res
 from meshensemble.training.config import (
     CONFIG_FILE,
     METRICS_FILE,
+    PRECISIONS,
     TrainConfig,
     default_mesh_shape,
     make_optimizer,
@@ -127,7 +128,8 @@ def split_validation(data: RegressionData, n: int, seed: int) -> tuple[Regressio
 
 
 def _standardise(mean: np.ndarray, std: np.ndarray) -> Callable[[Any], Any]:
-    return lambda x: (x - mean[None]) / std[None]
+    row = lambda v, x: v.reshape((1,) * (x.ndim - 1) + (-1,))  # [F] over [..., F]
+    return lambda x: (x - row(mean, x)) / row(std, x)
 
 
 def build_regression_ensemble(
@@ -156,6 +158,8 @@ def build_regression_ensemble(
         backend=cfg.backend,
         member_strategy=cfg.member_strategy,
         input_transform=_standardise(mean, std),
+        compute_dtype=PRECISIONS[cfg.precision],
+        shard_members=cfg.shard_members,
         task=task,
     )
 
@@ -201,6 +205,66 @@ def _scores(ens: Ensemble, state: Any, x: Any, y: Any, prefix: str, batch: int) 
     return {f"{prefix}_{k}": v for k, v in out.items() if k != "count"}
 
 
+@dataclasses.dataclass(frozen=True)
+class RegressionPlan:
+    """What a regression run works out from its config and data, before any step.
+
+    Attributes:
+      mesh: ``{"ensemble": E, "data": D}``.
+      batch: the global batch (``cfg.batch_size``, at most the training rows, rounded
+        down to a multiple of ``D``).
+      steps: steps per epoch.
+      last: the step the run stops at (``epochs * steps``, or ``max_steps`` if sooner).
+      every: evaluate (and checkpoint) every this many epochs, and at the end.
+    """
+
+    mesh: dict[str, int]
+    batch: int
+    steps: int
+    last: int
+    every: int
+
+
+def plan_run(cfg: TrainConfig, num_train: int, devices: int) -> RegressionPlan:
+    """The :class:`RegressionPlan` of ``cfg`` on ``num_train`` rows and ``devices`` (pure).
+
+    Raises:
+      ValueError: the training rows cannot fill one batch on the ``data`` axis.
+
+    Example:
+      >>> plan_run(me.TrainConfig(task="regression", batch_size=8, epochs=40), 16, 8).steps
+      2
+    """
+    shape = parse_mesh(cfg.mesh) if cfg.mesh else default_mesh_shape(cfg.members, devices)
+    d = int(shape.get("data", 1))
+    batch = min(cfg.batch_size, num_train) // d * d
+    if batch == 0:
+        raise ValueError(
+            f"{num_train} training rows cannot fill a batch on a data axis of {d}; use a mesh "
+            "with a smaller data axis or more rows"
+        )
+    steps = num_train // batch
+    last = cfg.epochs * steps if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * steps)
+    return RegressionPlan(dict(shape), batch, steps, last, max(1, cfg.epochs // EVALUATIONS))
+
+
+def epoch_batches(cfg: TrainConfig, plan: RegressionPlan, epoch: int, n: int) -> np.ndarray:
+    """Row indices of each step of ``epoch``: ``[steps, batch]``, or ``[steps, members, batch]``.
+
+    A seeded permutation per epoch (``default_rng([seed, epoch])``), one for all members
+    (``shuffle="shared"``) or one per member (``"per-member"``, then member ``m`` draws
+    from ``default_rng([seed, epoch, m])``); the same on every process and after a resume.
+    """
+    take = lambda order: np.sort(
+        order[: plan.steps * plan.batch].reshape(plan.steps, plan.batch), axis=-1
+    )
+    if cfg.shuffle == "per-member":
+        rows = [take(np.random.default_rng([cfg.seed, epoch, m]).permutation(n))
+                for m in range(cfg.members)]  # fmt: skip
+        return np.stack(rows, axis=1)
+    return take(np.random.default_rng([cfg.seed, epoch]).permutation(n))
+
+
 def train_regression(
     cfg: TrainConfig, echo: Callable[[str], None] | None = None
 ) -> RegressionResult:
@@ -229,62 +293,59 @@ def train_regression(
     resume = _resuming(cfg)
     train, val = split_validation(data, cfg.validation, cfg.seed)
     stats = data_lib.standardizer(train)
-    shape = (
-        parse_mesh(cfg.mesh) if cfg.mesh else default_mesh_shape(cfg.members, jax.device_count())
-    )
-    mesh = make_mesh(**shape)
-    d, n = int(mesh.shape["data"]), len(train.x_train)
-    batch = min(cfg.batch_size, n) // d * d
-    if batch == 0:
-        raise ValueError(f"{n} training rows cannot fill a batch on a data axis of {d}")
-    steps = n // batch
-    ens = build_regression_ensemble(cfg, mesh, stats, train.targets, steps)
+    plan = plan_run(cfg, len(train.x_train), jax.device_count())
+    ens = build_regression_ensemble(cfg, make_mesh(**plan.mesh), stats, train.targets, plan.steps)
     init_key = jax.random.split(jax.random.key(cfg.seed))[0]  # the classification run's
     state, step = ens.init(init_key, train.x_train[:1]), 0
     if resume:
         state, _, step = restore_checkpoint(cfg.workdir, ens, train.x_train[:1], echo=say)
         say(f"resumed {cfg.workdir} at step {step}")
     writer = RunWriter(cfg.workdir, main, cfg.tensorboard, keep_until=step if resume else None)
-    values = (dict(mesh.shape), batch, steps, model_name(cfg), stats, data.name)
-    resolved = dict(zip(RESOLVED_KEYS, values))
-    writer.write_config(cfg, resolved)
+    values = (plan.mesh, plan.batch, plan.steps, model_name(cfg), stats, data.name)
+    writer.write_config(cfg, dict(zip(RESOLVED_KEYS, values)))
     ckpt = Checkpointer(cfg.workdir, cfg.keep, say) if cfg.checkpoint else None
-    last = cfg.epochs * steps if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * steps)
-    every = max(1, cfg.epochs // EVALUATIONS)
-    while step < last:
-        epoch = step // steps
-        order = np.random.default_rng([cfg.seed, epoch]).permutation(n)
-        for i in range(step % steps, steps):
-            idx = np.sort(order[i * batch : (i + 1) * batch])
+    sets = {"test": (data.x_test, data.y_test)} | ({"val": val} if val is not None else {})
+    while step < plan.last:
+        rows = epoch_batches(cfg, plan, step // plan.steps, len(train.x_train))
+        for idx in rows[step % plan.steps : plan.steps]:
             state, metrics = ens.train_step(state, train.x_train[idx], train.y_train[idx])
             step += 1
-            if step >= last:
+            if step >= plan.last:
                 break
-        if step < last and (step // steps) % every:
+        if step < plan.last and (step // plan.steps) % plan.every:
             continue  # evaluate (and save) every `every` epochs, and at the end
-        loss = np.asarray(fetch(metrics["loss"]))
-        if not np.all(np.isfinite(loss)):
-            raise NonFiniteError(
-                f"members {np.flatnonzero(~np.isfinite(loss)).tolist()} have a non-finite "
-                f"loss at step {step}; lower --learning-rate (e.g. --optimizer adam "
-                "--learning-rate 0.01)"
-            )
-        record = {"step": step, "epoch": step / steps, "train_loss": loss.tolist()}
-        record |= _scores(ens, state, data.x_test, data.y_test, "test", cfg.eval_batch_size)
-        if val is not None:
-            record |= _scores(ens, state, val[0], val[1], "val", cfg.eval_batch_size)
+        record = _record(cfg, ens, state, step, plan, metrics, sets)
         writer.write_metrics(record)
         writer.history.append(record)
-        say(
-            f"step {step}/{last}: loss {loss.mean():.4f}, test nll "
-            f"{record['test_nll']:.4f}, rmse {record['test_rmse']:.4f}, crps "
-            f"{record['test_crps']:.4f}, 90% coverage {record['test_coverage_90']:.3f}"
-        )
+        say(_line(record, plan.last))
         if ckpt is not None:
-            ckpt.save(step, state, {"epoch": epoch + 1, "step": step})
+            ckpt.save(step, state, {"epoch": step // plan.steps, "step": step})
     if ckpt is not None:
         ckpt.close()
     if data.x_train.shape[1] == 1 and data.targets == 1:
         draw_figure(ens, state, train, os.path.join(cfg.workdir, PLOT_FILE))
     writer.close()
     return RegressionResult(ens, state, writer.history, data, time.perf_counter() - t0)
+
+
+def _record(cfg, ens, state, step, plan, metrics, sets) -> dict[str, Any]:
+    """One ``metrics.jsonl`` record; NonFiniteError when a member's loss is NaN/inf."""
+    loss = np.asarray(fetch(metrics["loss"]))
+    if not np.all(np.isfinite(loss)):
+        raise NonFiniteError(
+            f"members {np.flatnonzero(~np.isfinite(loss)).tolist()} have a non-finite "
+            f"loss at step {step}; lower --learning-rate (e.g. --optimizer adam "
+            "--learning-rate 0.01)"
+        )
+    record = {"step": step, "epoch": step / plan.steps, "train_loss": loss.tolist()}
+    for name, (x, y) in sets.items():
+        record |= _scores(ens, state, x, y, name, cfg.eval_batch_size)
+    return record
+
+
+def _line(r: dict[str, Any], last: int) -> str:
+    return (
+        f"step {r['step']}/{last}: loss {np.mean(r['train_loss']):.4f}, test nll "
+        f"{r['test_nll']:.4f}, rmse {r['test_rmse']:.4f}, crps {r['test_crps']:.4f}, "
+        f"90% coverage {r['test_coverage_90']:.3f}"
+    )
