@@ -325,11 +325,19 @@ def _cfg(workdir, **kw):
 
 
 @pytest.mark.slow
-def test_regression_run_writes_standardised_outputs_and_resumes_exactly(tmp_path):
+def test_regression_run_writes_standardised_outputs_and_resumes_exactly(tmp_path, monkeypatch):
     whole = me.training.train(_cfg(tmp_path / "a"))
     cut = me.training.train(_cfg(tmp_path / "b", max_steps=3))
     assert cut.history[-1]["step"] == 3
     resumed = me.training.train(_cfg(tmp_path / "b"))
+    testing.assert_trees_close(resumed.state.params, whole.state.params, rtol=0, atol=0)
+    with monkeypatch.context() as m:  # a SIGTERM after step 2: save, stop, resume exactly
+        m.setattr(me.training.guards.StopSignal, "requested", lambda self, step: step >= 2)
+        stopped = me.training.train(_cfg(tmp_path / "c"))
+    assert (
+        stopped.preempted and me.training.checkpoint.list_checkpoints(str(tmp_path / "c"))[-1] == 2
+    )
+    resumed = me.training.train(_cfg(tmp_path / "c"))
     testing.assert_trees_close(resumed.state.params, whole.state.params, rtol=0, atol=0)
 
     saved = json.loads((tmp_path / "a" / "config.json").read_text())

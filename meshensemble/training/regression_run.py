@@ -43,7 +43,7 @@ from meshensemble.training.config import (
     default_mesh_shape,
     make_optimizer,
 )
-from meshensemble.training.guards import NonFiniteError
+from meshensemble.training.guards import NonFiniteError, StopSignal
 from meshensemble.training.identity import check_same_run, read_saved_config, run_fields
 from meshensemble.training.outputs import RunWriter, check_writable, clear_run
 
@@ -70,7 +70,7 @@ class RegressionResult:
       history: the records written to ``metrics.jsonl``.
       dataset: the :class:`meshensemble.data.RegressionData` used.
       seconds: wall time of the run.
-      preempted: always False (a regression run has no signal handling yet).
+      preempted: the run stopped on SIGTERM/SIGINT after saving a checkpoint.
       compile: empty (compilations are not logged for regression runs yet).
     """
 
@@ -305,27 +305,36 @@ def train_regression(
     writer.write_config(cfg, dict(zip(RESOLVED_KEYS, values)))
     ckpt = Checkpointer(cfg.workdir, cfg.keep, say) if cfg.checkpoint else None
     sets = {"test": (data.x_test, data.y_test)} | ({"val": val} if val is not None else {})
-    while step < plan.last:
-        rows = epoch_batches(cfg, plan, step // plan.steps, len(train.x_train))
-        for idx in rows[step % plan.steps : plan.steps]:
-            state, metrics = ens.train_step(state, train.x_train[idx], train.y_train[idx])
-            step += 1
-            if step >= plan.last:
-                break
-        if step < plan.last and (step // plan.steps) % plan.every:
-            continue  # evaluate (and save) every `every` epochs, and at the end
-        record = _record(cfg, ens, state, step, plan, metrics, sets)
-        writer.write_metrics(record)
-        writer.history.append(record)
-        say(_line(record, plan.last))
-        if ckpt is not None:
-            ckpt.save(step, state, {"epoch": step // plan.steps, "step": step})
+    stop, stopped = StopSignal.install(), False
+    try:
+        while step < plan.last and not stopped:
+            rows = epoch_batches(cfg, plan, step // plan.steps, len(train.x_train))
+            for idx in rows[step % plan.steps : plan.steps]:
+                state, metrics = ens.train_step(state, train.x_train[idx], train.y_train[idx])
+                step += 1
+                stopped = stop.requested(step)
+                if step >= plan.last or stopped:
+                    break
+            if stopped:
+                say(f"stopped by {stop.signal} at step {step}; rerun the command to resume")
+            elif step < plan.last and (step // plan.steps) % plan.every:
+                continue  # evaluate (and save) every `every` epochs, and at the end
+            else:
+                record = _record(cfg, ens, state, step, plan, metrics, sets)
+                writer.write_metrics(record)
+                writer.history.append(record)
+                say(_line(record, plan.last))
+            if ckpt is not None:
+                ckpt.save(step, state, {"epoch": step // plan.steps, "step": step})
+    finally:
+        stop.uninstall()
     if ckpt is not None:
         ckpt.close()
-    if data.x_train.shape[1] == 1 and data.targets == 1:
+    if data.x_train.shape[1] == 1 and data.targets == 1 and not stopped:
         draw_figure(ens, state, train, os.path.join(cfg.workdir, PLOT_FILE))
     writer.close()
-    return RegressionResult(ens, state, writer.history, data, time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    return RegressionResult(ens, state, writer.history, data, seconds, preempted=stopped)
 
 
 def _record(cfg, ens, state, step, plan, metrics, sets) -> dict[str, Any]:
