@@ -467,3 +467,15 @@ def test_the_run_plan_and_epoch_batches_are_pure_and_seeded():
 def test_regression_config_errors(kw, match):
     with pytest.raises(ValueError, match=match):
         me.TrainConfig(**({"task": "regression"} | kw)).validate()
+
+
+def test_metrics_from_member_arrays_equal_the_streamed_evaluation():
+    ens, state, _ = trained()
+    x, y = _data(27, seed=1)
+    mu, var = _members(ens, state, x)
+    got = me.metrics.regression.scores(mu, var, y[:, 0])
+    want = ens.evaluate(state, x, y, batch_size=10)
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=2e-4, atol=2e-5, err_msg=k)
+    with pytest.raises(ValueError, match=r"must be \[members, N, T\]"):
+        me.metrics.regression.mixture_nll(mu[0], var[0], y)
