@@ -289,11 +289,11 @@ def train_regression(
     t0, main = time.perf_counter(), jax.process_index() == 0
     say = echo or (print if main and not cfg.quiet else (lambda s: None))
     check_writable(cfg.workdir)
-    data = load_regression(cfg)
-    resume = _resuming(cfg)
+    data = load_regression(cfg)  # every bad input raises before the workdir is touched
     train, val = split_validation(data, cfg.validation, cfg.seed)
     stats = data_lib.standardizer(train)
     plan = plan_run(cfg, len(train.x_train), jax.device_count())
+    resume = _resuming(cfg)
     ens = build_regression_ensemble(cfg, make_mesh(**plan.mesh), stats, train.targets, plan.steps)
     init_key = jax.random.split(jax.random.key(cfg.seed))[0]  # the classification run's
     state, step = ens.init(init_key, train.x_train[:1]), 0
