@@ -17,6 +17,7 @@ from meshensemble import serving as serving
 from meshensemble import testing as testing
 from meshensemble import training as training
 from meshensemble.core import distributed as distributed
+from meshensemble.core import tasks as tasks
 from meshensemble.core.adapters import FunctionModel as FunctionModel
 from meshensemble.core.adapters import LinenModel as LinenModel
 from meshensemble.core.adapters import Model as Model
@@ -99,6 +100,7 @@ __all__ = [
     "save_inference",
     "serving",
     "softmax_cross_entropy",
+    "tasks",
     "testing",
     "training",
     "checkpoint",

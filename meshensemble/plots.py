@@ -206,3 +206,43 @@ def calibration_summary(
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def regression_figure(
+    grid: Any,
+    mean: Any,
+    sd: Any,
+    member_means: Any,
+    x_train: Any,
+    y_train: Any,
+    path: str,
+) -> None:
+    """The 1-D regression figure: mixture mean +/- 2 sd, the member means, the training data.
+
+    Args:
+      grid: ``[G]`` inputs, sorted.
+      mean: ``[G]`` the mixture's mean; ``sd``: ``[G]`` its standard deviation.
+      member_means: ``[members, G]`` each member's mean.
+      x_train: ``[N]`` training inputs; ``y_train``: ``[N]`` their targets.
+      path: the PNG to write.
+
+    Example:
+      >>> regression_figure(g, out["mean"][:, 0], sd, members["mean"][..., 0], x, y, "r.png")
+    """
+    plt = pyplot()
+    grid, mean, sd = (np.asarray(v, np.float64).reshape(-1) for v in (grid, mean, sd))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.fill_between(grid, mean - 2 * sd, mean + 2 * sd, color="tab:blue", alpha=0.2,
+                    label="mixture mean +/- 2 sd")  # fmt: skip
+    for i, m in enumerate(np.asarray(member_means)):
+        ax.plot(
+            grid, m, color="tab:gray", lw=0.8, alpha=0.6, label="member means" if not i else None
+        )
+    ax.plot(grid, mean, color="tab:blue", lw=2, label="mixture mean")
+    ax.scatter(np.ravel(x_train), np.ravel(y_train), color="tab:red", s=14, zorder=3,
+               label="training data")  # fmt: skip
+    ax.set(xlabel="x", ylabel="y", title="regression ensemble: the mixture")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

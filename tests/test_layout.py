@@ -224,7 +224,11 @@ def test_every_third_party_import_is_declared():
 
     pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
     dist = lambda d: d.split(">")[0].split("=")[0].split("[")[0].split("<")[0].strip().lower()
-    import_name = {"orbax-checkpoint": "orbax", "tensorflow-datasets": "tensorflow_datasets"}
+    import_name = {
+        "orbax-checkpoint": "orbax",
+        "tensorflow-datasets": "tensorflow_datasets",
+        "scikit-learn": "sklearn",
+    }
     required = {import_name.get(dist(d), dist(d)) for d in pyproject["project"]["dependencies"]}
     optional = {
         import_name.get(dist(d), dist(d)).replace("-cpu", "").replace("-", "_")

@@ -15,6 +15,9 @@ evaluation, cli): those build on the core.
 * :mod:`meshensemble.core.backends`: ``shard_map`` and legacy ``pmap`` behind one interface.
 * :mod:`meshensemble.core.ensemble`: ``Ensemble``.
 * :mod:`meshensemble.core.distributed`: the multi-process runtime and global fetch.
+* :mod:`meshensemble.core.tasks`: the task seam (classification, Gaussian regression);
+  :mod:`meshensemble.core.gaussian` the mixture's arithmetic and
+  :mod:`meshensemble.core.regression` a regression ensemble's predict and evaluate.
 """
 
 from meshensemble.core import autotune as autotune
@@ -23,5 +26,6 @@ from meshensemble.core import ensemble as ensemble
 from meshensemble.core import mesh as mesh
 from meshensemble.core import stats as stats
 from meshensemble.core import steps as steps
+from meshensemble.core import tasks as tasks
 
-__all__ = ["autotune", "compilation", "ensemble", "mesh", "stats", "steps"]
+__all__ = ["autotune", "compilation", "ensemble", "mesh", "stats", "steps", "tasks"]

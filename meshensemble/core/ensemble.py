@@ -14,7 +14,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshensemble.core import ahead, inputs, sharding, stats, steps, tempering
+from meshensemble.core import ahead, inputs, regression, sharding, stats, steps, tasks, tempering
 from meshensemble.core.adapters import as_model
 from meshensemble.core.backends import make_backend, put
 from meshensemble.core.distributed import fetch
@@ -26,7 +26,6 @@ from meshensemble.core.mesh import (
     MEMBER_BATCH,
     MEMBERS,
     MODEL,
-    REPLICATED,
     make_mesh,
     member_sharding,
     members_per_device,
@@ -106,6 +105,9 @@ class Ensemble:
         (see :mod:`meshensemble.core.augment`). Default None (none).
       shard_members: FSDP, each member's state split over ``data``; ``axis_rules``: logical
         name -> mesh axis pairs for a ``model`` axis (:mod:`meshensemble.core.sharding`).
+      task: ``me.tasks.Classification()`` (None, the default) or
+        ``me.tasks.Regression(targets=T)``: outputs ``[B, 2T]``, float targets, and
+        predict/evaluate return the Gaussian mixture's dicts (:mod:`meshensemble.core.tasks`).
 
     Raises:
       ValueError: the mesh lacks the axes, ``num_members`` is not a multiple of the
@@ -142,6 +144,7 @@ class Ensemble:
         augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
         shard_members: bool = False,
         axis_rules: Any = None,
+        task: Any = None,
     ):
         inputs.check_optimizer(optimizer)
         mesh = make_mesh() if mesh is None else mesh
@@ -164,7 +167,11 @@ class Ensemble:
         self.member_strategy = member_strategy
         self.model = as_model(model)
         self.optimizer = optimizer
-        self.loss_fn = loss_fn or steps.softmax_cross_entropy
+        self.task = tasks.check_task(task)
+        self.regression = self.task.kind == "regression"
+        self.loss_fn = loss_fn or (
+            self.task.loss if self.regression else steps.softmax_cross_entropy
+        )
         self.input_transform = input_transform
         self.hyperparams = member_hyperparams(hyperparams, optimizer, self.num_members)
         self.compute_dtype = inputs.compute_dtype(compute_dtype)
@@ -205,6 +212,7 @@ class Ensemble:
             compute_dtype=self.compute_dtype,
             augment=self.augment,
             gather_axes=self.shard_members and sharding.gather_axes(self.state_spec.params) or None,
+            task=self.task,
         )
 
     @property
@@ -296,12 +304,7 @@ class Ensemble:
           >>> compiled = ens.train_step_fn().lower(state, images, labels).compile()
         """
         spec = MEMBER_BATCH if per_member else BATCH
-        metric_specs = {
-            "loss": MEMBERS,
-            "accuracy": MEMBERS,
-            "ensemble_accuracy": REPLICATED,
-            "ensemble_nll": REPLICATED,
-        }
+        metric_specs = self.task.train_metric_specs()
         return self._fn(
             ("train", per_member),
             lambda: self.backend.build(
@@ -389,8 +392,13 @@ class Ensemble:
         """
         self._check_state(state)
         images, labels = inputs.as_array(images, "images"), inputs.as_array(labels, "labels")
-        per_member = inputs.check_batch(images, labels, self.num_members, self.data_size)
-        self._check_label_range(state, images, labels, per_member)
+        if self.regression:
+            per_member, labels = self.task.check_batch(
+                images, labels, self.num_members, self.data_size
+            )
+        else:
+            per_member = inputs.check_batch(images, labels, self.num_members, self.data_size)
+            self._check_label_range(state, images, labels, per_member)
         out = self._dispatched(self.train_step_fn(per_member)(state, images, labels))
         inputs.consume(state)
         return out
@@ -431,6 +439,8 @@ class Ensemble:
           >>> ens.predict_members(state, images, temperature=[1.2] * 8)  # per member
           >>> ens.predict_members(state, images, logits=True)  # [8, N, 10] logits
         """
+        if self.regression:
+            return regression.predict(self, state, images, True, temperature, logits)
         t = tempering.check_temperature(temperature, self.num_members)
         out = self._predict(state, images, members=True, logits=logits)
         if t is None:
@@ -465,6 +475,8 @@ class Ensemble:
           >>> ens.predict(state, images).argmax(-1)  # the ensemble's classes, [N]
           >>> ens.predict(state, images, temperature=1.3)  # calibrated probabilities
         """
+        if self.regression:
+            return regression.predict(self, state, images, False, temperature)
         t = tempering.check_temperature(temperature, self.num_members)
         if t is None:
             return self._predict(state, images, members=False)
@@ -540,6 +552,8 @@ class Ensemble:
         Example:
           >>> ens.evaluate(state, test_images, test_labels)["accuracy"]
         """
+        if self.regression:
+            return regression.evaluate(self, state, images, labels, batch_size)
         self._check_state(state)
         inputs.check_positive_int("batch_size", batch_size)
         inputs.check_positive_int("num_bins", num_bins)
@@ -635,21 +649,7 @@ class Ensemble:
 
     # ------------------------------------------------------------------ checks
     def _check_state(self, state: EnsembleState) -> None:
-        if not isinstance(state, EnsembleState):
-            raise ValueError(
-                f"state is a {type(state).__name__}, not an EnsembleState; make it with ens.init"
-            )
-        if state.num_members != self.num_members:
-            raise ValueError(
-                f"state has {state.num_members} members but this Ensemble has "
-                f"{self.num_members}; use the state made by this ensemble's init"
-            )
-        if any(isinstance(v, jax.Array) and v.is_deleted() for v in jax.tree.leaves(state)):
-            raise ValueError(
-                "state was consumed by an earlier train_step (its buffers are donated and "
-                "reused); use the state that call returned: state, metrics = "
-                "ens.train_step(state, images, labels)"
-            )
+        inputs.check_state(state, self.num_members)
 
     def num_classes(self, state: EnsembleState, images: Any) -> int:
         """The number of classes the model predicts (from its output shape; nothing runs).

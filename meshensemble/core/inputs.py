@@ -146,3 +146,28 @@ def pad_to(x: Any, size: int) -> Any:
         return jnp.concatenate([x, jnp.repeat(x[:1], extra, axis=0)])
     x = np.asarray(x)
     return np.concatenate([x, np.repeat(x[:1], extra, axis=0)])
+
+
+def check_state(state: Any, num_members: int) -> None:
+    """One-line ValueError unless ``state`` is a live ``EnsembleState`` of ``num_members``.
+
+    Raises:
+      ValueError: not an ``EnsembleState``, another ensemble size, or consumed (donated)
+        by an earlier ``train_step``.
+    """
+
+    if not isinstance(state, EnsembleState):
+        raise ValueError(
+            f"state is a {type(state).__name__}, not an EnsembleState; make it with ens.init"
+        )
+    if state.num_members != num_members:
+        raise ValueError(
+            f"state has {state.num_members} members but this Ensemble has "
+            f"{num_members}; use the state made by this ensemble's init"
+        )
+    if any(isinstance(v, jax.Array) and v.is_deleted() for v in jax.tree.leaves(state)):
+        raise ValueError(
+            "state was consumed by an earlier train_step (its buffers are donated and "
+            "reused); use the state that call returned: state, metrics = "
+            "ens.train_step(state, images, labels)"
+        )

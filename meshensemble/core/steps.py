@@ -10,7 +10,12 @@ batch) or per-member batches ``[m, b, ...]``. This is where the collectives live
   itself reduces them over ``data`` (``nn.BatchNorm(axis_name=me.models.batch_axis())``,
   as the zoo's ResNet does): each device sees only its part of the batch;
 * the ensemble prediction is the mean of the members' softmax: first over the local
-  members, then ``lax.pmean`` over ``ensemble``.
+  members, then ``lax.pmean`` over ``ensemble``;
+* for a regression task (``cfg.task.kind == "regression"``) the ensemble is the uniform
+  mixture of the members' Gaussians: its moments are ``pmean``-ed over ``ensemble``, its
+  log density is a log-mean-exp (``pmax`` then ``psum`` of ``exp``) over ``ensemble``, its
+  quantiles are bisected on the ``pmean``-ed CDF, and the CRPS's pairwise term passes the
+  members round the ``ensemble`` ring (``ppermute``), so no device gathers all members.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ import optax
 from jax import lax
 
 from meshensemble.core import augment as augment_lib
-from meshensemble.core import stats
+from meshensemble.core import gaussian, stats
 from meshensemble.core.adapters import Model
-from meshensemble.core.mesh import DATA, ENSEMBLE, varying_axes
+from meshensemble.core.mesh import DATA, ENSEMBLE
+from meshensemble.core.ordering import ordered_after
 from meshensemble.core.state import EnsembleState
 
 PyTree = Any
@@ -62,6 +68,7 @@ class StepConfig:
       gather_axes: FSDP (``shard_members``): for each parameter leaf (flattening order)
         the dimension split over ``data``, or None; see :func:`gather_params`. None
         (the default): parameters are whole on every device.
+      task: the task (:mod:`meshensemble.core.tasks`); None: classification.
     """
 
     model: Model
@@ -74,6 +81,7 @@ class StepConfig:
     compute_dtype: Any = None
     augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None
     gather_axes: tuple[int | None, ...] | None = None
+    task: Any = None
 
 
 def reduce_over(cfg: StepConfig, reduce: Callable[..., Any], x: PyTree, axis: str) -> PyTree:
@@ -217,50 +225,6 @@ def gather_params(cfg: StepConfig, params: PyTree) -> PyTree:
     return jax.tree.unflatten(treedef, whole)
 
 
-def ordered_after(done: PyTree, updates: PyTree) -> PyTree:
-    """``updates``, unchanged, but computed only once every leaf of ``done`` is.
-
-    A parameter's update needs only its own gradient, so XLA may order it before the
-    step has finished reading the parameter (a layer's input gradient reads its weights;
-    the metrics recompute the logits from the last bias). With the state donated, the old
-    buffers are then still needed when the update would overwrite them, and XLA copies
-    those parameters and optimizer leaves every step. Adding ``0 * isfinite(sum of one
-    element of each leaf of done)`` (an exact zero, never NaN, that XLA does not fold
-    away) makes every update wait, so the updates write in place.
-    ``lax.optimization_barrier`` does not do this on CPU (XLA removes it before it
-    inserts copies). On CPU this took the copies in the training loop's body from 17 to
-    2 (one member per device) and from 6 to 2 (two, vmapped). Under ``shard_map``'s
-    ``check_vma``, a leaf's zero comes from the leaves of ``done`` that vary over no more
-    mesh axes than it does.
-
-    Args:
-      done: what the updates must wait for: the gradient and the step's metrics.
-      updates: the optimizer's updates (or any pytree).
-
-    Returns:
-      ``updates`` with the same values (floating leaves ``u + 0.0``).
-
-    Example:
-      >>> updates = ordered_after((grads, probs), updates)
-    """
-    leaves = [v for v in jax.tree.leaves(done) if v.size]
-    zeros: dict[frozenset, jax.Array | None] = {}
-
-    def zero_for(vma: frozenset) -> jax.Array | None:
-        if vma not in zeros:
-            firsts = [jnp.ravel(v)[0].astype(jnp.float32) for v in leaves if varying_axes(v) <= vma]
-            zeros[vma] = 0.0 * jnp.isfinite(sum(firsts)).astype(jnp.float32) if firsts else None
-        return zeros[vma]
-
-    def tie(u: jax.Array) -> jax.Array:
-        if not jnp.issubdtype(u.dtype, jnp.floating):
-            return u
-        zero = zero_for(varying_axes(u))
-        return u if zero is None else u + zero.astype(u.dtype)
-
-    return jax.tree.map(tie, updates)
-
-
 def _member_step(cfg: StepConfig, state: EnsembleState, x: jax.Array, y: jax.Array):
     """One member's step on its local batch; ``state`` leaves have no member axis."""
     rng = _member_key(cfg, state.rng, state.step)
@@ -309,7 +273,10 @@ def train_step(
       (averaged over ``data``); ``metrics["ensemble_accuracy"]`` and
       ``metrics["ensemble_nll"]`` are scalars from the members' softmax averaged over
       all members (NaN for per-member batches, where members see different examples).
+      A regression task returns :func:`regression_train_step`'s metrics instead.
     """
+    if is_regression(cfg):
+        return regression_train_step(cfg, state, images, labels)
     per_member = labels.ndim == 2
     axes = (0, 0 if per_member else None, 0 if per_member else None)
     x = _prepare(cfg, images)
@@ -547,3 +514,217 @@ def train_chunk(
         state, metrics = body(state, jnp.zeros((), jnp.int32))
         return state, jax.tree.map(lambda v: v[None], metrics)
     return lax.scan(body, state, jnp.arange(num_steps, dtype=jnp.int32))
+
+
+# ------------------------------------------------------------------ regression
+def is_regression(cfg: StepConfig) -> bool:
+    """Whether ``cfg``'s task is a regression (its members predict Gaussians)."""
+    return getattr(cfg.task, "kind", "classification") == "regression"
+
+
+def _regression_member_step(cfg: StepConfig, state: EnsembleState, x: jax.Array, y: jax.Array):
+    """One regression member's step on its local batch (Gaussian NLL, ``cfg.loss_fn``)."""
+    rng = _member_key(cfg, state.rng, state.step)
+    x = _augmented(cfg, state, x)
+
+    def loss_of(params):
+        whole = gather_params(cfg, params)
+        out, new_model_state = _apply(cfg, whole, state.model_state, x, True, rng)
+        loss = jnp.mean(cfg.loss_fn(out, y))
+        objective = lax.pmean(loss, DATA) if cfg.grad_mode == "vma" else loss
+        return objective, (loss, out, new_model_state)
+
+    (_, (loss, out, new_model_state)), grads = jax.value_and_grad(loss_of, has_aux=True)(
+        state.params
+    )
+    if cfg.grad_mode == "pmean":
+        grads = reduce_over(cfg, lax.pmean, grads, DATA)
+    new_model_state = reduce_over(cfg, lax.pmean, new_model_state, DATA)
+    mean, variance = cfg.task.moments(out)
+    loss, sq = reduce_over(cfg, lax.pmean, (loss, jnp.mean((mean - y) ** 2)), DATA)
+    updates, opt_state = cfg.tx.update(grads, state.opt_state, state.params)
+    updates = ordered_after((grads, loss, sq, mean, variance), updates)
+    params = optax.apply_updates(state.params, updates)
+    new_state = state.replace(
+        step=state.step + 1, params=params, opt_state=opt_state, model_state=new_model_state
+    )
+    return new_state, loss, jnp.sqrt(sq), (mean, variance)
+
+
+def regression_train_step(
+    cfg: StepConfig, state: EnsembleState, x: jax.Array, y: jax.Array
+) -> tuple[EnsembleState, dict[str, jax.Array]]:
+    """One step of every local regression member.
+
+    Args:
+      cfg: the static configuration (a regression task).
+      state: local state, leaves ``[m, ...]``.
+      x: ``[b, ...]`` (shared) or ``[m, b, ...]`` (per member).
+      y: float targets ``[b, T]`` or ``[m, b, T]``.
+
+    Returns:
+      ``(state, metrics)``: ``loss`` (Gaussian NLL) and ``rmse`` (of the member's mean)
+      ``[m]``, averaged over ``data``; ``ensemble_nll`` (the mixture's, by
+      :func:`mixture_log_density`) and ``ensemble_rmse`` (of the mixture's mean) scalars
+      (NaN for per-member batches).
+    """
+    axes = (0, 0, 0) if y.ndim == 3 else (0, None, None)
+    fn = lambda s, xb, yb: _regression_member_step(cfg, s, xb, yb)
+    state, loss, rmse, moments = map_members(fn, cfg.strategy, axes, state, _prepare(cfg, x), y)
+    metrics = {"loss": loss, "rmse": rmse}
+    if y.ndim == 3:  # per-member batches: no ensemble over different examples
+        nan = jnp.full((), jnp.nan, jnp.float32)
+        return state, metrics | {"ensemble_nll": nan, "ensemble_rmse": nan}
+    (mean, variance), y = ordered_after(state.params, moments), y.astype(jnp.float32)
+    nll = -jnp.mean(mixture_log_density(cfg, mean, variance, y))
+    mixture_mean = reduce_over(cfg, lax.pmean, jnp.mean(mean, axis=0), ENSEMBLE)
+    nll, sq = reduce_over(cfg, lax.pmean, (nll, jnp.mean((mixture_mean - y) ** 2)), DATA)
+    metrics.update(ensemble_nll=nll, ensemble_rmse=jnp.sqrt(sq))
+    return state, metrics
+
+
+def member_moments(cfg: StepConfig, state: EnsembleState, x: jax.Array) -> dict[str, jax.Array]:
+    """Each local regression member's Gaussian: ``{"mean", "variance"}``, ``[m, b, T]``."""
+    mean, variance = cfg.task.moments(member_logits(cfg, state, x))
+    return {"mean": mean, "variance": variance}
+
+
+def _mixture_moments(cfg: StepConfig, mean: jax.Array, variance: jax.Array) -> dict[str, jax.Array]:
+    mu = reduce_over(cfg, lax.pmean, jnp.mean(mean, axis=0), ENSEMBLE)
+    aleatoric = reduce_over(cfg, lax.pmean, jnp.mean(variance, axis=0), ENSEMBLE)
+    epistemic = reduce_over(cfg, lax.pmean, jnp.mean((mean - mu[None]) ** 2, axis=0), ENSEMBLE)
+    return {"mean": mu, "variance": aleatoric + epistemic, "aleatoric": aleatoric,
+            "epistemic": epistemic}  # fmt: skip
+
+
+def mixture_moments(cfg: StepConfig, state: EnsembleState, x: jax.Array) -> dict[str, jax.Array]:
+    """The mixture's moments, ``pmean`` over ``ensemble`` (no device gathers the members).
+
+    ``mean = E_m[mu_m]``; ``aleatoric = E_m[var_m]``; ``epistemic = E_m[(mu_m - mean)^2]``
+    (the members' mean around the mixture mean, the second ``pmean`` after the first, not
+    ``E[mu^2] - mean^2``, which cancels catastrophically in float32); ``variance =
+    aleatoric + epistemic``, equal to ``E_m[var_m + mu_m^2] - mean^2``.
+
+    Returns:
+      ``{"mean", "variance", "aleatoric", "epistemic"}``, each ``[b, T]``.
+    """
+    m = member_moments(cfg, state, x)
+    return _mixture_moments(cfg, m["mean"], m["variance"])
+
+
+def mixture_log_density(
+    cfg: StepConfig, mean: jax.Array, variance: jax.Array, y: jax.Array
+) -> jax.Array:
+    """``log (1/M sum_m N(y; mu_m, var_m))`` by a stable log-mean-exp over ``ensemble``.
+
+    The largest member log density (``pmax`` over ``ensemble``, held constant for the
+    gradient) is taken out before ``exp``; the rest is ``psum``-ed over ``ensemble``.
+
+    Args:
+      cfg: the static configuration.
+      mean, variance: local members' ``[m, b, T]``.
+      y: ``[b, T]``.
+
+    Returns:
+      ``[b, T]`` log densities of the mixture, the same on every ``ensemble`` device.
+    """
+    log_p = gaussian.log_density(mean, variance, y[None])
+    top = lax.stop_gradient(reduce_over(cfg, lax.pmax, jnp.max(log_p, axis=0), ENSEMBLE))
+    total = reduce_over(cfg, lax.psum, jnp.sum(jnp.exp(log_p - top[None]), axis=0), ENSEMBLE)
+    return top + jnp.log(total) - jnp.log(float(mean.shape[0] * lax.axis_size(ENSEMBLE)))
+
+
+def mixture_quantiles(
+    cfg: StepConfig, mean: jax.Array, variance: jax.Array, levels: tuple[float, ...]
+) -> jax.Array:
+    """The mixture's quantiles by bisection on its CDF (``pmean`` of the members' CDFs).
+
+    The bracket is every member's ``mu +/- 10 sigma`` (``pmin`` / ``pmax`` over
+    ``ensemble``); :data:`~meshensemble.core.gaussian.BISECTION_STEPS` halvings follow.
+    Returns ``[b, T, len(levels)]`` quantiles.
+    """
+    sd = jnp.sqrt(variance)
+    lo = reduce_over(cfg, lax.pmin, jnp.min(mean - gaussian.BRACKET_SDS * sd, 0), ENSEMBLE)
+    hi = reduce_over(cfg, lax.pmax, jnp.max(mean + gaussian.BRACKET_SDS * sd, 0), ENSEMBLE)
+    p = jnp.asarray(levels, jnp.float32)
+    lo, hi = (jnp.broadcast_to(v[..., None], (*v.shape, p.size)) for v in (lo, hi))
+
+    def halve(_, bracket):
+        lo, hi = bracket
+        mid = 0.5 * (lo + hi)
+        local = jnp.mean(gaussian.cdf(mean[..., None], variance[..., None], mid[None]), axis=0)
+        below = reduce_over(cfg, lax.pmean, local, ENSEMBLE) < p[None, None]
+        return jnp.where(below, mid, lo), jnp.where(below, hi, mid)
+
+    lo, hi = lax.fori_loop(0, gaussian.BISECTION_STEPS, halve, (lo, hi))
+    return 0.5 * (lo + hi)
+
+
+def mixture_pair_term(cfg: StepConfig, mean: jax.Array, variance: jax.Array) -> jax.Array:
+    """``E|X - X'|`` of the mixture: ``1/M^2 sum_{i,j} E|X_i - X_j|``, members passed round.
+
+    Each device pairs its members with every ``ensemble`` device's in turn, the visiting
+    members moving one step round the ring (``ppermute``) each time; the pair sums are
+    ``psum``-ed over ``ensemble``. Returns ``[b, T]``.
+    """
+    e, own = lax.axis_size(ENSEMBLE), (mean, variance)
+    total, visiting, ring = (
+        gaussian.pair_abs_sum(own, own),
+        own,
+        [(i, (i + 1) % e) for i in range(e)],
+    )
+    for _ in range(e - 1):
+        visiting = lax.ppermute(visiting, ENSEMBLE, ring)
+        total = total + gaussian.pair_abs_sum(own, visiting)
+    total = reduce_over(cfg, lax.psum, total, ENSEMBLE)
+    return total / float(mean.shape[0] * e) ** 2
+
+
+def regression_eval_stats(
+    cfg: StepConfig, state: EnsembleState, x: jax.Array, y: jax.Array, mask: jax.Array
+) -> dict[str, jax.Array]:
+    """Sums of the regression scores over this batch, reduced on the mesh.
+
+    Per example and target: the mixture's log density (:func:`mixture_log_density`), its
+    mean's squared and absolute errors, its CRPS ``E|X - y| - E|X - X'| / 2`` (closed form
+    for Gaussian mixtures, the pair term by :func:`mixture_pair_term`), whether ``y`` lies
+    in its central 50/90/95% intervals and their widths (:func:`mixture_quantiles`), and
+    whether its PIT ``F(y)`` is below each calibration level. Masked (padding 0), summed
+    over the batch, then ``psum`` over ``data``.
+
+    Returns:
+      The dict of :data:`~meshensemble.core.gaussian.SUM_KEYS` (replicated).
+    """
+    m = member_moments(cfg, state, x)
+    mean, variance, y = m["mean"], m["variance"], y.astype(jnp.float32)
+    mix = _mixture_moments(cfg, mean, variance)
+    w = mask.astype(jnp.float32)[:, None]
+    cdf_y = reduce_over(
+        cfg, lax.pmean, jnp.mean(gaussian.cdf(mean, variance, y[None]), 0), ENSEMBLE
+    )
+    to_y = reduce_over(
+        cfg, lax.pmean, jnp.mean(gaussian.abs_moment(y[None] - mean, variance), 0), ENSEMBLE
+    )
+    crps = to_y - 0.5 * mixture_pair_term(cfg, mean, variance)
+    q = mixture_quantiles(cfg, mean, variance, gaussian.QUANTILE_LEVELS)
+    lo, hi = q[..., 0::2], q[..., 1::2]
+    inside = ((lo <= y[..., None]) & (y[..., None] <= hi)).astype(jnp.float32)
+    below = (cdf_y[..., None] <= jnp.asarray(gaussian.CALIBRATION_LEVELS)[None, None]).astype(
+        jnp.float32
+    )
+    total = lambda v: jnp.sum(v * w, axis=(0, 1))
+    wide = lambda v: jnp.sum(v * w[..., None], axis=(0, 1))
+    sums = {
+        "count": jnp.sum(w) * y.shape[-1],
+        "nll": -total(mixture_log_density(cfg, mean, variance, y)),
+        "squared_error": total((mix["mean"] - y) ** 2),
+        "absolute_error": total(jnp.abs(mix["mean"] - y)),
+        "crps": total(crps),
+        "variance": total(mix["variance"]),
+        "aleatoric": total(mix["aleatoric"]),
+        "epistemic": total(mix["epistemic"]),
+        "covered": wide(inside),
+        "width": wide(hi - lo),
+        "pit_below": wide(below),
+    }
+    return reduce_over(cfg, lax.psum, sums, DATA)

@@ -33,7 +33,9 @@ The modules, by concern (every name is re-exported here; use ``me.data.<name>``)
   indexed), :func:`write_array_record_dataset`, :func:`load_array_record_dataset`,
   :func:`load_tfds_stream`, :func:`is_lazy`;
 * :mod:`meshensemble.data.stream` (``me.data.stream``): the Grain input pipeline of
-  ``--input stream`` (sources for arrays, ArrayRecord files and ``tfds.data_source``).
+  ``--input stream`` (sources for arrays, ArrayRecord files and ``tfds.data_source``);
+* :mod:`meshensemble.data.regression`: float regression data (:func:`toy1d`,
+  :func:`diabetes`, :func:`load_regression_npz`, :func:`standardizer`).
 """
 
 from meshensemble.data import auto as _auto
@@ -53,6 +55,11 @@ from meshensemble.data.lazy import load_tfds_stream as load_tfds_stream
 from meshensemble.data.lazy import write_array_record_dataset as write_array_record_dataset
 from meshensemble.data.npz import load_npz as load_npz
 from meshensemble.data.npz import save_npz as save_npz
+from meshensemble.data.regression import RegressionData as RegressionData
+from meshensemble.data.regression import diabetes as diabetes
+from meshensemble.data.regression import load_regression_npz as load_regression_npz
+from meshensemble.data.regression import standardizer as standardizer
+from meshensemble.data.regression import toy1d as toy1d
 from meshensemble.data.sample import load_sample as load_sample
 from meshensemble.data.split import ValidationSplit as ValidationSplit
 from meshensemble.data.split import split_validation as split_validation
@@ -80,24 +87,29 @@ __all__ = [
     "IMAGE_SHAPE",
     "NPZ_KEYS",
     "NUM_CLASSES",
+    "RegressionData",
     "SAMPLE_TEST_PER_CLASS",
     "SOURCES",
     "DataError",
     "ValidationSplit",
     "Dataset",
     "SourceImages",
+    "diabetes",
     "is_lazy",
     "load_array_record_dataset",
     "load_dataset",
     "load_tfds_stream",
     "load_npz",
+    "load_regression_npz",
     "save_npz",
     "split_validation",
+    "standardizer",
     "stream",
     "load_sample",
     "load_tfds",
     "normalize",
     "synthetic",
+    "toy1d",
     "validate",
     "write_array_record_dataset",
 ]

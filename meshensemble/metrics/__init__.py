@@ -57,12 +57,17 @@ The modules, by concern (every name is re-exported here; use ``me.metrics.<name>
   :data:`ENSEMBLE_STAT_KEYS`, :data:`EXAMPLE_STAT_KEYS` and :data:`EPS`. The argument checks
   and per-example math shared by all of them live there too, in one place.
 
+Regression scores of a Gaussian mixture from member arrays (NLL, CRPS, quantiles,
+coverage) are in the submodule :mod:`meshensemble.metrics.regression`
+(``me.metrics.regression``).
+
 The definitions, with their sources, are collected in the documentation page
 "Uncertainty and calibration" (``docs/uncertainty.md``, section "Definitions").
 """
 
 from meshensemble.core import stats as _stats
 from meshensemble.metrics import ood as _ood
+from meshensemble.metrics import regression as regression
 from meshensemble.metrics.calibration import adaptive_ece as adaptive_ece
 from meshensemble.metrics.calibration import (
     adaptive_ece_from_examples as adaptive_ece_from_examples,

@@ -8,13 +8,15 @@ from it), :mod:`~meshensemble.training.loop` (:func:`train`),
 :mod:`~meshensemble.training.identity` (what defines a run, for resuming),
 :mod:`~meshensemble.training.outputs` (files and printed lines),
 :mod:`~meshensemble.training.checkpoint` and :mod:`~meshensemble.training.bundle` (the
-state's structure checks and the inference bundle).
+state's structure checks and the inference bundle),
+:mod:`~meshensemble.training.regression_run` (``--task regression``).
 
 Example:
   >>> result = me.training.train(me.TrainConfig(epochs=1, workdir="runs/x"))
 """
 
 from meshensemble.training import checkpoint as checkpoint
+from meshensemble.training import regression_run as regression_run
 from meshensemble.training import tuning as tuning
 from meshensemble.training.config import CONFIG_FILE as CONFIG_FILE
 from meshensemble.training.config import CONV_MODELS as CONV_MODELS
@@ -24,6 +26,7 @@ from meshensemble.training.config import OPTIMIZERS as OPTIMIZERS
 from meshensemble.training.config import PRECISIONS as PRECISIONS
 from meshensemble.training.config import SCHEDULES as SCHEDULES
 from meshensemble.training.config import SHUFFLES as SHUFFLES
+from meshensemble.training.config import TASKS as TASKS
 from meshensemble.training.config import TrainConfig as TrainConfig
 from meshensemble.training.config import build_ensemble as build_ensemble
 from meshensemble.training.config import default_chunk_steps as default_chunk_steps
@@ -51,6 +54,7 @@ __all__ = [
     "RUN_FIELDS",
     "SCHEDULES",
     "SHUFFLES",
+    "TASKS",
     "Feeder",
     "LoopPosition",
     "NonFiniteError",
@@ -64,6 +68,7 @@ __all__ = [
     "default_mesh_shape",
     "final_table",
     "make_optimizer",
+    "regression_run",
     "run_keys",
     "train",
     "tuning",

@@ -51,6 +51,10 @@ CONFIG_FILE = "config.json"
 """The run's config in its workdir: every field plus a ``resolved`` entry."""
 METRICS_FILE = "metrics.jsonl"
 """One JSON record per evaluation in the run's workdir."""
+TASKS = ("classification", "regression")
+"""Values of ``TrainConfig.task``."""
+REGRESSION_ONLY_SOURCES = ("toy1d", "diabetes")
+"""``TrainConfig.source`` values of regression runs only (``npz`` and ``auto`` serve both)."""
 
 
 def _field(
@@ -85,12 +89,19 @@ class TrainConfig:
     """
 
     dataset: str = _field("mnist", "the dataset", choices=data_lib.DATASETS)
+    task: str = _field(
+        "classification",
+        "classification (integer labels, the members' softmax averaged) or regression "
+        "(float targets, Gaussian members, their mixture; sources npz, toy1d, diabetes; "
+        "model mlp by default; see docs/regression.md)",
+        choices=TASKS,
+    )
     source: str = _field(
         "auto",
         "where the data comes from (see meshensemble.data.load_dataset): auto tries "
         "data_file, TFDS's prepared data, a TFDS download, then the embedded MNIST sample; "
         "arrayrecord reads the files of `meshensemble convert` in data_dir a batch at a time",
-        choices=data_lib.SOURCES,
+        choices=data_lib.SOURCES + REGRESSION_ONLY_SOURCES,
     )
     data_file: str | None = _field(
         None,
@@ -312,12 +323,39 @@ class TrainConfig:
         _number("stop_within", self.stop_within, ">= 0 seconds (0: no cap)", lambda v: v >= 0)
         if self.mesh:
             parse_mesh(self.mesh)
+        _check_task(self)
         if self.conv != "auto" and self.model not in CONV_MODELS:
             raise ValueError(
                 f"conv={self.conv!r} applies to the models {', '.join(CONV_MODELS)}, not "
                 f"model={self.model!r}; leave conv at 'auto'"
             )
         return self
+
+
+def _check_task(cfg: TrainConfig) -> None:
+    """One-line ValueError for a source or option the task does not have."""
+    task, source = cfg.task, cfg.source
+    if task == "classification" and source in REGRESSION_ONLY_SOURCES:
+        raise ValueError(f"source={source!r} is regression data; add --task regression")
+    if task != "regression":
+        return
+    if source not in ("auto", "npz", *REGRESSION_ONLY_SOURCES):
+        raise ValueError(
+            f"source={source!r} holds images and class labels, not regression data; use "
+            "--source npz --data-file PATH, --source toy1d or --source diabetes"
+        )
+    unsupported = {
+        "bootstrap": cfg.bootstrap,
+        "augment": cfg.augment != "none",
+        "label_smoothing": cfg.label_smoothing != 0,
+        "input": cfg.input == "stream" or cfg.streaming,
+    }
+    for name, used in unsupported.items():
+        if used:
+            raise ValueError(
+                f"{name}={getattr(cfg, name)!r} is not available with task='regression'; "
+                f"leave --{name.replace('_', '-')} at its default"
+            )
 
 
 def _positive_int(name: str, value: Any) -> None:

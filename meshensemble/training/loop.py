@@ -191,8 +191,13 @@ def train(
         (a :mod:`meshensemble.data.stream` source, e.g. ArrayRecord files, holding the
         examples of ``dataset``'s train split in the same order); default those arrays.
 
+    With ``cfg.task == "regression"`` the run is
+    :func:`meshensemble.training.regression_run.train_regression`'s (Gaussian members on
+    float targets, see docs/regression.md).
+
     Returns:
-      A :class:`TrainResult`.
+      A :class:`TrainResult` (a
+      :class:`~meshensemble.training.regression_run.RegressionResult` for regression).
 
     Raises:
       ValueError: a bad config value, a workdir that is not writable, or a workdir that
@@ -209,6 +214,10 @@ def train(
       >>> result.history[-1]["test_ensemble_accuracy"]
     """
     cfg.validate()
+    if cfg.task == "regression":  # the Gaussian regression run (--task regression)
+        from meshensemble.training import regression_run
+
+        return regression_run.train_regression(cfg, echo)
     stop = StopSignal.install()  # from the start: a SIGTERM during compilation counts too
     try:
         cache_dir = use_compilation_cache(cfg)

@@ -1,0 +1,188 @@
+"""Regression data: float features ``[N, F]`` and targets ``[N, T]``, three sources, standardising.
+
+Sources, each returning a :class:`RegressionData`:
+
+* :func:`toy1d`: the 1-D toy of Lakshminarayanan et al. (2017), ``y = x^3 + noise``
+  with ``x`` uniform in ``[-4, 4]`` and noise ``N(0, 3^2)``, generated from a seed;
+* :func:`diabetes`: scikit-learn's ``load_diabetes`` (442 patients, 10 features, it
+  ships inside scikit-learn), split 80/20 by a seed;
+* :func:`load_regression_npz`: an npz with float ``x_train``, ``y_train``, ``x_test``,
+  ``y_test`` (features ``[N, F]``, targets ``[N]`` or ``[N, T]``).
+
+:func:`standardizer` gives the train split's means and standard deviations, which
+:class:`meshensemble.tasks.Regression` (``target_shift`` / ``target_scale``) and an
+``input_transform`` use so the members learn in standardised units while every
+prediction is in the data's own units.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+
+from meshensemble.data.dataset import DataError
+
+__all__ = ["RegressionData", "diabetes", "load_regression_npz", "standardizer", "toy1d"]
+
+KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+@dataclasses.dataclass(frozen=True)
+class RegressionData:
+    """A regression train/test split.
+
+    Attributes:
+      x_train: ``[N, F]`` float32 features; ``y_train``: ``[N, T]`` float32 targets.
+      x_test: ``[N_test, F]``; ``y_test``: ``[N_test, T]``.
+      name: where it came from.
+    """
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    name: str = "regression"
+
+    @property
+    def targets(self) -> int:
+        """``T``, the number of targets."""
+        return int(self.y_train.shape[1])
+
+
+def _validated(arrays: dict[str, Any], name: str) -> RegressionData:
+    """``arrays`` as float32 ``[N, F]`` / ``[N, T]``; DataError naming the problem otherwise."""
+    out = {}
+    for key in KEYS:
+        a = np.asarray(arrays[key])
+        if not np.issubdtype(a.dtype, np.floating) and not np.issubdtype(a.dtype, np.integer):
+            raise DataError(f"{name}: {key} has dtype {a.dtype}; give float features and targets")
+        a = a.astype(np.float32)
+        if key.startswith("y") and a.ndim == 1:
+            a = a[:, None]
+        if a.ndim != 2 or a.shape[0] == 0:
+            want = "[N, F]" if key.startswith("x") else "[N] or [N, T]"
+            raise DataError(f"{name}: {key} has shape {a.shape}; give {want} with N > 0")
+        if not np.all(np.isfinite(a)):
+            raise DataError(f"{name}: {key} holds NaN or inf; clean the data first")
+        out[key] = a
+    for split in ("train", "test"):
+        if out[f"x_{split}"].shape[0] != out[f"y_{split}"].shape[0]:
+            raise DataError(
+                f"{name}: x_{split} has {out[f'x_{split}'].shape[0]} rows but y_{split} has "
+                f"{out[f'y_{split}'].shape[0]}; give one target row per example"
+            )
+    if out["x_train"].shape[1] != out["x_test"].shape[1]:
+        raise DataError(f"{name}: x_train and x_test have different feature counts")
+    if out["y_train"].shape[1] != out["y_test"].shape[1]:
+        raise DataError(f"{name}: y_train and y_test have different target counts")
+    return RegressionData(**out, name=name)
+
+
+def toy1d(seed: int = 0, n_train: int = 20, n_test: int = 200) -> RegressionData:
+    """The paper's 1-D toy: ``y = x^3 + eps``, ``x ~ U[-4, 4]``, ``eps ~ N(0, 3^2)``.
+
+    Args:
+      seed: the numpy generator's seed (the same seed gives the same data).
+      n_train: training points (the paper: 20).
+      n_test: test points, from the same distribution.
+
+    Returns:
+      A :class:`RegressionData` with ``F = T = 1``.
+
+    Example:
+      >>> data = me.data.toy1d(seed=0)
+      >>> data.x_train.shape, data.y_train.shape
+      ((20, 1), (20, 1))
+    """
+    rng = np.random.default_rng(seed)
+
+    def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+        x = rng.uniform(-4.0, 4.0, (n, 1))
+        return x, x**3 + rng.normal(0.0, 3.0, (n, 1))
+
+    (xa, ya), (xb, yb) = draw(n_train), draw(n_test)
+    return _validated(dict(x_train=xa, y_train=ya, x_test=xb, y_test=yb), "toy1d")
+
+
+def diabetes(seed: int = 0, test_fraction: float = 0.2) -> RegressionData:
+    """scikit-learn's diabetes data (442 x 10 features, 1 target), split by a seed.
+
+    Args:
+      seed: the permutation's seed.
+      test_fraction: the test share (default 0.2: an 80/20 split).
+
+    Returns:
+      A :class:`RegressionData` (353 train, 89 test rows for 0.2).
+
+    Raises:
+      DataError: scikit-learn is not installed, or ``test_fraction`` not in ``(0, 1)``.
+
+    Example:
+      >>> data = me.data.diabetes(seed=0)
+    """
+    if not 0 < test_fraction < 1:
+        raise DataError(f"diabetes: test_fraction={test_fraction!r} must be in (0, 1)")
+    try:
+        from sklearn.datasets import load_diabetes
+    except ImportError:
+        raise DataError(
+            "diabetes: scikit-learn is not installed; pip install scikit-learn"
+        ) from None
+    x, y = load_diabetes(return_X_y=True)
+    order = np.random.default_rng(seed).permutation(len(x))
+    n_test = int(round(test_fraction * len(x)))
+    test, train = order[:n_test], order[n_test:]
+    arrays = dict(x_train=x[train], y_train=y[train], x_test=x[test], y_test=y[test])
+    return _validated(arrays, "diabetes")
+
+
+def load_regression_npz(path: str | os.PathLike) -> RegressionData:
+    """Reads an npz with float ``x_train``, ``y_train``, ``x_test``, ``y_test``.
+
+    Args:
+      path: the file; features ``[N, F]``, targets ``[N]`` or ``[N, T]``.
+
+    Returns:
+      A :class:`RegressionData` (targets ``[N, T]``, float32).
+
+    Raises:
+      DataError: a missing file or key, a bad shape or dtype, NaN or inf.
+
+    Example:
+      >>> data = me.data.load_regression_npz("house.npz")
+    """
+    name = os.fspath(path)
+    if not os.path.isfile(name):
+        raise DataError(f"{name}: no such file; give an npz with x_train, y_train, x_test, y_test")
+    try:
+        with np.load(name, allow_pickle=False) as f:
+            missing = [k for k in KEYS if k not in f.files]
+            if missing:
+                raise DataError(f"{name}: has no {', '.join(missing)}; save all of {KEYS}")
+            arrays = {k: f[k] for k in KEYS}
+    except (OSError, ValueError) as err:
+        if isinstance(err, DataError):
+            raise
+        raise DataError(f"{name}: not a readable npz ({err}); save it with numpy.savez") from None
+    return _validated(arrays, name)
+
+
+def standardizer(data: RegressionData) -> dict[str, list[float]]:
+    """The train split's statistics: ``x_mean``, ``x_std``, ``y_mean``, ``y_std`` (lists).
+
+    A constant column gets standard deviation 1 (it is only centred).
+
+    Example:
+      >>> stats = standardizer(me.data.toy1d())
+      >>> task = me.tasks.Regression(1, target_shift=stats["y_mean"], target_scale=stats["y_std"])
+    """
+    std = lambda a: np.where(a.std(0) > 0, a.std(0), 1.0)
+    return {
+        "x_mean": data.x_train.mean(0).tolist(),
+        "x_std": std(data.x_train).tolist(),
+        "y_mean": data.y_train.mean(0).tolist(),
+        "y_std": std(data.y_train).tolist(),
+    }

@@ -1,0 +1,481 @@
+"""Regression ensembles: the Gaussian mixture on the mesh, proper scores, parity, calibration."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import pathlib
+from operator import itemgetter
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from scipy import integrate, optimize, special, stats
+
+import meshensemble as me
+from meshensemble import testing
+
+M = 8
+
+
+class Net(nn.Module):
+    """A small Gaussian regression head: ``[B, F] -> [B, 2T]``."""
+
+    targets: int = 1
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        return nn.Dense(2 * self.targets)(nn.tanh(nn.Dense(16)(x)))
+
+
+def _data(n=32, targets=1, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-2, 2, (n, 3)).astype(np.float32)
+    y = np.sin(x[:, :targets] * 2) + 0.2 * rng.normal(size=(n, targets))
+    return x, y.astype(np.float32)
+
+
+X, Y = _data()
+TX = optax.adam(1e-2)
+
+
+def _ens(mesh, backend="shard_map", targets=1, **kw):
+    task = me.tasks.Regression(targets=targets, **kw)
+    return me.Ensemble(Net(targets), TX, M, mesh, backend=backend, task=task)
+
+
+@functools.cache
+def trained(mesh_shape=(4, 2), backend="shard_map", steps=3):
+    mesh = me.make_mesh(*mesh_shape)
+    ens = _ens(mesh, backend)
+    state = ens.init(jax.random.key(0), X[:1])
+    history = []
+    for _ in range(steps):
+        state, metrics = ens.train_step(state, X, Y)
+        history.append(jax.tree.map(np.asarray, metrics))
+    return ens, state, history
+
+
+# ------------------------------------------------------------------ parity
+@pytest.mark.parametrize(
+    "mesh_shape, backend",
+    [
+        ((8, 1), "shard_map"),
+        pytest.param((2, 4), "shard_map", marks=pytest.mark.slow),
+        pytest.param((1, 1), "shard_map", marks=pytest.mark.slow),
+        ((8, 1), "pmap"),
+    ],
+)
+def test_regression_is_mesh_and_backend_invariant(mesh_shape, backend):
+    _, ref, ref_hist = trained((4, 2))
+    _, state, hist = trained(mesh_shape, backend)
+    testing.assert_trees_close(state.params, ref.params, rtol=1e-5, atol=1e-5)
+    testing.assert_trees_close(hist, ref_hist, rtol=1e-5, atol=1e-5)
+
+
+def test_members_equal_gaussian_models_trained_alone_in_flax_optax():
+    ens, state, hist = trained((4, 2))
+    task, net = ens.task, Net()
+
+    def loss(params, x, y):  # the data axis's 2 shards: the mean of their mean NLLs
+        out = net.apply({"params": params}, x)
+        mean, var = out[:, :1], jax.nn.softplus(out[:, 1:]) + task.min_variance
+        nll = 0.5 * (jnp.log(2 * jnp.pi * var) + (y - mean) ** 2 / var)
+        return jnp.mean(jnp.stack([jnp.mean(h) for h in jnp.split(nll, 2)]))
+
+    @jax.jit
+    def step(params, opt_state):
+        value, grads = jax.value_and_grad(loss)(params, X, Y)
+        updates, opt_state = TX.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    got = me.distributed.fetch(state.params)
+    for i, k in enumerate(jax.random.split(jax.random.key(0), M)):
+        params = net.init(k, X[:1])["params"]
+        opt_state = TX.init(params)
+        for s in range(3):
+            params, opt_state, value = step(params, opt_state)
+            np.testing.assert_allclose(hist[s]["loss"][i], value, rtol=1e-5, atol=1e-5)
+        testing.assert_trees_close(jax.tree.map(itemgetter(i), got), params, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ the mixture
+def _members(ens, state, x):
+    pm = me.distributed.fetch(ens.predict_members(state, x))
+    return pm["mean"].astype(np.float64), pm["variance"].astype(np.float64)
+
+
+def test_predict_is_the_members_mixture():
+    ens, state, _ = trained()
+    x = X[:13]  # not a multiple of the data axis: padded and trimmed
+    mu, var = _members(ens, state, x)
+    assert mu.shape == var.shape == (M, 13, 1)
+    out = me.distributed.fetch(ens.predict(state, x))
+    mean = mu.mean(0)
+    np.testing.assert_allclose(out["mean"], mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["variance"], (var + mu**2).mean(0) - mean**2, rtol=1e-4)
+    np.testing.assert_allclose(out["aleatoric"], var.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(out["epistemic"], mu.var(0), rtol=1e-4, atol=1e-7)
+
+
+def _mixture_cdf(mu, sd, q):
+    return stats.norm.cdf((q - mu) / sd).mean()
+
+
+def reference_scores(mu, var, y):
+    """The proper scores of the uniform Gaussian mixture by numpy/scipy, example by example."""
+    sd = np.sqrt(var)
+    log_p = special.logsumexp(stats.norm.logpdf(y, mu, sd), axis=0) - np.log(len(mu))
+    mean = mu.mean(0)
+    out = {"nll": -log_p.mean(), "rmse": np.sqrt(((mean - y) ** 2).mean())}
+    out["mae"] = np.abs(mean - y).mean()
+    crps, pit = [], []
+    for j in range(y.shape[0]):
+        m, s, t = mu[:, j, 0], sd[:, j, 0], y[j, 0]
+        lo, hi = (m - 12 * s).min(), (m + 12 * s).max()
+        below = integrate.quad(lambda z, m=m, s=s: _mixture_cdf(m, s, z) ** 2, lo, t, limit=200)
+        above = integrate.quad(
+            lambda z, m=m, s=s: (1 - _mixture_cdf(m, s, z)) ** 2, t, hi, limit=200
+        )
+        crps.append(below[0] + above[0])  # CRPS = integral of (F(z) - 1[z >= y])^2
+        pit.append(_mixture_cdf(m, s, t))
+    out["crps"] = np.mean(crps)
+    for c in (0.5, 0.9, 0.95):
+        inside, width = [], []
+        for j in range(y.shape[0]):
+            m, s = mu[:, j, 0], sd[:, j, 0]
+            q = lambda p, m=m, s=s: optimize.brentq(
+                lambda z: _mixture_cdf(m, s, z) - p, (m - 12 * s).min(), (m + 12 * s).max()
+            )
+            a, b = q((1 - c) / 2), q((1 + c) / 2)
+            inside.append(a <= y[j, 0] <= b)
+            width.append(b - a)
+        out[f"coverage_{round(100 * c)}"] = np.mean(inside)
+        out[f"width_{round(100 * c)}"] = np.mean(width)
+    levels = np.arange(1, 20) / 20
+    observed = (np.asarray(pit)[:, None] <= levels).mean(0)
+    out["quantile_calibration_error"] = np.mean((levels - observed) ** 2)  # Kuleshov et al.
+    return out
+
+
+def test_evaluate_streams_the_proper_scores_of_the_mixture():
+    ens, state, _ = trained()
+    x, y = _data(27, seed=1)  # 27 rows in batches of 10: padding and masking
+    got = ens.evaluate(state, x, y[:, 0], batch_size=10)
+    mu, var = _members(ens, state, x)
+    want = reference_scores(mu, var, y.astype(np.float64))
+    assert got["count"] == 27
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=2e-4, atol=2e-5, err_msg=k)
+
+
+@pytest.mark.slow
+def test_evaluate_is_the_same_on_every_mesh():
+    scores = []
+    for shape, backend in [((4, 2), "shard_map"), ((8, 1), "shard_map"), ((1, 8), "pmap")]:
+        ens, state, _ = trained(shape, backend)
+        scores.append(ens.evaluate(state, X, Y, batch_size=16))
+    for s in scores[1:]:
+        for k, v in scores[0].items():
+            np.testing.assert_allclose(s[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_two_targets_and_target_units():
+    mesh = me.make_mesh(4, 2)
+    x, y = _data(16, targets=2)
+    shift, scale = (10.0, -3.0), (2.0, 0.5)
+    ens = _ens(mesh, targets=2)
+    units = _ens(mesh, targets=2, target_shift=shift, target_scale=scale)
+    state = ens.init(jax.random.key(1), x[:1])
+    a = me.distributed.fetch(ens.predict(state, x))
+    b = me.distributed.fetch(units.predict(state, x))
+    assert a["mean"].shape == (16, 2)
+    np.testing.assert_allclose(b["mean"], np.asarray(shift) + np.asarray(scale) * a["mean"], 1e-5)
+    np.testing.assert_allclose(b["variance"], np.asarray(scale) ** 2 * a["variance"], 1e-5)
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda e, s: e.train_step(s, X, Y.astype(np.int32)), r"dtype int32; give float"),
+        (lambda e, s: e.train_step(s, X, np.zeros((32, 3), np.float32)), r"do not end in 1 "),
+        (lambda e, s: e.train_step(s, X[:31], Y[:31]), r"multiple of the mesh's data axis"),
+        (lambda e, s: e.train_step(s, X[:8], Y), r"differ in length"),
+        (lambda e, s: e.evaluate(s, X[:4], Y), r"x has 4 rows but y has shape"),
+        (lambda e, s: e.predict(s, X, temperature=1.5), r"temperature and logits are for cl"),
+        (lambda e, s: e.predict_members(s, X, logits=True), r"fit_variance_scale instead"),
+    ],
+)
+def test_bad_targets_raise_one_line(call, match):
+    ens = _ens(me.make_mesh(4, 2))
+    state = ens.init(jax.random.key(0), X[:1])
+    with pytest.raises(ValueError, match=match):
+        call(ens, state)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"targets": 0}, r"targets=0 must be a positive integer"),
+        ({"targets": 1, "min_variance": 0.0}, r"min_variance=0.0 must be a positive"),
+        ({"targets": 2, "target_scale": (1.0, -1.0)}, r"target_scale=.* 2 finite values > 0"),
+    ],
+)
+def test_bad_task_raises(kw, match):
+    with pytest.raises(ValueError, match=match):
+        me.tasks.Regression(**kw)
+
+
+# ------------------------------------------------------------------ the 1-D toy
+def toy_ensemble(shared_init: bool = False, steps: int = 300):
+    """8 MLP members on the paper's toy (standardised); optionally all from member 0's init."""
+    data = me.data.toy1d(seed=0)
+    st = me.data.standardizer(data)
+    task = me.tasks.Regression(1, target_shift=st["y_mean"], target_scale=st["y_std"])
+    xm, xs = np.float32(st["x_mean"]), np.float32(st["x_std"])
+    model = me.models.MLP((50,), num_classes=2)
+    ens = me.Ensemble(
+        model, optax.adam(0.02), M, me.make_mesh(8, 1), task=task,
+        input_transform=lambda x: (x - xm[None]) / xs[None],
+    )  # fmt: skip
+    state = ens.init(jax.random.key(0), data.x_train[:1])
+    if shared_init:
+        first = lambda v, o: jax.device_put(np.repeat(np.asarray(v)[:1], M, 0), o.sharding)
+        state = state.replace(params=jax.tree.map(first, state.params, state.params))
+    for _ in range(steps):
+        state, _ = ens.train_step(state, data.x_train, data.y_train)
+    return me.distributed.fetch(ens.predict(state, np.array([[-6.0], [0.0], [6.0]], np.float32)))
+
+
+def _spread_grows_away_from_the_data(out):
+    sd, epi = np.sqrt(out["variance"][:, 0]), np.sqrt(out["epistemic"][:, 0])
+    assert min(sd[0], sd[2]) >= 3 * sd[1], f"mixture sd at x = -6, 0, 6: {sd}"
+    assert min(epi[0], epi[2]) >= 3 * epi[1], f"members' spread at x = -6, 0, 6: {epi}"
+
+
+def test_toy_mixture_sd_at_6_is_3x_its_value_at_0():
+    _spread_grows_away_from_the_data(toy_ensemble())
+
+
+def test_toy_target_fails_when_members_share_their_initialisation():
+    with pytest.raises(AssertionError, match="members' spread|mixture sd"):
+        _spread_grows_away_from_the_data(toy_ensemble(shared_init=True))
+
+
+# ------------------------------------------------------------------ calibration
+def test_fit_variance_scale_minimises_the_nll():
+    rng = np.random.default_rng(0)
+    mean, var = rng.normal(size=200), rng.uniform(0.5, 2.0, 200)
+    y = mean + 1.7 * np.sqrt(var) * rng.normal(size=200)
+    s = me.calibration.fit_variance_scale(mean, var, y)
+    nll = lambda c: -stats.norm.logpdf(y, mean, np.sqrt(c * var)).sum()
+    best = optimize.minimize_scalar(nll, bounds=(0.1, 20), method="bounded").x
+    np.testing.assert_allclose(s, best, rtol=1e-4)
+    assert 2.2 < s < 3.6  # about 1.7^2
+
+
+def test_conformal_intervals_cover_over_20_random_splits():
+    rng = np.random.default_rng(0)
+    n, alpha = 1500, 0.1
+    x = rng.uniform(-3, 3, n)
+    y = np.sin(x) + (0.2 + 0.3 * np.abs(x)) * rng.standard_t(4, n)
+    mean, std = np.sin(x) + 0.1, 0.3 * np.ones(n)  # biased, misspecified scale
+    covered = []
+    for split in range(20):
+        order = np.random.default_rng(split).permutation(n)
+        cal, test = order[:300], order[300:]
+        q = me.calibration.conformal_interval_quantile(mean[cal], std[cal], y[cal], alpha)
+        covered.append(np.mean(np.abs(y[test] - mean[test]) <= q * std[test]))
+    # The guarantee is on average over splits: the mean over 20, within two standard errors
+    se = np.std(covered) / np.sqrt(len(covered))
+    assert np.mean(covered) >= 1 - alpha - 2 * se, (np.mean(covered), se)
+    assert np.mean(covered) < 1 - alpha + 0.03  # and not trivially wide
+    k = int(np.ceil(301 * 0.9))  # the finite-sample rank
+    scores = np.sort(np.abs(y[cal] - mean[cal]) / std[cal])
+    assert q == scores[k - 1]
+    assert me.calibration.conformal_interval_quantile(mean[:5], std[:5], y[:5], 0.1) == np.inf
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda c: c.fit_variance_scale([0.0, 1.0], [1.0], [0.0, 1.0]), r"variance has shape"),
+        (lambda c: c.fit_variance_scale([0.0], [-1.0], [0.0]), r"variance has values <= 0"),
+        (lambda c: c.fit_variance_scale([], [], []), r"mean is empty"),
+        (lambda c: c.conformal_interval_quantile([0.0], [1.0], [0.0], 1.5), r"alpha=1.5 must"),
+        (lambda c: c.conformal_interval_quantile([0.0], [1.0], [np.nan], 0.1), r"y holds non-"),
+    ],
+)
+def test_regression_calibration_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(me.calibration)
+
+
+# ------------------------------------------------------------------ the run and the CLI
+def _cfg(workdir, **kw):
+    base = dict(task="regression", source="toy1d", members=4, mesh="ensemble=4,data=2",
+                optimizer="adam", learning_rate=0.01, epochs=4, batch_size=8,
+                compile_cache=False, quiet=True, workdir=str(workdir))  # fmt: skip
+    return me.TrainConfig(**(base | kw))
+
+
+@pytest.mark.slow
+def test_regression_run_writes_standardised_outputs_and_resumes_exactly(tmp_path, monkeypatch):
+    whole = me.training.train(_cfg(tmp_path / "a"))
+    cut = me.training.train(_cfg(tmp_path / "b", max_steps=3))
+    assert cut.history[-1]["step"] == 3
+    resumed = me.training.train(_cfg(tmp_path / "b"))
+    testing.assert_trees_close(resumed.state.params, whole.state.params, rtol=0, atol=0)
+    with monkeypatch.context() as m:  # a SIGTERM after step 2: save, stop, resume exactly
+        m.setattr(me.training.guards.StopSignal, "requested", lambda self, step: step >= 2)
+        stopped = me.training.train(_cfg(tmp_path / "c"))
+    assert (
+        stopped.preempted and me.training.checkpoint.list_checkpoints(str(tmp_path / "c"))[-1] == 2
+    )
+    resumed = me.training.train(_cfg(tmp_path / "c"))
+    testing.assert_trees_close(resumed.state.params, whole.state.params, rtol=0, atol=0)
+
+    saved = json.loads((tmp_path / "a" / "config.json").read_text())
+    stats_ = saved["resolved"]["standardizer"]
+    np.testing.assert_allclose(stats_["y_mean"], whole.dataset.y_train.mean(0), rtol=1e-5)
+    assert saved["task"] == "regression" and saved["resolved"]["model"] == "mlp"
+    assert (tmp_path / "a" / "regression.png").stat().st_size > 10_000
+    last = whole.history[-1]
+    assert {"test_nll", "test_crps", "test_coverage_90", "test_width_90"} <= set(last)
+    # predictions are in the data's units: the mixture mean is near the targets' scale
+    out = me.distributed.fetch(whole.ensemble.predict(whole.state, whole.dataset.x_test))
+    assert abs(out["mean"].mean() - whole.dataset.y_test.mean()) < whole.dataset.y_test.std()
+
+
+def test_regression_cli_on_an_npz_with_a_validation_split(tmp_path, capsys):
+    from meshensemble import cli
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 3)).astype(np.float32)
+    y = (x @ np.array([1.0, -2.0, 0.5]) + 100).astype(np.float32)  # targets [N]
+    path = tmp_path / "d.npz"
+    np.savez(path, x_train=x[:32], y_train=y[:32], x_test=x[32:], y_test=y[32:])
+    argv = ["train", "--task", "regression", "--source", "npz", "--data-file", str(path),
+            "--members", "2", "--mesh", "ensemble=2,data=1", "--epochs", "2", "--batch-size",
+            "8", "--validation", "8", "--no-compile-cache", "--shuffle", "per-member",
+            "--workdir"]  # fmt: skip
+    argv.append(str(tmp_path / "w"))
+    assert cli.main(argv) == 0
+    record = json.loads((tmp_path / "w" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["step"] == 6 and "val_nll" in record and "test_rmse" in record
+    assert not (tmp_path / "w" / "regression.png").exists()  # 3 features: no 1-D figure
+    bad = ["train", "--source", "toy1d", "--workdir", str(tmp_path / "c")]
+    assert cli.main(bad) == 2
+    assert "source='toy1d' is regression data; add --task regression" in capsys.readouterr().err
+    np.savez(tmp_path / "e.npz", x_train=x, y_train=y)
+    assert cli.main([*argv[:6], str(tmp_path / "e.npz"), "--workdir", str(tmp_path / "e")]) == 2
+    assert "has no x_test, y_test" in capsys.readouterr().err
+    assert not (tmp_path / "e").exists()
+
+
+def test_per_member_batches_of_the_same_rows_equal_a_shared_batch():
+    ens, ref, _ = trained((4, 2))
+    other = _ens(me.make_mesh(4, 2))
+    state = other.init(jax.random.key(0), X[:1])
+    for _ in range(3):
+        state, metrics = other.train_step(state, np.stack([X] * M), np.stack([Y] * M))
+    testing.assert_trees_close(state.params, ref.params, rtol=1e-5, atol=1e-5)
+    assert np.isnan(metrics["ensemble_nll"])  # members saw different batches: no mixture
+
+
+@pytest.mark.slow
+def test_fsdp_regression_equals_whole_members():
+    _, ref, _ = trained((4, 2))
+    ens = me.Ensemble(
+        Net(), TX, M, me.make_mesh(4, 2), task=me.tasks.Regression(1), shard_members=True
+    )
+    state = ens.init(jax.random.key(0), X[:1])
+    for _ in range(3):
+        state, _ = ens.train_step(state, X, Y)
+    testing.assert_trees_close(state.params, ref.params, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_two_processes_train_the_same_regression_ensemble_as_one(tmp_path):
+    from meshensemble.core.distributed import launch_local
+
+    argv = ["train", "--task", "regression", "--source", "toy1d", "--members", "8",
+            "--mesh", "ensemble=4,data=2", "--optimizer", "adam", "--learning-rate", "0.01",
+            "--batch-size", "8", "--max-steps", "3", "--quiet", "--no-compile-cache",
+            "--workdir", str(tmp_path / "multi")]  # fmt: skip
+    assert launch_local(argv, 2, 4, timeout=400, prefix_output=False) == 0
+    one = me.training.train(
+        _cfg(tmp_path / "one", members=8, batch_size=8, max_steps=3, mesh="ensemble=4,data=2")
+    )
+    state, _, step = me.restore_checkpoint(str(tmp_path / "multi"), one.ensemble, X[:1, :1])
+    assert step == 3
+    testing.assert_trees_close(state.params, one.state.params, rtol=1e-5, atol=1e-5)
+    multi = (tmp_path / "multi" / "metrics.jsonl").read_text().splitlines()[-1]
+    for key, value in json.loads(multi).items():
+        np.testing.assert_allclose(value, one.history[-1][key], rtol=1e-5, atol=1e-5, err_msg=key)
+
+
+def test_predict_members_drops_the_padding_when_members_equal_examples():
+    ens = me.Ensemble(Net(), TX, 3, me.make_mesh(1, 2), task=me.tasks.Regression(1))
+    state = ens.init(jax.random.key(0), X[:1])
+    out = ens.predict_members(state, X[:3])  # 3 rows padded to 4 over data=2
+    assert out["mean"].shape == out["variance"].shape == (3, 3, 1)
+    assert ens.predict(state, X[:3])["epistemic"].shape == (3, 1)
+
+
+@pytest.mark.slow
+def test_the_diabetes_comparison_runs(capsys):
+    pytest.importorskip("sklearn")
+    import importlib.util
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "regression" / "compare.py"
+    spec = importlib.util.spec_from_file_location("regression_compare", path)
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    rows = compare.main(["--steps", "20"])
+    assert "| BayesianRidge |" in capsys.readouterr().out
+    assert set(rows["ensemble (8 MLP members, mixture)"]) >= {"nll", "crps", "coverage_90"}
+
+
+def test_the_run_plan_and_epoch_batches_are_pure_and_seeded():
+    run = me.training.regression_run
+    cfg = me.TrainConfig(task="regression", batch_size=8, epochs=40, mesh="ensemble=2,data=4")
+    plan = run.plan_run(cfg, 19, 8)
+    assert (plan.batch, plan.steps, plan.last, plan.every) == (8, 2, 80, 2)
+    rows = run.epoch_batches(cfg, plan, 3, 19)
+    assert rows.shape == (2, 8) and len(set(rows.ravel())) == 16
+    np.testing.assert_array_equal(rows, run.epoch_batches(cfg, plan, 3, 19))
+    per = dataclasses.replace(cfg, shuffle="per-member", members=4)
+    assert run.epoch_batches(per, plan, 3, 19).shape == (2, 4, 8)
+    with pytest.raises(ValueError, match="3 training rows cannot fill a batch on a data axis"):
+        run.plan_run(cfg, 3, 8)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"bootstrap": True}, r"bootstrap=True is not available with task='regression'"),
+        ({"source": "sample"}, r"source='sample' holds images and class labels"),
+        ({"task": "classification", "source": "diabetes"}, r"add --task regression"),
+    ],
+)
+def test_regression_config_errors(kw, match):
+    with pytest.raises(ValueError, match=match):
+        me.TrainConfig(**({"task": "regression"} | kw)).validate()
+
+
+def test_metrics_from_member_arrays_equal_the_streamed_evaluation():
+    ens, state, _ = trained()
+    x, y = _data(27, seed=1)
+    mu, var = _members(ens, state, x)
+    got = me.metrics.regression.scores(mu, var, y[:, 0])
+    want = ens.evaluate(state, x, y, batch_size=10)
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=2e-4, atol=2e-5, err_msg=k)
+    with pytest.raises(ValueError, match=r"must be \[members, N, T\]"):
+        me.metrics.regression.mixture_nll(mu[0], var[0], y)
