@@ -32,9 +32,11 @@ from jax import lax
 from meshensemble.core import augment as augment_lib
 from meshensemble.core import gaussian, stats
 from meshensemble.core.adapters import Model
+from meshensemble.core.members import map_members as map_members
 from meshensemble.core.mesh import DATA, ENSEMBLE
 from meshensemble.core.ordering import ordered_after
 from meshensemble.core.state import EnsembleState
+from meshensemble.core.tasks import softmax_cross_entropy as softmax_cross_entropy
 
 PyTree = Any
 LossFn = Callable[[jax.Array, jax.Array], jax.Array]
@@ -107,56 +109,6 @@ def reduce_over(cfg: StepConfig, reduce: Callable[..., Any], x: PyTree, axis: st
     if cfg.grad_mode != "vma" and lax.axis_size(axis) == 1:
         return x
     return reduce(x, axis)
-
-
-def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Default per-example loss: softmax cross-entropy with integer labels.
-
-    Computed as the Flax HOWTO computes it, against one-hot labels
-    (``optax.softmax_cross_entropy``): the same value as
-    ``optax.softmax_cross_entropy_with_integer_labels`` up to float rounding, without
-    its gather and scatter, which XLA:CPU runs slowly (2-3% of the user CNN's step on 8
-    CPU devices).
-
-    Args:
-      logits: ``[B, classes]``.
-      labels: ``[B]`` integer class indices.
-
-    Returns:
-      ``[B]`` losses.
-
-    Example:
-      >>> me.softmax_cross_entropy(jnp.zeros((2, 10)), jnp.array([1, 2]))  # [2.3026, 2.3026]
-    """
-    return optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, logits.shape[-1]))
-
-
-def map_members(fn: Callable[..., Any], strategy: str, in_axes: tuple[Any, ...], *args: Any):
-    """Applies ``fn`` to each local member, stacking the results on a leading axis.
-
-    ``in_axes`` says for each argument whether it has a member axis (0) or is shared
-    (None), as in ``jax.vmap``. ``strategy="vmap"`` vectorises; ``"loop"`` unrolls a
-    Python loop inside the compiled step (faster for convolutions on CPU, where vmap
-    turns them into grouped convolutions). One local member is vmapped either way.
-    """
-    m = next(jax.tree.leaves(a)[0].shape[0] for a, ax in zip(args, in_axes) if ax == 0)
-    if strategy == "vmap" or m == 1:
-        # One member: vmap over an axis of size 1 makes no grouped convolution, and the
-        # results keep their leading axis, where the loop's index and stack let XLA
-        # duplicate the optimizer's update into fusions that all read the donated state,
-        # so it copied the state every step (the user CNN's step on 8 CPU devices was
-        # ~5% slower for it).
-        return jax.vmap(fn, in_axes=in_axes)(*args)
-    outs = [
-        fn(
-            *(
-                a if ax is None else jax.tree.map(lambda v, i=i: v[i], a)
-                for a, ax in zip(args, in_axes)
-            )
-        )
-        for i in range(m)
-    ]
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
 
 
 def _member_key(cfg: StepConfig, raw: jax.Array, step: jax.Array) -> jax.Array:

@@ -22,11 +22,34 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from meshensemble.core import gaussian
 from meshensemble.core.mesh import MEMBERS, REPLICATED
 
 __all__ = ["Classification", "Regression", "check_task"]
+
+
+def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Default per-example loss: softmax cross-entropy with integer labels.
+
+    Computed as the Flax HOWTO computes it, against one-hot labels
+    (``optax.softmax_cross_entropy``): the same value as
+    ``optax.softmax_cross_entropy_with_integer_labels`` up to float rounding, without
+    its gather and scatter, which XLA:CPU runs slowly (2-3% of the user CNN's step on 8
+    CPU devices).
+
+    Args:
+      logits: ``[B, classes]``.
+      labels: ``[B]`` integer class indices.
+
+    Returns:
+      ``[B]`` losses.
+
+    Example:
+      >>> me.softmax_cross_entropy(jnp.zeros((2, 10)), jnp.array([1, 2]))  # [2.3026, 2.3026]
+    """
+    return optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, logits.shape[-1]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +68,6 @@ class Classification:
 
     def loss(self, logits: jax.Array, labels: jax.Array) -> jax.Array:
         """Softmax cross-entropy of ``logits [B, C]`` with integer ``labels [B]``: ``[B]``."""
-        from meshensemble.core.steps import softmax_cross_entropy
-
         return softmax_cross_entropy(logits, labels)
 
     def train_metric_specs(self) -> dict[str, Any]:
