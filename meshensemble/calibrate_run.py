@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -37,14 +37,17 @@ CALIBRATION_PLOT = "calibration.png"
 """Reliability before / after temperature scaling and the conformal set-size histogram."""
 
 
-def check_calibrate(workdir: str, cfg: Any, alpha: float, method: str) -> None:
+def check_calibrate(
+    workdir: str, cfg: Any, alpha: float, method: str, note: Callable[[str], None] | None = None
+) -> None:
     """One-line refusals before any work, from the run's ``config.json``.
 
     Refuses no validation split, a bad alpha or method, and an alpha too small for the
     split (split conformal needs ``n >= 1 / alpha - 1``); warns when the split is small for
     the alpha (``n + 1 < 10 / alpha``: the coverage then exceeds ``1 - alpha`` by up to
     ``1 / (n + 1)``, more than a tenth of alpha) or for a temperature (fewer than
-    :data:`MIN_TEMPERATURE_EXAMPLES`).
+    :data:`MIN_TEMPERATURE_EXAMPLES`). A warning goes to ``note`` as one line when given
+    (the CLI prints it), else to :func:`warnings.warn`.
 
     Raises:
       ValueError: one line naming the problem and the fix.
@@ -59,20 +62,19 @@ def check_calibrate(workdir: str, cfg: Any, alpha: float, method: str) -> None:
     if method not in calibration.METHODS:
         raise ValueError(f"unknown conformal method {method!r}; use {calibration.METHODS}")
     n = int(cfg.validation)
+    warn = note or (lambda msg: warnings.warn(msg, stacklevel=3))
     check_alpha_for(n, alpha, f"the {n} validation examples of run {workdir}")
     if n + 1 < 10 / alpha:
-        warnings.warn(
+        warn(
             f"{n} validation examples are few for alpha={alpha:g}: the sets cover up to "
             f"1 - alpha + 1/(n+1) = {1 - alpha + 1 / (n + 1):.4f} on average; hold out "
-            f"{math.ceil(10 / alpha) - 1} or more for a coverage close to {1 - alpha:g}",
-            stacklevel=2,
+            f"{math.ceil(10 / alpha) - 1} or more for a coverage close to {1 - alpha:g}"
         )
     if n < MIN_TEMPERATURE_EXAMPLES:
-        warnings.warn(
+        warn(
             f"{n} validation examples are few for a temperature: an accurate model may get "
             "them all right, and then no temperature fits (calibration is refused); hold "
-            f"out {MIN_TEMPERATURE_EXAMPLES} or more (--validation)",
-            stacklevel=2,
+            f"out {MIN_TEMPERATURE_EXAMPLES} or more (--validation)"
         )
 
 

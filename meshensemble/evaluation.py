@@ -459,7 +459,7 @@ def evaluate_run(
     if checkpoint is not None and (not isinstance(checkpoint, int) or checkpoint < 0):
         raise ValueError(f"checkpoint={checkpoint!r} must be a step number (>= 0)")
     if calibrate:
-        check_calibrate(workdir, cfg, alpha, conformal)
+        check_calibrate(workdir, cfg, alpha, conformal, note=lambda m: say(f"note: {m}"))
     _checkpoint_steps(workdir, checkpoint)
 
     shape = _mesh_shape(mesh, cfg.members)

@@ -389,6 +389,7 @@ def test_reads_the_calibration_evaluate_calibrate_writes(run, tmp_path):
     from meshensemble.calibrate_run import calibrate_ensemble
 
     x, y = run.images, np.asarray(data.synthetic(NUM_TRAIN, NUM_TEST, seed=3).test_labels)
+    y = np.where(np.arange(len(y)) % 3 == 0, (y + 1) % 10, y)  # some wrong: T is no bound
     section, _ = calibrate_ensemble(run.ref.ens, run.ref.state, (x, y), (x, y), 0.2, "aps")
     result = {"checkpoint_step": run.ref.step, "calibration": section}  # as evaluate_run
     (tmp_path / "evaluation.json").write_text(json.dumps(result))
