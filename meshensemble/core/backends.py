@@ -69,7 +69,10 @@ class ShardMapBackend:
         self.mesh = mesh
         # With data=1 no gradient crosses devices: without check_vma the steps skip every
         # reduction over a size-1 axis (steps.reduce_over), which XLA:CPU would still run
-        # as a rendezvous of all devices. FSDP and the model axis keep check_vma.
+        # as a rendezvous of all devices. FSDP and the model axis keep check_vma, except on
+        # a mesh whose manual axes (ensemble, data) are both of size 1: there XLA's SPMD
+        # partitioner refuses any all-reduce ("Cross-partition allreduce must be in
+        # (partial) manual partitioning mode"), so the steps must skip them all.
         unchecked = mesh.shape[DATA] == 1 and (
             MODEL not in mesh.axis_names or mesh.shape[ENSEMBLE] == 1
         )

@@ -26,7 +26,8 @@ from meshensemble import data as data_lib
 from meshensemble.core.compilation import CompileLog, enable_compilation_cache
 from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
-from meshensemble.core.mesh import ENSEMBLE, make_mesh, parse_mesh
+from meshensemble.core.mesh import describe_mesh, idle_devices, make_mesh, parse_mesh
+from meshensemble.core.sharding import model_axis_note
 from meshensemble.core.state import EnsembleState
 from meshensemble.data.split import split_validation
 from meshensemble.metrics import prefix_metrics
@@ -396,8 +397,8 @@ def _train(
         },
     )
     say(
-        f"ensemble: {cfg.members} x {cfg.model} on mesh ensemble={mesh.shape[ENSEMBLE]} x "
-        f"data={ens.data_size} ({jax.device_count()} {platform} devices, "
+        f"ensemble: {cfg.members} x {cfg.model} on mesh {describe_mesh(mesh)} "
+        f"({jax.device_count()} {platform} devices, {idle_devices(mesh)} idle, "
         f"{ens.members_per_device} member(s)/device), backend={cfg.backend}, "
         f"strategy={ens.member_strategy}, {steps_per_epoch} steps/epoch, K={k}"
     )
@@ -421,6 +422,9 @@ def _train(
         state, pos = restored[0], LoopPosition.from_json(restored[1])
         feeder.restore_input(restored[1])
         tell(f"resumed from checkpoint {pos.step} in {cfg.workdir} (epoch {pos.epoch})")
+    note = model_axis_note(ens, state, sample)  # a model axis that splits nothing
+    if note is not None:
+        tell(note)
     ckpt = Checkpointer(cfg.workdir, cfg.keep, echo=tell) if cfg.checkpoint else None
     guard = NonFiniteGuard(ens, cfg.on_nonfinite, init_key, sample)
     run = _Run(cfg, ens, dataset, feeder, guard, ckpt, writer, stop, say, tell, t0, log)
