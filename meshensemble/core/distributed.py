@@ -24,6 +24,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from meshensemble.errors import UsageError
+
 log = logging.getLogger("meshensemble")
 
 ENV_COORDINATOR = "MESHENSEMBLE_COORDINATOR"
@@ -186,7 +188,7 @@ def fetch(tree: Any) -> Any:
     return jax.tree.map(one, tree)
 
 
-class DisagreementError(ValueError):
+class DisagreementError(UsageError):
     """Processes resolved something that must be the same everywhere to different values."""
 
 

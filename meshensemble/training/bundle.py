@@ -24,10 +24,11 @@ import orbax.checkpoint as ocp
 from meshensemble.core.distributed import fetch
 from meshensemble.core.sharding import abstract_layout
 from meshensemble.core.state import EnsembleState
+from meshensemble.errors import RunFailedError
 from meshensemble.training.inference import check_temperature, read_temperature, write_temperature
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RunFailedError):
     """A checkpoint could not be written or no good checkpoint could be read."""
 
 

@@ -27,9 +27,10 @@ import numpy as np
 from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.state import EnsembleState
+from meshensemble.errors import RunFailedError
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(RunFailedError):
     """A member's loss became NaN or infinite (with ``on_nonfinite="stop"``)."""
 
 

@@ -146,6 +146,8 @@ class TrainResult:
       dataset: the data used.
       seconds: wall time of the run, compilation included.
       preempted: the run stopped on SIGTERM/SIGINT after saving a checkpoint.
+      signal: what stopped it: ``"SIGINT"``, ``"SIGTERM"``, ``"a peer's signal"``, or None
+        (the command line exits 130 after a SIGINT, 0 otherwise).
       compile: what the run compiled
         (:meth:`meshensemble.core.compilation.CompileLog.summary`, also in the workdir's
         ``compile.json``).
@@ -158,6 +160,7 @@ class TrainResult:
     seconds: float
     preempted: bool = False
     compile: dict[str, Any] = dataclasses.field(default_factory=dict)
+    signal: str | None = None
 
 
 def train(
@@ -447,7 +450,7 @@ def _train(
         tell(
             f"stopped by {stop.signal} at step {pos.step}: {where}; run the same command to resume"
         )
-        return TrainResult(ens, state, history, dataset, seconds, True, compiled)
+        return TrainResult(ens, state, history, dataset, seconds, True, compiled, stop.signal)
     writer.plots(history)
     writer.close()
     if history:

@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from meshensemble.errors import RunFailedError
 from meshensemble.training.checkpoint import CHECKPOINT_DIR
 from meshensemble.training.config import CONFIG_FILE, METRICS_FILE
 
@@ -41,7 +42,7 @@ candidates the auto-tuner compiled, at its first use only) of this command."""
 """Folder of the TensorBoard event files under the workdir."""
 
 
-class OutputError(RuntimeError):
+class OutputError(RunFailedError):
     """An output file could not be written (disk full, read-only, a folder in the way)."""
 
 
