@@ -361,6 +361,7 @@ class Ensemble:
         self._state_specs = sharding.init_layout(self, init, typed, sample)
         return jax.jit(init, out_shardings=sharding.state_shardings(self._state_specs, self.mesh))
 
+    @inputs.explains_errors
     def train_step(
         self, state: EnsembleState, images: Any, labels: Any
     ) -> tuple[EnsembleState, dict[str, jax.Array]]:
@@ -379,8 +380,9 @@ class Ensemble:
 
         Raises:
           ValueError: images and labels disagree in length, the batch is not divisible
-            by the ``data`` axis, a per-member batch has the wrong member count, or the
-            state belongs to another ensemble size. Nothing is changed then.
+            by the ``data`` axis, a per-member batch has the wrong member count, the
+            state belongs to another ensemble size or optimizer, or the images' shape
+            does not fit its parameters. Nothing is changed then.
 
         Example:
           >>> state, metrics = ens.train_step(state, images, labels)
@@ -473,6 +475,7 @@ class Ensemble:
         members = self._predict(state, images, members=True)
         return tempering.mean_members(tempering.tempered(members, t))
 
+    @inputs.explains_errors
     def _predict(
         self, state: EnsembleState, images: Any, members: bool, logits: bool = False
     ) -> jax.Array:
@@ -503,6 +506,7 @@ class Ensemble:
         out = put(out, self.mesh, spec)
         return out[:, :n] if members else out[:n]
 
+    @inputs.explains_errors
     def evaluate(
         self,
         state: EnsembleState,
@@ -635,21 +639,7 @@ class Ensemble:
 
     # ------------------------------------------------------------------ checks
     def _check_state(self, state: EnsembleState) -> None:
-        if not isinstance(state, EnsembleState):
-            raise ValueError(
-                f"state is a {type(state).__name__}, not an EnsembleState; make it with ens.init"
-            )
-        if state.num_members != self.num_members:
-            raise ValueError(
-                f"state has {state.num_members} members but this Ensemble has "
-                f"{self.num_members}; use the state made by this ensemble's init"
-            )
-        if any(isinstance(v, jax.Array) and v.is_deleted() for v in jax.tree.leaves(state)):
-            raise ValueError(
-                "state was consumed by an earlier train_step (its buffers are donated and "
-                "reused); use the state that call returned: state, metrics = "
-                "ens.train_step(state, images, labels)"
-            )
+        inputs.check_state(state, self.num_members)
 
     def num_classes(self, state: EnsembleState, images: Any) -> int:
         """The number of classes the model predicts (from its output shape; nothing runs).
