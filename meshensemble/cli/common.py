@@ -239,6 +239,16 @@ def add_distributed_flags(p: argparse.ArgumentParser) -> None:
         help="seconds before a silent peer counts as dead (default 10)",
     )
     add(
+        "--init-timeout",
+        type=int,
+        default=None,
+        metavar="S",
+        help=(
+            "seconds to wait at start-up for every process to join (default "
+            "$MESHENSEMBLE_INIT_TIMEOUT, else 300)"
+        ),
+    )
+    add(
         "--distributed-auto",
         action="store_true",
         help="let JAX detect the cluster (TPU pod, SLURM) and initialise from it",
@@ -250,6 +260,7 @@ DISTRIBUTED_FLAGS = (
     "--num-processes",
     "--process-id",
     "--heartbeat-timeout",
+    "--init-timeout",
     "--distributed-auto",
 )
 """The flags :func:`add_distributed_flags` adds."""
@@ -276,6 +287,7 @@ def setup_distributed(args: argparse.Namespace) -> None:
             args.process_id,
             args.heartbeat_timeout or distributed.DEFAULT_HEARTBEAT_TIMEOUT,
             auto=args.distributed_auto,
+            init_timeout=getattr(args, "init_timeout", None),
         )
     except ValueError as err:
         raise UsageError(str(err)) from None
@@ -298,6 +310,12 @@ def lost_peer(err: BaseException) -> str:
     found = sorted({int(m) for m in re.findall(r"task[:_ ]\s*(\d+)", text, re.IGNORECASE)})
     who = f"process {', '.join(map(str, found))}" if found else "a peer process"
     first = text.strip().splitlines()[0][:160] if text.strip() else type(err).__name__
+    if "GetKeyValue() timed out" in text or "Gloo context initialization failed" in text:
+        return (
+            f"{who} did not reach a collective in time ({type(err).__name__}: {first}); "
+            "gloo waits about a minute for its peers' keys: on a loaded machine start the "
+            "processes when it is quieter, or use fewer of them"
+        )
     return (
         f"lost contact with {who} ({type(err).__name__}: {first}); the run stopped, "
         "resume it from the last checkpoint once all processes are back"
