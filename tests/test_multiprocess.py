@@ -353,7 +353,7 @@ def test_a_start_up_that_times_out_is_one_line_naming_the_coordinator(monkeypatc
     monkeypatch.setenv(distributed.ENV_INIT_TIMEOUT, "120")
     with pytest.raises(me.RunFailedError) as err:
         distributed.initialize("localhost:1234", 2, 1)
-    assert seen["initialization_timeout"] == 120
+    assert seen["initialization_timeout"] > 120  # the runtime's deadline comes after ours
     assert str(err.value) == (
         "process 1 of 2 could not join the coordinator localhost:1234 within 120 s "
         "(RuntimeError: DEADLINE_EXCEEDED: Barrier timed out.); start all 2 processes "
@@ -361,6 +361,40 @@ def test_a_start_up_that_times_out_is_one_line_naming_the_coordinator(monkeypatc
         "time: --init-timeout S or MESHENSEMBLE_INIT_TIMEOUT=S"
     )
     assert me.errors.exit_code(err.value) == 1
+
+
+def test_when_the_peers_never_come_the_process_leaves_with_one_line(monkeypatch):
+    """The runtime would abort (SIGABRT and a C++ stack) at its own deadline; ours comes
+    first: one line and exit 1. The runtime's call waits here until the watchdog fired."""
+    import threading
+
+    from meshensemble.core import distributed
+
+    left, seen = [], {}
+    fired = threading.Event()
+
+    def hard_exit(code, line):
+        left.append((code, line))
+        fired.set()
+
+    def initialize(**kwargs):
+        seen.update(kwargs)
+        assert fired.wait(60), "the watchdog never fired"
+
+    monkeypatch.setattr(distributed, "hard_exit", hard_exit)
+    monkeypatch.setattr(jax.distributed, "initialize", initialize)
+    monkeypatch.setattr(jax.config, "update", lambda *a: None)
+    distributed.initialize("localhost:1234", 2, 0, init_timeout=1)
+    assert seen["initialization_timeout"] == 1 + distributed.INIT_GRACE
+    assert left == [
+        (
+            1,
+            "error: process 0 of 2 could not join the coordinator localhost:1234 within 1 s "
+            "(no answer from every process); start all 2 processes (process 0 serves the "
+            "coordinator at that address), or give a loaded machine more time: "
+            "--init-timeout S or MESHENSEMBLE_INIT_TIMEOUT=S",
+        )
+    ]
 
 
 def test_a_gloo_key_value_timeout_is_one_line():

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 from typing import Any
 
 import jax
@@ -40,6 +41,8 @@ DEFAULT_INIT_TIMEOUT = 300
 Generous on purpose: on a loaded machine a peer can take minutes to import JAX and start
 (2 processes on 2 busy cores); a run whose peers never come fails after this long, with
 one line naming the coordinator and the timeout."""
+INIT_GRACE = 30
+"""Seconds the runtime's own start-up deadline is set past ours, so ours fires first."""
 DEFAULT_HEARTBEAT_TIMEOUT = 10
 """Seconds without heartbeats before a peer counts as dead (JAX's own default is 100)."""
 SHUTDOWN_TIMEOUT = 300
@@ -153,6 +156,15 @@ def initialize(
     timeout = init_timeout_seconds(init_timeout)
     if jax.config.jax_platforms in (None, "", "cpu") or "cpu" in str(jax.config.jax_platforms):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    where = (coordinator, num_processes, process_id, timeout)
+    # The runtime aborts the process (SIGABRT, a C++ stack) when its own start-up deadline
+    # passes; ours comes first: one line, exit 1.
+    done = threading.Event()
+    late = f"error: {startup_failure('no answer from every process', *where)}"
+    watchdog = threading.Thread(
+        target=lambda: done.wait(timeout) or hard_exit(1, late), daemon=True
+    )
+    watchdog.start()
     try:
         jax.distributed.initialize(
             coordinator_address=coordinator,
@@ -160,11 +172,14 @@ def initialize(
             process_id=process_id,
             heartbeat_timeout_seconds=heartbeat_timeout,
             shutdown_timeout_seconds=max(heartbeat_timeout, SHUTDOWN_TIMEOUT),
-            initialization_timeout=timeout,
+            initialization_timeout=timeout + INIT_GRACE,
         )
     except Exception as err:  # noqa: BLE001 (the runtime's errors have no common type)
-        line = startup_failure(err, coordinator, num_processes, process_id, timeout)
-        raise RunFailedError(line) from None
+        text = str(err).strip()
+        reason = f"{type(err).__name__}: {text.splitlines()[0][:200] if text else ''}"
+        raise RunFailedError(startup_failure(reason, *where)) from None
+    finally:
+        done.set()
     topo = topology()
     log.info("%s", topo)
     return topo
@@ -204,18 +219,27 @@ def init_timeout_seconds(value: int | None = None) -> int:
 
 
 def startup_failure(
-    err: BaseException, coordinator: Any, num_processes: Any, process_id: Any, timeout: int
+    reason: str, coordinator: Any, num_processes: Any, process_id: Any, timeout: int
 ) -> str:
     """The one line for a multi-process start-up that failed or timed out.
 
+    Args:
+      reason: what went wrong, short (the runtime's first line, or that time ran out).
+      coordinator: the coordinator's ``HOST:PORT``.
+      num_processes: how many processes were to join.
+      process_id: this process.
+      timeout: the start-up timeout in seconds.
+
+    Returns:
+      The line, naming this process, the coordinator, the timeout and the fixes.
+
     Example:
-      >>> startup_failure(RuntimeError("DEADLINE_EXCEEDED"), "localhost:1234", 2, 1, 300)
+      >>> startup_failure("no answer from every process", "localhost:1234", 2, 1, 300)
       'process 1 of 2 could not join the coordinator localhost:1234 within 300 s ...'
     """
-    first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
     return (
         f"process {process_id} of {num_processes} could not join the coordinator "
-        f"{coordinator} within {timeout} s ({type(err).__name__}: {first}); start all "
+        f"{coordinator} within {timeout} s ({reason}); start all "
         f"{num_processes} processes (process 0 serves the coordinator at that address), or "
         f"give a loaded machine more time: --init-timeout S or {ENV_INIT_TIMEOUT}=S"
     )
