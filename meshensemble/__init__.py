@@ -11,6 +11,7 @@ from meshensemble import calibrate_run as calibrate_run
 from meshensemble import calibration as calibration
 from meshensemble import core as core
 from meshensemble import data as data
+from meshensemble import errors as errors
 from meshensemble import metrics as metrics
 from meshensemble import models as models
 from meshensemble import serving as serving
@@ -40,6 +41,11 @@ from meshensemble.core.mesh import replicated_sharding as replicated_sharding
 from meshensemble.core.mesh import use_fake_cpu_devices as use_fake_cpu_devices
 from meshensemble.core.state import EnsembleState as EnsembleState
 from meshensemble.core.steps import softmax_cross_entropy as softmax_cross_entropy
+from meshensemble.errors import DataError as DataError
+from meshensemble.errors import Interrupted as Interrupted
+from meshensemble.errors import MeshEnsembleError as MeshEnsembleError
+from meshensemble.errors import RunFailedError as RunFailedError
+from meshensemble.errors import UsageError as UsageError
 from meshensemble.models import conv as conv
 from meshensemble.serving import Predictor as Predictor
 from meshensemble.serving import load_predictor as load_predictor
@@ -63,10 +69,15 @@ __all__ = [
     "CheckpointError",
     "Checkpointer",
     "DATA",
+    "DataError",
     "ENSEMBLE",
     "MODEL",
     "Ensemble",
     "EnsembleState",
+    "Interrupted",
+    "MeshEnsembleError",
+    "RunFailedError",
+    "UsageError",
     "FunctionModel",
     "LinenModel",
     "Model",
@@ -85,6 +96,7 @@ __all__ = [
     "data",
     "default_strategy",
     "distributed",
+    "errors",
     "extract_members",
     "load_inference",
     "load_predictor",

@@ -19,11 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from meshensemble.core.adapters import as_model
 from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
-from meshensemble.core.mesh import make_mesh, member_sharding, use_fake_cpu_devices
+from meshensemble.core.mesh import ENSEMBLE, make_mesh, use_fake_cpu_devices
 from meshensemble.core.steps import softmax_cross_entropy
 
 PyTree = Any
@@ -35,6 +36,7 @@ __all__ = [
     "assert_sharded_over_members",
     "assert_trees_close",
     "learnable_dataset",
+    "member_stream_keys",
     "need_devices",
     "set_fake_cpu_devices",
     "single_model_train_step",
@@ -132,39 +134,71 @@ def assert_trees_close(
     _close(actual, expected, rtol, atol, "trees differ")
 
 
-def assert_sharded_over_members(state: PyTree, mesh: Mesh) -> None:
+def assert_sharded_over_members(state: PyTree, mesh: Mesh, specs: Any = None) -> None:
     """Asserts every leaf is a ``jax.Array`` split over ``ensemble`` on its leading axis.
 
-    The invariant of a state through ``init``, steps and restores: every leaf has
-    ``NamedSharding(mesh, P("ensemble"))`` (or a sharding equivalent to it).
+    The invariant of a state through ``init``, steps and restores: each leaf's leading
+    (member) axis is split over ``ensemble`` and over nothing else. Its other dimensions
+    may be split over ``data`` (FSDP, ``shard_members=True``) and ``model`` (a mesh with
+    a ``model`` axis), never over ``ensemble``. With ``specs`` (``ens.state_spec``) each
+    leaf must be placed exactly as its spec says.
 
     Args:
       state: an :class:`~meshensemble.EnsembleState` or any pytree of stacked leaves.
       mesh: the ensemble's mesh.
+      specs: optional: one ``PartitionSpec`` for every leaf, or a tree of them like
+        ``state`` (``ens.state_spec``); None checks the member axis only.
 
     Raises:
-      AssertionError: a leaf is not a ``jax.Array``, has no leading axis, or is placed
-        otherwise; the message names the leaf's path and its sharding.
+      AssertionError: a leaf is not a ``jax.Array``, has no leading axis, lives on
+        another mesh, or is placed otherwise; the message names the leaf's path, its
+        sharding and what was expected.
 
     Example:
       >>> state = ens.init(jax.random.key(0), images[:1])
       >>> assert_sharded_over_members(state, ens.mesh)
+      >>> assert_sharded_over_members(state, ens.mesh, ens.state_spec)  # FSDP: exact specs
     """
-    want = member_sharding(mesh)
-    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-        where = jax.tree_util.keystr(path) or "the state"
-        if not isinstance(leaf, jax.Array):
-            raise AssertionError(f"{where} is a {type(leaf).__name__}, not a jax.Array on the mesh")
-        sharding = leaf.sharding
-        if (
-            leaf.ndim == 0
-            or not isinstance(sharding, NamedSharding)
-            or not sharding.is_equivalent_to(want, leaf.ndim)
-        ):
+    flat = jax.tree_util.tree_flatten_with_path(state)[0]
+    is_spec = lambda v: isinstance(v, P)
+    if specs is None or isinstance(specs, P):
+        wanted = [specs] * len(flat)
+    else:
+        wanted = jax.tree.structure(state).flatten_up_to(
+            jax.tree.map(lambda v: v, specs, is_leaf=is_spec)
+        )
+    for (path, leaf), spec in zip(flat, wanted):
+        _check_member_leaf(jax.tree_util.keystr(path) or "the state", leaf, mesh, spec)
+
+
+def _check_member_leaf(where: str, leaf: Any, mesh: Mesh, spec: P | None) -> None:
+    """One leaf of :func:`assert_sharded_over_members`."""
+    if not isinstance(leaf, jax.Array):
+        raise AssertionError(f"{where} is a {type(leaf).__name__}, not a jax.Array on the mesh")
+    sharding = leaf.sharding
+    if leaf.ndim == 0 or not isinstance(sharding, NamedSharding):
+        raise AssertionError(
+            f"{where} of shape {leaf.shape} has sharding {sharding}, not a NamedSharding "
+            "split over 'ensemble' on its leading (member) axis"
+        )
+    have = tuple(sharding.spec) + (None,) * (leaf.ndim - len(sharding.spec))
+    names = lambda entry: () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+    if spec is None:
+        rest = have[1:]
+        if any(ENSEMBLE in names(e) for e in rest):
             raise AssertionError(
-                f"{where} of shape {leaf.shape} has sharding {sharding}, not "
-                f"NamedSharding(mesh, P('ensemble')) on its leading (member) axis"
+                f"{where} of shape {leaf.shape} has spec {sharding.spec}: 'ensemble' splits a "
+                "dimension other than the leading (member) axis"
             )
+        spec = P(ENSEMBLE, *rest)
+        what = "P('ensemble', ...) on its leading (member) axis"
+    else:
+        what = f"{spec} (the state's spec)"
+    if not sharding.is_equivalent_to(NamedSharding(mesh, spec), leaf.ndim):
+        raise AssertionError(
+            f"{where} of shape {leaf.shape} has sharding {sharding}, not NamedSharding(mesh, "
+            f"{what})"
+        )
 
 
 # ------------------------------------------------------------------ members vs single models
@@ -207,6 +241,34 @@ def assert_members_equal_single_models(
         _close(jax.tree.map(itemgetter(i), got), want, rtol, atol, context)
 
 
+STREAM_FOLD = 1
+"""The documented constant of a member's stochastic stream: ``fold_in(key_i, 1)``."""
+
+
+def member_stream_keys(key: jax.Array, num_members: int) -> jax.Array:
+    """Each member's stochastic-stream (dropout) key, by the documented rule alone.
+
+    Member ``i`` of ``ens.init(key, ...)`` draws its randomness from
+    ``jax.random.fold_in(jax.random.split(key, M)[i], 1)``; step ``s`` of it uses
+    ``fold_in(that, s)``. Computed here from ``key`` without the ensemble, so a check
+    built on it notices an ensemble that derives or shares its members' keys otherwise.
+
+    Args:
+      key: the key given to ``ens.init`` (typed, ``jax.random.key``, or raw,
+        ``jax.random.PRNGKey``).
+      num_members: ``M``.
+
+    Returns:
+      ``[M]`` typed keys, or ``[M, 2]`` raw uint32 keys, as ``key`` is.
+
+    Example:
+      >>> keys = member_stream_keys(jax.random.key(0), 4)  # keys[i]: member i's stream
+    """
+    return jax.vmap(lambda k: jax.random.fold_in(k, STREAM_FOLD))(
+        jax.random.split(key, num_members)
+    )
+
+
 def single_model_train_step(
     model: Any,
     optimizer: optax.GradientTransformation,
@@ -233,7 +295,8 @@ def single_model_train_step(
     Returns:
       ``step(params, model_state, opt_state, images [B, ...], labels [B], rng, step) ->
       (params, model_state, opt_state, loss)``, jitted; ``rng`` is the member's stream
-      key (row ``i`` of ``EnsembleState.rng``, as a key) and ``step`` its step count.
+      key (``member_stream_keys(key, M)[i]``: row ``i`` of ``EnsembleState.rng``, as a
+      key) and ``step`` its step count.
 
     Raises:
       ValueError: ``data_shards`` is not a positive integer; (when called) the batch is
@@ -305,8 +368,10 @@ def assert_members_match_single_model_training(
     images, labels)``; trains each member ``i`` alone from ``ens.model.init(split(key,
     M)[i], ...)`` and ``ens.optimizer.init`` (with its ``hyperparams``) by
     :func:`single_model_train_step` (``ens.loss_fn``, ``ens.input_transform``, the
-    ``data`` axis as shards, key ``state.rng[i]``); parameters, model state and per-step
-    losses must agree.
+    ``data`` axis as shards, and member ``i``'s stream key derived from ``key`` by the
+    documented rule, :func:`member_stream_keys`, never read back from the state under
+    test); parameters, model state and per-step losses must agree. An ensemble whose
+    members share a dropout key, or derive it otherwise, fails.
 
     Args:
       ens: the ensemble (``compute_dtype`` None; shared, not per-member, batches).
@@ -335,8 +400,7 @@ def assert_members_match_single_model_training(
             "compute_dtype (the single-model reference computes in the parameters' dtype)"
         )
     state = ens.init(key, images[:1])
-    rngs = fetch(state.rng)
-    impl = ens.step_config().rng_impl
+    streams = member_stream_keys(key, ens.num_members)
     losses = []
     for _ in range(steps):
         state, metrics = ens.train_step(state, images, labels)
@@ -349,11 +413,10 @@ def assert_members_match_single_model_training(
     for i, k in enumerate(jax.random.split(key, ens.num_members)):
         params, model_state = ens.model.init(k, x)
         opt_state = _with_member_hyperparams(ens.optimizer.init(params), ens.hyperparams, i)
-        rng = jnp.asarray(rngs[i]) if impl is None else jax.random.wrap_key_data(rngs[i], impl=impl)
         ref_losses = []
         for s in range(steps):
             params, model_state, opt_state, loss = step(
-                params, model_state, opt_state, images, labels, rng, s
+                params, model_state, opt_state, images, labels, streams[i], s
             )
             ref_losses.append(loss)
         want = {"params": params, "model_state": model_state}

@@ -140,6 +140,23 @@ def test_each_member_and_step_sees_its_own_augmentation():
         np.testing.assert_allclose(w[i], want, atol=1e-6)
 
 
+def test_prediction_never_augments():
+    """predict, predict_members (what --calibrate and OOD scoring read) and evaluate of an
+    ensemble built with augment equal those of the same state without it."""
+    need_devices(4)
+    x, y = DATA.test_images[:16], DATA.test_labels[:16]
+    mesh = me.make_mesh(ensemble=2, data=2)
+    plain, augmented = _probe_ensemble(mesh, None, 2), _probe_ensemble(mesh, SHIFT, 2)
+    state = plain.init(jax.random.key(0), x[:1])
+    state, _ = plain.train_step(state, DATA.train_images[:16], DATA.train_labels[:16])
+    for call in (
+        lambda e: e.predict(state, x),
+        lambda e: e.predict_members(state, x, logits=True),
+        lambda e: e.evaluate(state, x, y, batch_size=16)["nll"],
+    ):
+        np.testing.assert_array_equal(np.asarray(call(augmented)), np.asarray(call(plain)))
+
+
 def _linear_sgd_step(x, y):
     flat = x.reshape(x.shape[0], -1)
     p = np.full((x.shape[0], 10), 0.1)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -470,33 +469,50 @@ def _params(workdir):
     return jax.device_get(state), step
 
 
-def _wait_for_checkpoint(workdir, proc, at_least=1, timeout=90):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if len(list_checkpoints(workdir)) >= at_least:
-            return
-        if proc.poll() is not None:
-            pytest.fail(f"run ended before a checkpoint: {proc.stderr.read()}")
-        time.sleep(0.05)
-    pytest.fail("no checkpoint appeared")
+SIGNAL_AT_CALL = """
+import os, sys
+from meshensemble.cli import main
+from meshensemble.training.feeder import Feeder
+
+call, signum, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+run, calls = Feeder.run, []
+
+def run_then_signal(self, *args):
+    out = run(self, *args)
+    calls.append(1)
+    if len(calls) == call:  # progress, not a timer: after this call's steps, before its save
+        print(f"signal {signum} after call {call}", flush=True)
+        os.kill(os.getpid(), signum)
+    return out
+
+Feeder.run = run_then_signal
+sys.exit(main(argv))
+"""
+
+
+def signalled_at(cmd: list[str], call: int, signum: int) -> list[str]:
+    """``cmd`` (a ``cli_cmd``) run so that the process sends itself ``signum`` right after
+    its ``call``-th training call: a signal at a known point of the run on any machine."""
+    assert cmd[1:3] == ["-m", "meshensemble.cli"]
+    return [cmd[0], "-c", SIGNAL_AT_CALL, str(call), str(int(signum)), *cmd[3:]]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_kill_9_mid_run_then_resume_matches_uninterrupted(npz, tmp_path, uninterrupted, seed):
+    """SIGKILL after step 3 or 8 of 12 (one step a call: a checkpoint every step), while
+    the previous step's checkpoint may still be written; the resume says where it
+    restarts and ends equal to the uninterrupted run."""
     workdir = tmp_path / "killed"
-    proc = subprocess.Popen(
-        cli_cmd(npz, workdir), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        _wait_for_checkpoint(workdir, proc)
-        time.sleep(random.Random(seed).uniform(0.0, 1.5))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    at = (3, 8)[seed]
+    killed = run_cli(signalled_at(cli_cmd(npz, workdir), at, signal.SIGKILL))
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr  # really killed
+    assert f"signal {int(signal.SIGKILL)} after call {at}" in killed.stdout
+    left = list_checkpoints(workdir)
+    assert left and max(left) < at < 12, left  # mid-run: step `at` itself was never saved
     resumed = run_cli(cli_cmd(npz, workdir))
     assert resumed.returncode == 0, resumed.stderr
+    said = [s for s in resumed.stdout.splitlines() if s.startswith("resumed from checkpoint")]
+    assert len(said) == 1 and int(said[0].split()[3]) <= max(left), said
     got, step = _params(workdir)
     want, want_step = _params(uninterrupted)
     assert step == want_step == 12
@@ -505,32 +521,21 @@ def test_kill_9_mid_run_then_resume_matches_uninterrupted(npz, tmp_path, uninter
 
 
 def test_sigterm_saves_at_the_next_boundary_and_exits_0(npz, tmp_path, uninterrupted):
+    """SIGTERM during the run's first call (triggered by progress, not a timer): the
+    loop saves at the end of that call, says so and exits 0; the resume ends equal."""
     workdir = tmp_path / "term"
-    proc = subprocess.Popen(
-        cli_cmd(npz, workdir, "--checkpoint-every", "100"),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        t0 = time.time()  # wait until training runs (the config is written before step 1)
-        while not (workdir / "config.json").exists() and time.time() - t0 < 90:
-            time.sleep(0.05)
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
+    cmd = signalled_at(cli_cmd(npz, workdir, "--checkpoint-every", "100"), 1, signal.SIGTERM)
+    done = run_cli(cmd)
+    out, err = done.stdout, done.stderr
+    assert done.returncode == 0, err
     line = [s for s in (out + err).splitlines() if "stopped by SIGTERM" in s]
-    assert line, out + err
+    assert len(line) == 1, out + err
     step = int(line[0].split("at step ")[1].split(":")[0])
-    assert f"saved checkpoint {step}" in line[0]
-    assert step in list_checkpoints(workdir)
+    assert 1 <= step < 12 and f"saved checkpoint {step}" in line[0]
+    assert list_checkpoints(workdir) == [step]
     resumed = run_cli(cli_cmd(npz, workdir))
-    assert resumed.returncode == 0 and "resumed from checkpoint" in resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from checkpoint {step}" in resumed.stdout + resumed.stderr
     chex.assert_trees_all_equal(_params(workdir)[0], _params(uninterrupted)[0])
 
 

@@ -147,3 +147,113 @@ def test_bad_numbers_are_one_line_errors(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err
     assert err == f"error: {message}\n"
     assert not workdir.exists()
+
+
+# ------------------------------------------------------------------ errors as types
+def test_exit_codes_follow_the_error_kind_not_its_name(monkeypatch, capsys, tmp_path):
+    """A subclass of a kind, whatever its name, maps like the kind (isinstance)."""
+
+    class DiskGone(me.CheckpointError):
+        pass
+
+    class OddLabels(me.data.DataError):
+        pass
+
+    for err, code in [
+        (DiskGone("checkpoints/: disk gone; free space"), 1),
+        (OddLabels("labels.npy: 11 classes; use 10"), 2),
+        (me.errors.UsageError("--x 1: bad"), 2),
+        (me.errors.Interrupted("stopped at step 3"), 130),
+        (KeyboardInterrupt(), 130),
+    ]:
+        assert common.exit_code(err) == code == me.errors.exit_code(err), err
+    # every existing error is a kind, and still what it was
+    assert issubclass(me.CheckpointError, me.RunFailedError | RuntimeError)
+    assert issubclass(me.training.NonFiniteError, me.RunFailedError)
+    from meshensemble.training.outputs import OutputError
+
+    assert issubclass(OutputError, me.errors.RunFailedError) and issubclass(
+        OutputError, RuntimeError
+    )
+    assert me.data.DataError is me.errors.DataError and issubclass(me.data.DataError, ValueError)
+    assert common.UsageError is me.UsageError and issubclass(me.UsageError, ValueError)
+    assert all(isinstance(t, type) for t in common.FAILED_RUN_ERRORS)
+
+    def fails(cfg):
+        raise DiskGone("checkpoints/: disk gone\nfree space")
+
+    monkeypatch.setattr(cli_train, "train", fails)
+    monkeypatch.delenv(common.DEBUG_ENV, raising=False)
+
+    def hard_exit(code, line):  # a CheckpointError leaves at once, past orbax's threads
+        raise SystemExit((code, line))
+
+    monkeypatch.setattr(cli, "hard_exit", hard_exit)
+    with pytest.raises(SystemExit) as left:
+        cli.main(["train", "--workdir", str(tmp_path / "w")])
+    assert left.value.code == (1, "error: checkpoints/: disk gone free space")
+
+
+@pytest.mark.parametrize("command", ["evaluate", "bench", "convert"])
+def test_ctrl_c_in_any_subcommand_is_one_line_and_exit_130(monkeypatch, capsys, command):
+    module = {"evaluate": cli_evaluate, "bench": cli.bench, "convert": cli.convert}[command]
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "run", interrupted)
+    argv = {"evaluate": ["--workdir", "w"], "convert": ["--data-file", "x", "--out", "o"]}
+    argv = argv.get(command, [])
+    assert cli.main([command, *argv]) == 130
+    assert capsys.readouterr().err == "interrupted (Ctrl-C)\n"
+
+
+def test_ctrl_c_during_train_saves_then_exits_130(monkeypatch, capsys, tmp_path):
+    """SIGINT after the first call: checkpoint 1 saved, one line, exit 130 (not 0)."""
+    import os
+    import signal
+
+    from meshensemble.testing import need_devices
+    from meshensemble.training.checkpoint import list_checkpoints
+    from meshensemble.training.feeder import Feeder
+
+    need_devices(8)
+    run = Feeder.run
+
+    def run_then_ctrl_c(self, *args):
+        out = run(self, *args)
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs in this (the main) thread
+        return out
+
+    monkeypatch.setattr(Feeder, "run", run_then_ctrl_c)
+    workdir = tmp_path / "w"
+    argv = ["train", "--source", "sample", "--model", "mlp", "--members", "2"]
+    argv += ["--mesh", "ensemble=2", "--batch-size", "64", "--chunk-steps", "1"]
+    argv += ["--max-steps", "5", "--member-strategy", "vmap", "--workdir", str(workdir)]
+    assert cli.main(argv) == 130
+    out = capsys.readouterr().out
+    assert "on mesh ensemble=2 x data=1 x model=1 (8 cpu devices, 6 idle," in out
+    stopped = [line for line in out.splitlines() if line.startswith("stopped by")]
+    assert stopped == [
+        f"stopped by SIGINT at step 1: saved checkpoint 1 in {workdir}/checkpoints; run the "
+        "same command to resume"
+    ]
+    assert list_checkpoints(str(workdir)) == [1]
+
+
+def test_orbax_metadata_warning_is_silenced_other_absl_lines_are_not(monkeypatch):
+    import logging
+
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    absl = logging.getLogger("absl")
+    absl.addHandler(handler)
+    try:
+        monkeypatch.setattr(cli_evaluate, "run", lambda args: 0)
+        assert cli.main(["evaluate", "--workdir", "w"]) == 0  # main sets the filter up
+        absl.warning("Metadata file does not exist: /w/checkpoints/2/state/_CHECKPOINT_METADATA")
+        absl.warning("something else")
+    finally:
+        absl.removeHandler(handler)
+    assert seen == ["something else"]

@@ -121,6 +121,33 @@ def test_make_mesh_and_parse_mesh_know_the_model_axis():
         me.make_mesh(2, 4, model=2)
 
 
+def test_describe_mesh_shows_three_axes_and_idle_devices():
+    need_devices(8)
+    from meshensemble.core.mesh import describe_mesh, idle_devices
+
+    assert describe_mesh(me.make_mesh(2, 4)) == "ensemble=2 x data=4 x model=1"
+    assert describe_mesh(me.make_mesh(2, 1, model=4)) == "ensemble=2 x data=1 x model=4"
+    assert idle_devices(me.make_mesh(2, 1)) == jax.device_count() - 2
+    assert idle_devices(me.make_mesh(2, 2, model=2)) == jax.device_count() - 8
+
+
+def test_a_model_axis_that_splits_no_parameter_says_so():
+    """model=3 divides neither the heads (2) nor the MLP (64) of SMALL_VIT: 0 leaves split."""
+    need_devices(8)
+    notes = {}
+    for m in (3, 2):
+        ens = me.Ensemble(MODELS["vit"](), TX, 2, mesh=me.make_mesh(2, 1, model=m))
+        state = ens.init(jax.random.key(0), IMAGES[:1])
+        notes[m] = sharding.model_axis_note(ens, state, IMAGES[:1])
+        split, total = sharding.model_split_count(ens.state_spec)
+        assert (split == 0) == (m == 3) and total == len(jax.tree.leaves(state.params))
+    assert notes[2] is None
+    assert notes[3].startswith(f"warning: mesh model=3 splits 0 of {total} parameter leaves")
+    assert "widths named for 'model': 2, 64" in notes[3] and "(model=2 or 4)" in notes[3]
+    plain = me.Ensemble(MODELS["vit"](), TX, 2, mesh=me.make_mesh(2, 1))
+    assert sharding.model_axis_note(plain, None, None) is None
+
+
 def test_the_pmap_backend_refuses_sharded_members():
     need_devices(8)
     with pytest.raises(ValueError, match="shard_members=True needs backend='shard_map'"):

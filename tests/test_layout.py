@@ -1,9 +1,9 @@
 """The package's layout rules, read from the source (function-level imports included).
 
-* Rooms from low to high: ``core`` < ``models``, ``metrics``, ``calibration``, ``data``,
-  ``plots`` < ``training`` < ``calibrate_run`` < ``evaluation``, ``testing`` < ``serving`` <
-  ``bench`` < ``cli``. A module imports only its own room and lower rooms; nothing outside ``cli``
-  imports ``cli``.
+* Rooms from low to high: ``errors`` < ``core`` < ``models``, ``metrics``, ``calibration``,
+  ``data``, ``plots`` < ``training`` < ``calibrate_run`` < ``evaluation``, ``testing`` <
+  ``serving`` < ``bench`` < ``cli``. A module imports only its own room and lower rooms;
+  nothing outside ``cli`` imports ``cli``.
 * No import cycle among the package's modules.
 * No module uses another module's ``_private`` names.
 * No module is over 700 lines.
@@ -21,6 +21,7 @@ import meshensemble as me
 
 PACKAGE = pathlib.Path(me.__file__).parent
 RANK = {
+    "errors": -1,  # the error types: below every room, imports nothing of the package
     "core": 0,
     "models": 1,
     "metrics": 1,
@@ -106,6 +107,13 @@ def test_rooms_import_only_their_own_and_lower_rooms():
             elif there != here and RANK[there] >= RANK[here]:
                 bad.append(f"{module}:{line} ({here}) imports {target} ({there})")
     assert not bad, "\n".join(bad)
+
+
+def test_the_error_types_sit_below_every_room():
+    """errors.py is the lowest room: every room may raise its kinds, it imports none."""
+    lowest = [r for r, rank in RANK.items() if rank == min(RANK.values())]
+    assert lowest == ["errors"]
+    assert imports("meshensemble.errors") == []
 
 
 def test_nothing_outside_cli_imports_cli():

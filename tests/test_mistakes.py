@@ -171,3 +171,46 @@ def test_batchnorm_statistics_are_the_whole_batch_whatever_the_data_axis(model):
     for other in results[1:]:
         for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(other)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_state_of_another_optimizer_is_one_line():
+    """An SGD ensemble's state on an Adam ensemble: not 'TraceState has no attribute mu'."""
+    need_devices(2)
+    mesh = me.make_mesh(2, 1)
+    sgd = me.Ensemble(Tiny(), optax.sgd(0.1, 0.9), 2, mesh)
+    adam = me.Ensemble(Tiny(), optax.adam(1e-3), 2, mesh)
+    state = sgd.init(jax.random.key(0), X[:1])
+    with pytest.raises(me.UsageError, match=r"^state's optimizer state \(TraceState, ") as err:
+        adam.train_step(state, X, Y)
+    assert "is not what this ensemble's optimizer makes (ScaleByAdamState" in one_line(err)
+    state, _ = sgd.train_step(state, X, Y)  # nothing was consumed: the state still trains
+
+
+def test_images_of_another_size_are_one_line():
+    """Not a raw Flax ScopeParamShapeError: the images' shape, the parameter, the fix."""
+    need_devices(2)
+    ens = me.Ensemble(me.models.MLP((8,)), optax.sgd(0.1), 2, me.make_mesh(2, 1))
+    state = ens.init(jax.random.key(0), X[:1])
+    wrong = np.zeros((16, 9, 9, 1), np.float32)
+    want = (
+        r"^images of shape \(16, 9, 9, 1\) do not fit the state's parameters \(parameter "
+        r"/Dense_0/kernel has shape \(64, 8\), these images need \(81, 8\)\); give images"
+    )
+    for call in (
+        lambda: ens.train_step(state, wrong, Y),
+        lambda: ens.predict(state, wrong),
+        lambda: ens.evaluate(state, wrong, Y),
+    ):
+        with pytest.raises(me.UsageError, match=want) as err:
+            call()
+        one_line(err)
+
+
+def test_save_inference_refuses_a_temperature_per_member_of_another_count(tmp_path):
+    need_devices(2)
+    ens = me.Ensemble(Tiny(), optax.sgd(0.1), 2, me.make_mesh(2, 1))
+    state = ens.init(jax.random.key(0), X[:1])
+    path = tmp_path / "bundle"
+    with pytest.raises(ValueError, match=r"^temperature holds 3 values but the state has 2 "):
+        me.save_inference(str(path), state, temperature=[1.0, 1.5, 2.0])
+    assert not path.exists()  # refused before anything was written

@@ -318,3 +318,92 @@ def test_streamed_processes_read_half_of_each_batch_and_equal_one_process(
     pairs = {tuple(np.sort(np.concatenate([a, b]))) for a in reads[0] for b in reads[1]}
     assert len(whole & pairs) >= 3
     assert_equals_one_process(workdir, one)
+
+
+# --- start-up on a loaded machine: a configurable timeout, one line when it runs out ---
+def test_the_init_timeout_comes_from_the_flag_the_environment_or_the_default(monkeypatch):
+    from meshensemble.cli import build_parser
+    from meshensemble.core import distributed
+
+    monkeypatch.delenv(distributed.ENV_INIT_TIMEOUT, raising=False)
+    assert distributed.init_timeout_seconds(None) == distributed.DEFAULT_INIT_TIMEOUT == 300
+    monkeypatch.setenv(distributed.ENV_INIT_TIMEOUT, "900")
+    assert distributed.init_timeout_seconds(None) == 900
+    assert distributed.init_timeout_seconds(45) == 45  # the flag wins
+    for bad, where in [(0, "--init-timeout=0"), (None, "MESHENSEMBLE_INIT_TIMEOUT='soon'")]:
+        monkeypatch.setenv(distributed.ENV_INIT_TIMEOUT, "soon")
+        with pytest.raises(me.UsageError, match=f"^{where} is not a positive whole number"):
+            distributed.init_timeout_seconds(bad)
+    assert build_parser().parse_args(["train", "--init-timeout", "600"]).init_timeout == 600
+
+
+def test_a_start_up_that_times_out_is_one_line_naming_the_coordinator(monkeypatch):
+    """What jax.distributed.initialize is given, and the line when it fails (no process
+    is started: the runtime's call is replaced)."""
+    from meshensemble.core import distributed
+
+    seen = {}
+
+    def initialize(**kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("DEADLINE_EXCEEDED: Barrier timed out.\nid: PjRT_Client_Connect")
+
+    monkeypatch.setattr(jax.distributed, "initialize", initialize)
+    monkeypatch.setattr(jax.config, "update", lambda *a: None)  # keep this process's config
+    monkeypatch.setenv(distributed.ENV_INIT_TIMEOUT, "120")
+    with pytest.raises(me.RunFailedError) as err:
+        distributed.initialize("localhost:1234", 2, 1)
+    assert seen["initialization_timeout"] > 120  # the runtime's deadline comes after ours
+    assert str(err.value) == (
+        "process 1 of 2 could not join the coordinator localhost:1234 within 120 s "
+        "(RuntimeError: DEADLINE_EXCEEDED: Barrier timed out.); start all 2 processes "
+        "(process 0 serves the coordinator at that address), or give a loaded machine more "
+        "time: --init-timeout S or MESHENSEMBLE_INIT_TIMEOUT=S"
+    )
+    assert me.errors.exit_code(err.value) == 1
+
+
+def test_when_the_peers_never_come_the_process_leaves_with_one_line(monkeypatch):
+    """The runtime would abort (SIGABRT and a C++ stack) at its own deadline; ours comes
+    first: one line and exit 1. The runtime's call waits here until the watchdog fired."""
+    import threading
+
+    from meshensemble.core import distributed
+
+    left, seen = [], {}
+    fired = threading.Event()
+
+    def hard_exit(code, line):
+        left.append((code, line))
+        fired.set()
+
+    def initialize(**kwargs):
+        seen.update(kwargs)
+        assert fired.wait(60), "the watchdog never fired"
+
+    monkeypatch.setattr(distributed, "hard_exit", hard_exit)
+    monkeypatch.setattr(jax.distributed, "initialize", initialize)
+    monkeypatch.setattr(jax.config, "update", lambda *a: None)
+    distributed.initialize("localhost:1234", 2, 0, init_timeout=1)
+    assert seen["initialization_timeout"] == 1 + distributed.INIT_GRACE
+    assert left == [
+        (
+            1,
+            "error: process 0 of 2 could not join the coordinator localhost:1234 within 1 s "
+            "(no answer from every process); start all 2 processes (process 0 serves the "
+            "coordinator at that address), or give a loaded machine more time: "
+            "--init-timeout S or MESHENSEMBLE_INIT_TIMEOUT=S",
+        )
+    ]
+
+
+def test_a_gloo_key_value_timeout_is_one_line():
+    from meshensemble.cli.common import lost_peer
+
+    err = RuntimeError(
+        "Gloo context initialization failed: DEADLINE_EXCEEDED: GetKeyValue() timed out "
+        "with key: cpu:gloo/1 and duration: 1m\nmore"
+    )
+    line = lost_peer(err)
+    assert "\n" not in line and line.startswith("a peer process did not reach a collective")
+    assert "GetKeyValue() timed out" in line and "gloo waits about a minute" in line

@@ -61,6 +61,33 @@ def test_local_block_covers_this_process():
     assert stream.local_block(me.make_mesh(4, 2), 32, members=4) == stream.Block((0, 32), (0, 4))
 
 
+@pytest.mark.parametrize(
+    "mesh_shape,members,blocks",
+    [
+        # 2 "processes" of 4 devices: data=8 splits the rows, each reads half
+        ((1, 8), None, [((0, 16), None), ((16, 32), None)]),
+        # ensemble=2 x data=4: process 0 holds ensemble row 0; a shared batch is whole
+        # there, a per-member batch only its members
+        ((2, 4), None, [((0, 32), None), ((0, 32), None)]),
+        ((2, 4), 4, [((0, 32), (0, 2)), ((0, 32), (2, 4))]),
+        # 4 "processes" of 2 devices on data=4 x ensemble=2: a quarter of the rows each
+        ((2, 4), None, [((0, 16), None), ((16, 32), None), ((0, 16), None), ((16, 32), None)]),
+    ],
+)
+def test_each_process_reads_only_its_block_of_the_batch(mesh_shape, members, blocks):
+    """The per-process row selection without processes: the devices of process p (a
+    consecutive slice of the 8, as make_mesh orders processes) give p's block."""
+    need_devices(8)
+    mesh = me.make_mesh(*mesh_shape)
+    per = 8 // len(blocks)
+    for p, want in enumerate(blocks):
+        devices = jax.devices()[p * per : (p + 1) * per]
+        assert stream.local_block(mesh, 32, members, devices=devices) == stream.Block(*want)
+    assert stream.local_block(mesh, 32, members) == stream.Block(
+        (0, 32), None if members is None else (0, members)
+    )  # one process: everything
+
+
 def test_iterator_yields_the_orders_rows_and_its_state_resumes():
     order = lambda e: np.random.default_rng(e).permutation(192)
     block = stream.Block((8, 24))

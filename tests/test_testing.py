@@ -14,6 +14,8 @@ import numpy as np
 import optax
 import pytest
 from conftest import Tiny, need_devices
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import meshensemble as me
 from meshensemble import testing
@@ -132,6 +134,31 @@ def test_assert_sharded_over_members_names_the_misplaced_leaf():
         testing.assert_sharded_over_members(state, other)
 
 
+@pytest.mark.parametrize("mesh_shape", [(2, 2), (2, 1, 2)], ids=["fsdp", "fsdp+model"])
+def test_assert_sharded_over_members_understands_fsdp_and_model_specs(mesh_shape):
+    need_devices(4)
+    vit = me.models.ViT(patch_size=4, hidden=16, num_heads=2, num_layers=1, mlp_dim=32)
+    mesh = me.make_mesh(*mesh_shape[:2], model=mesh_shape[2] if len(mesh_shape) > 2 else None)
+    ens = me.Ensemble(vit, TX, 2, mesh, shard_members=True)
+    state = ens.init(jax.random.key(0), X[:1])
+    specs = jax.tree.leaves(ens.state_spec, is_leaf=lambda v: isinstance(v, P))
+    assert any(len(s) > 1 for s in specs)  # some leaves are split inside their member
+    testing.assert_sharded_over_members(state, ens.mesh)
+    testing.assert_sharded_over_members(state, ens.mesh, ens.state_spec)
+    kernel = state.params["head"]["kernel"]
+    # the member axis over data instead of ensemble: refused, with or without specs
+    wrong = jax.device_put(kernel, NamedSharding(ens.mesh, P("data")))
+    bad = state.replace(params={**state.params, "head": {**state.params["head"], "kernel": wrong}})
+    for specs_arg in (None, ens.state_spec):
+        with pytest.raises(AssertionError, match=r"\['head'\]\['kernel'\] of shape"):
+            testing.assert_sharded_over_members(bad, ens.mesh, specs_arg)
+    # members whole where the spec splits them: only the exact check notices
+    whole = jax.device_put(state, me.member_sharding(ens.mesh))
+    testing.assert_sharded_over_members(whole, ens.mesh)
+    with pytest.raises(AssertionError, match="the state's spec"):
+        testing.assert_sharded_over_members(whole, ens.mesh, ens.state_spec)
+
+
 # ------------------------------------------------------------------ members vs single models
 def test_assert_members_equal_single_models_catches_swapped_and_perturbed_members():
     need_devices(4)
@@ -216,6 +243,15 @@ class SwappedInit(me.Ensemble):
         return jax.device_put(host_state(state, params=swap_members), me.member_sharding(self.mesh))
 
 
+class SharedDropoutKey(me.Ensemble):
+    """A wrong ensemble: every member draws its dropout masks from member 0's key."""
+
+    def init(self, key, sample):
+        state = super().init(key, sample)
+        shared = host_state(state, rng=lambda rng: np.broadcast_to(rng[:1], rng.shape).copy())
+        return jax.device_put(shared, me.member_sharding(self.mesh))
+
+
 class ShuffledShards(me.Ensemble):
     """A wrong ensemble: it trains on the batch reversed, so shards see other examples."""
 
@@ -228,14 +264,30 @@ class ShuffledShards(me.Ensemble):
     [
         (SwappedInit, Tiny(), r"^member 0 after 2 steps differs .*params/"),
         (ShuffledShards, DropoutMLP(), r"^member 0 after 2 steps differs"),
+        (SharedDropoutKey, DropoutMLP(), r"^member 1 after 2 steps differs"),
     ],
-    ids=["members_swapped", "shards_reordered_under_dropout"],
+    ids=["members_swapped", "shards_reordered_under_dropout", "dropout_key_shared"],
 )
 def test_assert_members_match_single_model_training_fails_on_a_wrong_ensemble(wrong, model, match):
     need_devices(4)
     ens = wrong(model, TX, M, me.make_mesh(2, 2))
     with pytest.raises(AssertionError, match=match):
         testing.assert_members_match_single_model_training(ens, jax.random.key(0), X, Y, 2)
+
+
+@pytest.mark.parametrize("typed", [True, False])
+def test_member_stream_keys_are_fold_in_of_the_split_key_by_one(typed):
+    """The documented derivation, written out here: member i's stream is
+    fold_in(split(key, M)[i], 1); changing the constant (in the ensemble or the helper)
+    fails this test."""
+    need_devices(4)
+    key = jax.random.key(3) if typed else jax.random.PRNGKey(3)
+    by_hand = [jax.random.fold_in(k, 1) for k in jax.random.split(key, M)]
+    raw = lambda k: np.asarray(jax.random.key_data(k) if typed else k)
+    want = np.stack([raw(k) for k in by_hand])
+    np.testing.assert_array_equal(raw(testing.member_stream_keys(key, M)), want)
+    state = ensemble().init(key, X[:1])
+    np.testing.assert_array_equal(np.asarray(jax.device_get(state.rng)), want)
 
 
 def test_assert_members_match_single_model_training_refuses_mixed_precision():

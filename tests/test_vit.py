@@ -177,3 +177,23 @@ def test_checkpoint_restores_onto_another_mesh_and_members_extract(tmp_path):
     np.testing.assert_allclose(
         probs, me.distributed.fetch(other.predict_members(restored, X))[3], atol=1e-6
     )
+
+
+# ------------------------------------------------------------------ a mesh of model axis only
+@pytest.mark.parametrize("shape", [(1, 1, 2), pytest.param((1, 1, 8), marks=pytest.mark.slow)])
+def test_a_mesh_with_only_a_model_axis_trains_the_single_model(shape):
+    """ensemble=1, data=1, model=P: every manual axis has size 1 (XLA refused the
+    all-reduces over them); the step skips them and equals one device's step."""
+    need_devices(shape[2])
+
+    def run(mesh):
+        ens = me.Ensemble(tiny(), optax.sgd(0.1, 0.9), 1, mesh)
+        state, metrics = ens.train_step(ens.init(KEY, X[:1]), X, Y)
+        return state, metrics
+
+    state, metrics = run(me.make_mesh(*shape[:2], model=shape[2]))
+    want, want_metrics = run(me.make_mesh(1, 1, devices=jax.devices()[:1]))
+    kernel = state.params["encoder_0"]["mlp"]["up"]["kernel"]
+    assert kernel.sharding.spec == P("ensemble", None, "model")  # really split over model
+    testing.assert_trees_close(state.params, want.params, rtol=1e-5, atol=1e-6)
+    testing.assert_trees_close(metrics["loss"], want_metrics["loss"], rtol=1e-5, atol=1e-6)

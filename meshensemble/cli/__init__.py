@@ -7,8 +7,10 @@ Nothing in the package imports this room; it imports the others. Modules:
 files), each with ``add_parser(sub)``.
 
 Every bad value gets one line on stderr naming it and the fix, and exit code 2, before
-anything is written to the workdir; a run that fails gets one line and exit code 1.
-Tracebacks appear only with ``--debug`` or ``MESHENSEMBLE_DEBUG=1``.
+anything is written to the workdir; a run that fails gets one line and exit code 1; Ctrl-C
+gets one line and exit code 130 in every subcommand (``train`` first saves a checkpoint).
+The exit code follows the exception's type (:mod:`meshensemble.errors`). Tracebacks
+appear only with ``--debug`` or ``MESHENSEMBLE_DEBUG=1``.
 
 Example:
   >>> from meshensemble.cli import main
@@ -33,8 +35,10 @@ from meshensemble.cli.common import (
     error_line,
     exit_code,
     setup_devices,
+    silence_absl_noise,
 )
 from meshensemble.core.distributed import hard_exit
+from meshensemble.training.checkpoint import CheckpointError
 
 __all__ = ["Parser", "UsageError", "build_parser", "main", "setup_devices"]
 
@@ -69,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       argv: arguments (default ``sys.argv[1:]``).
 
     Returns:
-      The exit code: 0 on success, 2 for bad input, 1 for a run that failed.
+      The exit code: 0 on success, 2 for bad input, 1 for a run that failed, 130 when
+      interrupted (Ctrl-C).
 
     Example:
       >>> main(["train", "--source", "sample", "--epochs", "1", "--workdir", "/tmp/run"])
@@ -77,15 +82,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)
+    silence_absl_noise()
     args = None
     try:
         args = build_parser().parse_args(argv)
         return int(args.run(args) or 0)
-    except Exception as err:
+    except (Exception, KeyboardInterrupt) as err:  # one place maps Ctrl-C: exit 130
         code = exit_code(err)
         if debug_requested(args):
             traceback.print_exc()
-        if type(err).__name__ == "CheckpointError":
+        if isinstance(err, CheckpointError):
             # orbax's background threads may still hold the failed write: leave without
             # their teardown noise, the one line being the last thing printed
             hard_exit(code, error_line(err))

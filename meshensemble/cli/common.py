@@ -1,8 +1,9 @@
 """What every ``meshensemble`` subcommand shares: the one-line errors, devices, processes.
 
 Every bad value gets one line on stderr naming it and the fix. :func:`exit_code` maps an
-exception to the command's exit status (2 for bad input, 1 for a run that failed);
-tracebacks are shown only with ``--debug`` or ``MESHENSEMBLE_DEBUG=1``.
+exception to the command's exit status by its type (:mod:`meshensemble.errors`: 2 for
+bad input, 1 for a run that failed, 130 when interrupted); tracebacks are shown only
+with ``--debug`` or ``MESHENSEMBLE_DEBUG=1``.
 
 Example:
   >>> parser = Parser(prog="meshensemble")
@@ -14,22 +15,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import logging
 import os
 import re
 import typing
 from typing import Any
 
-from meshensemble.data import DataError
+from meshensemble import errors
+from meshensemble.errors import Interrupted, MeshEnsembleError, UsageError
 from meshensemble.training.config import TrainConfig, config_field, field_choices, field_help
 
 DEBUG_ENV = "MESHENSEMBLE_DEBUG"
 """Environment variable: ``1`` shows tracebacks (as ``--debug`` does)."""
-FAILED_RUN_ERRORS = ("CheckpointError", "NonFiniteError", "OutputError")
-"""Exceptions of a run that failed (exit 1), reported in one line."""
-
-
-class UsageError(ValueError):
-    """A bad command-line value; the CLI prints it on one line and exits 2."""
+FAILED_RUN_ERRORS = (errors.RunFailedError,)
+"""Exception types of a run that failed (exit 1), reported in one line: the kind
+:class:`meshensemble.errors.RunFailedError` (``CheckpointError``, ``NonFiniteError``,
+``OutputError`` ...); compared with ``isinstance``."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -131,34 +132,58 @@ def debug_requested(args: argparse.Namespace | None = None) -> bool:
 
 
 def exit_code(err: BaseException) -> int:
-    """The exit status for an exception: 2 for bad input, 1 for a failed run.
+    """The exit status for an exception, by its type (:func:`meshensemble.errors.exit_code`).
+
+    2 for bad input (a :class:`~meshensemble.errors.UsageError`,
+    :class:`~meshensemble.errors.DataError`, another ``ValueError``, a missing file), 1 for
+    a failed run, 130 for an interruption (``KeyboardInterrupt``,
+    :class:`~meshensemble.errors.Interrupted`).
 
     Example:
       >>> exit_code(UsageError("bad")), exit_code(RuntimeError("boom"))
       (2, 1)
     """
-    if type(err).__name__ in FAILED_RUN_ERRORS:
-        return 1
-    if isinstance(err, UsageError | ValueError | DataError | FileNotFoundError):
-        return 2
-    return 1
+    return errors.exit_code(err)
 
 
 def error_line(err: BaseException) -> str:
     """The one line printed for an exception (``error: ...``).
 
-    Expected errors print their message; anything else its type too, and a hint to
-    rerun with ``--debug``.
+    Expected errors (every :class:`~meshensemble.errors.MeshEnsembleError`, and bad input)
+    print their message; an interruption says so; anything else its type too, and a hint
+    to rerun with ``--debug``.
 
     Example:
       >>> error_line(ValueError("members=0 must be a positive integer"))
       'error: members=0 must be a positive integer'
     """
-    text = " ".join(str(err).split()) or type(err).__name__
-    expected = type(err).__name__ in FAILED_RUN_ERRORS or exit_code(err) == 2
-    if expected:
+    text = " ".join(str(err).split())
+    if isinstance(err, KeyboardInterrupt | Interrupted):
+        return f"interrupted: {text}" if text else "interrupted (Ctrl-C)"
+    text = text or type(err).__name__
+    if isinstance(err, MeshEnsembleError) or exit_code(err) == errors.EXIT_USAGE:
         return f"error: {text}"
     return f"error: {type(err).__name__}: {text[:300]} (rerun with --debug for the traceback)"
+
+
+ABSL_NOISE = ("Metadata file does not exist",)
+"""Starts of absl log messages the CLI drops: orbax's warning on every restore of a
+checkpoint saved without its optional ``_CHECKPOINT_METADATA`` file."""
+
+
+def _not_noise(record: Any) -> bool:
+    return not str(record.getMessage()).startswith(ABSL_NOISE)
+
+
+def silence_absl_noise() -> None:
+    """Drops the absl warnings of :data:`ABSL_NOISE` (idempotent; other absl lines stay).
+
+    Example:
+      >>> silence_absl_noise()
+    """
+    logger = logging.getLogger("absl")
+    if _not_noise not in logger.filters:
+        logger.addFilter(_not_noise)
 
 
 def setup_devices(fake_devices: int | None) -> None:
@@ -214,6 +239,16 @@ def add_distributed_flags(p: argparse.ArgumentParser) -> None:
         help="seconds before a silent peer counts as dead (default 10)",
     )
     add(
+        "--init-timeout",
+        type=int,
+        default=None,
+        metavar="S",
+        help=(
+            "seconds to wait at start-up for every process to join (default "
+            "$MESHENSEMBLE_INIT_TIMEOUT, else 300)"
+        ),
+    )
+    add(
         "--distributed-auto",
         action="store_true",
         help="let JAX detect the cluster (TPU pod, SLURM) and initialise from it",
@@ -225,6 +260,7 @@ DISTRIBUTED_FLAGS = (
     "--num-processes",
     "--process-id",
     "--heartbeat-timeout",
+    "--init-timeout",
     "--distributed-auto",
 )
 """The flags :func:`add_distributed_flags` adds."""
@@ -251,6 +287,7 @@ def setup_distributed(args: argparse.Namespace) -> None:
             args.process_id,
             args.heartbeat_timeout or distributed.DEFAULT_HEARTBEAT_TIMEOUT,
             auto=args.distributed_auto,
+            init_timeout=getattr(args, "init_timeout", None),
         )
     except ValueError as err:
         raise UsageError(str(err)) from None
@@ -273,6 +310,12 @@ def lost_peer(err: BaseException) -> str:
     found = sorted({int(m) for m in re.findall(r"task[:_ ]\s*(\d+)", text, re.IGNORECASE)})
     who = f"process {', '.join(map(str, found))}" if found else "a peer process"
     first = text.strip().splitlines()[0][:160] if text.strip() else type(err).__name__
+    if "GetKeyValue() timed out" in text or "Gloo context initialization failed" in text:
+        return (
+            f"{who} did not reach a collective in time ({type(err).__name__}: {first}); "
+            "gloo waits about a minute for its peers' keys: on a loaded machine start the "
+            "processes when it is quieter, or use fewer of them"
+        )
     return (
         f"lost contact with {who} ({type(err).__name__}: {first}); the run stopped, "
         "resume it from the last checkpoint once all processes are back"

@@ -37,6 +37,7 @@ from meshensemble.cli.common import (
     setup_distributed,
 )
 from meshensemble.core import distributed
+from meshensemble.errors import EXIT_INTERRUPTED
 from meshensemble.training import CONFIG_FILE, TrainConfig, train
 from meshensemble.training.config import inherited_fields
 
@@ -131,7 +132,9 @@ def run(args: argparse.Namespace) -> int:
     """Runs ``meshensemble train`` from parsed arguments.
 
     Returns:
-      0 when the run finished or stopped on a signal after saving.
+      0 when the run finished or stopped on SIGTERM after saving; 130 when it stopped on
+      SIGINT (Ctrl-C) after saving (the run's own line says where), so that
+      ``train && evaluate`` does not carry on.
 
     Raises:
       UsageError, ValueError, meshensemble.data.DataError: bad input (exit 2).
@@ -144,14 +147,14 @@ def run(args: argparse.Namespace) -> int:
     import jax
 
     try:
-        train(cfg)
+        result = train(cfg)
     except Exception as err:
         if jax.process_count() == 1:
             raise
         # Several processes: leave now with one line, instead of blocking in the
         # runtime's shutdown barrier waiting for peers that stopped or died.
         code = exit_code(err)
-        if code == 2 or type(err).__name__ in FAILED_RUN_ERRORS:
+        if code == 2 or isinstance(err, FAILED_RUN_ERRORS):
             distributed.hard_exit(code, error_line(err))
         distributed.hard_exit(1, f"error: process {jax.process_index()}: {lost_peer(err)}")
-    return 0
+    return EXIT_INTERRUPTED if result.signal == "SIGINT" else 0

@@ -69,8 +69,13 @@ class ShardMapBackend:
         self.mesh = mesh
         # With data=1 no gradient crosses devices: without check_vma the steps skip every
         # reduction over a size-1 axis (steps.reduce_over), which XLA:CPU would still run
-        # as a rendezvous of all devices. FSDP and the model axis keep check_vma.
-        unchecked = MODEL not in mesh.axis_names and mesh.shape[DATA] == 1
+        # as a rendezvous of all devices. FSDP and the model axis keep check_vma, except on
+        # a mesh whose manual axes (ensemble, data) are both of size 1: there XLA's SPMD
+        # partitioner refuses any all-reduce ("Cross-partition allreduce must be in
+        # (partial) manual partitioning mode"), so the steps must skip them all.
+        unchecked = mesh.shape[DATA] == 1 and (
+            MODEL not in mesh.axis_names or mesh.shape[ENSEMBLE] == 1
+        )
         self.grad_mode = "pmean" if unchecked else "vma"
 
     def build(
@@ -93,6 +98,7 @@ class ShardMapBackend:
                 in_specs=manual_spec(tuple(in_specs)),
                 out_specs=manual_spec(out_specs),
                 axis_names={ENSEMBLE, DATA},
+                check_vma=self.grad_mode == "vma",
             )
             is_spec = lambda s: isinstance(s, P)
             out = jax.tree.map(lambda s: NamedSharding(self.mesh, s), out_specs, is_leaf=is_spec)

@@ -19,16 +19,30 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 from typing import Any
 
 import jax
 import numpy as np
+
+from meshensemble.errors import RunFailedError, UsageError
 
 log = logging.getLogger("meshensemble")
 
 ENV_COORDINATOR = "MESHENSEMBLE_COORDINATOR"
 ENV_NUM_PROCESSES = "MESHENSEMBLE_NUM_PROCESSES"
 ENV_PROCESS_ID = "MESHENSEMBLE_PROCESS_ID"
+ENV_INIT_TIMEOUT = "MESHENSEMBLE_INIT_TIMEOUT"
+"""Environment variable: seconds a process waits for all processes to join at start-up
+(``--init-timeout`` overrides it)."""
+DEFAULT_INIT_TIMEOUT = 300
+"""Seconds a process waits at start-up for every process to reach the coordinator.
+
+Generous on purpose: on a loaded machine a peer can take minutes to import JAX and start
+(2 processes on 2 busy cores); a run whose peers never come fails after this long, with
+one line naming the coordinator and the timeout."""
+INIT_GRACE = 30
+"""Seconds the runtime's own start-up deadline is set past ours, so ours fires first."""
 DEFAULT_HEARTBEAT_TIMEOUT = 10
 """Seconds without heartbeats before a peer counts as dead (JAX's own default is 100)."""
 SHUTDOWN_TIMEOUT = 300
@@ -88,6 +102,7 @@ def initialize(
     process_id: int | None = None,
     heartbeat_timeout: int = DEFAULT_HEARTBEAT_TIMEOUT,
     auto: bool = False,
+    init_timeout: int | None = None,
 ) -> Topology:
     """Starts the multi-controller runtime; a no-op for a single process.
 
@@ -102,12 +117,17 @@ def initialize(
       heartbeat_timeout: seconds before a silent peer counts as dead, so that survivors
         fail promptly instead of waiting JAX's default 100 s.
       auto: let JAX detect the cluster when nothing is given.
+      init_timeout: seconds to wait at start-up for every process to join; default
+        ``$MESHENSEMBLE_INIT_TIMEOUT``, else :data:`DEFAULT_INIT_TIMEOUT` (300).
 
     Returns:
       The :class:`Topology` after initialisation.
 
     Raises:
-      ValueError: an incomplete or inconsistent set of values.
+      ValueError: an incomplete or inconsistent set of values (a
+        :class:`~meshensemble.errors.UsageError`).
+      meshensemble.errors.RunFailedError: the processes did not all join within
+        ``init_timeout`` (one line naming this process, the coordinator and the timeout).
 
     Example:
       >>> me.distributed.initialize("10.0.0.1:1234", num_processes=2, process_id=0)
@@ -132,20 +152,97 @@ def initialize(
         if ":" not in coordinator:
             raise ValueError(f"coordinator={coordinator!r} must be HOST:PORT")
     if heartbeat_timeout < 1:
-        raise ValueError(f"heartbeat_timeout={heartbeat_timeout} must be >= 1 second")
+        raise UsageError(f"heartbeat_timeout={heartbeat_timeout} must be >= 1 second")
+    timeout = init_timeout_seconds(init_timeout)
     if jax.config.jax_platforms in (None, "", "cpu") or "cpu" in str(jax.config.jax_platforms):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=coordinator,
-        num_processes=num_processes,
-        process_id=process_id,
-        heartbeat_timeout_seconds=heartbeat_timeout,
-        shutdown_timeout_seconds=max(heartbeat_timeout, SHUTDOWN_TIMEOUT),
-        initialization_timeout=60,
+    where = (coordinator, num_processes, process_id, timeout)
+    # The runtime aborts the process (SIGABRT, a C++ stack) when its own start-up deadline
+    # passes; ours comes first: one line, exit 1.
+    done = threading.Event()
+    late = f"error: {startup_failure('no answer from every process', *where)}"
+    watchdog = threading.Thread(
+        target=lambda: done.wait(timeout) or hard_exit(1, late), daemon=True
     )
+    watchdog.start()
+    try:
+        jax.distributed.initialize(
+            coordinator_address=coordinator,
+            num_processes=num_processes,
+            process_id=process_id,
+            heartbeat_timeout_seconds=heartbeat_timeout,
+            shutdown_timeout_seconds=max(heartbeat_timeout, SHUTDOWN_TIMEOUT),
+            initialization_timeout=timeout + INIT_GRACE,
+        )
+    except Exception as err:  # noqa: BLE001 (the runtime's errors have no common type)
+        text = str(err).strip()
+        reason = f"{type(err).__name__}: {text.splitlines()[0][:200] if text else ''}"
+        raise RunFailedError(startup_failure(reason, *where)) from None
+    finally:
+        done.set()
     topo = topology()
     log.info("%s", topo)
     return topo
+
+
+def init_timeout_seconds(value: int | None = None) -> int:
+    """The start-up timeout: ``value``, else ``$MESHENSEMBLE_INIT_TIMEOUT``, else 300.
+
+    Args:
+      value: seconds (the ``--init-timeout`` flag), or None.
+
+    Returns:
+      A whole number of seconds >= 1.
+
+    Raises:
+      meshensemble.errors.UsageError: not a positive whole number (naming where it came
+        from).
+
+    Example:
+      >>> me.distributed.init_timeout_seconds(None)  # MESHENSEMBLE_INIT_TIMEOUT unset
+      300
+    """
+    where = "--init-timeout" if value is not None else ENV_INIT_TIMEOUT
+    raw = value if value is not None else os.environ.get(ENV_INIT_TIMEOUT)
+    if raw is None or raw == "":
+        return DEFAULT_INIT_TIMEOUT
+    try:
+        seconds = int(raw)
+    except (TypeError, ValueError):
+        seconds = 0
+    if seconds < 1 or isinstance(raw, bool):
+        raise UsageError(
+            f"{where}={raw!r} is not a positive whole number of seconds; give e.g. "
+            f"{DEFAULT_INIT_TIMEOUT}"
+        )
+    return seconds
+
+
+def startup_failure(
+    reason: str, coordinator: Any, num_processes: Any, process_id: Any, timeout: int
+) -> str:
+    """The one line for a multi-process start-up that failed or timed out.
+
+    Args:
+      reason: what went wrong, short (the runtime's first line, or that time ran out).
+      coordinator: the coordinator's ``HOST:PORT``.
+      num_processes: how many processes were to join.
+      process_id: this process.
+      timeout: the start-up timeout in seconds.
+
+    Returns:
+      The line, naming this process, the coordinator, the timeout and the fixes.
+
+    Example:
+      >>> startup_failure("no answer from every process", "localhost:1234", 2, 1, 300)
+      'process 1 of 2 could not join the coordinator localhost:1234 within 300 s ...'
+    """
+    return (
+        f"process {process_id} of {num_processes} could not join the coordinator "
+        f"{coordinator} within {timeout} s ({reason}); start all "
+        f"{num_processes} processes (process 0 serves the coordinator at that address), or "
+        f"give a loaded machine more time: --init-timeout S or {ENV_INIT_TIMEOUT}=S"
+    )
 
 
 def _int_or_none(value: int | None, env: str) -> int | None:
@@ -186,7 +283,7 @@ def fetch(tree: Any) -> Any:
     return jax.tree.map(one, tree)
 
 
-class DisagreementError(ValueError):
+class DisagreementError(UsageError):
     """Processes resolved something that must be the same everywhere to different values."""
 
 

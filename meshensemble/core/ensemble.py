@@ -364,6 +364,7 @@ class Ensemble:
         self._state_specs = sharding.init_layout(self, init, typed, sample)
         return jax.jit(init, out_shardings=sharding.state_shardings(self._state_specs, self.mesh))
 
+    @inputs.explains_errors
     def train_step(
         self, state: EnsembleState, images: Any, labels: Any
     ) -> tuple[EnsembleState, dict[str, jax.Array]]:
@@ -382,15 +383,16 @@ class Ensemble:
 
         Raises:
           ValueError: images and labels disagree in length, the batch is not divisible
-            by the ``data`` axis, a per-member batch has the wrong member count, or the
-            state belongs to another ensemble size. Nothing is changed then.
+            by the ``data`` axis, a per-member batch has the wrong member count, the
+            state belongs to another ensemble size or optimizer, or the images' shape
+            does not fit its parameters. Nothing is changed then.
 
         Example:
           >>> state, metrics = ens.train_step(state, images, labels)
           >>> metrics["loss"].shape
           (8,)
         """
-        self._check_state(state)
+        inputs.check_state(state, self.num_members)
         images, labels = inputs.as_array(images, "images"), inputs.as_array(labels, "labels")
         if self.regression:
             per_member, labels = self.task.check_batch(
@@ -485,10 +487,11 @@ class Ensemble:
         members = self._predict(state, images, members=True)
         return tempering.mean_members(tempering.tempered(members, t))
 
+    @inputs.explains_errors
     def _predict(
         self, state: EnsembleState, images: Any, members: bool, logits: bool = False
     ) -> jax.Array:
-        self._check_state(state)
+        inputs.check_state(state, self.num_members)
         images = inputs.as_array(images, "images")
         n = int(np.shape(images)[0]) if np.ndim(images) else 0
         if n == 0:
@@ -515,6 +518,7 @@ class Ensemble:
         out = put(out, self.mesh, spec)
         return out[:, :n] if members else out[:n]
 
+    @inputs.explains_errors
     def evaluate(
         self,
         state: EnsembleState,
@@ -554,7 +558,7 @@ class Ensemble:
         """
         if self.regression:
             return regression.evaluate(self, state, images, labels, batch_size)
-        self._check_state(state)
+        inputs.check_state(state, self.num_members)
         inputs.check_positive_int("batch_size", batch_size)
         inputs.check_positive_int("num_bins", num_bins)
         images, labels, n = tempering.check_eval_set(images, labels)
@@ -648,9 +652,6 @@ class Ensemble:
         return put(x, self.mesh, spec)
 
     # ------------------------------------------------------------------ checks
-    def _check_state(self, state: EnsembleState) -> None:
-        inputs.check_state(state, self.num_members)
-
     def num_classes(self, state: EnsembleState, images: Any) -> int:
         """The number of classes the model predicts (from its output shape; nothing runs).
 

@@ -5,16 +5,21 @@ Every check raises one line naming the bad value and the fix, before anything ru
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax.errors import ScopeParamShapeError
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from meshensemble.core.backends import put
 from meshensemble.core.state import EnsembleState
+from meshensemble.errors import UsageError
 
 
 def compute_dtype(value: Any) -> Any:
@@ -149,13 +154,19 @@ def pad_to(x: Any, size: int) -> Any:
 
 
 def check_state(state: Any, num_members: int) -> None:
-    """One-line ValueError unless ``state`` is a live ``EnsembleState`` of ``num_members``.
+    """One-line ValueError unless ``state`` is a live :class:`EnsembleState` of ``num_members``.
+
+    Args:
+      state: what was handed to ``train_step``, ``predict`` or ``evaluate``.
+      num_members: the ensemble's size.
 
     Raises:
-      ValueError: not an ``EnsembleState``, another ensemble size, or consumed (donated)
+      ValueError: not an ``EnsembleState``, another member count, or consumed (donated)
         by an earlier ``train_step``.
-    """
 
+    Example:
+      >>> check_state(state, ens.num_members)
+    """
     if not isinstance(state, EnsembleState):
         raise ValueError(
             f"state is a {type(state).__name__}, not an EnsembleState; make it with ens.init"
@@ -171,3 +182,100 @@ def check_state(state: Any, num_members: int) -> None:
             "reused); use the state that call returned: state, metrics = "
             "ens.train_step(state, images, labels)"
         )
+
+
+def explains_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorates an ``Ensemble`` method ``(self, state, images, ...)``: raw errors of a state
+    or images that do not fit the ensemble become one :class:`~meshensemble.errors.UsageError`.
+
+    Only the failure path does any work: images whose shape does not fit the parameters
+    (Flax's ``ScopeParamShapeError``), and an optimizer state of another optimizer (an
+    ``AttributeError``/``TypeError`` while tracing, e.g. ``'TraceState' object has no
+    attribute 'mu'``: an SGD state given to an Adam ensemble). Other errors pass unchanged.
+
+    Example:
+      >>> @explains_errors
+      ... def train_step(self, state, images, labels): ...
+    """
+
+    @functools.wraps(method)
+    def checked(self: Any, state: Any, images: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, state, images, *args, **kwargs)
+        except ScopeParamShapeError as err:
+            raise UsageError(images_mismatch(images, err)) from None
+        except (AttributeError, TypeError):
+            line = optimizer_mismatch(state, self.optimizer)
+            if line is None:
+                raise
+            raise UsageError(line) from None
+
+    return checked
+
+
+def images_mismatch(images: Any, err: Exception) -> str:
+    """The one line for images of a shape the state's parameters do not fit."""
+    found = re.search(
+        r'parameter "(\w+)" in "([^"]*)".*?generate shape (\([^)]*\)).*?has shape (\([^)]*\))',
+        str(err),
+        re.DOTALL,
+    )
+    detail = (
+        f"parameter {found[2]}/{found[1]} has shape {found[4]}, these images need {found[3]}"
+        if found
+        else str(err).split(". ")[0]
+    )
+    shape = tuple(np.shape(images))
+    return (
+        f"images of shape {shape} do not fit the state's parameters ({detail}); give images "
+        f"of the shape ens.init was given a sample of ([B, ...same per-example shape])"
+    )
+
+
+def optimizer_mismatch(state: Any, optimizer: Any) -> str | None:
+    """A line when ``state.opt_state`` is not what ``optimizer`` makes, else None.
+
+    Args:
+      state: an :class:`EnsembleState` (leaves ``[members, ...]``).
+      optimizer: the ensemble's optax optimizer.
+
+    Returns:
+      The one-line message naming both optimizer states' types, or None when their
+      structures agree (or cannot be compared).
+
+    Example:
+      >>> optimizer_mismatch(sgd_state, optax.adam(1e-3))
+      "state's optimizer state (TraceState, EmptyState) is not ..."
+    """
+    if not isinstance(state, EnsembleState):
+        return None
+    try:
+        want = jax.eval_shape(jax.vmap(optimizer.init), state.params)
+    except Exception:  # noqa: BLE001 (only an explanation: the original error stands)
+        return None
+    if jax.tree.structure(want) == jax.tree.structure(state.opt_state):
+        return None
+    return (
+        f"state's optimizer state ({_kinds(state.opt_state)}) is not what this ensemble's "
+        f"optimizer makes ({_kinds(want)}): the state was made by an Ensemble with another "
+        "optimizer; use the state of this ensemble's init, or build the Ensemble with the "
+        "optimizer the state was made with"
+    )
+
+
+def _kinds(tree: Any) -> str:
+    """The optimizer state classes in ``tree`` (e.g. ``ScaleByAdamState, EmptyState``)."""
+    found: list[str] = []
+
+    def visit(x: Any) -> None:
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            found.append(type(x).__name__)
+        if isinstance(x, tuple | list):
+            for v in x:
+                visit(v)
+        elif isinstance(x, dict):
+            for v in x.values():
+                visit(v)
+
+    visit(tree)
+    return ", ".join(dict.fromkeys(found)) or type(tree).__name__

@@ -181,6 +181,39 @@ def parse_mesh(spec: str) -> dict[str, int]:
     return out
 
 
+def describe_mesh(mesh: Mesh) -> str:
+    """The mesh's three axes, ``model=1`` included when the mesh has no ``model`` axis.
+
+    Args:
+      mesh: an ensemble mesh (with or without a ``model`` axis).
+
+    Returns:
+      ``"ensemble=E x data=D x model=M"``.
+
+    Example:
+      >>> describe_mesh(me.make_mesh(ensemble=2, data=4))
+      'ensemble=2 x data=4 x model=1'
+    """
+    sizes = (mesh.shape[ENSEMBLE], mesh.shape[DATA], mesh.shape.get(MODEL, 1))
+    return " x ".join(f"{name}={n}" for name, n in zip((*AXES, MODEL), sizes))
+
+
+def idle_devices(mesh: Mesh) -> int:
+    """How many of the runtime's devices (every process's) the mesh leaves unused.
+
+    Args:
+      mesh: an ensemble mesh.
+
+    Returns:
+      ``jax.device_count() - mesh.devices.size`` (0 when the mesh uses them all).
+
+    Example:
+      >>> idle_devices(me.make_mesh(ensemble=2, data=1))  # on 8 devices
+      6
+    """
+    return max(jax.device_count() - int(mesh.devices.size), 0)
+
+
 def members_per_device(mesh: Mesh, num_members: int) -> int:
     """Number of members each device holds: ``num_members / mesh.shape["ensemble"]``.
 

@@ -370,3 +370,71 @@ def init_layout(ens: Any, init: Any, typed: bool, sample: Any) -> EnsembleState:
         x = jax.eval_shape(ens.input_transform or (lambda v: v), sample)
         names = logical_axes(ens.model, x)
     return state_specs(shapes, ens.mesh, ens.shard_members, names, ens.axis_rules)
+
+
+def model_split_count(specs: Any) -> tuple[int, int]:
+    """How many parameter leaves a layout splits over ``model``, of how many.
+
+    Args:
+      specs: a state of ``PartitionSpec`` s (``ens.state_spec``) or one spec.
+
+    Returns:
+      ``(split, total)`` over the ``params`` leaves (``(0, 0)`` for a single spec).
+
+    Example:
+      >>> model_split_count(ens.state_spec)  # a ViT on model=2
+      (24, 68)
+    """
+    if isinstance(specs, P):
+        return 0, 0
+    leaves = jax.tree.leaves(specs.params, is_leaf=lambda s: isinstance(s, P))
+    names = lambda a: a if isinstance(a, tuple) else (a,)
+    split = sum(any(MODEL in names(a) for a in s) for s in leaves)
+    return split, len(leaves)
+
+
+def model_axis_note(ens: Any, state: EnsembleState, sample: Any) -> str | None:
+    """One line when a ``model`` axis larger than 1 splits no parameter (every weight copied).
+
+    Args:
+      ens: the :class:`~meshensemble.Ensemble` (after ``init``: its ``state_spec``).
+      state: its state (the parameters' shapes are read).
+      sample: a sample batch ``[1, ...]`` (for the model's logical axis names).
+
+    Returns:
+      None when the mesh has no ``model`` axis of size > 1 or it splits a leaf; else a
+      line naming the count and the ``model`` sizes that would split the model's named
+      dimensions (or ``model=1``).
+
+    Example:
+      >>> model_axis_note(ens, state, images[:1])  # a ViT on model=3
+      'warning: mesh model=3 splits 0 of 68 parameter leaves ...'
+    """
+    m = int(ens.mesh.shape.get(MODEL, 1))
+    if m <= 1:
+        return None
+    split, total = model_split_count(ens.state_spec)
+    if split:
+        return None
+    x = jax.eval_shape(ens.input_transform or (lambda v: v), sample)
+    names = logical_axes(ens.model, x)
+    table = dict(ens.axis_rules)
+    widths: set[int] = set()
+    if names is not None:
+        leaf_names = jax.tree.structure(state.params).flatten_up_to(names)
+        for leaf, leaf_names_ in zip(jax.tree.leaves(state.params), leaf_names):
+            for n, name in zip(leaf.shape[1:], leaf_names_ or ()):
+                if name is not None and table.get(name) == MODEL:
+                    widths.add(int(n))
+    room = jax.device_count() // (int(ens.mesh.shape[ENSEMBLE]) * int(ens.mesh.shape[DATA]))
+    fits = sorted({d for w in widths for d in range(2, room + 1) if w % d == 0})
+    fix = (
+        f"use a model size that divides them (model={' or '.join(map(str, fits[:3]))}) or model=1"
+        if fits
+        else "the model names no dimension for 'model': use model=1"
+    )
+    what = f" (widths named for 'model': {', '.join(map(str, sorted(widths)))})" if widths else ""
+    return (
+        f"warning: mesh model={m} splits 0 of {total} parameter leaves{what}: every weight "
+        f"is copied on the {m} devices of each member's model group; {fix}"
+    )

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from meshensemble.errors import DataError as DataError  # the kind; data.DataError stays
+
 DATASETS = ("mnist", "fashion_mnist")
 """Dataset names that the loaders accept (TFDS names)."""
 NUM_CLASSES = 10
@@ -31,29 +33,6 @@ _DATASET_SOURCES = ("npz", "tfds", "sample", "synthetic", "arrayrecord")
 LAZY_CHECKED = 2
 """Images of a lazy train split (``train_images.lazy``) a :class:`Dataset` reads to check
 them (the first and the last); its labels are checked in full."""
-
-
-class DataError(ValueError):
-    """A problem with the data: a missing, corrupt or malformed file or dataset.
-
-    The message is always one line: where (the file or dataset), what is wrong, and the
-    fix. ``reason`` is a shorter form without the fix, used in log lines.
-
-    Args:
-      message: the full one-line message (newlines are folded into spaces).
-      reason: a short description of the problem; defaults to ``message``.
-
-    Example:
-      >>> raise DataError("/tmp/x.npz: file not found (pass the path of mnist.npz)")
-      Traceback (most recent call last):
-      ...
-      meshensemble.data.dataset.DataError: /tmp/x.npz: file not found (pass the path of mnist.npz)
-    """
-
-    def __init__(self, message: str, reason: str | None = None) -> None:
-        message = _one_line(message)
-        super().__init__(message)
-        self.reason = _one_line(reason) if reason is not None else message
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -319,13 +319,15 @@ class Block:
     members: tuple[int, int] | None = None
 
 
-def local_block(mesh: Mesh, batch: int, members: int | None = None) -> Block:
+def local_block(mesh: Mesh, batch: int, members: int | None = None, devices: Any = None) -> Block:
     """This process's rows (and members) of a ``[B, ...]`` or ``[members, B, ...]`` batch.
 
     Args:
       mesh: the ensemble mesh.
       batch: the global batch size ``B``.
       members: the member count for per-member batches; None for shared batches.
+      devices: the devices whose block to give; default this process's (addressable)
+        devices. Another process's devices give its block (what it would read).
 
     Returns:
       A :class:`Block`.
@@ -340,9 +342,14 @@ def local_block(mesh: Mesh, batch: int, members: int | None = None) -> Block:
     """
     shape = (batch,) if members is None else (members, batch)
     sharding = NamedSharding(mesh, BATCH if members is None else MEMBER_BATCH)
+    if devices is None:
+        held_by = sharding.addressable_devices_indices_map(shape)
+    else:
+        mine = set(devices)
+        held_by = {d: i for d, i in sharding.devices_indices_map(shape).items() if d in mine}
     boxes = [
         tuple(s.indices(n)[:2] for s, n in zip(idx, shape, strict=False))
-        for idx in sharding.addressable_devices_indices_map(shape).values()
+        for idx in held_by.values()
     ]
     lo = [min(b[d][0] for b in boxes) for d in range(len(shape))]
     hi = [max(b[d][1] for b in boxes) for d in range(len(shape))]

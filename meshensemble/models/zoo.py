@@ -64,6 +64,9 @@ class MLP(nn.Module):
       num_classes: number of outputs.
       dropout: dropout rate after each hidden layer (0 for none).
       batch_norm: put a BatchNorm before each hidden activation.
+      axis_name: the mesh axis the batch is split over; BatchNorm's statistics are
+        averaged over it (see :func:`batch_axis`), so the model trains the same on any
+        mesh, as the zoo's ResNet does.
 
     Example:
       >>> logits = me.models.MLP((128,)).apply(params, images, train=False)  # [B, 10]
@@ -73,6 +76,7 @@ class MLP(nn.Module):
     num_classes: int = 10
     dropout: float = 0.0
     batch_norm: bool = False
+    axis_name: str | None = DATA
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
@@ -80,7 +84,8 @@ class MLP(nn.Module):
         for width in self.features:
             x = nn.Dense(width)(x)
             if self.batch_norm:
-                x = nn.BatchNorm(use_running_average=not train)(x)
+                axis = batch_axis(self.axis_name)
+                x = nn.BatchNorm(use_running_average=not train, axis_name=axis)(x)
             x = nn.relu(x)
             if self.dropout:
                 x = nn.Dropout(self.dropout, deterministic=not train)(x)
@@ -114,7 +119,9 @@ def batch_axis(axis_name: str | None = DATA) -> str | None:
       axis_name: the axis to average over (default :data:`meshensemble.DATA`), or None.
 
     Returns:
-      ``axis_name`` when it is bound in the current trace, else None.
+      ``axis_name`` when it is bound in the current trace with a size above 1, else None
+      (over one device the mean is the value itself; skipping it keeps a step on a mesh
+      whose manual axes are all of size 1 free of collectives, which XLA refuses there).
 
     Example:
       >>> nn.BatchNorm(use_running_average=not train, axis_name=me.models.batch_axis())
@@ -122,10 +129,10 @@ def batch_axis(axis_name: str | None = DATA) -> str | None:
     if axis_name is None:
         return None
     try:
-        lax.axis_size(axis_name)
+        size = lax.axis_size(axis_name)
     except NameError:
         return None
-    return axis_name
+    return axis_name if size > 1 else None
 
 
 class ResidualBlock(nn.Module):

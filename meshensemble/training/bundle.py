@@ -24,10 +24,11 @@ import orbax.checkpoint as ocp
 from meshensemble.core.distributed import fetch
 from meshensemble.core.sharding import abstract_layout
 from meshensemble.core.state import EnsembleState
+from meshensemble.errors import RunFailedError
 from meshensemble.training.inference import check_temperature, read_temperature, write_temperature
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RunFailedError):
     """A checkpoint could not be written or no good checkpoint could be read."""
 
 
@@ -166,12 +167,18 @@ def save_inference(path: str, state: EnsembleState, temperature: Any = None) -> 
       temperature: None, ``T > 0`` or ``[members]``; kept in ``path/temperature.json``.
 
     Raises:
-      ValueError: a bad temperature (checked before anything is written).
+      ValueError: a bad temperature, or a list of them whose length is not the state's
+        member count (checked before anything is written).
 
     Example:
       >>> me.save_inference("runs/mnist/inference", state, temperature=1.31)
     """
-    check_temperature(temperature)
+    t = check_temperature(temperature)
+    if isinstance(t, list) and len(t) != state.num_members:
+        raise ValueError(
+            f"temperature holds {len(t)} values but the state has {state.num_members} "
+            f"members; give one T for all or {state.num_members}, one per member"
+        )
     tree = {"params": state.params, "model_state": state.model_state}
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(os.path.abspath(path), tree)

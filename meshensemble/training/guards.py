@@ -29,6 +29,7 @@ import numpy as np
 from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.state import EnsembleState
+from meshensemble.errors import RunFailedError
 
 MAX_REINITS = 3
 """Re-initialisations allowed per member and per run (a resumed run counts afresh) with
@@ -36,7 +37,7 @@ MAX_REINITS = 3
 :class:`NonFiniteError` (a run that diverges from any start cannot be repaired this way)."""
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(RunFailedError):
     """A member's loss or state became NaN or infinite (with ``on_nonfinite="stop"``, or
     more than :data:`MAX_REINITS` times for one member with ``"reinit"``)."""
 

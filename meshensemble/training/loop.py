@@ -26,7 +26,8 @@ from meshensemble import data as data_lib
 from meshensemble.core.compilation import CompileLog, enable_compilation_cache
 from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
-from meshensemble.core.mesh import ENSEMBLE, make_mesh, parse_mesh
+from meshensemble.core.mesh import describe_mesh, idle_devices, make_mesh, parse_mesh
+from meshensemble.core.sharding import model_axis_note
 from meshensemble.core.state import EnsembleState
 from meshensemble.data.split import split_validation
 from meshensemble.metrics import prefix_metrics
@@ -145,6 +146,8 @@ class TrainResult:
       dataset: the data used.
       seconds: wall time of the run, compilation included.
       preempted: the run stopped on SIGTERM/SIGINT after saving a checkpoint.
+      signal: what stopped it: ``"SIGINT"``, ``"SIGTERM"``, ``"a peer's signal"``, or None
+        (the command line exits 130 after a SIGINT, 0 otherwise).
       compile: what the run compiled
         (:meth:`meshensemble.core.compilation.CompileLog.summary`, also in the workdir's
         ``compile.json``).
@@ -157,6 +160,7 @@ class TrainResult:
     seconds: float
     preempted: bool = False
     compile: dict[str, Any] = dataclasses.field(default_factory=dict)
+    signal: str | None = None
 
 
 def train(
@@ -406,8 +410,8 @@ def _train(
         },
     )
     say(
-        f"ensemble: {cfg.members} x {cfg.model} on mesh ensemble={mesh.shape[ENSEMBLE]} x "
-        f"data={ens.data_size} ({jax.device_count()} {platform} devices, "
+        f"ensemble: {cfg.members} x {cfg.model} on mesh {describe_mesh(mesh)} "
+        f"({jax.device_count()} {platform} devices, {idle_devices(mesh)} idle, "
         f"{ens.members_per_device} member(s)/device), backend={cfg.backend}, "
         f"strategy={ens.member_strategy}, {steps_per_epoch} steps/epoch, K={k}"
     )
@@ -431,6 +435,9 @@ def _train(
         state, pos = restored[0], LoopPosition.from_json(restored[1])
         feeder.restore_input(restored[1])
         tell(f"resumed from checkpoint {pos.step} in {cfg.workdir} (epoch {pos.epoch})")
+    note = model_axis_note(ens, state, sample)  # a model axis that splits nothing
+    if note is not None:
+        tell(note)
     ckpt = Checkpointer(cfg.workdir, cfg.keep, echo=tell) if cfg.checkpoint else None
     guard = NonFiniteGuard(ens, cfg.on_nonfinite, init_key, sample)
     run = _Run(cfg, ens, dataset, feeder, guard, ckpt, writer, stop, say, tell, t0, log)
@@ -453,7 +460,7 @@ def _train(
         tell(
             f"stopped by {stop.signal} at step {pos.step}: {where}; run the same command to resume"
         )
-        return TrainResult(ens, state, history, dataset, seconds, True, compiled)
+        return TrainResult(ens, state, history, dataset, seconds, True, compiled, stop.signal)
     writer.plots(history)
     writer.close()
     if history:

@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from meshensemble.errors import RunFailedError
 from meshensemble.training.checkpoint import CHECKPOINT_DIR
 from meshensemble.training.config import CONFIG_FILE, METRICS_FILE
 
@@ -47,7 +48,7 @@ NONFINITE_NOTE = "nonfinite"
 and list indices down to it, joined by ``/``, e.g. ``"test_member_nll/2"``)."""
 
 
-class OutputError(RuntimeError):
+class OutputError(RunFailedError):
     """An output file could not be written (disk full, read-only, a folder in the way)."""
 
 
