@@ -29,6 +29,7 @@ RANK = {
     "plots": 1,
     "training": 2,
     "calibrate_run": 2.5,  # evaluate --calibrate: above training, below evaluation
+    "evaluation_regression": 2.75,  # evaluate on a regression run, called by evaluation
     "evaluation": 3,
     "testing": 3,
     "serving": 3.5,  # predict / export: reads a run as evaluation does, below bench and cli
