@@ -442,9 +442,8 @@ def evaluate_run(
     say = print if echo is None else echo
     cfg = load_run_config(workdir)
     if cfg.task == "regression":  # Gaussian members: proper scores, calibrated intervals
-        if dataset is not None or data_dir is not None or ood_file is not None or (
-            tuple([ood] if isinstance(ood, str) else ood) != DEFAULT_OOD
-        ):
+        named_ood = tuple([ood] if isinstance(ood, str) else ood) != DEFAULT_OOD
+        if named_ood or dataset is not None or data_dir is not None or ood_file is not None:
             raise ValueError(
                 f"run {workdir} is a regression run: OOD sets, --ood-file, --data-dir and "
                 "dataset= are for classification runs; drop them"

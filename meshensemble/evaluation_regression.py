@@ -247,9 +247,7 @@ def calibrate_regression(
     v = moments(val[0])
     y_val = np.asarray(val[1], np.float32).reshape(v["mean"].shape)
     s = calibration.fit_variance_scale(v["mean"], v["variance"], y_val)
-    q = calibration.conformal_interval_quantile(
-        v["mean"], np.sqrt(s * v["variance"]), y_val, alpha
-    )
+    q = calibration.conformal_interval_quantile(v["mean"], np.sqrt(s * v["variance"]), y_val, alpha)
     t = moments(test[0])
     y = np.asarray(test[1], np.float32).reshape(t["mean"].shape)
     sd = np.sqrt(t["variance"])
@@ -258,7 +256,11 @@ def calibrate_regression(
         "nll_gaussian_before": _gaussian_nll(t["mean"], t["variance"], y),
         "nll_gaussian_after": _gaussian_nll(t["mean"], s * t["variance"], y),
     }
-    kinds = {"before": (sd, z), "scaled": (sd * math.sqrt(s), z), "conformal": (sd * math.sqrt(s), q)}
+    kinds = {
+        "before": (sd, z),
+        "scaled": (sd * math.sqrt(s), z),
+        "conformal": (sd * math.sqrt(s), q),
+    }
     for name, (spread, k) in kinds.items():
         for key, value in _intervals(t["mean"], spread, y, k).items():
             scores[f"{key}_{name}"] = value

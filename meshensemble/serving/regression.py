@@ -95,7 +95,9 @@ def read_interval_calibration(workdir: str, step: int) -> tuple[IntervalCalibrat
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         msg = " ".join(str(err).split())
-        raise ValueError(f"{path}: corrupt calibration ({type(err).__name__}: {msg}); {fix}") from None
+        raise ValueError(
+            f"{path}: corrupt calibration ({type(err).__name__}: {msg}); {fix}"
+        ) from None
     if not (cal.variance_scale > 0 and math.isfinite(cal.quantile) and 0 < cal.alpha < 1):
         raise ValueError(f"{path}: corrupt calibration ({cal}); {fix}")
     return cal, ""
@@ -141,7 +143,12 @@ class RegressionPredictor:
         batch_size: int = 1000,
     ) -> None:
         """Use :func:`meshensemble.load_predictor`; ``run`` is a ``RestoredRegression``."""
-        self.ensemble, self.state, self.step, self.workdir = run.ensemble, run.state, run.step, workdir
+        self.ensemble, self.state, self.step, self.workdir = (
+            run.ensemble,
+            run.state,
+            run.step,
+            workdir,
+        )
         self.calibration, self.uncalibrated_reason = calibration, uncalibrated_reason
         self.standardizer = dict(run.standardizer)
         self.num_features, self.num_targets = int(run.features), int(run.targets)
@@ -196,7 +203,11 @@ class RegressionPredictor:
           >>> predictor.outputs(x, members=True)["member_mean"].shape  # (M, N, T)
         """
         x = as_features(x, self.num_features)
-        cal = self.check_intervals() if intervals else (self.calibration if intervals is None else None)
+        cal = (
+            self.check_intervals()
+            if intervals
+            else (self.calibration if intervals is None else None)
+        )
         s = self.variance_scale if scale and self.variance_scale is not None else None
         program, state, ens = self._program(bool(members)), self.state, self.ensemble
         n, result = len(x), {}
@@ -337,7 +348,7 @@ def regression_prediction_function(
     def fn(x: jax.Array) -> dict[str, jax.Array]:
         member = steps.member_moments(cfg, host, x)
         mean = jnp.mean(member["mean"], axis=0)
-        spread = jnp.mean(jnp.square(member["mean"] - mean), axis=0)
+        spread = jnp.mean(jnp.square(member["mean"] - mean[None]), axis=0)
         variance = jnp.mean(member["variance"], axis=0) + spread
         if s is not None:
             variance = variance * jnp.float32(s)
