@@ -448,6 +448,11 @@ def evaluate_run(
                 f"run {workdir} is a regression run: OOD sets, --ood-file, --data-dir and "
                 "dataset= are for classification runs; drop them"
             )
+        if conformal != "thr":
+            raise ValueError(
+                f"--conformal {conformal} is for classification sets; a regression run's "
+                "intervals are normalised split conformal: drop --conformal"
+            )
         return evaluate_regression(
             workdir, cfg, checkpoint=checkpoint, mesh=mesh, batch_size=batch_size,
             source=source, data_file=data_file, echo=echo, calibrate=calibrate, alpha=alpha,

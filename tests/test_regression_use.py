@@ -186,6 +186,8 @@ def test_one_line_refusals(run, tmp_path, capsys):
     _refused(capsys, ["evaluate", "--workdir", novalid, "--calibrate"], "no validation split")
     small = ["evaluate", "--workdir", run.plain, "--calibrate", "--alpha", "0.005"]
     _refused(capsys, small, "too small for the run's 100 validation scores")
+    _refused(capsys, [*small[:3], "--conformal", "aps"], "is for classification sets")
+    _refused(capsys, [*small[:3], "--ood", "inverted"], "is a regression run: OOD sets")
     assert not os.path.exists(os.path.join(run.plain, "evaluation.json"))
 
     other = tmp_path / "other.npz"
