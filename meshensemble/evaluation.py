@@ -49,6 +49,8 @@ from meshensemble.calibrate_run import (
 from meshensemble.core.distributed import fetch
 from meshensemble.core.mesh import REPLICATED, make_mesh, parse_mesh
 from meshensemble.data.split import split_validation
+from meshensemble.evaluation_regression import EVALUATION_FILE as EVALUATION_FILE
+from meshensemble.evaluation_regression import evaluate_regression
 from meshensemble.training import CONFIG_FILE, TrainConfig, build_ensemble, final_table
 from meshensemble.training.checkpoint import (
     CHECKPOINT_DIR,
@@ -73,7 +75,6 @@ logits=True)``): each member's max logit / free energy, averaged over members
 logsumexp is 0 (the energy would be constant) and its max is ``log max_prob``."""
 MEMBER_OOD_KINDS = ("max_prob", "entropy", "max_logit", "energy")
 """OOD scores of a single member (its mutual information is 0)."""
-EVALUATION_FILE = "evaluation.json"
 RELIABILITY_PLOT = "reliability_diagram.png"
 OOD_PLOT = "ood_histogram.png"
 HISTOGRAM_SCORE = "entropy"
@@ -369,6 +370,10 @@ def evaluate_run(
 ) -> dict[str, Any]:
     """Evaluates a trained run: test metrics, OOD detection and calibration plots.
 
+    A regression run (``task="regression"``) is scored by
+    :func:`meshensemble.evaluation_regression.evaluate_regression` instead (proper scores,
+    and with ``calibrate`` a variance scale and conformal intervals; no OOD sets).
+
     Rebuilds the run's ensemble from ``workdir/config.json`` (as ``meshensemble train``
     built it) on ``mesh``, restores a checkpoint onto it, loads the test split with the
     run's data settings and computes everything on the mesh. Process 0 writes
@@ -436,6 +441,22 @@ def evaluate_run(
     """
     say = print if echo is None else echo
     cfg = load_run_config(workdir)
+    if cfg.task == "regression":  # Gaussian members: proper scores, calibrated intervals
+        named_ood = tuple([ood] if isinstance(ood, str) else ood) != DEFAULT_OOD
+        if named_ood or dataset is not None or data_dir is not None or ood_file is not None:
+            raise ValueError(
+                f"run {workdir} is a regression run: OOD sets, --ood-file, --data-dir and "
+                "dataset= are for classification runs; drop them"
+            )
+        if conformal != "thr":
+            raise ValueError(
+                f"--conformal {conformal} is for classification sets; a regression run's "
+                "intervals are normalised split conformal: drop --conformal"
+            )
+        return evaluate_regression(
+            workdir, cfg, checkpoint=checkpoint, mesh=mesh, batch_size=batch_size,
+            source=source, data_file=data_file, echo=echo, calibrate=calibrate, alpha=alpha,
+        )  # fmt: skip
     if jax.process_index() == 0:  # before any work: process 0 writes the results there
         check_writable(
             workdir,

@@ -1,7 +1,8 @@
 """The package's layout rules, read from the source (function-level imports included).
 
 * Rooms from low to high: ``errors`` < ``core`` < ``models``, ``metrics``, ``calibration``,
-  ``data``, ``plots`` < ``training`` < ``calibrate_run`` < ``evaluation``, ``testing`` <
+  ``data``, ``plots`` < ``training`` < ``calibrate_run`` < ``evaluation_regression`` <
+  ``evaluation``, ``testing`` <
   ``serving`` < ``bench`` < ``cli``. A module imports only its own room and lower rooms;
   nothing outside ``cli`` imports ``cli``.
 * No import cycle among the package's modules.
@@ -30,6 +31,7 @@ RANK = {
     "plots": 1,
     "training": 2,
     "calibrate_run": 2.5,  # evaluate --calibrate: above training, below evaluation
+    "evaluation_regression": 2.75,  # evaluate on a regression run, called by evaluation
     "evaluation": 3,
     "testing": 3,
     "serving": 3.5,  # predict / export: reads a run as evaluation does, below bench and cli

@@ -80,7 +80,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--calibrate",
         action="store_true",
         help="fit a temperature and a conformal threshold on the run's validation split "
-        f"(train with --validation N); reports before/after and writes {CALIBRATION_PLOT}",
+        f"(train with --validation N); reports before/after and writes {CALIBRATION_PLOT}; "
+        "for a regression run: a variance scale and a conformal interval quantile",
     )
     add(
         "--alpha",

@@ -91,12 +91,17 @@ def run(args: argparse.Namespace) -> int:
     for line in notes:
         print(line, file=sys.stderr)
     meta = export_ensemble(predictor, args.out, platforms)
-    cal = (
-        "uncalibrated" if meta["temperature"] is None else f"temperature {meta['temperature']:.4g}"
-    )
+    if meta.get("task") == "regression":
+        scale = meta["variance_scale"]
+        cal = "uncalibrated" if scale is None else f"variance scale {scale:.4g}"
+        what = f"{meta['targets']} targets"
+    else:
+        t = meta["temperature"]
+        cal = "uncalibrated" if t is None else f"temperature {t:.4g}"
+        what = f"{meta['classes']} classes"
     print(
         f"wrote {ARTIFACT_FILE} and {METADATA_FILE} to {args.out}: {meta['members']} members, "
-        f"{meta['classes']} classes, checkpoint {meta['checkpoint_step']}, {cal}, for "
+        f"{what}, checkpoint {meta['checkpoint_step']}, {cal}, for "
         f"{', '.join(meta['platforms'])}"
     )
     return 0

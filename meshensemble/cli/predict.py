@@ -23,7 +23,8 @@ from meshensemble.cli.common import (
     add_field_flag,
     setup_devices,
 )
-from meshensemble.serving.inputs import open_images
+from meshensemble.evaluation import load_run_config
+from meshensemble.serving.inputs import open_features, open_images
 from meshensemble.serving.outputs import check_out_file, write_predictions
 from meshensemble.serving.predictor import IMAGE_DTYPE, load_predictor, read_calibration
 from meshensemble.training.checkpoint import list_checkpoints
@@ -63,7 +64,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         required=True,
         metavar="PATH",
         help="a .npy or .npz (key images, x_test or x) of uint8 images [N, 28, 28(, 1)], "
-        "or a folder of PNG/JPEG images (sorted by name)",
+        "or a folder of PNG/JPEG images (sorted by name); for a regression run a .npy or "
+        ".npz (key x, x_test or features) of features [N, F]",
     )
     add("--out", required=True, metavar="FILE", help="the output: FILE.npz or FILE.csv")
     add("--members", action="store_true", help="also write member_probs [members, N, classes]")
@@ -72,7 +74,18 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="write the uncalibrated probs (sets still use the calibrated ones)",
     )
-    add("--sets", action="store_true", help="require prediction sets (fails if uncalibrated)")
+    add(
+        "--no-variance-scale",
+        action="store_true",
+        help="regression runs: write the uncalibrated variances (intervals still use the "
+        "calibrated ones)",
+    )
+    add(
+        "--sets",
+        action="store_true",
+        help="require prediction sets, or a regression run's conformal intervals (fails if "
+        "uncalibrated)",
+    )
     add("--checkpoint", type=int, metavar="STEP", help="checkpoint step (default: the latest)")
     add_fake_devices_flag(p)
     add_field_flag(p, "mesh", help=field_help(config_field("mesh")) + " (may differ from training)")
@@ -95,6 +108,13 @@ def run(args: argparse.Namespace) -> int:
     """
     setup_devices(args.fake_devices)
     check_out_file(args.out)
+    regression = load_run_config(args.workdir).task == "regression"
+    wrong = "--no-temperature" if regression else "--no-variance-scale"
+    if args.no_temperature if regression else args.no_variance_scale:
+        kind = "regression" if regression else "classification"
+        raise ValueError(f"{wrong} does not apply to {args.workdir}, a {kind} run; drop it")
+    if regression:
+        return run_regression(args)
     from meshensemble.data import IMAGE_SHAPE
 
     images = open_images(args.input, IMAGE_SHAPE, IMAGE_DTYPE)
@@ -130,6 +150,54 @@ def run(args: argparse.Namespace) -> int:
     write_predictions(args.out, out, images.names)
     if not args.quiet:
         print(summary(predictor, out, args))
+    return 0
+
+
+def run_regression(args: argparse.Namespace) -> int:
+    """``meshensemble predict`` on a regression run: features in, the mixture's moments out.
+
+    Writes ``mean``, ``variance``, ``aleatoric``, ``epistemic`` ``[N, T]`` (variances
+    scaled when calibrated, unless ``--no-variance-scale``), ``lower``/``upper`` when
+    calibrated, ``member_mean``/``member_variance`` with ``--members``.
+
+    Returns:
+      0 on success.
+    """
+    notes: list[str] = []
+    predictor = load_predictor(
+        args.workdir,
+        args.mesh,
+        checkpoint=args.checkpoint,
+        batch_size=args.eval_batch_size,
+        echo=notes.append,
+    )
+    for line in notes:
+        print(line, file=sys.stderr)
+    x = open_features(args.input, predictor.num_features)
+    if args.sets:
+        predictor.check_intervals()
+    from tqdm import tqdm
+
+    quiet = args.quiet or len(x) < PROGRESS_MIN
+    with tqdm(total=len(x), unit="row", file=sys.stderr, disable=quiet, leave=False) as bar:
+        out = predictor.outputs(
+            x,
+            members=args.members,
+            scale=not args.no_variance_scale,
+            intervals=True if args.sets else None,
+            progress=bar.update,
+        )
+    write_predictions(args.out, out)
+    if not args.quiet:
+        cal = predictor.calibration
+        how = "uncalibrated"
+        if cal is not None:
+            s = "not applied" if args.no_variance_scale else "applied"
+            how = f"variance scale {cal.variance_scale:.4g} {s}, intervals at alpha={cal.alpha:g}"
+        print(
+            f"wrote {len(x)} predictions ({', '.join(out)}) to {args.out}: checkpoint "
+            f"{predictor.step} of {args.workdir}, {how}"
+        )
     return 0
 
 

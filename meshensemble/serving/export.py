@@ -36,6 +36,7 @@ from meshensemble.core import steps, tempering
 from meshensemble.core.distributed import fetch
 from meshensemble.serving.outputs import atomic_write
 from meshensemble.serving.predictor import Predictor
+from meshensemble.serving.regression import regression_metadata, regression_prediction_function
 from meshensemble.training.outputs import check_writable
 
 ARTIFACT_FILE = "ensemble.jax"
@@ -101,7 +102,9 @@ def export_artifact(predictor: Predictor, platforms: Sequence[str] = PLATFORMS) 
     """
     (b,) = jax.export.symbolic_shape(BATCH_DIM)
     spec = jax.ShapeDtypeStruct((b, *predictor.image_shape), predictor.image_dtype)
-    fn = jax.jit(prediction_function(predictor))
+    regression = getattr(predictor, "task", "") == "regression"
+    make = regression_prediction_function if regression else prediction_function
+    fn = jax.jit(make(predictor))
     try:
         return jax.export.export(fn, platforms=tuple(platforms))(spec)
     except Exception:
@@ -117,6 +120,20 @@ def export_metadata(predictor: Predictor, exported: Any) -> dict[str, Any]:
       >>> export_metadata(predictor, export_artifact(predictor))["classes"]
       10
     """
+    try:
+        version = importlib.metadata.version("meshensemble")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    common = {
+        "platforms": list(exported.platforms),
+        "model": predictor.model,
+        "workdir": os.path.abspath(predictor.workdir),
+        "checkpoint_step": predictor.step,
+        "data_identity": predictor.data_identity,
+        "versions": {"meshensemble": version, "jax": jax.__version__},
+    }
+    if getattr(predictor, "task", "") == "regression":
+        return {"artifact": ARTIFACT_FILE, **regression_metadata(predictor), **common}
     cal = predictor.calibration
     scores = inspect.signature(calibration.conformal_scores).parameters
     conformal = None
@@ -129,10 +146,6 @@ def export_metadata(predictor: Predictor, exported: Any) -> dict[str, Any]:
             "lam": scores["lam"].default,
             "randomized": False,
         }
-    try:
-        version = importlib.metadata.version("meshensemble")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
     return {
         "artifact": ARTIFACT_FILE,
         "input": {
@@ -148,12 +161,7 @@ def export_metadata(predictor: Predictor, exported: Any) -> dict[str, Any]:
         "members": predictor.num_members,
         "temperature": predictor.temperature,
         "conformal": conformal,
-        "platforms": list(exported.platforms),
-        "model": predictor.model,
-        "workdir": os.path.abspath(predictor.workdir),
-        "checkpoint_step": predictor.step,
-        "data_identity": predictor.data_identity,
-        "versions": {"meshensemble": version, "jax": jax.__version__},
+        **common,
     }
 
 
@@ -166,7 +174,13 @@ def export_ensemble(
     ``range``), ``outputs``, ``classes``, ``members``, ``temperature`` (None when
     uncalibrated), ``conformal`` (``method``, ``alpha``, ``threshold``, ``k_reg``, ``lam``;
     None when uncalibrated), ``platforms``, ``model``, ``workdir``, ``checkpoint_step``,
-    ``data_identity`` and ``versions`` (meshensemble, jax).
+    ``data_identity`` and ``versions`` (meshensemble, jax). For a regression run
+    (:class:`~meshensemble.serving.regression.RegressionPredictor`) the artifact takes
+    float32 features ``["batch", F]`` and returns ``mean``, ``variance`` (scaled when
+    calibrated), ``member_mean`` and ``member_variance``; ``export.json`` holds ``task``,
+    ``targets``, ``standardizer``, ``variance_scale`` and ``conformal`` (``quantile``,
+    ``alpha``) instead of the classification entries
+    (:func:`~meshensemble.serving.regression.regression_metadata`).
 
     Args:
       predictor: from :func:`~meshensemble.serving.predictor.load_predictor`.

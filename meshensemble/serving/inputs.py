@@ -26,6 +26,8 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 """File name endings read from a folder (case-insensitive)."""
 NPZ_IMAGE_KEYS = ("images", "x_test", "x")
 """Keys of a ``.npz`` input tried in this order for the images."""
+NPZ_FEATURE_KEYS = ("x", "x_test", "features")
+"""Keys of a ``.npz`` input tried in this order for a regression run's features."""
 GRAY_MODES = ("L", "1", "P")
 """Pillow modes accepted (and read as 8-bit grayscale) for a one-channel run."""
 
@@ -136,6 +138,62 @@ def as_images(images: Any, shape: Sequence[int], dtype: Any) -> Images:
     return Images("images", rows, shape, dtype)
 
 
+def as_features(x: Any, features: int, where: str = "x") -> np.ndarray:
+    """A regression run's input checked: a real ``[N, F]`` array (not copied, not cast).
+
+    Args:
+      x: ``[N, F]`` numbers (a numpy array, a memory map, anything ``np.asarray`` takes).
+      features: the run's ``F``.
+      where: names the input in messages.
+
+    Returns:
+      The array (rows are cast to float32 a batch at a time when streamed).
+
+    Raises:
+      ValueError: another shape, a non-numeric dtype, or no rows.
+
+    Example:
+      >>> as_features(np.zeros((3, 1)), 1).shape
+      (3, 1)
+    """
+    rows = x if isinstance(x, np.ndarray) else np.asarray(x)
+    if rows.ndim != 2 or rows.shape[1] != features:
+        raise ValueError(
+            f"{where} of shape {list(rows.shape)}: the run takes features [N, {features}]"
+        )
+    if not (np.issubdtype(rows.dtype, np.floating) or np.issubdtype(rows.dtype, np.integer)):
+        raise ValueError(f"{where} of dtype {rows.dtype}: give real numbers (e.g. float32)")
+    if len(rows) == 0:
+        raise ValueError(f"{where} holds no rows (shape {list(rows.shape)}); give at least one")
+    return rows
+
+
+def open_features(path: str, features: int) -> np.ndarray:
+    """A regression run's new inputs from a ``.npy`` (memory-mapped) or ``.npz`` file.
+
+    Args:
+      path: a ``.npy`` of ``[N, F]`` numbers, or a ``.npz`` holding one under a key of
+        :data:`NPZ_FEATURE_KEYS` (``x``, ``x_test`` or ``features``).
+      features: the run's ``F``.
+
+    Returns:
+      The ``[N, F]`` array (a memory map for ``.npy``).
+
+    Raises:
+      ValueError: a missing or unreadable file, another suffix, shape or dtype (one line).
+
+    Example:
+      >>> open_features("new.npy", 10).shape
+    """
+    if not os.path.isfile(path):
+        raise ValueError(f"--input {path}: no such file; give a .npy or .npz of [N, {features}]")
+    kind = os.path.splitext(path)[1].lower()
+    if kind not in (".npy", ".npz"):
+        raise ValueError(f"--input {path}: give a .npy or .npz of features [N, {features}]")
+    rows = _load_npy(path) if kind == ".npy" else _load_npz(path, NPZ_FEATURE_KEYS)
+    return as_features(rows, features, f"--input {path}")
+
+
 def _load_npy(path: str) -> np.ndarray:
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
@@ -143,14 +201,14 @@ def _load_npy(path: str) -> np.ndarray:
         raise ValueError(f"--input {path}: not a readable .npy array ({_first(err)})") from None
 
 
-def _load_npz(path: str) -> np.ndarray:
+def _load_npz(path: str, keys: Sequence[str] = NPZ_IMAGE_KEYS) -> np.ndarray:
     try:
         with np.load(path, allow_pickle=False) as npz:
-            key = next((k for k in NPZ_IMAGE_KEYS if k in npz.files), None)
+            key = next((k for k in keys if k in npz.files), None)
             if key is None:
                 raise ValueError(
                     f"--input {path} has keys {sorted(npz.files)} but none of "
-                    f"{', '.join(NPZ_IMAGE_KEYS)}; save the images under the key 'images'"
+                    f"{', '.join(keys)}; save the inputs under the key {keys[0]!r}"
                 )
             return npz[key]
     except (OSError, EOFError, zipfile.BadZipFile) as err:

@@ -28,6 +28,8 @@ OUT_SUFFIXES = (".npz", ".csv")
 """The kinds of ``--out`` file ``meshensemble predict`` writes."""
 CSV_COLUMNS = ("label", "confidence", "entropy", "mutual_information")
 """Columns of a ``.csv`` after ``index`` (or ``name``), before ``prediction_set``."""
+REGRESSION_COLUMNS = ("mean", "variance", "aleatoric", "epistemic", "lower", "upper")
+"""Columns of a regression run's ``.csv`` (one per target each), those present."""
 
 
 def check_out_file(path: str) -> str:
@@ -101,7 +103,10 @@ def write_predictions(
     folder's file names) when given. The ``.csv`` has a header and one row per example:
     ``index`` (or ``name``), ``label``, ``confidence``, ``entropy``,
     ``mutual_information`` and, when ``out`` has sets, ``prediction_set`` (the classes in
-    the set, separated by spaces; empty for an empty set).
+    the set, separated by spaces; empty for an empty set). For a regression run's
+    outputs (``mean`` ``[N, T]``...) the columns are ``mean``, ``variance``,
+    ``aleatoric``, ``epistemic`` and, when calibrated, ``lower``, ``upper``, each
+    suffixed ``_t`` per target when ``T > 1``.
 
     Args:
       path: the ``.npz`` or ``.csv`` file (checked by :func:`check_out_file`).
@@ -115,7 +120,8 @@ def write_predictions(
       >>> write_predictions("preds.npz", predictor.outputs(images))
     """
     if path.lower().endswith(".csv"):
-        atomic_write(path, lambda f: _write_csv(f, out, names))
+        rows = _write_regression_csv if "mean" in out else _write_csv
+        atomic_write(path, lambda f: rows(f, out, names))
         return
     arrays = dict(out)
     if names is not None:
@@ -136,5 +142,21 @@ def _write_csv(f: Any, out: Mapping[str, np.ndarray], names: Sequence[str] | Non
         if sets is not None:
             row.append(" ".join(map(str, np.flatnonzero(sets[i]))))
         rows.writerow(row)
+    text.flush()
+    text.detach()
+
+
+def _write_regression_csv(
+    f: Any, out: Mapping[str, np.ndarray], names: Sequence[str] | None
+) -> None:
+    text = io.TextIOWrapper(f, encoding="utf-8", newline="")
+    rows = csv.writer(text)
+    keys = [k for k in REGRESSION_COLUMNS if k in out]
+    t = out["mean"].shape[1]
+    cols = [k if t == 1 else f"{k}_{j}" for k in keys for j in range(t)]
+    rows.writerow(["name" if names is not None else "index", *cols])
+    for i in range(len(out["mean"])):
+        values = [f"{float(out[k][i, j]):.8g}" for k in keys for j in range(t)]
+        rows.writerow([names[i] if names is not None else i, *values])
     text.flush()
     text.detach()

@@ -36,6 +36,7 @@ from meshensemble.core.statmath import shannon_entropy
 from meshensemble.data import IMAGE_SHAPE
 from meshensemble.evaluation import EVALUATION_FILE, load_run_config
 from meshensemble.serving.inputs import as_images
+from meshensemble.serving.regression import RegressionPredictor, load_regression_predictor
 from meshensemble.training import build_ensemble, default_mesh_shape
 from meshensemble.training.checkpoint import restore_checkpoint
 from meshensemble.training.identity import read_saved_config
@@ -365,8 +366,13 @@ def load_predictor(
     checkpoint: int | None = None,
     batch_size: int = 1000,
     echo: Callable[[str], Any] | None = None,
-) -> Predictor:
+) -> Predictor | RegressionPredictor:
     """Loads a trained run for prediction on any mesh (nothing in the workdir changes).
+
+    A regression run (``task="regression"``) gives a
+    :class:`~meshensemble.serving.regression.RegressionPredictor` (features ``[N, F]`` in,
+    the mixture's ``mean``/``variance``/``aleatoric``/``epistemic`` out, conformal
+    intervals when calibrated); a classification run a :class:`Predictor`.
 
     Args:
       workdir: the run's folder (``config.json``, ``checkpoints/``).
@@ -377,7 +383,7 @@ def load_predictor(
       echo: where notes go (a damaged checkpoint skipped); default logging.
 
     Returns:
-      A :class:`Predictor`.
+      A :class:`Predictor` (or a ``RegressionPredictor`` for a regression run).
 
     Raises:
       FileNotFoundError: no run folder, no ``config.json``, or no checkpoint.
@@ -390,6 +396,10 @@ def load_predictor(
       >>> predictor.predict(images).shape
     """
     cfg = load_run_config(workdir)
+    if cfg.task == "regression":  # features [N, F] -> Gaussian mixture moments, intervals
+        return load_regression_predictor(
+            workdir, cfg, mesh, checkpoint=checkpoint, batch_size=batch_size, echo=echo
+        )
     streaming.batch_size_for(batch_size, 1, 1)
     resolved = (read_saved_config(workdir) or {}).get("resolved") or {}
     identity = resolved.get("data_identity") or {}

@@ -18,6 +18,7 @@ Setup, loop and outputs apart, as the classification run's are:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -56,7 +57,9 @@ REGRESSION_SOURCES = ("auto", "npz", "toy1d", "diabetes")
 EVALUATIONS = 20
 """About how many evaluations (and checkpoints) a run makes: every ``epochs // 20`` epochs."""
 
-RESOLVED_KEYS = ("mesh", "batch_size", "steps_per_epoch", "model", "standardizer", "data")
+RESOLVED_KEYS = (
+    "mesh", "batch_size", "steps_per_epoch", "model", "standardizer", "data", "data_identity"
+)  # fmt: skip
 """What a regression run records in ``config.json``'s ``resolved`` entry."""
 
 
@@ -125,6 +128,46 @@ def split_validation(data: RegressionData, n: int, seed: int) -> tuple[Regressio
     val, train = order[:n], np.sort(order[n:])
     kept = dataclasses.replace(data, x_train=data.x_train[train], y_train=data.y_train[train])
     return kept, (data.x_train[val], data.y_train[val])
+
+
+def regression_identity(
+    data: RegressionData, train: RegressionData, val: Any, cfg: TrainConfig
+) -> dict[str, Any]:
+    """What identifies a regression run's data: sizes, file and a hash of every split.
+
+    Args:
+      data: the loaded data; train: its training rows after the validation split;
+      val: ``(x_val, y_val)`` or None; cfg: the run's config (source, file).
+
+    Returns:
+      ``{"task": "regression", "source", "data_file", "name", "num_train", "num_test",
+      "splits": {"train", "validation", "test": "sha256:<hex>"}}`` (validation only when
+      held out); ``meshensemble evaluate`` compares it split by split.
+
+    Example:
+      >>> regression_identity(d, d, None, cfg)["splits"]["test"][:7]
+      'sha256:'
+    """
+    parts = {"train": (train.x_train, train.y_train), "test": (data.x_test, data.y_test)}
+    if val is not None:
+        parts["validation"] = val
+    splits = {}
+    for name, arrays in parts.items():
+        digest = hashlib.sha256()
+        for a in arrays:
+            a = np.ascontiguousarray(a, np.float32)
+            digest.update(repr(a.shape).encode())
+            digest.update(a)
+        splits[name] = "sha256:" + digest.hexdigest()
+    return {
+        "task": "regression",
+        "source": cfg.source,
+        "data_file": cfg.data_file,
+        "name": data.name,
+        "num_train": len(train.x_train),
+        "num_test": len(data.x_test),
+        "splits": splits,
+    }
 
 
 def _standardise(mean: np.ndarray, std: np.ndarray) -> Callable[[Any], Any]:
@@ -301,7 +344,8 @@ def train_regression(
         state, _, step = restore_checkpoint(cfg.workdir, ens, train.x_train[:1], echo=say)
         say(f"resumed {cfg.workdir} at step {step}")
     writer = RunWriter(cfg.workdir, main, cfg.tensorboard, keep_until=step if resume else None)
-    values = (plan.mesh, plan.batch, plan.steps, model_name(cfg), stats, data.name)
+    identity = regression_identity(data, train, val, cfg)
+    values = (plan.mesh, plan.batch, plan.steps, model_name(cfg), stats, data.name, identity)
     writer.write_config(cfg, dict(zip(RESOLVED_KEYS, values)))
     ckpt = Checkpointer(cfg.workdir, cfg.keep, say) if cfg.checkpoint else None
     sets = {"test": (data.x_test, data.y_test)} | ({"val": val} if val is not None else {})
