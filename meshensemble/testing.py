@@ -20,6 +20,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 
+from meshensemble.core import keys
 from meshensemble.core.adapters import as_model
 from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
@@ -336,7 +337,7 @@ def assert_members_match_single_model_training(
         )
     state = ens.init(key, images[:1])
     rngs = fetch(state.rng)
-    impl = ens.step_config().rng_impl
+    impl = keys.impl_for(rngs.shape[-1], ens.key_impl)  # as the steps read the state's keys
     losses = []
     for _ in range(steps):
         state, metrics = ens.train_step(state, images, labels)
