@@ -148,3 +148,34 @@ def test_a_key_its_words_do_not_name_needs_key_impl():
     assert state.rng.shape == (4, 4)
     with pytest.raises(ValueError, match="key_impl='nope' is not a PRNG implementation"):
         make(key_impl="nope")
+
+
+# ---------------------------------------------------------------- the run plan (no devices)
+def test_the_run_plan_follows_from_the_config_and_data_size():
+    from meshensemble.training.plan import TrainPlan, plan_training
+
+    cfg = me.TrainConfig(members=8, batch_size=100, epochs=3)
+    assert plan_training(cfg, 1050, 8, "cpu") == TrainPlan(
+        mesh={"ensemble": 8, "data": 1}, steps_per_epoch=10, total_steps=30, chunk=1
+    )
+    assert plan_training(cfg, 1050, 8, "gpu").chunk == 10  # an epoch per call
+    capped = me.TrainConfig(members=4, batch_size=100, epochs=3, max_steps=7, chunk_steps=5)
+    plan = plan_training(capped, 1000, 2, "cpu")
+    assert plan.mesh == {"ensemble": 2, "data": 1} and plan.total_steps == 7 and plan.chunk == 5
+    given = me.TrainConfig(mesh="ensemble=2,data=4", batch_size=64)
+    assert plan_training(given, 640, 8, "cpu").mesh == {"ensemble": 2, "data": 4}
+
+
+@pytest.mark.parametrize(
+    "fields, num_train, says",
+    [
+        (dict(batch_size=200), 100, "batch_size=200 is larger than the 100 training"),
+        (dict(batch_size=30, mesh="ensemble=2,data=4"), 300, "not divisible by the mesh's data"),
+        (dict(batch_size=10, chunk_steps=3), 100, "chunk_steps=3 does not divide the 10 steps"),
+    ],
+)
+def test_a_bad_run_plan_is_one_line_before_any_device(fields, num_train, says):
+    from meshensemble.training.plan import plan_training
+
+    with pytest.raises(ValueError, match=says):
+        plan_training(me.TrainConfig(**fields), num_train, 8, "cpu")

@@ -244,7 +244,8 @@ class Ensemble:
           :class:`EnsembleState` of ``PartitionSpec`` s.
 
         Example:
-          >>> ens.state_specs(images[:1]).params["Dense_0"]["kernel"]
+          >>> fsdp = me.Ensemble(me.models.MLP(), tx, 2, me.make_mesh(2, 4), shard_members=True)
+          >>> fsdp.state_specs(images[:1]).params["Dense_0"]["kernel"]  # [2, 784, 128]
           PartitionSpec('ensemble', 'data')
         """
         if not self._sharded:
