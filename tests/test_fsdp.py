@@ -57,7 +57,8 @@ def runs(name: str):
 
 def leaves_with_specs(ens, state):
     is_spec = lambda s: isinstance(s, P)
-    return zip(jax.tree.leaves(state), jax.tree.leaves(ens.state_spec, is_leaf=is_spec))
+    specs = ens.state_specs(IMAGES[:1])
+    return zip(jax.tree.leaves(state), jax.tree.leaves(specs, is_leaf=is_spec))
 
 
 # ---------------------------------------------------------------- the rule
@@ -97,8 +98,7 @@ def test_optimizer_state_follows_its_parameters():
     ens = me.Ensemble(
         me.models.ViT(), optax.adam(1e-3), 2, me.make_mesh(2, 2, model=2), shard_members=True
     )
-    ens.init(jax.random.key(0), IMAGES[:1])
-    specs = ens.state_spec
+    specs = ens.state_specs(IMAGES[:1])
     kernel = specs.params["encoder_0"]["mlp"]["up"]["kernel"]
     assert kernel == P("ensemble", "data", "model")
     assert specs.opt_state[0].mu["encoder_0"]["mlp"]["up"]["kernel"] == kernel
@@ -156,10 +156,10 @@ def test_the_pmap_backend_refuses_sharded_members():
         me.Ensemble(me.models.MLP(), TX, 4, me.make_mesh(4, 1, model=2), backend="pmap")
 
 
-def test_the_sharded_layout_is_unknown_before_init():
+def test_the_sharded_layout_needs_the_input_shape_not_init():
     need_devices(8)
     ens = me.Ensemble(me.models.MLP(), TX, 2, me.make_mesh(2, 4), shard_members=True)
-    with pytest.raises(ValueError, match="call ens.init first"):
+    with pytest.raises(ValueError, match=r"Ensemble\(\.\.\., sample=images\[:1\]\)"):
         ens.state_spec  # noqa: B018
 
 

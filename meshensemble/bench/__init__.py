@@ -185,18 +185,47 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dic
       >>> results["ratios"]["shard_map_over_pmap"]
     """
     say = say or (lambda s: print(s, file=sys.stderr, flush=True))
-    if cfg.layouts and len(jax.devices()) < LAYOUT_DEVICES:
-        raise ValueError(
-            f"--layouts needs {LAYOUT_DEVICES} devices, this process has {len(jax.devices())}; "
-            f"pass --fake-devices {LAYOUT_DEVICES} on CPU"
-        )
-    if cfg.layouts and cfg.batch_size % 4:
-        raise ValueError(
-            f"--layouts splits the batch over data=4: --batch-size {cfg.batch_size} must be a "
-            "multiple of 4"
-        )
+    _check_layouts(cfg)
     t_start = time.perf_counter()
+    since = lambda: time.perf_counter() - t_start
     load_start = loadavg()
+    dataset, tta = _load(cfg, say)
+    ctx = Context(cfg, dataset)
+    devices = jax.devices()
+    platform = devices[0].platform
+    cases = plan(cfg, len(devices), platform, ctx.steps_per_epoch)
+    if cfg.suite:  # the memory case first: no earlier case's device peak can hide its own
+        cases.sort(key=lambda c: c.name != f"mpd_{cfg.members}")
+    runners, owner = _runners(ctx, cases)
+    say(
+        f"bench: {len(cases)} cases ({len(runners)} distinct) on {len(devices)} {platform} "
+        f"device(s); model {cfg.model}, {cfg.members} members, batch {cfg.batch_size}; "
+        f"data: {dataset.note}"
+    )
+    _prepare(ctx, runners, owner, say)
+    say(f"  compiled everything at {since():6.1f}s")
+    round_robin(
+        runners.values(),
+        cfg.repeats,
+        cfg.warmup,
+        cfg.case_budget,
+        lambda rep, n: say(f"  round {rep}/{n} done at {since():6.1f}s"),
+    )
+    results = collect(cfg, ctx, cases, runners, owner, tta)
+    if cfg.layouts:  # the same 8-member ensemble on E x D x P meshes (bench/layouts.py)
+        results["layouts"] = {}
+        for name in cfg.layouts:
+            say(f"  layouts of {name} at {since():6.1f}s")
+            results["layouts"][name] = measure_layouts(
+                get_model(name), members=LAYOUT_MEMBERS, batch_size=cfg.batch_size
+            )
+    results["meta"]["wall_s"] = since()
+    results["meta"]["loadavg_start"], results["meta"]["loadavg_end"] = load_start, loadavg()
+    return results
+
+
+def _load(cfg: BenchConfig, say: Callable[[str], None]) -> tuple[Any, dict[str, Any] | None]:
+    """The data (checked against the batch), then ``time_to_accuracy`` when selected."""
     dataset = load_data(cfg, say)
     if cfg.batch_size > dataset.num_train:
         raise ValueError(
@@ -207,46 +236,45 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dic
     if runs_time_to_accuracy(cfg):
         say(f"bench: time_to_accuracy, target {cfg.target_accuracy}, two fresh processes")
         tta = time_to_accuracy(cfg, dataset, say)
-    ctx = Context(cfg, dataset)
-    devices = jax.devices()
-    platform = devices[0].platform
-    cases = plan(cfg, len(devices), platform, ctx.steps_per_epoch)
+    return dataset, tta
+
+
+def _check_layouts(cfg: BenchConfig) -> None:
+    """ValueError when ``--layouts`` lacks its devices or a batch that ``data=4`` splits."""
+    if cfg.layouts and len(jax.devices()) < LAYOUT_DEVICES:
+        raise ValueError(
+            f"--layouts needs {LAYOUT_DEVICES} devices, this process has {len(jax.devices())}; "
+            f"pass --fake-devices {LAYOUT_DEVICES} on CPU"
+        )
+    if cfg.layouts and cfg.batch_size % 4:
+        raise ValueError(
+            f"--layouts splits the batch over data=4: --batch-size {cfg.batch_size} must be a "
+            "multiple of 4"
+        )
+
+
+def _runners(ctx: Context, cases: list[Case]) -> tuple[dict[Spec, Runner], dict[Spec, str]]:
+    """One runner per distinct spec, and each spec's first case (its owner)."""
     runners: dict[Spec, Runner] = {}
     owner: dict[Spec, str] = {}
-    if cfg.suite:  # the memory case first: no earlier case's device peak can hide its own
-        cases.sort(key=lambda c: c.name != f"mpd_{cfg.members}")
     for case in cases:
         if case.spec not in runners:
             runners[case.spec] = RUNNERS[case.spec.kind](ctx, case.spec)
             owner[case.spec] = case.name
-    say(
-        f"bench: {len(cases)} cases ({len(runners)} distinct) on {len(devices)} {platform} "
-        f"device(s); model {cfg.model}, {cfg.members} members, batch {cfg.batch_size}; "
-        f"data: {dataset.note}"
-    )
-    for spec, runner in runners.items():  # compile (and first calls); nothing is timed
+    return runners, owner
+
+
+def _prepare(
+    ctx: Context,
+    runners: dict[Spec, Runner],
+    owner: dict[Spec, str],
+    say: Callable[[str], None],
+) -> None:
+    """Compiles every runner (and its first calls; nothing is timed) and counts FLOPs."""
+    for spec, runner in runners.items():
         say(f"  prepared {owner[spec]:<20s} in {timed(runner.prepare):6.1f}s")
     # FLOPs per example are counted from the jaxpr; XLA's cost analysis is a cross-check
     # (from a case's one-device program, else a plain step compiled here).
     for model_id in sorted({plain_model(s.model) for s in runners if s.kind != "matmul"}):
         ctx.flops_per_example(model_id)
         ctx.cost_analysis_per_example(model_id)
-    say(f"  compiled everything at {time.perf_counter() - t_start:6.1f}s")
-    round_robin(
-        runners.values(),
-        cfg.repeats,
-        cfg.warmup,
-        cfg.case_budget,
-        lambda rep, n: say(f"  round {rep}/{n} done at {time.perf_counter() - t_start:6.1f}s"),
-    )
-    results = collect(cfg, ctx, cases, runners, owner, tta)
-    if cfg.layouts:  # the same 8-member ensemble on E x D x P meshes (bench/layouts.py)
-        results["layouts"] = {}
-        for name in cfg.layouts:
-            say(f"  layouts of {name} at {time.perf_counter() - t_start:6.1f}s")
-            results["layouts"][name] = measure_layouts(
-                get_model(name), members=LAYOUT_MEMBERS, batch_size=cfg.batch_size
-            )
-    results["meta"]["wall_s"] = time.perf_counter() - t_start
-    results["meta"]["loadavg_start"], results["meta"]["loadavg_end"] = load_start, loadavg()
-    return results

@@ -423,22 +423,66 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
       >>> [c.name for c in plan(BenchConfig(cases=("mesh",)), 8, "cpu", 468)]
       ['mesh_1', 'mesh_2', 'mesh_4', 'mesh_8']
     """
-    m, model = cfg.members, cfg.model
-    auto = default_strategy(platform)
-    conv = "cnn" if model == "cnn" else "tinyconv"
+    ctx = _plan_context(cfg, num_devices, platform, steps_per_epoch)
+    cases = [
+        *_yardstick_cases(ctx),
+        *_chunk_cases(ctx),
+        *_member_cases(ctx, cfg.members_per_device),
+        *_reform_cases(ctx),
+        *_precision_cases(ctx),
+    ]
+    return select_cases(cases, cfg.cases)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    """What every case of a plan derives from: the config resolved for the machine."""
+
+    m: int  # members
+    model: str  # the bench model id the library runs
+    conv: str  # the conv family of the reformulation cases
+    auto: str  # the platform's member strategy
+    num_devices: int
+    e: int  # the whole-machine mesh's ensemble axis
+    d: int  # ... and data axis
+    steps_per_epoch: int
+    k_epoch: int
+    k_default: int
+    k8: int
+    n_mm: int  # the matmuls' side
+    mc: int  # members of the reformulation cases
+
+
+def _plan_context(
+    cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
+) -> _Context:
+    model = cfg.model
     if model == "cnn":  # as the library runs it: the platform's default convolution
         model = f"cnn-{default_conv(platform)}"
-    whole = default_mesh_shape(m, num_devices)
-    e, d = whole["ensemble"], whole["data"]
+    whole = default_mesh_shape(cfg.members, num_devices)
     k_epoch = min(steps_per_epoch, cfg.epoch_cap or steps_per_epoch)
-    k_default = min(default_chunk_steps(platform, steps_per_epoch), k_epoch)
-    k8 = min(8, steps_per_epoch)
-    on_all = dict(members=m, devices=num_devices, ensemble=e, data=d, strategy=auto)
-    on_one = dict(members=m, devices=1, ensemble=1, data=1)
-    # The HOWTO's layout, which the pmap backend also needs: one member per device.
-    on_line = dict(members=m, devices=e, ensemble=e, data=1, strategy=auto)
+    return _Context(
+        m=cfg.members,
+        model=model,
+        conv="cnn" if cfg.model == "cnn" else "tinyconv",
+        auto=default_strategy(platform),
+        num_devices=num_devices,
+        e=whole["ensemble"],
+        d=whole["data"],
+        steps_per_epoch=steps_per_epoch,
+        k_epoch=k_epoch,
+        k_default=min(default_chunk_steps(platform, steps_per_epoch), k_epoch),
+        k8=min(8, steps_per_epoch),
+        n_mm=matmul_size(cfg, platform),
+        mc=min(cfg.conv_members or cfg.members, cfg.members),
+    )
 
-    n_mm = matmul_size(cfg, platform)
+
+def _yardstick_cases(ctx: _Context) -> list[Case]:
+    """The matmuls, the HOWTO and the backends' and user's single steps."""
+    m, e, model, n_mm = ctx.m, ctx.e, ctx.model, ctx.n_mm
+    # The HOWTO's layout, which the pmap backend also needs: one member per device.
+    on_line = dict(members=m, devices=e, ensemble=e, data=1, strategy=ctx.auto)
     cases = [
         Case(
             f"matmul_{p}",
@@ -448,7 +492,7 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
         )
         for p, dtype in (("fp32", "float32"), ("bf16", "bfloat16"))
     ]
-    cases += [
+    return cases + [
         Case(
             "howto",
             "howto",
@@ -474,24 +518,44 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
             "Ensemble.train_step on the user's Flax model (XLA convolution), as howto",
         ),
     ]
+
+
+def _on_all(ctx: _Context) -> dict[str, Any]:
+    """The spec fields of a case on the whole machine's default mesh."""
+    return dict(
+        members=ctx.m, devices=ctx.num_devices, ensemble=ctx.e, data=ctx.d, strategy=ctx.auto
+    )
+
+
+def _chunk_cases(ctx: _Context) -> list[Case]:
+    """The training loop's chunks, the streamed input and the sequential members."""
+    model, k8, k_default, k_epoch = ctx.model, ctx.k8, ctx.k_default, ctx.k_epoch
+    cases = []
     for name, k, what in (
         ("chunk_default", k_default, f"train.py chunk, default K={k_default}"),
         ("chunk_k1", 1, "train.py chunk, K=1"),
         ("chunk_k8", k8, f"train.py chunk, K={k8} (paced loop)"),
-        ("chunk_epoch", k_epoch, f"train.py chunk, K={k_epoch} (epoch {steps_per_epoch})"),
+        ("chunk_epoch", k_epoch, f"train.py chunk, K={k_epoch} (epoch {ctx.steps_per_epoch})"),
     ):
-        cases.append(Case(name, "chunk", Spec("chunk", model, k=k, **on_all), what))
+        cases.append(Case(name, "chunk", Spec("chunk", model, k=k, **_on_all(ctx)), what))
     what = f"train.py --input stream, {k8} steps/call (Grain prefetch)"
-    cases.append(Case("stream", "stream", Spec("stream", model, k=k8, **on_all), what))
+    cases.append(Case("stream", "stream", Spec("stream", model, k=k8, **_on_all(ctx)), what))
     cases.append(
         Case(
             "sequential",
             "sequential",
-            Spec("sequential", plain_model(model), m),
-            f"{m} members one after another, jitted step",
+            Spec("sequential", plain_model(model), ctx.m),
+            f"{ctx.m} members one after another, jitted step",
         )
     )
-    for n in cfg.members_per_device:
+    return cases
+
+
+def _member_cases(ctx: _Context, members_per_device: Sequence[int]) -> list[Case]:
+    """Members per device, mesh sizes and member strategies."""
+    m, model, auto = ctx.m, ctx.model, ctx.auto
+    cases = []
+    for n in members_per_device:
         cases.append(
             Case(
                 f"mpd_{n}",
@@ -501,10 +565,11 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
             )
         )
     for n in (1, 2, 4, 8):
-        if n <= num_devices:
+        if n <= ctx.num_devices:
             en = math.gcd(m, n)
             spec = Spec("ensemble", model, m, n, en, n // en, strategy=auto)
             cases.append(Case(f"mesh_{n}", "mesh", spec, f"{m} members on {n} device(s)"))
+    on_one = dict(members=m, devices=1, ensemble=1, data=1)
     for strategy in ("vmap", "loop"):
         cases.append(
             Case(
@@ -514,10 +579,16 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
                 f"{m} members on 1 device, {strategy}",
             )
         )
-    mc = min(cfg.conv_members or m, m)
-    ec = math.gcd(mc, num_devices)
+    return cases
+
+
+def _reform_cases(ctx: _Context) -> list[Case]:
+    """The conv reformulations (im2col, canonical) and their scans."""
+    conv, mc = ctx.conv, ctx.mc
+    ec = math.gcd(mc, ctx.num_devices)
     conv_one = dict(members=mc, devices=1, ensemble=1, data=1)
-    conv_all = dict(members=mc, devices=num_devices, ensemble=ec, data=num_devices // ec)
+    conv_all = dict(members=mc, devices=ctx.num_devices, ensemble=ec, data=ctx.num_devices // ec)
+    cases = []
     for name, model_id, strategy in (
         ("reform_base_loop", f"{conv}-xla", "loop"),
         ("reform_im2col_vmap", f"{conv}-im2col", "vmap"),
@@ -535,19 +606,41 @@ def plan(cfg: BenchConfig, num_devices: int, platform: str, steps_per_epoch: int
     )
     for name, model_id, k in (
         ("scan_base_k1", f"{conv}-xla", 1),
-        ("scan_base_k8", f"{conv}-xla", k8),
+        ("scan_base_k8", f"{conv}-xla", ctx.k8),
         ("scan_canonical_k1", f"{conv}-canonical", 1),
-        ("scan_canonical_k8", f"{conv}-canonical", k8),
+        ("scan_canonical_k8", f"{conv}-canonical", ctx.k8),
     ):
-        spec = Spec("chunk", model_id, k=k, strategy=auto, **conv_all)
+        spec = Spec("chunk", model_id, k=k, strategy=ctx.auto, **conv_all)
         cases.append(Case(name, "scan", spec, f"{model_id} chunk, K={k}"))
-
-    for precision in ("fp32", "bf16"):
-        spec = Spec("ensemble", model, precision=precision, **on_one, strategy=auto)
-        what = f"{m} members on 1 device, {precision}"
-        cases.append(Case(f"precision_{precision}", "precision", spec, what))
-
-    if cfg.cases:
-        chosen = {c for n in cfg.cases for c in GROUPS.get(n, (n,))}
-        cases = [c for c in cases if c.name in chosen]
     return cases
+
+
+def _precision_cases(ctx: _Context) -> list[Case]:
+    """float32 against mixed bfloat16, on one device."""
+    on_one = dict(members=ctx.m, devices=1, ensemble=1, data=1)
+    cases = []
+    for precision in ("fp32", "bf16"):
+        spec = Spec("ensemble", ctx.model, precision=precision, **on_one, strategy=ctx.auto)
+        what = f"{ctx.m} members on 1 device, {precision}"
+        cases.append(Case(f"precision_{precision}", "precision", spec, what))
+    return cases
+
+
+def select_cases(cases: list[Case], names: Sequence[str]) -> list[Case]:
+    """The cases ``names`` (case or group names of ``--cases``) select, in plan order.
+
+    Args:
+      cases: the planned cases.
+      names: case or group names; empty selects every case.
+
+    Returns:
+      The selected cases.
+
+    Example:
+      >>> [c.name for c in select_cases(plan(BenchConfig(), 8, "cpu", 468), ("user",))]
+      ['ens_user']
+    """
+    if not names:
+        return cases
+    chosen = {c for n in names for c in GROUPS.get(n, (n,))}
+    return [c for c in cases if c.name in chosen]

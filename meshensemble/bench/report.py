@@ -76,52 +76,145 @@ def collect(
     Example:
       >>> results = collect(cfg, ctx, cases, runners, owner)
     """
-    dataset = ctx.dataset
-    matmul_flops, bf16_flops = (_matmul_flops(runners, p) for p in ("fp32", "bf16"))
-    out_cases: dict[str, Any] = {}
-    for case in cases:
-        r, spec = runners[case.spec], case.spec
-        entry: dict[str, Any] = {
-            "group": case.group,
-            "description": case.description,
-            "same_as": None if owner[spec] == case.name else owner[spec],
-            **dataclasses.asdict(spec),
-            "members_per_device": spec.members // max(spec.ensemble, 1),
-            "time_per_step_s": stats(r.samples),
-            "compile_s": r.compile_s,
-            "first_call_s": r.first_call_s,
-            "peak_memory_bytes": r.peak_bytes,
-            "memory_source": r.memory_source,
-        }
-        t = entry["time_per_step_s"]["median"]
-        if spec.kind == "matmul":
-            entry["members_per_device"] = None
-            entry["flops_per_s"] = r.flops_per_call / t
-            entry["flops_per_call"] = r.flops_per_call
-            entry["member_examples_per_s"] = None
-        else:
-            if spec.kind == "howto":
-                entry["members_per_device"] = 1
-                entry["howto_runs"] = spec.members // spec.devices
-            flops = ctx.flops_per_example(spec.model)
-            entry["flops_per_example"] = flops
-            entry["flops_source"] = "analytic"
-            if spec.kind in ("ensemble", "sequential") and r.program_bytes:
-                on_device = 1 if spec.kind == "sequential" else entry["members_per_device"]
-                floor = ctx.footprint(spec.model)
-                per_member = r.program_bytes / on_device
-                entry["memory_per_member_bytes"] = per_member
-                entry["state_bytes_per_member"] = floor["state"]
-                entry["activation_bytes_per_member"] = floor["activations"]
-                entry["memory_over_state_activations"] = per_member / sum(floor.values())
-            entry["member_examples_per_s"] = spec.members * cfg.batch_size / t
-            entry["flops_per_s"] = entry["member_examples_per_s"] * flops
-        for key, ref in (("", matmul_flops), ("bf16_", bf16_flops)):
-            value = entry["flops_per_s"] / ref if ref and entry["flops_per_s"] else None
-            entry[f"fraction_of_{key}matmul_flops"] = value
-        out_cases[case.name] = entry
+    refs = tuple(_matmul_flops(runners, p) for p in ("fp32", "bf16"))
+    out_cases = {
+        case.name: case_entry(cfg, ctx, case, runners[case.spec], owner[case.spec], refs)
+        for case in cases
+    }
     ratios = compute_ratios(out_cases, cfg)
     ratios.update(accuracy_ratios(time_to_accuracy))
+    meta = run_meta(cfg, ctx, runners, *refs)
+    return {
+        "meta": meta,
+        "cases": out_cases,
+        "time_to_accuracy": dict(time_to_accuracy) if time_to_accuracy else None,
+        "ratios": ratios,
+        "targets": check_targets(ratios),
+    }
+
+
+FLOPS_NOTE = (
+    "per member-example, forward and backward pass of the plain model (a "
+    "reformulated convolution does the same multiply-adds): 2*M*N*K of every "
+    "dot_general and 2*out*kernel_window*kernel_in_features of every "
+    "conv_general_dilated in the jaxpr of jax.value_and_grad of the loss; "
+    "elementwise ops and the update are not counted. cost_analysis() is a "
+    "cross-check only: it misses custom calls (cuDNN convolutions on a GPU)"
+)
+"""``meta.flops_note`` of the results: what the FLOPs count."""
+
+PEAK_MEMORY_NOTE = (
+    "per device: device.memory_stats() peak_bytes_in_use where the device reports it "
+    "(a process-wide running peak), else the compiled program's memory_analysis() "
+    "(arguments + outputs + temporaries - aliased)"
+)
+"""``meta.peak_memory_note`` of the results."""
+
+MEMORY_PER_MEMBER_NOTE = (
+    "the compiled step's memory_analysis() per device divided by the members on "
+    "the device, against one member's parameters + optimizer state + the residuals "
+    "jax.vjp keeps for the backward pass of one batch"
+)
+"""``meta.memory_per_member_note`` of the results."""
+
+
+def case_entry(
+    cfg: BenchConfig,
+    ctx: Context,
+    case: Case,
+    r: Runner,
+    owner: str,
+    refs: tuple[float | None, float | None],
+) -> dict[str, Any]:
+    """One case's results (``cases[name]`` of :func:`collect`).
+
+    Args:
+      cfg: the config.
+      ctx: the shared inputs (FLOPs, memory floors).
+      case: the case.
+      r: its spec's timed runner.
+      owner: the first case of its spec (another name: reported ``same_as`` it).
+      refs: the fp32 and bf16 matmuls' FLOP/s (None when not measured).
+
+    Returns:
+      The case's dict: time per step, member-examples per second, FLOP/s and its
+      fractions of the matmuls', memory ...
+
+    Example:
+      >>> case_entry(cfg, ctx, case, runners[case.spec], owner[case.spec], (None, None))
+    """
+    spec = case.spec
+    entry: dict[str, Any] = {
+        "group": case.group,
+        "description": case.description,
+        "same_as": None if owner == case.name else owner,
+        **dataclasses.asdict(spec),
+        "members_per_device": spec.members // max(spec.ensemble, 1),
+        "time_per_step_s": stats(r.samples),
+        "compile_s": r.compile_s,
+        "first_call_s": r.first_call_s,
+        "peak_memory_bytes": r.peak_bytes,
+        "memory_source": r.memory_source,
+    }
+    t = entry["time_per_step_s"]["median"]
+    if spec.kind == "matmul":
+        entry["members_per_device"] = None
+        entry["flops_per_s"] = r.flops_per_call / t
+        entry["flops_per_call"] = r.flops_per_call
+        entry["member_examples_per_s"] = None
+    else:
+        _model_entry(entry, cfg, ctx, spec, r, t)
+    for key, ref in zip(("", "bf16_"), refs):
+        value = entry["flops_per_s"] / ref if ref and entry["flops_per_s"] else None
+        entry[f"fraction_of_{key}matmul_flops"] = value
+    return entry
+
+
+def _model_entry(
+    entry: dict[str, Any], cfg: BenchConfig, ctx: Context, spec: Spec, r: Runner, t: float
+) -> None:
+    """Adds a training case's FLOPs, memory per member and throughput to ``entry``."""
+    if spec.kind == "howto":
+        entry["members_per_device"] = 1
+        entry["howto_runs"] = spec.members // spec.devices
+    flops = ctx.flops_per_example(spec.model)
+    entry["flops_per_example"] = flops
+    entry["flops_source"] = "analytic"
+    if spec.kind in ("ensemble", "sequential") and r.program_bytes:
+        on_device = 1 if spec.kind == "sequential" else entry["members_per_device"]
+        floor = ctx.footprint(spec.model)
+        per_member = r.program_bytes / on_device
+        entry["memory_per_member_bytes"] = per_member
+        entry["state_bytes_per_member"] = floor["state"]
+        entry["activation_bytes_per_member"] = floor["activations"]
+        entry["memory_over_state_activations"] = per_member / sum(floor.values())
+    entry["member_examples_per_s"] = spec.members * cfg.batch_size / t
+    entry["flops_per_s"] = entry["member_examples_per_s"] * flops
+
+
+def run_meta(
+    cfg: BenchConfig,
+    ctx: Context,
+    runners: Mapping[Spec, Runner],
+    matmul_flops: float | None,
+    bf16_flops: float | None,
+) -> dict[str, Any]:
+    """The results' ``meta``: date, versions, devices, config, data and FLOPs.
+
+    Args:
+      cfg: the config.
+      ctx: the shared inputs (data, FLOPs).
+      runners: each distinct spec's timed runner (for the matmul's size).
+      matmul_flops: the fp32 matmul's FLOP/s, or None.
+      bf16_flops: the bf16 matmul's FLOP/s, or None.
+
+    Returns:
+      The ``meta`` dict of :func:`collect`.
+
+    Example:
+      >>> run_meta(cfg, ctx, runners, None, None)["platform"]
+      'cpu'
+    """
     devices = jax.devices()
     meta = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -139,48 +232,27 @@ def collect(
         "argv": sys.argv,
         "config": dataclasses.asdict(cfg),
         "data": {
-            "name": dataset.name,
-            "source": dataset.source,
-            "note": dataset.note,
-            "num_train": dataset.num_train,
+            "name": ctx.dataset.name,
+            "source": ctx.dataset.source,
+            "note": ctx.dataset.note,
+            "num_train": ctx.dataset.num_train,
             "steps_per_epoch": ctx.steps_per_epoch,
         },
         "flops_per_example": ctx.flops,
         "flops_source": "analytic",
         "flops_by_primitive": ctx.flops_by_primitive,
         "flops_per_example_cost_analysis": ctx.cost_analysis_flops,
-        "flops_note": (
-            "per member-example, forward and backward pass of the plain model (a "
-            "reformulated convolution does the same multiply-adds): 2*M*N*K of every "
-            "dot_general and 2*out*kernel_window*kernel_in_features of every "
-            "conv_general_dilated in the jaxpr of jax.value_and_grad of the loss; "
-            "elementwise ops and the update are not counted. cost_analysis() is a "
-            "cross-check only: it misses custom calls (cuDNN convolutions on a GPU)"
-        ),
+        "flops_note": FLOPS_NOTE,
         "matmul_flops_per_s": matmul_flops,
         "matmul_bf16_flops_per_s": bf16_flops,
         "matmul_size": next((int(s.model) for s in runners if s.kind == "matmul"), None),
         "default_matmul_precision": jax.config.jax_default_matmul_precision,
         "device_memory_bytes": _memory_limit(devices[0]),
         "accelerator_plugins": _plugins(),
-        "peak_memory_note": (
-            "per device: device.memory_stats() peak_bytes_in_use where the device reports it "
-            "(a process-wide running peak), else the compiled program's memory_analysis() "
-            "(arguments + outputs + temporaries - aliased)"
-        ),
-        "memory_per_member_note": (
-            "the compiled step's memory_analysis() per device divided by the members on "
-            "the device, against one member's parameters + optimizer state + the residuals "
-            "jax.vjp keeps for the backward pass of one batch"
-        ),
+        "peak_memory_note": PEAK_MEMORY_NOTE,
+        "memory_per_member_note": MEMORY_PER_MEMBER_NOTE,
     }
-    return {
-        "meta": meta,
-        "cases": out_cases,
-        "time_to_accuracy": dict(time_to_accuracy) if time_to_accuracy else None,
-        "ratios": ratios,
-        "targets": check_targets(ratios),
-    }
+    return meta
 
 
 def _matmul_flops(runners: Mapping[Spec, Runner], precision: str) -> float | None:
@@ -278,15 +350,7 @@ def compute_ratios(c: Mapping[str, Any], cfg: BenchConfig) -> dict[str, Any]:
       >>> compute_ratios(results["cases"], cfg)["shard_map_over_pmap"]
     """
 
-    def t(name: str) -> float | None:
-        return c[name]["time_per_step_s"]["median"] if name in c else None
-
-    def div(a: float | None, b: float | None) -> float | None:
-        return a / b if a is not None and b else None
-
-    def per_member_example(name: str) -> float | None:
-        return t(name) / (c[name]["members"] * cfg.batch_size) if t(name) is not None else None
-
+    tm = _Times(c, cfg.batch_size)
     auto = next(
         (n for n in ("strategy_loop", "strategy_vmap") if n in c and c[n]["same_as"] is None),
         None,
@@ -295,57 +359,102 @@ def compute_ratios(c: Mapping[str, Any], cfg: BenchConfig) -> dict[str, Any]:
         (n for n in (f"mpd_{cfg.members}", "mesh_1", "strategy_loop", "strategy_vmap") if n in c),
         auto,
     )
-    r: dict[str, Any] = {
-        "shard_map_over_pmap": div(t("ens_shard_map"), t("ens_pmap")),
-        "one_device_over_sequential": div(t(one_device), t("sequential")) if one_device else None,
+    r = _time_ratios(tm, one_device)
+    r.update(_best_one_device(tm, cfg))
+    r.update(_memory_ratios(c, one_device))
+    r.update(_members_per_device_ratios(tm, cfg))
+    r.update(_mesh_ratios(tm))
+    return r
+
+
+class _Times:
+    """The cases' median times per step, and the ratios of two (None where one is missing)."""
+
+    def __init__(self, c: Mapping[str, Any], batch_size: int):
+        self.c, self.batch_size = c, batch_size
+
+    def t(self, name: str) -> float | None:
+        return self.c[name]["time_per_step_s"]["median"] if name in self.c else None
+
+    @staticmethod
+    def div(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    def ratio(self, a: str, b: str) -> float | None:
+        return self.div(self.t(a), self.t(b))
+
+    def per_member_example(self, name: str) -> float | None:
+        t = self.t(name)
+        return t / (self.c[name]["members"] * self.batch_size) if t is not None else None
+
+
+def _time_ratios(tm: _Times, one_device: str | None) -> dict[str, Any]:
+    """The time ratios of pairs of cases (the backends, strategies, reforms, scans ...)."""
+    q, pme, c = tm.ratio, tm.per_member_example, tm.c
+    return {
+        "shard_map_over_pmap": q("ens_shard_map", "ens_pmap"),
+        "one_device_over_sequential": q(one_device, "sequential") if one_device else None,
         "one_device_case": one_device,
-        "loop_over_sequential": div(t("strategy_loop"), t("sequential")),
-        "vmap_over_sequential": div(t("strategy_vmap"), t("sequential")),
-        "vmap_over_loop": div(t("strategy_vmap"), t("strategy_loop")),
-        "reform_im2col_vmap_over_base_loop": div(t("reform_im2col_vmap"), t("reform_base_loop")),
-        "reform_im2col_loop_over_base_loop": div(t("reform_im2col_loop"), t("reform_base_loop")),
-        "reform_im2col_loop_over_im2col_sequential": div(
-            t("reform_im2col_loop"), t("reform_im2col_sequential")
+        "loop_over_sequential": q("strategy_loop", "sequential"),
+        "vmap_over_sequential": q("strategy_vmap", "sequential"),
+        "vmap_over_loop": q("strategy_vmap", "strategy_loop"),
+        "reform_im2col_vmap_over_base_loop": q("reform_im2col_vmap", "reform_base_loop"),
+        "reform_im2col_loop_over_base_loop": q("reform_im2col_loop", "reform_base_loop"),
+        "reform_im2col_loop_over_im2col_sequential": q(
+            "reform_im2col_loop", "reform_im2col_sequential"
         ),
-        "on_device_loop_over_howto": div(
-            per_member_example("chunk_default"), per_member_example("howto")
-        ),
+        "on_device_loop_over_howto": tm.div(pme("chunk_default"), pme("howto")),
         "on_device_loop_over_howto_by_k": {
-            n: div(per_member_example(n), per_member_example("howto"))
+            n: tm.div(pme(n), pme("howto"))
             for n in ("chunk_k1", "chunk_k8", "chunk_epoch")
             if n in c and "howto" in c
         },
-        "ens_shard_map_over_howto": div(t("ens_shard_map"), t("howto")),
-        "user_step_over_howto": div(t("ens_user"), t("howto")),
-        "scan_over_jit": div(t("chunk_k8"), t("chunk_k1")),
-        "stream_over_device_steps_per_s": div(t("chunk_default"), t("stream")),
-        "scan_base_k8_over_k1": div(t("scan_base_k8"), t("scan_base_k1")),
-        "scan_canonical_k8_over_k1": div(t("scan_canonical_k8"), t("scan_canonical_k1")),
-        "scan_canonical_k8_over_base_k1": div(t("scan_canonical_k8"), t("scan_base_k1")),
-        "bf16_over_fp32": div(t("precision_bf16"), t("precision_fp32")),
+        "ens_shard_map_over_howto": q("ens_shard_map", "howto"),
+        "user_step_over_howto": q("ens_user", "howto"),
+        "scan_over_jit": q("chunk_k8", "chunk_k1"),
+        "stream_over_device_steps_per_s": q("chunk_default", "stream"),
+        "scan_base_k8_over_k1": q("scan_base_k8", "scan_base_k1"),
+        "scan_canonical_k8_over_k1": q("scan_canonical_k8", "scan_canonical_k1"),
+        "scan_canonical_k8_over_base_k1": q("scan_canonical_k8", "scan_base_k1"),
+        "bf16_over_fp32": q("precision_bf16", "precision_fp32"),
     }
-    # The fastest way found to train the members on one device, against the sequential
-    # loop (for the CNN the reform cases train the same members as the main cases).
+
+
+def _best_one_device(tm: _Times, cfg: BenchConfig) -> dict[str, Any]:
+    """The fastest way found to train the members on one device, against the sequential
+    loop (for the CNN the reform cases train the same members as the main cases)."""
     same_model = cfg.model == "cnn" and (cfg.conv_members or cfg.members) == cfg.members
     options = ["strategy_loop", "strategy_vmap"]
     options += ["reform_im2col_loop", "reform_im2col_vmap"] if same_model else []
-    timed = {n: t(n) for n in options if t(n) is not None}
-    if timed and t("sequential"):
-        best = min(timed, key=lambda n: timed[n])
-        r["best_one_device_case"] = best
-        r["best_one_device_over_sequential"] = timed[best] / t("sequential")
-    else:
-        r["best_one_device_case"], r["best_one_device_over_sequential"] = None, None
-    # Memory per member of the members' step on one device, against state + activations.
-    r["memory_over_state_activations"] = (
-        c[one_device].get("memory_over_state_activations") if one_device else None
-    )
-    r["memory_over_state_activations_by_case"] = {
-        n: e["memory_over_state_activations"]
-        for n, e in c.items()
-        if e.get("memory_over_state_activations") is not None and e["same_as"] is None
+    timed = {n: tm.t(n) for n in options if tm.t(n) is not None}
+    sequential = tm.t("sequential")
+    if not (timed and sequential):
+        return {"best_one_device_case": None, "best_one_device_over_sequential": None}
+    best = min(timed, key=lambda n: timed[n])
+    return {
+        "best_one_device_case": best,
+        "best_one_device_over_sequential": timed[best] / sequential,
     }
-    mpd = {n: t(f"mpd_{n}") for n in cfg.members_per_device if f"mpd_{n}" in c}
+
+
+def _memory_ratios(c: Mapping[str, Any], one_device: str | None) -> dict[str, Any]:
+    """Memory per member of the members' step on one device, against state + activations."""
+    return {
+        "memory_over_state_activations": (
+            c[one_device].get("memory_over_state_activations") if one_device else None
+        ),
+        "memory_over_state_activations_by_case": {
+            n: e["memory_over_state_activations"]
+            for n, e in c.items()
+            if e.get("memory_over_state_activations") is not None and e["same_as"] is None
+        },
+    }
+
+
+def _members_per_device_ratios(tm: _Times, cfg: BenchConfig) -> dict[str, Any]:
+    """Time per member as members per device grow; FLOP/s against the bf16 matmul's."""
+    c, r = tm.c, {}
+    mpd = {n: tm.t(f"mpd_{n}") for n in cfg.members_per_device if f"mpd_{n}" in c}
     if 1 in mpd:
         r["members_per_device_scaling"] = {str(n): v / (n * mpd[1]) for n, v in mpd.items()}
         r["members_per_device_scaling_max"] = max(r["members_per_device_scaling"].values())
@@ -365,13 +474,18 @@ def compute_ratios(c: Mapping[str, Any], cfg: BenchConfig) -> dict[str, Any]:
     r["bf16_matmul_over_fp32_matmul"] = (
         c["matmul_bf16"]["fraction_of_matmul_flops"] if "matmul_bf16" in c else None
     )
-    mesh = {n: t(f"mesh_{n}") for n in (1, 2, 4, 8) if f"mesh_{n}" in c}
-    if 1 in mesh:
-        r["mesh_speedup"] = {str(n): mesh[1] / v for n, v in mesh.items()}
-        r["mesh_efficiency"] = {str(n): mesh[1] / (n * v) for n, v in mesh.items()}
-    else:
-        r["mesh_speedup"], r["mesh_efficiency"] = {}, {}
     return r
+
+
+def _mesh_ratios(tm: _Times) -> dict[str, Any]:
+    """Speed-up and efficiency of the members on 1, 2, 4, 8 devices."""
+    mesh = {n: tm.t(f"mesh_{n}") for n in (1, 2, 4, 8) if f"mesh_{n}" in tm.c}
+    if 1 not in mesh:
+        return {"mesh_speedup": {}, "mesh_efficiency": {}}
+    return {
+        "mesh_speedup": {str(n): mesh[1] / v for n, v in mesh.items()},
+        "mesh_efficiency": {str(n): mesh[1] / (n * v) for n, v in mesh.items()},
+    }
 
 
 def check_targets(ratios: Mapping[str, Any]) -> dict[str, Any]:
@@ -407,12 +521,22 @@ def format_table(results: dict[str, Any]) -> str:
     Example:
       >>> print(format_table(run_bench(cfg)))
     """
+    lines = _case_lines(results["cases"]) + _accuracy_lines(results.get("time_to_accuracy"))
+    lines += [""] + _ratio_lines(results["ratios"]) + [""] + _target_lines(results["targets"])
+    for name, rows in results.get("layouts", {}).items():
+        lines += ["", f"layouts of {name} ({len(rows)} meshes, the same 8-member ensemble):"]
+        lines.append(format_layouts(rows))
+    return "\n".join(lines)
+
+
+def _case_lines(cases: dict[str, Any]) -> list[str]:
+    """The table of cases: its head, a rule and one line per case."""
     head = (
         f"{'case':<20} {'M':>3} {'dev':>3} {'M/dev':>5} {'K':>4} {'ms/step':>9} {'IQR':>7} "
         f"{'m-ex/s':>8} {'GFLOP/s':>8} {'%mm':>5} {'%bf16':>5} {'peak MiB':>8}  notes"
     )
     lines = [head, "-" * len(head)]
-    for name, e in results["cases"].items():
+    for name, e in cases.items():
         st = e["time_per_step_s"]
         mex = e.get("member_examples_per_s")
         fl = e.get("flops_per_s")
@@ -430,7 +554,12 @@ def format_table(results: dict[str, Any]) -> str:
             f"{'' if frac16 is None else f'{100 * frac16:.0f}':>5} "
             f"{'' if peak is None else f'{peak / 2**20:.0f}':>8}  {note}"
         )
-    tta = results.get("time_to_accuracy")
+    return lines
+
+
+def _accuracy_lines(tta: dict[str, Any] | None) -> list[str]:
+    """The time-to-accuracy runs, after a blank line (none when not run)."""
+    lines: list[str] = []
     if tta:
         lines.append("")
         lines.append(
@@ -441,8 +570,13 @@ def format_table(results: dict[str, Any]) -> str:
         )
         for run in ("cold", "warm"):
             lines.append(f"  {run}: {describe(tta[run])}")
-    lines.append("")
-    for name, v in results["ratios"].items():
+    return lines
+
+
+def _ratio_lines(ratios: dict[str, Any]) -> list[str]:
+    """One line per ratio (numbers, names, non-empty dicts of numbers)."""
+    lines: list[str] = []
+    for name, v in ratios.items():
         if isinstance(v, dict):
             if v:
                 lines.append(f"{name}: " + ", ".join(f"{k}={x:.2f}" for k, x in v.items()))
@@ -450,16 +584,18 @@ def format_table(results: dict[str, Any]) -> str:
             lines.append(f"{name}: {v:.3f}")
         elif isinstance(v, int | str) and not isinstance(v, bool):
             lines.append(f"{name}: {v}")
-    lines.append("")
-    for name, tgt in results["targets"].items():
+    return lines
+
+
+def _target_lines(targets: dict[str, Any]) -> list[str]:
+    """One line per target: its bound, the value and whether it is met."""
+    lines: list[str] = []
+    for name, tgt in targets.items():
         met = {True: "MET", False: "NOT MET", None: "not measured"}[tgt["met"]]
         v = tgt["value"]
         value = "-" if v is None else str(v) if isinstance(v, int) else f"{v:.3f}"
         lines.append(f"target {name} {tgt['target']}: {value} {met}")
-    for name, rows in results.get("layouts", {}).items():
-        lines += ["", f"layouts of {name} ({len(rows)} meshes, the same 8-member ensemble):"]
-        lines.append(format_layouts(rows))
-    return "\n".join(lines)
+    return lines
 
 
 def plot_members(results: dict[str, Any], path: str) -> bool:
@@ -497,7 +633,18 @@ def plot_members(results: dict[str, Any], path: str) -> bool:
         seq = cases["sequential"]
         per_member = seq["time_per_step_s"]["median"] * 1e3 / seq["members"]
         ax.plot(m, per_member * m, ls=":", color="tab:red", label="sequential (jitted step)")
-    meta = results["meta"]
+    _label_axes(ax, results["meta"], m, med)
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _label_axes(ax: Any, meta: dict[str, Any], m: np.ndarray, med: np.ndarray) -> None:
+    """Log axes, the title (model, batch, devices, JAX) and readable ticks."""
     ax.set(
         xscale="log",
         yscale="log",
@@ -518,13 +665,6 @@ def plot_members(results: dict[str, Any], path: str) -> bool:
     if ticks:
         ax.set_yticks(ticks, [str(v) for v in ticks])
         ax.minorticks_off()
-    ax.legend()
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
 
 
 def write_json(results: Mapping[str, Any], path: str) -> None:

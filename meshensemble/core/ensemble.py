@@ -14,12 +14,23 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshensemble.core import ahead, inputs, regression, sharding, stats, steps, tasks, tempering
+from meshensemble.core import (
+    ahead,
+    derive,
+    evaluating,
+    inputs,
+    keys,
+    regression,
+    sharding,
+    steps,
+    tasks,
+    tempering,
+)
 from meshensemble.core.adapters import as_model
 from meshensemble.core.backends import make_backend, put
-from meshensemble.core.distributed import fetch
+from meshensemble.core.members import STRATEGIES as STRATEGIES
+from meshensemble.core.members import default_strategy as default_strategy
 from meshensemble.core.mesh import (
-    AXES,
     BATCH,
     DATA,
     ENSEMBLE,
@@ -39,29 +50,6 @@ MAX_IN_FLIGHT = 2
 Bounding the queue keeps the device busy (the next step is dispatched while one runs) and
 keeps a host loop that never reads a result from queueing thousands of collective programs:
 XLA:CPU's emulated all-reduce aborts the process then ("Termination timeout for all reduce")."""
-
-STRATEGIES = ("auto", "vmap", "loop")
-"""Ways to compute the members a device holds (see :func:`default_strategy`)."""
-
-
-def default_strategy(platform: str) -> str:
-    """The member strategy measured fastest on ``platform``.
-
-    On CPU an unrolled loop over local members beats ``vmap`` (which turns each
-    convolution into a slow grouped convolution); on accelerators ``vmap`` batches the
-    members into one kernel.
-
-    Args:
-      platform: ``"cpu"``, ``"gpu"``, ``"tpu"`` ...
-
-    Returns:
-      ``"loop"`` or ``"vmap"``.
-
-    Example:
-      >>> me.default_strategy("cpu")
-      'loop'
-    """
-    return "loop" if platform == "cpu" else "vmap"
 
 
 class Ensemble:
@@ -108,13 +96,17 @@ class Ensemble:
       task: ``me.tasks.Classification()`` (None, the default) or
         ``me.tasks.Regression(targets=T)``: outputs ``[B, 2T]``, float targets, and
         predict/evaluate return the Gaussian mixture's dicts (:mod:`meshensemble.core.tasks`).
+      sample: inputs of the model's shape (``images[:1]``): what :attr:`state_spec` lays
+        sharded members out for (the steps use their batches'; :meth:`state_specs`).
+      key_impl: the state keys' PRNG implementation where their words do not name it
+        (``"unsafe_rbg"``); default None, by words (:mod:`meshensemble.core.keys`).
 
     Raises:
       ValueError: the mesh lacks the axes, ``num_members`` is not a multiple of the
         ``ensemble`` axis, an unknown backend or strategy, or ``pmap`` on a 2-D mesh;
         ``hyperparams`` with an optimizer not made with ``optax.inject_hyperparams``,
         an unknown or scheduled hyperparameter, a shape other than ``[num_members]``
-        or values that are not finite numbers.
+        or values that are not finite numbers; an unknown ``key_impl``.
 
     Example:
       >>> mesh = me.make_mesh(ensemble=4, data=2)
@@ -145,20 +137,13 @@ class Ensemble:
         shard_members: bool = False,
         axis_rules: Any = None,
         task: Any = None,
+        sample: Any = None,
+        key_impl: str | None = None,
     ):
         inputs.check_optimizer(optimizer)
-        mesh = make_mesh() if mesh is None else mesh
-        if tuple(mesh.axis_names) not in (AXES, (*AXES, MODEL)):
-            raise ValueError(
-                f"mesh axes {tuple(mesh.axis_names)} are not {AXES} (or with {MODEL!r}); "
-                "build it with me.make_mesh(ensemble=..., data=..., model=...)"
-            )
+        mesh = inputs.check_mesh_axes(make_mesh() if mesh is None else mesh)
         self.members_per_device = members_per_device(mesh, num_members)
-        if member_strategy not in STRATEGIES:
-            raise ValueError(
-                f"member_strategy={member_strategy!r} is unknown; choose one of "
-                f"{', '.join(STRATEGIES)}"
-            )
+        inputs.check_choice("member_strategy", member_strategy, STRATEGIES)
         self.mesh = mesh
         self.num_members = int(num_members)
         self.backend = make_backend(backend, mesh, shard_members)
@@ -176,13 +161,16 @@ class Ensemble:
         self.hyperparams = member_hyperparams(hyperparams, optimizer, self.num_members)
         self.compute_dtype = inputs.compute_dtype(compute_dtype)
         self.augment = augment
-        self._rng_impl: Any = None
-        self._compiled: dict[Any, Callable[..., Any]] = {}
-        self._num_classes: int | None = None
-        self._checked_labels: jax.Array | None = None
-        self._in_flight: collections.deque[Any] = collections.deque()
+        self.key_impl = keys.check_impl(key_impl)
+        self.sample = None if sample is None else derive.row(sample)
         self.shard_members, self.axis_rules = shard_members, axis_rules or sharding.DEFAULT_RULES
-        self._sharded, self._state_specs = self.shard_members or MODEL in mesh.axis_names, None
+        self._sharded = self.shard_members or MODEL in mesh.axis_names
+        # Caches of pure functions of their keys (filled on first use, never reassigned):
+        self._compiled: dict[Any, Callable[..., Any]] = {}  # programs by name and layout
+        self._layouts: dict[Any, EnsembleState] = {}  # state specs by input signature
+        self._classes: dict[Any, int] = {}  # classes by state and input signature
+        self._checked: dict[int, jax.Array] = {}  # the last placed labels found in range
+        self._in_flight: collections.deque[Any] = collections.deque()
 
     # ------------------------------------------------------------------ building
     @property
@@ -190,8 +178,12 @@ class Ensemble:
         """Size of the mesh's ``data`` axis."""
         return int(self.mesh.shape[DATA])
 
-    def step_config(self) -> StepConfig:
+    def step_config(self, sample: Any = None) -> StepConfig:
         """The static configuration that the per-device functions of the steps take.
+
+        Args:
+          sample: with sharded members, inputs of the batches to come (their shape fixes
+            the layout, :meth:`state_specs`); default the constructor's ``sample``.
 
         Returns:
           A :class:`~meshensemble.core.steps.StepConfig` (model, optimizer, loss, member
@@ -207,11 +199,13 @@ class Ensemble:
             loss_fn=self.loss_fn,
             strategy=self.member_strategy,
             grad_mode=self.backend.grad_mode,
-            rng_impl=self._rng_impl,
+            rng_impl=self.key_impl,
             input_transform=self.input_transform,
             compute_dtype=self.compute_dtype,
             augment=self.augment,
-            gather_axes=self.shard_members and sharding.gather_axes(self.state_spec.params) or None,
+            gather_axes=sharding.gather_axes(self._specs(sample).params)
+            if self.shard_members
+            else None,
             task=self.task,
         )
 
@@ -219,17 +213,57 @@ class Ensemble:
     def state_spec(self) -> Any:
         """The state's specs for :meth:`build`: ``P("ensemble")``, or per leaf when sharded.
 
+        The same before and after :meth:`init`: with sharded members (``shard_members``
+        or a ``model`` axis), ``state_specs(sample)`` of the constructor's ``sample``.
+
         Raises:
-          ValueError: members are sharded and :meth:`init` has not run yet.
+          ValueError: members are sharded and the ensemble was made without ``sample``.
 
         Example:
           >>> ens.build("mine", make, (ens.state_spec, me.BATCH), ens.state_spec)
         """
+        if self._sharded and self.sample is None:
+            raise ValueError(
+                "sharded members are laid out by the input shape, and this ensemble has no "
+                "sample; pass Ensemble(..., sample=images[:1]) or use ens.state_specs(images)"
+            )
+        return self.state_specs(self.sample)
+
+    def state_specs(self, sample: Any) -> Any:
+        """The state's specs for inputs like ``sample``: a pure function of the arguments.
+
+        Traces the members' init abstractly (nothing runs) and applies the rules of
+        :mod:`meshensemble.core.sharding`, once per input shape.
+
+        Args:
+          sample: an input batch ``[B, ...]`` (array or ``jax.ShapeDtypeStruct``); unused
+            (may be None) when members are not sharded.
+
+        Returns:
+          ``P("ensemble")`` when members are not sharded, else an
+          :class:`EnsembleState` of ``PartitionSpec`` s.
+
+        Example:
+          >>> fsdp = me.Ensemble(me.models.MLP(), tx, 2, me.make_mesh(2, 4), shard_members=True)
+          >>> fsdp.state_specs(images[:1]).params["Dense_0"]["kernel"]  # [2, 784, 128]
+          PartitionSpec('ensemble', 'data')
+        """
         if not self._sharded:
             return MEMBERS
-        if self._state_specs is None:
-            raise ValueError("the sharded state's layout is unknown; call ens.init first")
-        return self._state_specs
+        x = derive.row(sample)
+        key = derive.signature(x)
+        if key not in self._layouts:
+            init, pieces = self._init_fn(False), (self.mesh, self.model, self.shard_members)
+            rules = (self.axis_rules, self.input_transform)
+            self._layouts[key] = sharding.init_layout(init, x, *pieces, *rules)
+        return self._layouts[key]
+
+    def _specs(self, sample: Any) -> Any:  # the layout for sample, else the constructor's
+        return self.state_spec if sample is None else self.state_specs(sample)
+
+    def _layout_key(self, sample: Any) -> Any:  # what a program's layout depends on
+        x = derive.row(sample) if sample is not None else self.sample
+        return derive.signature(x) if self._sharded else None
 
     def build(
         self,
@@ -239,6 +273,7 @@ class Ensemble:
         out_specs: Any,
         *,
         donate_argnums: tuple[int, ...] = (),
+        sample: Any = None,
     ) -> Callable[..., Any]:
         """A per-device function made global over this ensemble's mesh and backend, built once.
 
@@ -246,7 +281,8 @@ class Ensemble:
         training loop's chunk of K steps, the benchmark). ``make(cfg)`` returns the
         per-device function (it sees local views, as everything in
         :mod:`~meshensemble.core.steps` does); the result is cached under ``name`` (and
-        the key implementation of the state), so calling ``build`` again is free.
+        the input signature when members are sharded), so calling ``build`` again is free.
+        The program reads the key implementation from the state it is given.
 
         Args:
           name: a hashable cache key naming the program, e.g. ``("chunk", 8, 128)``.
@@ -254,6 +290,7 @@ class Ensemble:
           in_specs: one ``PartitionSpec`` (or spec tree) per argument.
           out_specs: the specs of the result.
           donate_argnums: arguments whose buffers the call may reuse (e.g. the state).
+          sample: with sharded members, inputs like the batches (see :meth:`step_config`).
 
         Returns:
           A callable on global arrays (placed as ``in_specs`` say, without copies when
@@ -265,15 +302,14 @@ class Ensemble:
           ...     me.core.steps.train_chunk, cfg, 8, 128), specs, out_specs, donate_argnums=(0,))
         """
         return self._fn(
-            ("user", name),
+            ("user", name, self._layout_key(sample)),
             lambda: self.backend.build(
-                make(self.step_config()), in_specs, out_specs, donate_argnums=donate_argnums
+                make(self.step_config(sample)), in_specs, out_specs, donate_argnums=donate_argnums
             ),
         )
 
     def _fn(self, key: Any, make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
         """Builds each global function once per Ensemble (jit caches shapes below that)."""
-        key = (key, self._rng_impl)
         if key not in self._compiled:
             self._compiled[key] = make()
         return self._compiled[key]
@@ -290,11 +326,12 @@ class Ensemble:
                 oldest.block_until_ready()
         return out
 
-    def train_step_fn(self, per_member: bool = False) -> Callable[..., Any]:
+    def train_step_fn(self, per_member: bool = False, sample: Any = None) -> Callable[..., Any]:
         """The global function behind :meth:`train_step`, without its host-side checks.
 
         Args:
           per_member: whether batches are per member (``[members, B, ...]``).
+          sample: with sharded members, inputs like the batches (see :meth:`step_config`).
 
         Returns:
           ``fn(state, images, labels) -> (state, metrics)``, donating ``state``; on the
@@ -304,13 +341,13 @@ class Ensemble:
           >>> compiled = ens.train_step_fn().lower(state, images, labels).compile()
         """
         spec = MEMBER_BATCH if per_member else BATCH
-        metric_specs = self.task.train_metric_specs()
+        metric_specs, specs = self.task.train_metric_specs(), self._specs(sample)
         return self._fn(
-            ("train", per_member),
+            ("train", per_member, self._layout_key(sample)),
             lambda: self.backend.build(
-                functools.partial(steps.train_step, self.step_config()),
-                (self.state_spec, spec, spec),
-                (self.state_spec, metric_specs),
+                functools.partial(steps.train_step, self.step_config(sample)),
+                (specs, spec, spec),
+                (specs, metric_specs),
                 donate_argnums=(0,),
             ),
         )
@@ -331,38 +368,31 @@ class Ensemble:
           sharding ``NamedSharding(mesh, P("ensemble"))``.
 
         Raises:
-          ValueError: ``key`` is not a single PRNG key.
+          ValueError: ``key`` is not a single PRNG key, or a typed key whose implementation
+            its word count does not name and ``key_impl`` does not either.
 
         Example:
           >>> state = ens.init(jax.random.PRNGKey(0), images[:1])
         """
         key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
-        typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-        if (typed and key.shape != ()) or (not typed and key.shape != (2,)):
-            raise ValueError(
-                f"key of shape {key.shape} and dtype {key.dtype} is not one PRNG key; "
-                "pass jax.random.key(seed) or jax.random.PRNGKey(seed)"
-            )
-        self._rng_impl = jax.random.key_impl(key) if typed else None
+        typed = keys.check_key(key, self.key_impl)
         sample = np.asarray(sample) if not isinstance(sample, jax.Array) else sample
         init = self._fn(
-            ("init", sample.shape, str(sample.dtype)), lambda: self._build_init(typed, sample)
+            ("init", typed, sample.shape, str(sample.dtype)),
+            lambda: self._build_init(typed, sample),
         )
         return init(key, sample)
 
+    def _init_fn(self, typed: bool) -> Callable[..., EnsembleState]:
+        m, transform = self.num_members, self.input_transform
+        return init_members(self.model, self.optimizer, m, transform, self.hyperparams, typed)
+
     def _build_init(self, typed: bool, sample: Any) -> Callable[..., Any]:
-        init = init_members(
-            self.model,
-            self.optimizer,
-            self.num_members,
-            self.input_transform,
-            self.hyperparams,
-            typed,
-        )
+        init = self._init_fn(typed)
         if not self._sharded:
             return jax.jit(init, out_shardings=member_sharding(self.mesh))
-        self._state_specs = sharding.init_layout(self, init, typed, sample)
-        return jax.jit(init, out_shardings=sharding.state_shardings(self._state_specs, self.mesh))
+        specs = self.state_specs(sample)
+        return jax.jit(init, out_shardings=sharding.state_shardings(specs, self.mesh))
 
     @inputs.explains_errors
     def train_step(
@@ -401,7 +431,8 @@ class Ensemble:
         else:
             per_member = inputs.check_batch(images, labels, self.num_members, self.data_size)
             self._check_label_range(state, images, labels, per_member)
-        out = self._dispatched(self.train_step_fn(per_member)(state, images, labels))
+        row = derive.row(images, per_member) if self._sharded else None
+        out = self._dispatched(self.train_step_fn(per_member, row)(state, images, labels))
         inputs.consume(state)
         return out
 
@@ -427,8 +458,7 @@ class Ensemble:
 
         Returns:
           ``[members, N, classes]`` probabilities (or logits), members sharded over
-          ``ensemble``; the
-          examples are split over ``data`` when ``N`` is a multiple of the ``data`` axis,
+          ``ensemble``; the examples split over ``data`` when ``N`` is a multiple of it,
           and whole on every device of an ``ensemble`` group otherwise (the padding that
           made ``N`` divisible is dropped).
 
@@ -493,19 +523,16 @@ class Ensemble:
     ) -> jax.Array:
         inputs.check_state(state, self.num_members)
         images = inputs.as_array(images, "images")
-        n = int(np.shape(images)[0]) if np.ndim(images) else 0
-        if n == 0:
-            raise ValueError(
-                f"images of shape {np.shape(images)} hold no example; give at least one image"
-            )
+        n = inputs.num_examples(images)
         padded = inputs.pad(images, self.data_size)
         per_device = steps.member_probs if members else steps.ensemble_probs
         per_device = steps.member_logits if logits else per_device
+        row = derive.row(images) if self._sharded else None
         fn = self._fn(
-            ("predict", members, logits),
+            ("predict", members, logits, self._layout_key(row)),
             lambda: self.backend.build(
-                functools.partial(per_device, self.step_config()),
-                (self.state_spec, BATCH),
+                functools.partial(per_device, self.step_config(row)),
+                (self._specs(row), BATCH),
                 MEMBER_BATCH if members else BATCH,
             ),
         )
@@ -563,30 +590,16 @@ class Ensemble:
         inputs.check_positive_int("num_bins", num_bins)
         images, labels, n = tempering.check_eval_set(images, labels)
         self._check_label_range(state, images, labels, per_member=False)
-        fn = self.eval_fn(num_bins)
+        fn = self.eval_fn(num_bins, derive.row(images) if self._sharded else None)
         b = self.eval_batch_size(batch_size, n)
-        partial_sums, examples = [], []
-        for start in range(0, n, b):
-            x, y = images[start : start + b], labels[start : start + b]
-            k = len(y)
-            mask = np.arange(b) < k
-            if k < b:
-                x, y = inputs.pad_to(x, b), np.concatenate([y, np.zeros(b - k, y.dtype)])
-            sums, per_example = self._dispatched(fn(state, x, y, mask))
-            partial_sums.append(sums)
-            examples.append(per_example)
-        # The sums are added on the host (no small programs to compile); N floats each
-        # (confidence, correctness, mask) come to the host too, for the adaptive ECE.
-        partial_sums, examples = fetch((partial_sums, examples))
-        total = functools.reduce(lambda a, b: jax.tree.map(np.add, a, b), partial_sums)
-        joined = {k: np.concatenate([e[k] for e in examples]) for k in stats.EXAMPLE_STAT_KEYS}
-        return stats.finalize_stats(total, num_bins, examples=joined)
+        return evaluating.evaluate_batches(fn, state, images, labels, b, num_bins, self._dispatched)
 
-    def eval_fn(self, num_bins: int = 15) -> ahead.AheadOfTime:
+    def eval_fn(self, num_bins: int = 15, sample: Any = None) -> ahead.AheadOfTime:
         """The global function behind :meth:`evaluate` (one batch), built once.
 
         Args:
           num_bins: bins of the expected calibration error.
+          sample: with sharded members, inputs like the batches (see :meth:`step_config`).
 
         Returns:
           ``fn(state, images, labels, mask) -> (sums, per_example)`` on a batch of
@@ -598,11 +611,11 @@ class Ensemble:
           >>> ens.eval_fn().compile_ahead(state_shapes, x_shape, y_shape, mask_shape)
         """
         return self._fn(
-            ("evaluate", num_bins),
+            ("evaluate", num_bins, self._layout_key(sample)),
             lambda: ahead.AheadOfTime(
                 self.backend.build(
-                    functools.partial(steps.eval_stats, self.step_config(), num_bins),
-                    (self.state_spec, BATCH, BATCH, BATCH),
+                    functools.partial(steps.eval_stats, self.step_config(sample), num_bins),
+                    (self._specs(sample), BATCH, BATCH, BATCH),
                     tempering.eval_specs(),
                 )
             ),
@@ -666,35 +679,20 @@ class Ensemble:
           >>> ens.num_classes(state, images)
           10
         """
-        if self._num_classes is None:
-            member = lambda v: jax.ShapeDtypeStruct(v.shape[1:], v.dtype)
-            params, model_state, rng = jax.tree.map(
-                member, (state.params, state.model_state, state.rng)
-            )
-            dtype = getattr(images, "dtype", None) or np.result_type(images)
-            x = jax.ShapeDtypeStruct((1, *np.shape(images)[1:]), dtype)
-            transform = self.input_transform or (lambda v: v)
-            apply = lambda p, ms, xx, r: self.model.apply(p, ms, transform(xx), False, r)[0]
-            self._num_classes = int(jax.eval_shape(apply, params, model_state, x, rng).shape[-1])
-        return self._num_classes
+        key = (derive.state_signature(state), derive.signature(derive.row(images)))
+        if key not in self._classes:
+            self._classes[key] = derive.num_classes(self.model, self.input_transform, state, images)
+        return self._classes[key]
 
     def _check_label_range(
         self, state: EnsembleState, images: Any, labels: Any, per_member: bool
     ) -> None:
         """ValueError naming the labels' range when one is outside ``[0, classes)``."""
-        if isinstance(labels, jax.Array):
-            if not labels.is_fully_addressable or labels is self._checked_labels:
-                return  # multi-process: checked where each process loads its data
-            lo, hi = (int(v) for v in jax.device_get((jnp.min(labels), jnp.max(labels))))
-        else:
-            lo, hi = int(np.min(labels)), int(np.max(labels))
-        shape = np.shape(images)[1:] if per_member else np.shape(images)
-        dtype = getattr(images, "dtype", None) or np.result_type(images)
-        classes = self.num_classes(state, jax.ShapeDtypeStruct(shape, dtype))
-        if lo < 0 or hi >= classes:
-            raise ValueError(
-                f"labels range over [{lo}, {hi}] but the model predicts {classes} classes; "
-                f"give class indices in [0, {classes})"
-            )
-        if isinstance(labels, jax.Array):
-            self._checked_labels = labels  # the same placed labels again: no new check
+        placed = isinstance(labels, jax.Array)
+        if placed and (not labels.is_fully_addressable or self._checked.get(id(labels)) is labels):
+            return  # multi-process: checked where each process loads its data
+        classes = self.num_classes(state, derive.row(images, per_member))
+        derive.check_label_range(labels, classes)
+        if placed:  # the same placed labels again: no new check
+            self._checked.clear()
+            self._checked[id(labels)] = labels

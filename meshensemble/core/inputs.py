@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from meshensemble.core.backends import put
+from meshensemble.core.mesh import AXES, MODEL
 from meshensemble.core.state import EnsembleState
 from meshensemble.errors import UsageError
 
@@ -279,3 +280,29 @@ def _kinds(tree: Any) -> str:
 
     visit(tree)
     return ", ".join(dict.fromkeys(found)) or type(tree).__name__
+
+
+def check_mesh_axes(mesh: Any) -> Any:
+    """``mesh`` when its axes are ``("ensemble", "data")`` (or with ``"model"``); ValueError."""
+    if tuple(mesh.axis_names) not in (AXES, (*AXES, MODEL)):
+        raise ValueError(
+            f"mesh axes {tuple(mesh.axis_names)} are not {AXES} (or with {MODEL!r}); "
+            "build it with me.make_mesh(ensemble=..., data=..., model=...)"
+        )
+    return mesh
+
+
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    """ValueError naming ``name``'s value and the choices when ``value`` is not one of them."""
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is unknown; choose one of {', '.join(choices)}")
+
+
+def num_examples(images: Any) -> int:
+    """``N`` of ``images [N, ...]``; ValueError naming the shape when it holds no example."""
+    n = int(np.shape(images)[0]) if np.ndim(images) else 0
+    if n == 0:
+        raise ValueError(
+            f"images of shape {np.shape(images)} hold no example; give at least one image"
+        )
+    return n

@@ -65,8 +65,9 @@ def predict(
     fn = ens.build(
         ("regression-predict", members),
         lambda cfg: functools.partial(per_device, cfg),
-        (ens.state_spec, BATCH),
+        (ens.state_specs(x), BATCH),
         spec,
+        sample=x,
     )
     out = fn(state, inputs.pad(x, ens.data_size))
     if out["mean"].shape[-2] == n:  # the examples' axis of [members, N, T] and [N, T]
@@ -103,8 +104,9 @@ def evaluate(ens: Any, state: Any, x: Any, y: Any, batch_size: int) -> dict[str,
     fn = ens.build(
         "regression-evaluate",
         lambda cfg: functools.partial(steps.regression_eval_stats, cfg),
-        (ens.state_spec, BATCH, BATCH, BATCH),
+        (ens.state_specs(x), BATCH, BATCH, BATCH),
         {k: REPLICATED for k in gaussian.SUM_KEYS},
+        sample=x,
     )
     b = ens.eval_batch_size(batch_size, n)
     partial_sums, in_flight = [], collections.deque()

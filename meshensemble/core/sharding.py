@@ -344,32 +344,43 @@ def state_bytes_per_device(state: PyTree, device: Any = None) -> int:
     )
 
 
-def init_layout(ens: Any, init: Any, typed: bool, sample: Any) -> EnsembleState:
-    """The state specs of ``ens`` (an :class:`~meshensemble.Ensemble`) from its init's shapes.
+def init_layout(
+    init: Any,
+    sample: Any,
+    mesh: Mesh,
+    model: Any,
+    shard_members: bool,
+    axis_rules: Rules = DEFAULT_RULES,
+    input_transform: Any = None,
+) -> EnsembleState:
+    """The state specs of an ensemble from its init's shapes: a pure function of its pieces.
 
     Traces ``init`` abstractly (nothing runs), reads the model's logical axis names when
-    the mesh has a ``model`` axis, and applies :func:`state_specs`.
+    the mesh has a ``model`` axis, and applies :func:`state_specs`. The layout does not
+    depend on the key (the keys are ``P("ensemble")`` whatever their words).
 
     Args:
-      ens: the ensemble (its ``mesh``, ``model``, ``input_transform``,
-        ``shard_members`` and ``axis_rules`` are used).
-      init: ``init(key, sample) -> EnsembleState`` (:func:`~meshensemble.core.state.init_members`).
-      typed: whether the key is a typed key.
-      sample: the sample batch.
+      init: ``init(key, sample) -> EnsembleState`` of a legacy key
+        (:func:`~meshensemble.core.state.init_members` with ``typed=False``).
+      sample: an input batch ``[B, ...]`` (array or ``jax.ShapeDtypeStruct``).
+      mesh: the ensemble mesh.
+      model: the :class:`meshensemble.Model` (its logical axis names, on a ``model`` axis).
+      shard_members: FSDP over ``data``.
+      axis_rules: logical name -> mesh axis pairs.
+      input_transform: applied to the sample before the model (None: none).
 
     Returns:
       An :class:`EnsembleState` of ``PartitionSpec`` s.
 
     Example:
-      >>> specs = init_layout(ens, init, True, images[:1])
+      >>> specs = init_layout(init, images[:1], mesh, me.as_model(net), True)
     """
-    key = jax.random.key(0) if typed else jax.random.PRNGKey(0)
-    shapes = jax.eval_shape(init, key, sample)
+    shapes = jax.eval_shape(init, jax.random.PRNGKey(0), sample)
     names = None
-    if MODEL in ens.mesh.axis_names:
-        x = jax.eval_shape(ens.input_transform or (lambda v: v), sample)
-        names = logical_axes(ens.model, x)
-    return state_specs(shapes, ens.mesh, ens.shard_members, names, ens.axis_rules)
+    if MODEL in mesh.axis_names:
+        x = jax.eval_shape(input_transform or (lambda v: v), sample)
+        names = logical_axes(model, x)
+    return state_specs(shapes, mesh, shard_members, names, axis_rules)
 
 
 def model_split_count(specs: Any) -> tuple[int, int]:
@@ -397,7 +408,7 @@ def model_axis_note(ens: Any, state: EnsembleState, sample: Any) -> str | None:
     """One line when a ``model`` axis larger than 1 splits no parameter (every weight copied).
 
     Args:
-      ens: the :class:`~meshensemble.Ensemble` (after ``init``: its ``state_spec``).
+      ens: the :class:`~meshensemble.Ensemble` (its ``state_specs(sample)``).
       state: its state (the parameters' shapes are read).
       sample: a sample batch ``[1, ...]`` (for the model's logical axis names).
 
@@ -413,7 +424,7 @@ def model_axis_note(ens: Any, state: EnsembleState, sample: Any) -> str | None:
     m = int(ens.mesh.shape.get(MODEL, 1))
     if m <= 1:
         return None
-    split, total = model_split_count(ens.state_spec)
+    split, total = model_split_count(ens.state_specs(sample))
     if split:
         return None
     x = jax.eval_shape(ens.input_transform or (lambda v: v), sample)

@@ -30,7 +30,7 @@ import optax
 from jax import lax
 
 from meshensemble.core import augment as augment_lib
-from meshensemble.core import gaussian, stats
+from meshensemble.core import gaussian, keys, stats
 from meshensemble.core.adapters import Model
 from meshensemble.core.members import map_members as map_members
 from meshensemble.core.mesh import DATA, ENSEMBLE
@@ -56,7 +56,8 @@ class StepConfig:
         average the gradients) or ``"pmean"`` (pmap, or shard_map without ``check_vma``
         on a mesh whose ``data`` axis has size 1: ``pmean`` the gradients; collectives
         over an axis of size 1 are skipped, see :func:`reduce_over`).
-      rng_impl: PRNG implementation of typed keys, or None for raw legacy keys.
+      rng_impl: the ensemble's declared key implementation (``key_impl``), or None: the
+        state's keys say theirs by their word count (:func:`meshensemble.core.keys.impl_for`).
       input_transform: applied to images on device before the model (e.g. uint8 to
         float); None for none.
       compute_dtype: mixed precision: the model computes with its floating parameters
@@ -117,7 +118,8 @@ def _member_key(cfg: StepConfig, raw: jax.Array, step: jax.Array) -> jax.Array:
 
 
 def _wrap(cfg: StepConfig, raw: jax.Array) -> jax.Array:
-    return raw if cfg.rng_impl is None else jax.random.wrap_key_data(raw, impl=cfg.rng_impl)
+    impl = keys.impl_for(raw.shape[-1], cfg.rng_impl)  # from the state given, at trace time
+    return raw if impl is None else jax.random.wrap_key_data(raw, impl=impl)
 
 
 def _augmented(cfg: StepConfig, state: EnsembleState, x: jax.Array) -> jax.Array:

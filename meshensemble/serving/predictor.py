@@ -404,8 +404,8 @@ def load_predictor(
     resolved = (read_saved_config(workdir) or {}).get("resolved") or {}
     identity = resolved.get("data_identity") or {}
     num_train = max(int(identity.get("num_train") or cfg.batch_size) - cfg.validation, 1)
-    ens = build_ensemble(cfg, predictor_mesh(mesh, cfg.members), num_train)
     sample = np.zeros((1, *IMAGE_SHAPE), IMAGE_DTYPE)
+    ens = build_ensemble(cfg, predictor_mesh(mesh, cfg.members), num_train, sample)
     say = echo or log.warning
     state, _, step = restore_checkpoint(workdir, ens, sample, checkpoint, say, move_damaged=False)
     cal, why = read_calibration(workdir, step)

@@ -46,7 +46,7 @@ def abstract_state(ens: Any, sample: Any) -> EnsembleState:
       >>> target = abstract_state(ens, images[:1])
     """
     shapes = jax.eval_shape(lambda: ens.init(jax.random.PRNGKey(0), sample))
-    return abstract_layout(ens.state_spec, ens.mesh, shapes)  # members sharded as ens keeps them
+    return abstract_layout(ens.state_specs(sample), ens.mesh, shapes)  # as ens lays them out
 
 
 def _flat(tree: Any) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:

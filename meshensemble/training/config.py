@@ -475,7 +475,7 @@ def make_optimizer(
     return base
 
 
-def build_ensemble(cfg: TrainConfig, mesh: Mesh, num_train: int) -> Ensemble:
+def build_ensemble(cfg: TrainConfig, mesh: Mesh, num_train: int, sample: Any = None) -> Ensemble:
     """The :class:`meshensemble.Ensemble` a run's config describes, on ``mesh``.
 
     The learning-rate schedule spans ``cfg.epochs`` epochs of ``num_train`` examples (not
@@ -486,6 +486,8 @@ def build_ensemble(cfg: TrainConfig, mesh: Mesh, num_train: int) -> Ensemble:
       cfg: the run's config.
       mesh: the mesh to run on (it may differ from the one the run was trained on).
       num_train: training examples, for the steps per epoch.
+      sample: inputs of the data's shape (``images[:1]``), for ``ens.state_spec`` of
+        sharded members (``Ensemble``'s ``sample``); default None.
 
     Returns:
       The ensemble, with on-device normalisation of uint8 images.
@@ -509,6 +511,7 @@ def build_ensemble(cfg: TrainConfig, mesh: Mesh, num_train: int) -> Ensemble:
         loss_fn=smoothed_cross_entropy(cfg.label_smoothing) if cfg.label_smoothing else None,
         augment=make_augment(cfg.augment, cfg.augment_shift),
         shard_members=cfg.shard_members,
+        sample=sample,
     )
 
 

@@ -26,7 +26,7 @@ from meshensemble import data as data_lib
 from meshensemble.core.compilation import CompileLog, enable_compilation_cache
 from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
-from meshensemble.core.mesh import describe_mesh, idle_devices, make_mesh, parse_mesh
+from meshensemble.core.mesh import describe_mesh, idle_devices, make_mesh
 from meshensemble.core.sharding import model_axis_note
 from meshensemble.core.state import EnsembleState
 from meshensemble.data.split import split_validation
@@ -42,8 +42,6 @@ from meshensemble.training.config import (
     METRICS_FILE,
     TrainConfig,
     build_ensemble,
-    default_chunk_steps,
-    default_mesh_shape,
 )
 from meshensemble.training.feeder import Feeder, check_lazy_input
 from meshensemble.training.guards import NonFiniteGuard, StopSignal
@@ -63,6 +61,7 @@ from meshensemble.training.outputs import (
     final_table,
 )
 from meshensemble.training.pacing import Pacer
+from meshensemble.training.plan import TrainPlan, plan_training
 from meshensemble.training.tuning import concrete, resolve_choices
 
 AHEAD_OF_TIME = True
@@ -330,6 +329,84 @@ def _train(
     tell = echo or (print if main else quiet)  # final table, resumes, stops: even when quiet
     check_writable(cfg.workdir)  # before any work
     saved = _saved_run(cfg)
+    dataset, identity, held_out = _training_data(cfg, dataset, saved, say)
+    platform = jax.devices()[0].platform
+    plan = plan_training(cfg, len(dataset.train_labels), jax.device_count(), platform)
+    mesh = make_mesh(**plan.mesh)
+    init_key, order_key = run_keys(cfg.seed)
+    recorded = saved.get("resolved") if saved is not None else None
+    choice = resolve_choices(cfg, mesh, dataset, init_key, cache_dir, recorded)
+    sample = dataset.train_images[:1]
+    ens = choice.ensemble or build_ensemble(
+        concrete(cfg, choice.member_strategy, choice.conv), mesh, len(dataset.train_labels), sample
+    )
+    restored = None
+    if saved is not None:
+        restored = restore_checkpoint(cfg.workdir, ens, sample, echo=tell)
+    if jax.process_count() > 1:  # every process decided before process 0 writes anything
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("meshensemble: workdir checked")
+    if cfg.overwrite and main:
+        clear_run(cfg.workdir)
+    resolved = _resolved(plan, choice.resolved(), cache_dir, dataset, identity, held_out)
+    keep_until = None if restored is None else restored[2]
+    writer = RunWriter(
+        cfg.workdir, enabled=main, tensorboard=cfg.tensorboard, keep_until=keep_until
+    )
+    writer.write_config(cfg, resolved)
+    say(_ensemble_line(cfg, ens, plan, platform))
+    for line in choice.lines() if choice.how != "given" else ():
+        say(line)
+    feeder = Feeder(ens, dataset, cfg, order_key, plan.chunk, plan.steps_per_epoch, source=source)
+    say(feeder.input_why)
+    state, pos = _start(cfg, ens, feeder, dataset, restored, init_key, sample, tell)
+    note = model_axis_note(ens, state, sample)  # a model axis that splits nothing
+    if note is not None:
+        tell(note)
+    ckpt = Checkpointer(cfg.workdir, cfg.keep, echo=tell) if cfg.checkpoint else None
+    guard = NonFiniteGuard(ens, cfg.on_nonfinite, init_key, sample)
+    run = _Run(cfg, ens, dataset, feeder, guard, ckpt, writer, stop, say, tell, t0, log)
+    run.pacer = Pacer(1 if feeder.streaming else plan.chunk, cfg.stop_within)
+    k, steps = plan.chunk, plan.steps_per_epoch
+    try:
+        state, pos, saved_at = run.loop(state, pos, steps, plan.total_steps, k, main)
+    finally:
+        if ckpt is not None:
+            ckpt.close()
+    return _finish(cfg, run, state, pos, saved_at)
+
+
+def _resolved(
+    plan: TrainPlan,
+    choices: dict[str, Any],
+    cache_dir: Any,
+    dataset: Any,
+    identity: dict[str, Any],
+    held_out: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """What config.json records of the run beside its config (``resolved``)."""
+    return {
+        "mesh": plan.mesh,
+        "chunk_steps": plan.chunk,
+        **choices,
+        "compile_cache": cache_dir,
+        "data": dataset.note,
+        "data_identity": identity,
+        "validation": held_out,
+        "devices": jax.device_count(),
+        "platform": jax.devices()[0].platform,
+        "jax": jax.__version__,
+    }
+
+
+def _training_data(
+    cfg: TrainConfig, dataset: Any, saved: dict[str, Any] | None, say: Callable[[str], None]
+) -> tuple[Any, dict[str, Any], dict[str, Any] | None]:
+    """The run's training data (loaded when not given), its identity and validation split.
+
+    Every process checks it holds the same data, and a resumed run that it is the run's.
+    """
     origin = "object" if dataset is not None else "config"  # evaluate reloads only "config"
     if dataset is None:
         streamed = cfg.input == "stream" or cfg.streaming  # tfds then opens a lazy train split
@@ -345,128 +422,74 @@ def _train(
     if cfg.validation:
         split = split_validation(dataset, cfg.validation, cfg.seed, batch_size=cfg.batch_size)
         dataset, held_out = split.train, split.record()
-    n_train = len(dataset.train_labels)
-    if cfg.batch_size > n_train:
-        raise ValueError(
-            f"batch_size={cfg.batch_size} is larger than the {n_train} training examples; "
-            f"use --batch-size {n_train} or less"
-        )
-    mesh_shape = (
-        parse_mesh(cfg.mesh) if cfg.mesh else default_mesh_shape(cfg.members, jax.device_count())
-    )
-    mesh = make_mesh(**mesh_shape)
-    steps_per_epoch = n_train // cfg.batch_size
-    total_steps = cfg.epochs * steps_per_epoch
-    if cfg.max_steps is not None:
-        total_steps = min(total_steps, cfg.max_steps)
-    data_size = int(mesh.shape["data"])
-    if cfg.batch_size % data_size:
-        raise ValueError(
-            f"batch_size={cfg.batch_size} is not divisible by the mesh's data axis "
-            f"({data_size}); use a multiple of {data_size}"
-        )
-    platform = mesh.devices.flat[0].platform
-    k = min(cfg.chunk_steps or default_chunk_steps(platform, steps_per_epoch), steps_per_epoch)
-    if steps_per_epoch % k:
-        raise ValueError(
-            f"chunk_steps={k} does not divide the {steps_per_epoch} steps of an epoch; "
-            f"pick a divisor of {steps_per_epoch}"
-        )
-    init_key, order_key = run_keys(cfg.seed)
-    recorded = saved.get("resolved") if saved is not None else None
-    choice = resolve_choices(cfg, mesh, dataset, init_key, cache_dir, recorded)
-    ens = choice.ensemble or build_ensemble(
-        concrete(cfg, choice.member_strategy, choice.conv), mesh, n_train
-    )
-    sample = dataset.train_images[:1]
-    restored = None
-    if saved is not None:
-        restored = restore_checkpoint(cfg.workdir, ens, sample, echo=tell)
-    if jax.process_count() > 1:  # every process decided before process 0 writes anything
-        from jax.experimental import multihost_utils
+    return dataset, identity, held_out
 
-        multihost_utils.sync_global_devices("meshensemble: workdir checked")
-    if cfg.overwrite and main:
-        clear_run(cfg.workdir)
-    writer = RunWriter(
-        cfg.workdir,
-        enabled=main,
-        tensorboard=cfg.tensorboard,
-        keep_until=None if restored is None else restored[2],
-    )
-    writer.write_config(
-        cfg,
-        {
-            "mesh": mesh_shape,
-            "chunk_steps": k,
-            **choice.resolved(),
-            "compile_cache": cache_dir,
-            "data": dataset.note,
-            "data_identity": identity,
-            "validation": held_out,
-            "devices": jax.device_count(),
-            "platform": platform,
-            "jax": jax.__version__,
-        },
-    )
-    say(
-        f"ensemble: {cfg.members} x {cfg.model} on mesh {describe_mesh(mesh)} "
-        f"({jax.device_count()} {platform} devices, {idle_devices(mesh)} idle, "
+
+def _ensemble_line(cfg: TrainConfig, ens: Ensemble, plan: TrainPlan, platform: str) -> str:
+    """The line describing the ensemble, its mesh and its chunk."""
+    return (
+        f"ensemble: {cfg.members} x {cfg.model} on mesh {describe_mesh(ens.mesh)} "
+        f"({jax.device_count()} {platform} devices, {idle_devices(ens.mesh)} idle, "
         f"{ens.members_per_device} member(s)/device), backend={cfg.backend}, "
-        f"strategy={ens.member_strategy}, {steps_per_epoch} steps/epoch, K={k}"
+        f"strategy={ens.member_strategy}, {plan.steps_per_epoch} steps/epoch, K={plan.chunk}"
     )
-    if choice.how != "given":
-        for line in choice.lines():
-            say(line)
 
-    feeder = Feeder(ens, dataset, cfg, order_key, k, steps_per_epoch, source=source)
-    say(feeder.input_why)
-    if restored is None:
-        if AHEAD_OF_TIME:  # the chunk compiles in a thread while the initialisation does
-            feeder.compile_ahead(lambda: ens.init(init_key, sample))
-            feeder.compile_eval_ahead(
-                lambda: ens.init(init_key, sample),
-                dataset.test_images,
-                dataset.test_labels,
-                cfg.eval_batch_size,
-            )
-        state, pos = ens.init(init_key, sample), LoopPosition()
-    else:
+
+def _start(
+    cfg: TrainConfig,
+    ens: Ensemble,
+    feeder: Feeder,
+    dataset: Any,
+    restored: Any,
+    init_key: jax.Array,
+    sample: Any,
+    tell: Callable[[str], None],
+) -> tuple[EnsembleState, LoopPosition]:
+    """The state and position the loop starts from: initialised, or restored."""
+    if restored is not None:
         state, pos = restored[0], LoopPosition.from_json(restored[1])
         feeder.restore_input(restored[1])
         tell(f"resumed from checkpoint {pos.step} in {cfg.workdir} (epoch {pos.epoch})")
-    note = model_axis_note(ens, state, sample)  # a model axis that splits nothing
-    if note is not None:
-        tell(note)
-    ckpt = Checkpointer(cfg.workdir, cfg.keep, echo=tell) if cfg.checkpoint else None
-    guard = NonFiniteGuard(ens, cfg.on_nonfinite, init_key, sample)
-    run = _Run(cfg, ens, dataset, feeder, guard, ckpt, writer, stop, say, tell, t0, log)
-    run.pacer = Pacer(1 if feeder.streaming else k, cfg.stop_within)
-    try:
-        state, pos, saved_at = run.loop(state, pos, steps_per_epoch, total_steps, k, main)
-    finally:
-        if ckpt is not None:
-            ckpt.close()
-    seconds = time.perf_counter() - t0
-    compiled = log.summary()
+        return state, pos
+    if AHEAD_OF_TIME:  # the chunk compiles in a thread while the initialisation does
+        feeder.compile_ahead(lambda: ens.init(init_key, sample))
+        feeder.compile_eval_ahead(
+            lambda: ens.init(init_key, sample),
+            dataset.test_images,
+            dataset.test_labels,
+            cfg.eval_batch_size,
+        )
+    return ens.init(init_key, sample), LoopPosition()
+
+
+def _finish(
+    cfg: TrainConfig, run: _Run, state: EnsembleState, pos: LoopPosition, saved_at: Any
+) -> TrainResult:
+    """Writes the compile log, plots and final table (or says where a stop left the run)."""
+    say, tell, writer, ckpt = run.say, run.tell, run.writer, run.ckpt
+    seconds = time.perf_counter() - run.t0
+    compiled = run.log.summary()
     if not run.compile_reported:
-        say(log.line())
+        say(run.log.line())
     writer.write_compile(compiled)
     history = writer.history
-    if stop.signal is not None:
+    if run.stop.signal is not None:
         where = "no checkpoint"
         if saved_at is not None and ckpt is not None:
             where = f"saved checkpoint {saved_at} in {ckpt.dir}"
         tell(
-            f"stopped by {stop.signal} at step {pos.step}: {where}; run the same command to resume"
+            f"stopped by {run.stop.signal} at step {pos.step}: {where}; run the same command "
+            "to resume"
         )
-        return TrainResult(ens, state, history, dataset, seconds, True, compiled, stop.signal)
+        return TrainResult(
+            run.ens, state, history, run.dataset, seconds, True, compiled, run.stop.signal
+        )
     writer.plots(history)
     writer.close()
     if history:
         tell(final_table(history[-1]))
     say(f"done in {seconds:.1f}s; outputs in {cfg.workdir}")
-    return TrainResult(ens, state, history, dataset, seconds, False, compiled)
+    return TrainResult(run.ens, state, history, run.dataset, seconds, False, compiled)
 
 
 @dataclasses.dataclass

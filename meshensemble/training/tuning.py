@@ -288,7 +288,8 @@ def _measured(
 
     def make(s: str, c: str | None, given: TrainConfig = cfg) -> Callable[[], Callable[[], Any]]:
         def build() -> Callable[[], Any]:
-            ens = build_ensemble(concrete(given, s, c), mesh, len(dataset.train_labels))
+            n = len(dataset.train_labels)
+            ens = build_ensemble(concrete(given, s, c), mesh, n, dataset.train_images[:1])
             # its own state, from the run's key: the run's state is made after the choice
             step = step_candidate(ens, ens.init(init_key, sample), images, labels, copy=False)
             if given is cfg:

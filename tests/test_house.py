@@ -1,0 +1,181 @@
+"""An ``Ensemble`` whose behaviour follows from its arguments and the state it is given.
+
+No method but ``__init__`` assigns an attribute; the sharded layout (``state_spec``) is
+the same before and after ``init``; one ensemble runs states of different key
+implementations, each with its own program, in any order.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+import chex
+import jax
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import meshensemble as me
+from meshensemble.core import ensemble as ensemble_module
+from meshensemble.core import keys
+from meshensemble.testing import need_devices
+
+TX = optax.sgd(0.1, 0.9)
+RNG = np.random.default_rng(0)
+IMAGES = RNG.integers(0, 256, (8, 8, 8, 1), dtype=np.uint8)
+LABELS = RNG.integers(0, 10, (8,)).astype(np.int32)
+
+
+def assignments_outside_init(source: str, name: str) -> list[str]:
+    """``method: self.attr`` for each ``self.<attr> = ...`` in class ``name`` outside ``__init__``.
+
+    Item assignment into a container made in ``__init__`` (``self.cache[k] = v``) is not
+    an attribute assignment (the attribute is read, ``ast.Load``).
+    """
+    tree = ast.parse(source)
+    (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    found = []
+    for fn in node.body:
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or fn.name == "__init__":
+            continue
+        for sub in ast.walk(fn):
+            if isinstance(sub, ast.Call) and getattr(sub.func, "id", "") in ("setattr", "delattr"):
+                found.append(f"{fn.name}: {sub.func.id}")
+            if not isinstance(sub, ast.Attribute) or not isinstance(sub.ctx, ast.Store | ast.Del):
+                continue
+            if isinstance(sub.value, ast.Name) and sub.value.id == "self":
+                found.append(f"{fn.name}: self.{sub.attr}")
+    return found
+
+
+def test_no_ensemble_method_but_init_assigns_an_attribute():
+    source = inspect.getsource(ensemble_module)
+    assert assignments_outside_init(source, "Ensemble") == []
+
+
+def test_the_ast_check_finds_an_assignment():
+    source = textwrap.dedent(
+        """
+        class Bad:
+            def __init__(self):
+                self.a, self.cache = 1, {}
+
+            def later(self, v):
+                self.cache[v] = v  # a cache made in __init__: allowed
+                self.b: int = 2
+                self.a += 1
+                (self.c, _), = [(v, v)]
+                setattr(self, "d", v)
+        """
+    )
+    assert sorted(assignments_outside_init(source, "Bad")) == [
+        "later: self.a", "later: self.b", "later: self.c", "later: setattr"
+    ]  # fmt: skip
+
+
+def test_the_sharded_layout_is_the_same_before_and_after_init():
+    need_devices(8)
+    mesh = me.make_mesh(2, 4)
+    ens = me.Ensemble(me.models.MLP(), TX, 2, mesh, shard_members=True, sample=IMAGES[:1])
+    before = ens.state_spec
+    assert before.params["Dense_0"]["kernel"] == P("ensemble", None, "data")  # (64, 128)
+    state = ens.init(jax.random.key(0), IMAGES[:1])
+    assert ens.state_spec == before == ens.state_specs(IMAGES)
+    is_spec = lambda s: isinstance(s, P)
+    for leaf, spec in zip(jax.tree.leaves(state), jax.tree.leaves(before, is_leaf=is_spec)):
+        assert leaf.sharding.spec == spec
+    # an ensemble made without a sample: the same layout from the batch, before init too
+    other = me.Ensemble(me.models.MLP(), TX, 2, mesh, shard_members=True)
+    assert other.state_specs(IMAGES[:3]) == before
+    with pytest.raises(ValueError, match=r"sample=images\[:1\]"):
+        other.state_spec  # noqa: B018
+    other.train_step(other.init(jax.random.key(0), IMAGES[:1]), IMAGES, LABELS)
+    with pytest.raises(ValueError, match="no sample"):
+        other.state_spec  # noqa: B018  (still: nothing an earlier call did changes it)
+
+
+def test_an_unsharded_state_spec_needs_nothing():
+    need_devices(8)
+    ens = me.Ensemble(me.models.MLP(), TX, 4, me.make_mesh(4, 2))
+    assert ens.state_spec == P("ensemble") == ens.state_specs(None)
+
+
+def trained(ens, key, steps: int = 2):
+    state = ens.init(key, IMAGES[:1])
+    for _ in range(steps):
+        state, metrics = ens.train_step(state, IMAGES, LABELS)
+    return jax.device_get(state), jax.device_get(metrics)
+
+
+def make(**kwargs):
+    augment = me.core.augment.make_augment("shift", 2)  # draws from the state's keys
+    return me.Ensemble(me.models.MLP(), TX, 4, me.make_mesh(4, 2), augment=augment, **kwargs)
+
+
+def test_one_ensemble_runs_states_of_two_key_implementations_in_any_order():
+    need_devices(8)
+    three, rbg = jax.random.key(0), jax.random.key(0, impl="rbg")
+    want_three, want_rbg = trained(make(), three), trained(make(), rbg)  # fresh ensembles
+    assert want_rbg[0].rng.shape == (4, 4) and want_three[0].rng.shape == (4, 2)
+    ens = make()
+    got_three = trained(ens, three)
+    got_rbg = trained(ens, rbg)  # the threefry programs do not leak into the rbg state's
+    again = trained(ens, three)  # nor the rbg ones back
+    chex.assert_trees_all_equal(got_three, want_three)
+    chex.assert_trees_all_equal(got_rbg, want_rbg)
+    chex.assert_trees_all_equal(again, want_three)
+    # and the implementation matters: the same seed augments differently
+    assert not np.array_equal(want_three[1]["loss"], want_rbg[1]["loss"])
+
+
+def test_the_steps_read_the_implementation_from_the_key_words():
+    assert keys.impl_for(4) == "rbg"
+    assert keys.impl_for(2) is None  # the default's words: a raw legacy key, the same bits
+    assert keys.impl_for(4, "unsafe_rbg") == "unsafe_rbg"
+    with pytest.raises(ValueError, match="key_impl"):
+        keys.impl_for(3)
+
+
+def test_a_key_its_words_do_not_name_needs_key_impl():
+    need_devices(8)
+    unsafe = jax.random.key(0, impl="unsafe_rbg")
+    with pytest.raises(ValueError, match="key_impl='unsafe_rbg'"):
+        make().init(unsafe, IMAGES[:1])
+    state, _ = trained(make(key_impl="unsafe_rbg"), unsafe, steps=1)
+    assert state.rng.shape == (4, 4)
+    with pytest.raises(ValueError, match="key_impl='nope' is not a PRNG implementation"):
+        make(key_impl="nope")
+
+
+# ---------------------------------------------------------------- the run plan (no devices)
+def test_the_run_plan_follows_from_the_config_and_data_size():
+    from meshensemble.training.plan import TrainPlan, plan_training
+
+    cfg = me.TrainConfig(members=8, batch_size=100, epochs=3)
+    assert plan_training(cfg, 1050, 8, "cpu") == TrainPlan(
+        mesh={"ensemble": 8, "data": 1}, steps_per_epoch=10, total_steps=30, chunk=1
+    )
+    assert plan_training(cfg, 1050, 8, "gpu").chunk == 10  # an epoch per call
+    capped = me.TrainConfig(members=4, batch_size=100, epochs=3, max_steps=7, chunk_steps=5)
+    plan = plan_training(capped, 1000, 2, "cpu")
+    assert plan.mesh == {"ensemble": 2, "data": 1} and plan.total_steps == 7 and plan.chunk == 5
+    given = me.TrainConfig(mesh="ensemble=2,data=4", batch_size=64)
+    assert plan_training(given, 640, 8, "cpu").mesh == {"ensemble": 2, "data": 4}
+
+
+@pytest.mark.parametrize(
+    "fields, num_train, says",
+    [
+        (dict(batch_size=200), 100, "batch_size=200 is larger than the 100 training"),
+        (dict(batch_size=30, mesh="ensemble=2,data=4"), 300, "not divisible by the mesh's data"),
+        (dict(batch_size=10, chunk_steps=3), 100, "chunk_steps=3 does not divide the 10 steps"),
+    ],
+)
+def test_a_bad_run_plan_is_one_line_before_any_device(fields, num_train, says):
+    from meshensemble.training.plan import plan_training
+
+    with pytest.raises(ValueError, match=says):
+        plan_training(me.TrainConfig(**fields), num_train, 8, "cpu")
