@@ -36,6 +36,7 @@ RUN_PROGRAMS = {
     "jit(_draw)",
     "jit(train_chunk)",
     "jit(eval_stats)",
+    "jit(finite_members)",  # the guard's check of the state before every save (no NaN saved)
 }
 """What a run compiles once its member strategy is decided (5 programs)."""
 
