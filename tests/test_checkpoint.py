@@ -420,6 +420,33 @@ def test_nonfinite_loss_stops_naming_members_or_reinitialises_them(tmp_path, npz
     assert result.history[-1]["step"] == 6
 
 
+def test_sigterm_in_process_saves_at_the_next_boundary_and_resumes_bitwise(tmp_path):
+    """SIGTERM (raised in this process at the run's first line, so no timer decides when):
+    the run saves at the end of the running call, says so in one line naming the step and
+    the checkpoint, and returns ``preempted``; the same run again resumes and ends bitwise
+    where an uninterrupted one does. A signal from another process, and the CLI's exit 0,
+    are checked by the real-process test below (``-m slow``)."""
+    need_devices(8)
+    lines: list[str] = []
+
+    def echo(line: str) -> None:
+        if not lines:
+            signal.raise_signal(signal.SIGTERM)
+        lines.append(line)
+
+    stopped = train(cfg(tmp_path / "term", quiet=False), dataset=DATA, echo=echo)
+    assert stopped.preempted
+    said = [s for s in lines if s.startswith("stopped by SIGTERM at step ")]
+    assert len(said) == 1, lines
+    step = int(said[0].split("at step ")[1].split(":")[0])
+    assert 0 < step < 12 and f"saved checkpoint {step} in " in said[0], said[0]
+    assert list_checkpoints(tmp_path / "term")[-1] == step
+    resumed = train(cfg(tmp_path / "term"), dataset=DATA, echo=lines.append)
+    assert not resumed.preempted and resumed.history[-1]["step"] == 12
+    whole = train(cfg(tmp_path / "whole"), dataset=DATA)
+    chex.assert_trees_all_equal(jax.device_get(resumed.state), jax.device_get(whole.state))
+
+
 # ------------------------------------------------------------------ real processes
 def cli_cmd(npz, workdir, *extra) -> list[str]:
     return [
@@ -481,6 +508,7 @@ def _wait_for_checkpoint(workdir, proc, at_least=1, timeout=90):
     pytest.fail("no checkpoint appeared")
 
 
+@pytest.mark.slow  # real processes on timers; in process: the split run, unfinished saves
 @pytest.mark.parametrize("seed", [0, 1])
 def test_kill_9_mid_run_then_resume_matches_uninterrupted(npz, tmp_path, uninterrupted, seed):
     workdir = tmp_path / "killed"
@@ -504,6 +532,7 @@ def test_kill_9_mid_run_then_resume_matches_uninterrupted(npz, tmp_path, uninter
     assert records(workdir) == records(uninterrupted)
 
 
+@pytest.mark.slow  # real processes on timers; in process: the SIGTERM test above
 def test_sigterm_saves_at_the_next_boundary_and_exits_0(npz, tmp_path, uninterrupted):
     workdir = tmp_path / "term"
     proc = subprocess.Popen(
