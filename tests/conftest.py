@@ -50,6 +50,7 @@ compilation.enable_compilation_cache(_CACHE)
 # Random numbers: JAX's default mode (partitionable threefry), the one users' code, the CLI
 # and the library all run in; nothing here changes it.
 
+
 def shared_compile_cache(folder) -> str:
     """``folder/jax``, a compilation cache folder whose programs are the test run's shared ones.
 
