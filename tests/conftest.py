@@ -20,18 +20,54 @@ from meshensemble.testing import set_fake_cpu_devices
 
 set_fake_cpu_devices(8)  # JAX_PLATFORMS=cpu and jax_num_cpu_devices, before any computation
 jax.config.update("jax_numpy_rank_promotion", "raise")
-# One persistent compilation cache per test process (each xdist worker runs its tests one
-# after another): the same program in another test, e.g. the same model on the same mesh,
-# is loaded instead of compiled again, as in a user's second run. The env variable points
-# the runs the tests start (the CLI in-process, subprocesses) there too, never to ~/.cache.
-# The tuner's measured choices go beside the cache folder, so both live in one temp folder.
-_TMP = tempfile.mkdtemp(prefix="meshensemble-test-")
+# One persistent compilation cache per test run, shared by all its processes: the process
+# that imports this first (pytest itself, or xdist's controller) makes the folder, hands it
+# to the workers it starts through the environment, and removes it when it exits (after its
+# workers). A program compiled once, by any worker or test, e.g. the same model on the same
+# mesh, is then loaded instead of compiled again, as in a user's second run. The env
+# variable points the runs the tests start (the CLI in-process, subprocesses) there too,
+# never to ~/.cache. The tuner's measured choices go beside the cache folder (written
+# atomically). JAX writes cache entries in place, so a worker may read an entry another one
+# is still writing: zlib's checksum rejects it, JAX warns and compiles (the warning is
+# ignored in pyproject's filterwarnings); the result is never a wrong program.
+_SHARED = "MESHENSEMBLE_TEST_TMP"
+if os.environ.get(_SHARED) and os.path.isdir(os.environ[_SHARED]):
+    _TMP = os.environ[_SHARED]  # an xdist worker, or a process a test started
+else:
+    _TMP = tempfile.mkdtemp(prefix="meshensemble-test-")
+    os.environ[_SHARED] = _TMP
+    atexit.register(shutil.rmtree, _TMP, True)
 _CACHE = os.path.join(_TMP, "jax")
-atexit.register(shutil.rmtree, _TMP, True)
+# MESHENSEMBLE_TEST_COMPILE_CACHE=<folder> keeps the compiled programs across test runs (a
+# developer's repeated runs; the key is the whole program, so a changed one compiles again).
+# The tuner's choices stay in the run's own folder either way.
+_KEPT = os.environ.get("MESHENSEMBLE_TEST_COMPILE_CACHE")
+if _KEPT and not os.path.exists(_CACHE):
+    os.makedirs(_KEPT, exist_ok=True)
+    os.symlink(os.path.abspath(_KEPT), _CACHE)
 os.environ[compilation.ENV_CACHE_DIR] = _CACHE
 compilation.enable_compilation_cache(_CACHE)
 # Random numbers: JAX's default mode (partitionable threefry), the one users' code, the CLI
 # and the library all run in; nothing here changes it.
+
+
+def shared_compile_cache(folder) -> str:
+    """``folder/jax``, a compilation cache folder whose programs are the test run's shared ones.
+
+    For a test that needs its own cache folder only for what lies beside it (the tuner's
+    choices file, ``folder/meshensemble-choices.json``): ``folder/jax`` links to the run's
+    cache, so the programs another test or worker compiled are loaded, not compiled again.
+
+    Returns:
+      The path ``folder/jax`` (a symbolic link), to pass as ``compile_cache_dir``.
+    """
+    link = os.path.join(str(folder), "jax")
+    if not os.path.lexists(link):
+        os.makedirs(str(folder), exist_ok=True)
+        os.makedirs(_CACHE, exist_ok=True)
+        os.symlink(_CACHE, link)
+    return link
+
 
 MNIST_NPZ = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mnist.npz")
 

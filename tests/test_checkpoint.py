@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from conftest import need_devices
 from conftest import small_config as cfg
 
 import meshensemble as me
+from meshensemble import cli
 from meshensemble.cli import main
 
 CHECKSUMS = me.checkpoint.CHECKSUMS
@@ -77,7 +79,7 @@ def test_restore_onto_other_meshes_predicts_the_same(tmp_path):
     need_devices(8)
     result = train(cfg(tmp_path / "r", mesh="ensemble=4,data=1", epochs=1), dataset=DATA)
     expected = np.asarray(result.ensemble.predict(result.state, DATA.test_images))
-    for shape in [(2, 1), (4, 2), (1, 1), (2, 4)]:
+    for shape in [(2, 1), (4, 2), (1, 1)]:  # a device subset, members x data, one device
         ens = me.Ensemble(
             me.models.MLP(),
             TX,
@@ -419,6 +421,33 @@ def test_nonfinite_loss_stops_naming_members_or_reinitialises_them(tmp_path, npz
     assert result.history[-1]["step"] == 6
 
 
+def test_sigterm_in_process_saves_at_the_next_boundary_and_resumes_bitwise(tmp_path):
+    """SIGTERM (raised in this process at the run's first line, so no timer decides when):
+    the run saves at the end of the running call, says so in one line naming the step and
+    the checkpoint, and returns ``preempted``; the same run again resumes and ends bitwise
+    where an uninterrupted one does. A signal from another process, and the CLI's exit 0,
+    are checked by the real-process test below (``-m slow``)."""
+    need_devices(8)
+    lines: list[str] = []
+
+    def echo(line: str) -> None:
+        if not lines:
+            signal.raise_signal(signal.SIGTERM)
+        lines.append(line)
+
+    stopped = train(cfg(tmp_path / "term", quiet=False), dataset=DATA, echo=echo)
+    assert stopped.preempted
+    said = [s for s in lines if s.startswith("stopped by SIGTERM at step ")]
+    assert len(said) == 1, lines
+    step = int(said[0].split("at step ")[1].split(":")[0])
+    assert 0 < step < 12 and f"saved checkpoint {step} in " in said[0], said[0]
+    assert list_checkpoints(tmp_path / "term")[-1] == step
+    resumed = train(cfg(tmp_path / "term"), dataset=DATA, echo=lines.append)
+    assert not resumed.preempted and resumed.history[-1]["step"] == 12
+    whole = train(cfg(tmp_path / "whole"), dataset=DATA)
+    chex.assert_trees_all_equal(jax.device_get(resumed.state), jax.device_get(whole.state))
+
+
 # ------------------------------------------------------------------ real processes
 def cli_cmd(npz, workdir, *extra) -> list[str]:
     return [
@@ -497,6 +526,7 @@ def signalled_at(cmd: list[str], call: int, signum: int) -> list[str]:
     return [cmd[0], "-c", SIGNAL_AT_CALL, str(call), str(int(signum)), *cmd[3:]]
 
 
+@pytest.mark.slow  # real processes; in process: the split run, unfinished saves
 @pytest.mark.parametrize("seed", [0, 1])
 def test_kill_9_mid_run_then_resume_matches_uninterrupted(npz, tmp_path, uninterrupted, seed):
     """SIGKILL after step 3 or 8 of 12 (one step a call: a checkpoint every step), while
@@ -520,6 +550,7 @@ def test_kill_9_mid_run_then_resume_matches_uninterrupted(npz, tmp_path, uninter
     assert records(workdir) == records(uninterrupted)
 
 
+@pytest.mark.slow  # a real process; in process: the SIGTERM test above
 def test_sigterm_saves_at_the_next_boundary_and_exits_0(npz, tmp_path, uninterrupted):
     """SIGTERM during the run's first call (triggered by progress, not a timer): the
     loop saves at the end of that call, says so and exits 0; the resume ends equal."""
@@ -545,6 +576,7 @@ def _mount(*args) -> bool:
     return subprocess.run(["mount", *args], capture_output=True).returncode == 0
 
 
+@pytest.mark.slow  # a real disk in a real process; in process: the simulated full disk below
 def test_full_disk_gives_a_clear_error_and_the_previous_checkpoint_restores(npz, tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()
@@ -567,46 +599,61 @@ def test_full_disk_gives_a_clear_error_and_the_previous_checkpoint_restores(npz,
         subprocess.run(["umount", str(mnt)], check=False)
 
 
-DISK_FULL = """
-import errno, os, re, sys
-
-from etils import epath
-
-real = type(epath.Path("/")).write_text
-
-
-def write_text(self, *args, **kwargs):  # orbax writes its metadata and JSON items with it
-    found = re.search(r"/checkpoints/(\\d+)", str(self))
-    if found and int(found.group(1)) >= 2:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
-    return real(self, *args, **kwargs)
+def in_process_argv(npz, workdir, *extra) -> list[str]:
+    """The real-process runs' ``train`` arguments, for ``main`` here (2 of the 8 devices)."""
+    argv = cli_cmd(npz, workdir, "--mesh", "ensemble=2,data=1", *extra)[3:]
+    i = argv.index("--fake-devices")
+    return argv[:i] + argv[i + 2 :]
 
 
-type(epath.Path("/")).write_text = write_text
-from meshensemble.cli import main
+@pytest.fixture(scope="module")
+def uninterrupted_here(npz, tmp_path_factory):
+    """An uninterrupted run of :func:`in_process_argv`, run by ``main`` in this process."""
+    workdir = tmp_path_factory.mktemp("whole_here")
+    assert main(in_process_argv(npz, workdir)) == 0
+    return workdir
 
-sys.exit(main(sys.argv[1:]))
-"""
 
+def test_a_simulated_full_disk_gives_one_line_and_no_unfinished_save(
+    npz, tmp_path, capsys, monkeypatch, uninterrupted_here
+):
+    """The disk fills at checkpoint 2 (every write of orbax's metadata fails with ENOSPC, in
+    this process): one line, nothing unfinished left, and the same command resumes once space
+    is freed. (The real-disk version, a 3 MB tmpfs in real processes, is ``-m slow``.)"""
+    from etils import epath
 
-def test_a_simulated_full_disk_gives_one_line_and_no_unfinished_save(npz, tmp_path, uninterrupted):
-    script = tmp_path / "disk_full.py"
-    script.write_text(DISK_FULL)
+    cls = type(epath.Path("/"))
+    real = cls.write_text
+
+    def write_text(self, *args, **kwargs):  # orbax writes its metadata and JSON items with it
+        found = re.search(r"/checkpoints/(\d+)", str(self))
+        if found and int(found.group(1)) >= 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        return real(self, *args, **kwargs)
+
+    def hard_exit(code: int, message: str) -> None:  # the CLI's os._exit, as an exception
+        print(message, file=sys.stderr)
+        raise SystemExit(code)
+
     workdir = tmp_path / "full"
-    argv = cli_cmd(npz, workdir)[3:]  # train ...
-    done = run_cli([sys.executable, str(script), *argv])
-    assert done.returncode == 1, done.stderr
-    assert done.stderr.splitlines() == [
+    argv = in_process_argv(npz, workdir)
+    capsys.readouterr()
+    monkeypatch.setattr(cls, "write_text", write_text)
+    monkeypatch.setattr(cli, "hard_exit", hard_exit)
+    with pytest.raises(SystemExit) as left:
+        main(argv)
+    assert left.value.code == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
         f"error: could not save checkpoint 2 in {workdir / 'checkpoints'}: no space left on "
         "device; checkpoint 1 is intact; free space there (or keep fewer checkpoints: --keep) "
         "and run the same command to resume, or use another --workdir"
-    ], done.stderr
+    ], err
     assert not list((workdir / "checkpoints").glob("*orbax-checkpoint-tmp*"))
     assert list_checkpoints(workdir) == [1]
-    # space freed: the same command resumes and ends where an uninterrupted run does
-    resumed = run_cli(cli_cmd(npz, workdir))
-    assert resumed.returncode == 0, resumed.stderr
-    chex.assert_trees_all_equal(_params(workdir), _params(uninterrupted))
+    monkeypatch.setattr(cls, "write_text", real)  # space freed: the same command resumes
+    assert main(argv) == 0
+    chex.assert_trees_all_equal(_params(workdir), _params(uninterrupted_here))
 
 
 def test_opening_a_checkpoint_folder_removes_unfinished_saves(tmp_path):
@@ -623,18 +670,21 @@ def test_opening_a_checkpoint_folder_removes_unfinished_saves(tmp_path):
     assert os.listdir(tmp_path / "w" / "checkpoints") == []
 
 
-def test_read_only_workdir_is_refused_and_its_run_still_restores(npz, tmp_path, uninterrupted):
+def test_read_only_workdir_is_refused_and_its_run_still_restores(
+    npz, tmp_path, capsys, uninterrupted_here
+):
     workdir = tmp_path / "ro"
-    shutil.copytree(uninterrupted, workdir)
+    shutil.copytree(uninterrupted_here, workdir)
     if not (_mount("--bind", str(workdir), str(workdir))):
         pytest.skip("cannot bind-mount here (needs root and mount privileges)")
     try:
         if not _mount("-o", "remount,ro,bind", str(workdir)):
             pytest.skip("cannot remount read-only here")
         before = records(workdir)
-        done = run_cli(cli_cmd(npz, workdir, "--epochs", "3"))
-        assert done.returncode == 2
-        assert "is not writable" in done.stderr and str(workdir) in done.stderr
+        capsys.readouterr()
+        assert main(in_process_argv(npz, workdir, "--epochs", "3")) == 2
+        err = capsys.readouterr().err
+        assert "is not writable" in err and str(workdir) in err
         assert records(workdir) == before
         assert _params(workdir)[1] == 12
     finally:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import need_devices
+from conftest import need_devices, shared_compile_cache
 from jax.experimental.compilation_cache import compilation_cache
 
 import meshensemble as me
@@ -68,7 +68,7 @@ def tiny(tmp_path, name="run", **kw) -> TrainConfig:
         quiet=True,
         checkpoint=False,
         eval_batch_size=40,  # one evaluation batch: no partial sums to add
-        compile_cache_dir=str(tmp_path / "cache" / "jax"),
+        compile_cache_dir=shared_compile_cache(tmp_path / "cache"),  # own choices file
     )
     return TrainConfig(**(base | kw))
 
@@ -376,7 +376,7 @@ def test_the_tuner_says_whether_bf16_would_be_faster(tmp_path, monkeypatch):
     monkeypatch.setattr(autotune, "time_candidates", fake_times)
     monkeypatch.setattr(autotune, "measure", fake_measure({"vmap": 1.0, "loop": 2.0}))
     lines: list[str] = []
-    own_cache = str(tmp_path / "cpu_cache")  # measures again below, in the shared cache
+    own_cache = shared_compile_cache(tmp_path / "cpu")  # own choices: measures again below
     train(
         tiny(
             tmp_path,

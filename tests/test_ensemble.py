@@ -129,7 +129,9 @@ def test_shard_map_equals_pmap_metrics(mesh_shape):
 
 def test_mesh_shapes_give_the_same_members():
     need_devices(8)
-    shapes = [(8, 1), (4, 2), (2, 4), (1, 1), (2, 1)]
+    # members split over devices, members and data split, all on one device, a device subset
+    # ((2, 4) is (4, 2)'s path again: it compiled a sixth of this file for no new case)
+    shapes = [(8, 1), (4, 2), (1, 1), (2, 1)]
     trained = lambda mesh: run((mesh.shape["ensemble"], mesh.shape["data"]))[1:]  # state, history
     testing.assert_mesh_invariant(trained, shapes, rtol=0, atol=1e-5)
 
@@ -226,11 +228,12 @@ def test_ensemble_learns_far_above_chance():
 
 def test_dropout_batchnorm_train_and_keep_parity_between_backends():
     need_devices(8)
-    for mesh_shape in [(8, 1), (2, 1)]:
-        _, s_sm, h_sm = run(mesh_shape, "shard_map", model="dropout_bn", steps=3)
-        _, s_pm, h_pm = run(mesh_shape, "pmap", model="dropout_bn", steps=3)
-        chex.assert_trees_all_close(jax.device_get(s_sm), jax.device_get(s_pm), atol=1e-5)
-        chex.assert_trees_all_close(h_sm, h_pm, atol=1e-5)
+    # one member per device; several members per device under pmap are checked against a
+    # single model by test_dropout_batchnorm_members_match_single_model_training
+    _, s_sm, h_sm = run((8, 1), "shard_map", model="dropout_bn", steps=3)
+    _, s_pm, h_pm = run((8, 1), "pmap", model="dropout_bn", steps=3)
+    chex.assert_trees_all_close(jax.device_get(s_sm), jax.device_get(s_pm), atol=1e-5)
+    chex.assert_trees_all_close(h_sm, h_pm, atol=1e-5)
     stats = np.asarray(s_sm.model_state["batch_stats"]["BatchNorm_0"]["mean"])
     chex.assert_shape(stats, (M, 16))
     assert np.abs(stats).max() > 0  # running statistics were updated
