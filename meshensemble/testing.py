@@ -140,14 +140,14 @@ def assert_sharded_over_members(state: PyTree, mesh: Mesh, specs: Any = None) ->
     The invariant of a state through ``init``, steps and restores: each leaf's leading
     (member) axis is split over ``ensemble`` and over nothing else. Its other dimensions
     may be split over ``data`` (FSDP, ``shard_members=True``) and ``model`` (a mesh with
-    a ``model`` axis), never over ``ensemble``. With ``specs`` (``ens.state_spec``) each
-    leaf must be placed exactly as its spec says.
+    a ``model`` axis), never over ``ensemble``. With ``specs``
+    (``ens.state_specs(images[:1])``) each leaf must be placed exactly as its spec says.
 
     Args:
       state: an :class:`~meshensemble.EnsembleState` or any pytree of stacked leaves.
       mesh: the ensemble's mesh.
       specs: optional: one ``PartitionSpec`` for every leaf, or a tree of them like
-        ``state`` (``ens.state_spec``); None checks the member axis only.
+        ``state`` (``ens.state_specs(images[:1])``); None checks the member axis only.
 
     Raises:
       AssertionError: a leaf is not a ``jax.Array``, has no leading axis, lives on
@@ -157,7 +157,8 @@ def assert_sharded_over_members(state: PyTree, mesh: Mesh, specs: Any = None) ->
     Example:
       >>> state = ens.init(jax.random.key(0), images[:1])
       >>> assert_sharded_over_members(state, ens.mesh)
-      >>> assert_sharded_over_members(state, ens.mesh, ens.state_spec)  # FSDP: exact specs
+      >>> specs = ens.state_specs(images[:1])  # FSDP: the exact specs
+      >>> assert_sharded_over_members(state, ens.mesh, specs)
     """
     flat = jax.tree_util.tree_flatten_with_path(state)[0]
     is_spec = lambda v: isinstance(v, P)

@@ -360,11 +360,13 @@ def test_public_names():
         "METHODS",
         "apply_temperature",
         "apply_temperature_to_probs",
+        "conformal_interval_quantile",
         "conformal_quantile",
         "conformal_scores",
         "coverage",
         "ensemble_logits",
         "fit_temperature",
+        "fit_variance_scale",
         "prediction_sets",
         "set_size",
     }

@@ -244,6 +244,11 @@ def test_dataset_is_frozen_and_checked() -> None:
 
 
 PUBLIC = [
+    "RegressionData",
+    "diabetes",
+    "load_regression_npz",
+    "standardizer",
+    "toy1d",
     "DATASETS",
     "IMAGE_SHAPE",
     "NPZ_KEYS",

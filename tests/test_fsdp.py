@@ -139,7 +139,7 @@ def test_a_model_axis_that_splits_no_parameter_says_so():
         ens = me.Ensemble(MODELS["vit"](), TX, 2, mesh=me.make_mesh(2, 1, model=m))
         state = ens.init(jax.random.key(0), IMAGES[:1])
         notes[m] = sharding.model_axis_note(ens, state, IMAGES[:1])
-        split, total = sharding.model_split_count(ens.state_spec)
+        split, total = sharding.model_split_count(ens.state_specs(IMAGES[:1]))
         assert (split == 0) == (m == 3) and total == len(jax.tree.leaves(state.params))
     assert notes[2] is None
     assert notes[3].startswith(f"warning: mesh model=3 splits 0 of {total} parameter leaves")

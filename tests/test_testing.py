@@ -141,22 +141,23 @@ def test_assert_sharded_over_members_understands_fsdp_and_model_specs(mesh_shape
     mesh = me.make_mesh(*mesh_shape[:2], model=mesh_shape[2] if len(mesh_shape) > 2 else None)
     ens = me.Ensemble(vit, TX, 2, mesh, shard_members=True)
     state = ens.init(jax.random.key(0), X[:1])
-    specs = jax.tree.leaves(ens.state_spec, is_leaf=lambda v: isinstance(v, P))
+    layout = ens.state_specs(X[:1])  # the sharded layout is read off the input shape
+    specs = jax.tree.leaves(layout, is_leaf=lambda v: isinstance(v, P))
     assert any(len(s) > 1 for s in specs)  # some leaves are split inside their member
     testing.assert_sharded_over_members(state, ens.mesh)
-    testing.assert_sharded_over_members(state, ens.mesh, ens.state_spec)
+    testing.assert_sharded_over_members(state, ens.mesh, layout)
     kernel = state.params["head"]["kernel"]
     # the member axis over data instead of ensemble: refused, with or without specs
     wrong = jax.device_put(kernel, NamedSharding(ens.mesh, P("data")))
     bad = state.replace(params={**state.params, "head": {**state.params["head"], "kernel": wrong}})
-    for specs_arg in (None, ens.state_spec):
+    for specs_arg in (None, layout):
         with pytest.raises(AssertionError, match=r"\['head'\]\['kernel'\] of shape"):
             testing.assert_sharded_over_members(bad, ens.mesh, specs_arg)
     # members whole where the spec splits them: only the exact check notices
     whole = jax.device_put(state, me.member_sharding(ens.mesh))
     testing.assert_sharded_over_members(whole, ens.mesh)
     with pytest.raises(AssertionError, match="the state's spec"):
-        testing.assert_sharded_over_members(whole, ens.mesh, ens.state_spec)
+        testing.assert_sharded_over_members(whole, ens.mesh, layout)
 
 
 # ------------------------------------------------------------------ members vs single models

@@ -387,13 +387,13 @@ def model_split_count(specs: Any) -> tuple[int, int]:
     """How many parameter leaves a layout splits over ``model``, of how many.
 
     Args:
-      specs: a state of ``PartitionSpec`` s (``ens.state_spec``) or one spec.
+      specs: a state of ``PartitionSpec`` s (``ens.state_specs(images[:1])``) or one spec.
 
     Returns:
       ``(split, total)`` over the ``params`` leaves (``(0, 0)`` for a single spec).
 
     Example:
-      >>> model_split_count(ens.state_spec)  # a ViT on model=2
+      >>> model_split_count(ens.state_specs(images[:1]))  # a ViT on model=2
       (24, 68)
     """
     if isinstance(specs, P):

@@ -75,6 +75,8 @@ class RegressionResult:
       seconds: wall time of the run.
       preempted: the run stopped on SIGTERM/SIGINT after saving a checkpoint.
       compile: empty (compilations are not logged for regression runs yet).
+      signal: what stopped it (``"SIGINT"``, ``"SIGTERM"``, ...) or None, as in
+        :class:`meshensemble.TrainResult` (the command line exits 130 after a SIGINT).
     """
 
     ensemble: Ensemble
@@ -84,6 +86,7 @@ class RegressionResult:
     seconds: float
     preempted: bool = False
     compile: dict[str, Any] = dataclasses.field(default_factory=dict)
+    signal: str | None = None
 
 
 def model_name(cfg: TrainConfig) -> str:
@@ -378,7 +381,10 @@ def train_regression(
         draw_figure(ens, state, train, os.path.join(cfg.workdir, PLOT_FILE))
     writer.close()
     seconds = time.perf_counter() - t0
-    return RegressionResult(ens, state, writer.history, data, seconds, preempted=stopped)
+    signal = stop.signal if stopped else None
+    return RegressionResult(
+        ens, state, writer.history, data, seconds, preempted=stopped, signal=signal
+    )
 
 
 def _record(cfg, ens, state, step, plan, metrics, sets) -> dict[str, Any]:
