@@ -12,6 +12,7 @@ from meshensemble import calibration as calibration
 from meshensemble import core as core
 from meshensemble import data as data
 from meshensemble import errors as errors
+from meshensemble import evaluation_regression as evaluation_regression
 from meshensemble import metrics as metrics
 from meshensemble import models as models
 from meshensemble import serving as serving
@@ -88,6 +89,7 @@ __all__ = [
     "TrainResult",
     "as_model",
     "calibrate_run",
+    "evaluation_regression",
     "calibration",
     "batch_sharding",
     "checkpoint_manager",
