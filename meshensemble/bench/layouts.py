@@ -103,10 +103,11 @@ def measure_layout(
     """
     e, d, p, shard = layout
     mesh = make_mesh(e, d, p if p > 1 else None, devices=jax.devices()[: e * d * p])
-    ens = Ensemble(model, optimizer or optax.adam(1e-3), members, mesh, shard_members=shard)
     rng = np.random.default_rng(seed)
     x = rng.random((batch_size, *image_shape), np.float32)
     y = rng.integers(0, 10, batch_size).astype(np.int32)
+    tx = optimizer or optax.adam(1e-3)
+    ens = Ensemble(model, tx, members, mesh, shard_members=shard, sample=x[:1])
     state = ens.init(jax.random.key(seed), x[:1])
     nbytes = state_bytes_per_device(state)
     x, y = ens.place(x), ens.place(y)
