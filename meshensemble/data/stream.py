@@ -32,13 +32,24 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import grain
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from meshensemble.core.mesh import BATCH, MEMBER_BATCH
 from meshensemble.data.dataset import IMAGE_SHAPE, DataError
+
+
+def _grain() -> Any:
+    """Grain, imported on first use (``import meshensemble`` does not need it)."""
+    try:
+        import grain
+    except ImportError as err:
+        raise DataError(
+            f"the streaming input needs grain ({err}); install it: pip install 'grain>=0.2.18'"
+        ) from None
+    return grain
+
 
 RECORD_BYTES = 1 + int(np.prod(IMAGE_SHAPE))
 """Bytes of one record of :func:`write_array_record`: the label, then the uint8 pixels."""
@@ -156,9 +167,9 @@ class ArrayRecordSource(_RecordSource):
         self.verifier = verifier
         self.ends = None if counts is None else np.cumsum(np.asarray(counts, np.int64))
         try:
-            self.records = grain.sources.ArrayRecordDataSource(self.paths)
+            self.records = _grain().sources.ArrayRecordDataSource(self.paths)
             if self.ends is None and len(self.paths) > 1:  # to name a damaged file
-                sizes = [len(grain.sources.ArrayRecordDataSource([p])) for p in self.paths]
+                sizes = [len(_grain().sources.ArrayRecordDataSource([p])) for p in self.paths]
                 self.ends = np.cumsum(np.asarray(sizes, np.int64))
         except Exception as err:  # e.g. a truncated file's footer
             raise DataError(_damaged(self.paths, err)) from None
@@ -402,7 +413,7 @@ class StreamIterator:
     ):
         self.source, self.order_fn, self.batch = as_source(source), order_fn, batch
         self.steps_per_epoch, self.block = steps_per_epoch, block
-        self.options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch)
+        self.options = _grain().ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch)
         self.epoch, self.step = 1, 0
         self._it: Any = None  # Grain's iterator over the current epoch's steps
         self._at: tuple[int, int] | None = None  # the (epoch, step) it yields next
@@ -418,7 +429,7 @@ class StreamIterator:
     def _start(self, epoch: int, step: int) -> None:
         order = np.asarray(self.order_fn(epoch))
         read = lambda s: self.source.read(self.indices(order, s))
-        steps = grain.MapDataset.range(step, self.steps_per_epoch).map(read)
+        steps = _grain().MapDataset.range(step, self.steps_per_epoch).map(read)
         self._it = iter(steps.to_iter_dataset(self.options))
         self._at = (epoch, step)
 
