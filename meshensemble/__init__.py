@@ -7,18 +7,18 @@ the mesh axis ``ensemble``; batches are split over ``data``; steps run under
 
 import warnings as _warnings
 
-from meshensemble import calibrate_run as calibrate_run
 from meshensemble import calibration as calibration
 from meshensemble import core as core
 from meshensemble import data as data
 from meshensemble import errors as errors
-from meshensemble import evaluation_regression as evaluation_regression
+from meshensemble import evaluation as evaluation
 from meshensemble import metrics as metrics
 from meshensemble import models as models
+from meshensemble import numerics as numerics
+from meshensemble import runtime as runtime
 from meshensemble import serving as serving
 from meshensemble import testing as testing
 from meshensemble import training as training
-from meshensemble.core import distributed as distributed
 from meshensemble.core import tasks as tasks
 from meshensemble.core.adapters import FunctionModel as FunctionModel
 from meshensemble.core.adapters import LinenModel as LinenModel
@@ -48,6 +48,7 @@ from meshensemble.errors import MeshEnsembleError as MeshEnsembleError
 from meshensemble.errors import RunFailedError as RunFailedError
 from meshensemble.errors import UsageError as UsageError
 from meshensemble.models import conv as conv
+from meshensemble.runtime import distributed as distributed
 from meshensemble.serving import Predictor as Predictor
 from meshensemble.serving import load_predictor as load_predictor
 from meshensemble.training import TrainConfig as TrainConfig
@@ -88,8 +89,9 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "as_model",
-    "calibrate_run",
-    "evaluation_regression",
+    "evaluation",
+    "numerics",
+    "runtime",
     "calibration",
     "batch_sharding",
     "checkpoint_manager",

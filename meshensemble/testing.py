@@ -22,10 +22,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from meshensemble.core.adapters import as_model
-from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.mesh import ENSEMBLE, make_mesh, use_fake_cpu_devices
 from meshensemble.core.steps import softmax_cross_entropy
+from meshensemble.runtime.distributed import fetch
 
 PyTree = Any
 

@@ -14,7 +14,7 @@ import optax
 import pytest
 
 import meshensemble as me
-from meshensemble.core import compilation
+from meshensemble.runtime import compilation
 from meshensemble.testing import need_devices as need_devices  # the test modules import it here
 from meshensemble.testing import set_fake_cpu_devices
 

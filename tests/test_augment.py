@@ -1,4 +1,4 @@
-"""On-device augmentation (core/augment.py), bagging (training/order.py), label smoothing."""
+"""On-device augmentation (data/augment.py), bagging (training/order.py), label smoothing."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from conftest import need_devices, small_config
 
 import meshensemble as me
-from meshensemble.core import augment as aug
 from meshensemble.core.mesh import parse_mesh
+from meshensemble.data import augment as aug
 from meshensemble.testing import single_model_train_step
 from meshensemble.training import Feeder, TrainConfig, build_ensemble, train
 from meshensemble.training.config import smoothed_cross_entropy

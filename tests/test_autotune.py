@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from meshensemble.core import autotune
+from meshensemble.runtime import autotune
 
 
 class FakeClock:

@@ -322,6 +322,6 @@ def test_alpha_too_small_for_the_split_is_refused_before_any_work(run, capsys, m
     for alpha, want in ((0.2, ["few for a temperature"]), (0.1, ["few for alpha=0.1", "temp"])):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            evaluate.check_calibrate(workdir, small, alpha, "thr")
+            me.calibration.run.check_calibrate(workdir, small, alpha, "thr")
         assert [w for w in want if not any(w in str(s.message) for s in seen)] == []
         assert len(seen) == len(want)

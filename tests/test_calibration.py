@@ -368,6 +368,7 @@ def test_public_names():
         "fit_temperature",
         "fit_variance_scale",
         "prediction_sets",
+        "run",
         "set_size",
     }
     assert cal.METHODS == ("thr", "aps", "raps")

@@ -14,12 +14,12 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from meshensemble.core import compilation
+from meshensemble.runtime import compilation
 
 PROGRAM = r"""
 import json, sys
 import jax, jax.numpy as jnp
-from meshensemble.core import compilation
+from meshensemble.runtime import compilation
 assert compilation.enable_compilation_cache(sys.argv[1]) == sys.argv[1]
 with compilation.CompileLog() as log:
     f = jax.jit(lambda x: jnp.sin(x) @ x.T)

@@ -23,8 +23,8 @@ from jax.experimental.compilation_cache import compilation_cache
 import meshensemble as me
 from meshensemble import cli
 from meshensemble.cli import train as cli_train
-from meshensemble.core import autotune
-from meshensemble.core.compilation import ENV_CACHE_DIR, CompileLog
+from meshensemble.runtime import autotune
+from meshensemble.runtime.compilation import ENV_CACHE_DIR, CompileLog
 from meshensemble.training import Feeder, TrainConfig, build_ensemble, loop, train, tuning
 from meshensemble.training.loop import run_keys, use_compilation_cache
 from meshensemble.training.tuning import resolve_choices, step_candidate
@@ -337,7 +337,7 @@ def test_the_evaluation_compiled_ahead_once_and_summed_on_the_host(tmp_path, mon
 
 
 def test_ahead_of_time_calls_the_compiled_program_only_for_its_signature():
-    from meshensemble.core.ahead import AheadOfTime
+    from meshensemble.runtime.precompile import AheadOfTime
 
     calls: list[str] = []
 

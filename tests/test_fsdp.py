@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 import meshensemble as me
 from meshensemble.core import sharding
-from meshensemble.core.distributed import launch_local
+from meshensemble.runtime.distributed import launch_local
 from meshensemble.training import TrainConfig, train
 
 RNG = np.random.default_rng(0)

@@ -111,7 +111,7 @@ def trained(ens, key, steps: int = 2):
 
 
 def make(**kwargs):
-    augment = me.core.augment.make_augment("shift", 2)  # draws from the state's keys
+    augment = me.data.augment.make_augment("shift", 2)  # draws from the state's keys
     return me.Ensemble(me.models.MLP(), TX, 4, me.make_mesh(4, 2), augment=augment, **kwargs)
 
 

@@ -23,20 +23,20 @@ import meshensemble as me
 PACKAGE = pathlib.Path(me.__file__).parent
 RANK = {
     "errors": -1,  # the error types: below every room, imports nothing of the package
-    "core": 0,
-    "models": 1,
-    "metrics": 1,
-    "calibration": 1,
-    "data": 1,
-    "plots": 1,
-    "training": 2,
-    "calibrate_run": 2.5,  # evaluate --calibrate: above training, below evaluation
-    "evaluation_regression": 2.75,  # evaluate on a regression run, called by evaluation
-    "evaluation": 3,
-    "testing": 3,
-    "serving": 3.5,  # predict / export: reads a run as evaluation does, below bench and cli
-    "bench": 4,
-    "cli": 5,
+    "numerics": 0,  # pure array math the core and the metrics share
+    "runtime": 0,  # compilation cache, ahead-of-time programs, auto-tuning, processes
+    "core": 1,  # the ensemble on the mesh
+    "models": 2,
+    "metrics": 2,
+    "data": 2,
+    "plots": 2,
+    "training": 3,
+    "calibration": 4,  # temperature, conformal sets, and `evaluate --calibrate` on a run
+    "evaluation": 5,
+    "testing": 5,
+    "serving": 6,  # predict / export: reads a run as evaluation does, below bench and cli
+    "bench": 7,
+    "cli": 8,
 }
 MAX_LINES = 700
 

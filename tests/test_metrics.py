@@ -17,7 +17,7 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 
 import meshensemble as me
 from meshensemble import metrics
-from meshensemble.core import stats as core_stats
+from meshensemble.numerics import sums as core_stats
 
 M, N, C, BINS = 5, 120, 6, 15
 TOL = {"rtol": 2e-5, "atol": 2e-5}

@@ -19,7 +19,7 @@ import pytest
 from conftest import need_devices
 
 import meshensemble as me
-from meshensemble.core.distributed import free_port, launch_local
+from meshensemble.runtime.distributed import free_port, launch_local
 from meshensemble.training import TrainConfig, train
 from meshensemble.training.checkpoint import list_checkpoints
 
@@ -323,7 +323,7 @@ def test_streamed_processes_read_half_of_each_batch_and_equal_one_process(
 # --- start-up on a loaded machine: a configurable timeout, one line when it runs out ---
 def test_the_init_timeout_comes_from_the_flag_the_environment_or_the_default(monkeypatch):
     from meshensemble.cli import build_parser
-    from meshensemble.core import distributed
+    from meshensemble.runtime import distributed
 
     monkeypatch.delenv(distributed.ENV_INIT_TIMEOUT, raising=False)
     assert distributed.init_timeout_seconds(None) == distributed.DEFAULT_INIT_TIMEOUT == 300
@@ -340,7 +340,7 @@ def test_the_init_timeout_comes_from_the_flag_the_environment_or_the_default(mon
 def test_a_start_up_that_times_out_is_one_line_naming_the_coordinator(monkeypatch):
     """What jax.distributed.initialize is given, and the line when it fails (no process
     is started: the runtime's call is replaced)."""
-    from meshensemble.core import distributed
+    from meshensemble.runtime import distributed
 
     seen = {}
 
@@ -368,7 +368,7 @@ def test_when_the_peers_never_come_the_process_leaves_with_one_line(monkeypatch)
     first: one line and exit 1. The runtime's call waits here until the watchdog fired."""
     import threading
 
-    from meshensemble.core import distributed
+    from meshensemble.runtime import distributed
 
     left, seen = [], {}
     fired = threading.Event()

@@ -402,7 +402,7 @@ def test_fsdp_regression_equals_whole_members():
 
 @pytest.mark.slow
 def test_two_processes_train_the_same_regression_ensemble_as_one(tmp_path):
-    from meshensemble.core.distributed import launch_local
+    from meshensemble.runtime.distributed import launch_local
 
     argv = ["train", "--task", "regression", "--source", "toy1d", "--members", "8",
             "--mesh", "ensemble=4,data=2", "--optimizer", "adam", "--learning-rate", "0.01",

@@ -45,7 +45,7 @@ def _reference(workdir: str, data: me.data.RegressionData, mesh: str):
     train, val = split_validation(data, cfg.validation, cfg.seed)
     stats = me.data.standardizer(train)
     steps = saved["resolved"]["steps_per_epoch"]
-    ens = build_regression_ensemble(cfg, me.evaluation_regression.run_mesh(mesh, 4), stats, 1,
+    ens = build_regression_ensemble(cfg, me.evaluation.regression.run_mesh(mesh, 4), stats, 1,
                                     steps)  # fmt: skip
     state, _, step = me.restore_checkpoint(workdir, ens, data.x_test[:1], move_damaged=False)
     return types.SimpleNamespace(ens=ens, state=state, step=step, val=val)

@@ -386,7 +386,7 @@ def test_outputs_are_written_atomically(tmp_path):
 
 
 def test_reads_the_calibration_evaluate_calibrate_writes(run, tmp_path):
-    from meshensemble.calibrate_run import calibrate_ensemble
+    from meshensemble.calibration.run import calibrate_ensemble
 
     x, y = run.images, np.asarray(data.synthetic(NUM_TRAIN, NUM_TEST, seed=3).test_labels)
     y = np.where(np.arange(len(y)) % 3 == 0, (y + 1) % 10, y)  # some wrong: T is no bound

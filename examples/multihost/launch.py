@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from meshensemble.core.distributed import launch_local
+from meshensemble.runtime.distributed import launch_local
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,8 +6,8 @@ members, batch size and data; checkpoints off), timing from the start of ``train
 the end of the first epoch whose test ensemble accuracy reaches ``--target-accuracy``
 (the evaluation included; training stops there). Compilation is included: the run
 enables JAX's persistent compilation cache in a folder of its own
-(:func:`meshensemble.core.compilation.enable_compilation_cache`) and wraps ``train()``
-in a :class:`meshensemble.core.compilation.CompileLog`. The first run (**cold**) starts
+(:func:`meshensemble.runtime.compilation.enable_compilation_cache`) and wraps ``train()``
+in a :class:`meshensemble.runtime.compilation.CompileLog`. The first run (**cold**) starts
 from an empty cache folder; the second (**warm**) is the same command on the same
 folder, so it loads its programs instead of compiling them.
 
@@ -37,7 +37,7 @@ import numpy as np
 
 from meshensemble import data
 from meshensemble.bench.config import BenchConfig
-from meshensemble.core.compilation import CompileLog, enable_compilation_cache
+from meshensemble.runtime.compilation import CompileLog, enable_compilation_cache
 from meshensemble.training import METRICS_FILE, TrainConfig, train
 
 MARKER = "MESHENSEMBLE_TIME_TO_ACCURACY "
@@ -312,7 +312,7 @@ def run_child(args: Mapping[str, Any], stamps: list[float]) -> None:
 
     Enables the compilation cache in ``args["cache_dir"]``, then runs
     :func:`meshensemble.training.train` inside a
-    :class:`~meshensemble.core.compilation.CompileLog`. After each evaluation (read back
+    :class:`~meshensemble.runtime.compilation.CompileLog`. After each evaluation (read back
     from the run's ``metrics.jsonl`` when ``train()`` reports it) it notes the time; at
     the first on target it stops training.
 

@@ -37,7 +37,7 @@ from meshensemble.cli.common import (
     setup_devices,
     silence_absl_noise,
 )
-from meshensemble.core.distributed import hard_exit
+from meshensemble.runtime.distributed import hard_exit
 from meshensemble.training.checkpoint import CheckpointError
 
 __all__ = ["Parser", "UsageError", "build_parser", "main", "setup_devices"]

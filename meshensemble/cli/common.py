@@ -278,7 +278,7 @@ def setup_distributed(args: argparse.Namespace) -> None:
     Example:
       >>> setup_distributed(args)
     """
-    from meshensemble.core import distributed
+    from meshensemble.runtime import distributed
 
     try:
         distributed.initialize(

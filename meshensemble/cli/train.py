@@ -36,8 +36,8 @@ from meshensemble.cli.common import (
     setup_devices,
     setup_distributed,
 )
-from meshensemble.core import distributed
 from meshensemble.errors import EXIT_INTERRUPTED
+from meshensemble.runtime import distributed
 from meshensemble.training import CONFIG_FILE, TrainConfig, train
 from meshensemble.training.config import inherited_fields
 

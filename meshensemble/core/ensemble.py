@@ -15,7 +15,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from meshensemble.core import (
-    ahead,
     derive,
     evaluating,
     inputs,
@@ -24,7 +23,6 @@ from meshensemble.core import (
     sharding,
     steps,
     tasks,
-    tempering,
 )
 from meshensemble.core.adapters import as_model
 from meshensemble.core.backends import make_backend, put
@@ -43,6 +41,8 @@ from meshensemble.core.mesh import (
 )
 from meshensemble.core.state import EnsembleState, init_members, member_hyperparams
 from meshensemble.core.steps import StepConfig
+from meshensemble.numerics import temperature as temperature_lib
+from meshensemble.runtime import precompile
 
 MAX_IN_FLIGHT = 2
 """Programs an :class:`Ensemble` lets run ahead of the host before it waits for the oldest.
@@ -88,9 +88,9 @@ class Ensemble:
         loss and softmax are float32. For accelerators (bf16 is slow on most CPUs).
         Default None (compute in the parameters' dtype).
       augment: ``fn(key, image) -> image``, a training example's augmentation (after
-        ``input_transform``), e.g. ``me.core.augment.make_augment("shift", 2)``: each
+        ``input_transform``), e.g. ``me.data.augment.make_augment("shift", 2)``: each
         member draws its own, new every step, the same on any mesh and after a resume
-        (see :mod:`meshensemble.core.augment`). Default None (none).
+        (see :mod:`meshensemble.data.augment`). Default None (none).
       shard_members: FSDP, each member's state split over ``data``; ``axis_rules``: logical
         name -> mesh axis pairs for a ``model`` axis (:mod:`meshensemble.core.sharding`).
       task: ``me.tasks.Classification()`` (None, the default) or
@@ -473,11 +473,11 @@ class Ensemble:
         """
         if self.regression:
             return regression.predict(self, state, images, True, temperature, logits)
-        t = tempering.check_temperature(temperature, self.num_members)
+        t = temperature_lib.check_temperature(temperature, self.num_members)
         out = self._predict(state, images, members=True, logits=logits)
         if t is None:
             return out
-        return tempering.divided(out, t) if logits else tempering.tempered(out, t)
+        return temperature_lib.divided(out, t) if logits else temperature_lib.tempered(out, t)
 
     def predict(self, state: EnsembleState, images: Any, temperature: Any = None) -> jax.Array:
         """The ensemble's prediction: the mean of the members' softmax, optionally calibrated.
@@ -509,13 +509,13 @@ class Ensemble:
         """
         if self.regression:
             return regression.predict(self, state, images, False, temperature)
-        t = tempering.check_temperature(temperature, self.num_members)
+        t = temperature_lib.check_temperature(temperature, self.num_members)
         if t is None:
             return self._predict(state, images, members=False)
         if t.ndim == 0:
-            return tempering.tempered(self._predict(state, images, members=False), t)
+            return temperature_lib.tempered(self._predict(state, images, members=False), t)
         members = self._predict(state, images, members=True)
-        return tempering.mean_members(tempering.tempered(members, t))
+        return temperature_lib.mean_members(temperature_lib.tempered(members, t))
 
     @inputs.explains_errors
     def _predict(
@@ -588,13 +588,13 @@ class Ensemble:
         inputs.check_state(state, self.num_members)
         inputs.check_positive_int("batch_size", batch_size)
         inputs.check_positive_int("num_bins", num_bins)
-        images, labels, n = tempering.check_eval_set(images, labels)
+        images, labels, n = evaluating.check_eval_set(images, labels)
         self._check_label_range(state, images, labels, per_member=False)
         fn = self.eval_fn(num_bins, derive.row(images) if self._sharded else None)
         b = self.eval_batch_size(batch_size, n)
         return evaluating.evaluate_batches(fn, state, images, labels, b, num_bins, self._dispatched)
 
-    def eval_fn(self, num_bins: int = 15, sample: Any = None) -> ahead.AheadOfTime:
+    def eval_fn(self, num_bins: int = 15, sample: Any = None) -> precompile.AheadOfTime:
         """The global function behind :meth:`evaluate` (one batch), built once.
 
         Args:
@@ -604,7 +604,7 @@ class Ensemble:
         Returns:
           ``fn(state, images, labels, mask) -> (sums, per_example)`` on a batch of
           :meth:`eval_batch_size` examples (``mask`` bool ``[B]`` marks the real ones), an
-          :class:`~meshensemble.core.ahead.AheadOfTime`: ``fn.compile_ahead(...)`` with the
+          :class:`~meshensemble.runtime.precompile.AheadOfTime`: ``fn.compile_ahead(...)`` with the
           arguments' shapes compiles it in a thread before the first evaluation.
 
         Example:
@@ -612,11 +612,11 @@ class Ensemble:
         """
         return self._fn(
             ("evaluate", num_bins, self._layout_key(sample)),
-            lambda: ahead.AheadOfTime(
+            lambda: precompile.AheadOfTime(
                 self.backend.build(
                     functools.partial(steps.eval_stats, self.step_config(sample), num_bins),
                     (self._specs(sample), BATCH, BATCH, BATCH),
-                    tempering.eval_specs(),
+                    evaluating.eval_specs(),
                 )
             ),
         )

@@ -11,10 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
-from meshensemble.core import inputs, stats
-from meshensemble.core.distributed import fetch
+from meshensemble.core import inputs
+from meshensemble.core.mesh import BATCH, MEMBERS, REPLICATED
+from meshensemble.numerics import sums as sums_lib
+from meshensemble.runtime.distributed import fetch
 
 
 def evaluate_batches(
@@ -40,7 +44,7 @@ def evaluate_batches(
         flight); returns it.
 
     Returns:
-      :func:`meshensemble.core.stats.finalize_stats` of the summed batches.
+      :func:`meshensemble.numerics.sums.finalize_stats` of the summed batches.
 
     Example:
       >>> evaluate_batches(ens.eval_fn(), state, images, labels, 1000, 15)["accuracy"]
@@ -60,5 +64,48 @@ def evaluate_batches(
     # (confidence, correctness, mask) come to the host too, for the adaptive ECE.
     partial_sums, examples = fetch((partial_sums, examples))
     total = functools.reduce(lambda a, b: jax.tree.map(np.add, a, b), partial_sums)
-    joined = {k: np.concatenate([e[k] for e in examples]) for k in stats.EXAMPLE_STAT_KEYS}
-    return stats.finalize_stats(total, num_bins, examples=joined)
+    joined = {k: np.concatenate([e[k] for e in examples]) for k in sums_lib.EXAMPLE_STAT_KEYS}
+    return sums_lib.finalize_stats(total, num_bins, examples=joined)
+
+
+def check_eval_set(images: Any, labels: Any) -> tuple[Any, np.ndarray, int]:
+    """Checks an evaluation set: one integer label per image, at least one image.
+
+    Args:
+      images: ``[N, ...]`` (numpy, a list or a ``jax.Array``).
+      labels: ``[N]`` integer class indices.
+
+    Returns:
+      ``(images, labels, N)``: the images as an array, the labels as numpy.
+
+    Raises:
+      ValueError: no example, lengths differ, or labels that are not integers.
+
+    Example:
+      >>> images, labels, n = check_eval_set(test_images, test_labels)
+    """
+    images, labels = inputs.as_array(images, "images"), np.asarray(labels)
+    n = int(np.shape(images)[0]) if np.ndim(images) else 0
+    if labels.shape != (n,) or n == 0:
+        raise ValueError(
+            f"images of shape {np.shape(images)} and labels of shape {labels.shape}: "
+            "give one integer label per image and at least one image"
+        )
+    if not jnp.issubdtype(labels.dtype, jnp.integer):
+        raise ValueError(f"labels have dtype {labels.dtype}; give integer class indices")
+    return images, labels, n
+
+
+def eval_specs() -> tuple[dict[str, P], dict[str, P]]:
+    """Output specs of :func:`meshensemble.core.steps.eval_stats`.
+
+    Returns:
+      ``(sums, per_example)``: per-member sums split over ``ensemble``, ensemble sums
+      replicated; the per-example values ``[B]`` split over ``data``.
+
+    Example:
+      >>> sums, per_example = eval_specs()
+    """
+    names = sums_lib.MEMBER_STAT_KEYS + sums_lib.ENSEMBLE_STAT_KEYS
+    totals = {k: (MEMBERS if k.startswith("member_") else REPLICATED) for k in names}
+    return totals, {k: BATCH for k in sums_lib.EXAMPLE_STAT_KEYS}

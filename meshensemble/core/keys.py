@@ -6,13 +6,20 @@ its number of words alone, so a program follows the state it is given: the defau
 implementation's word count (2 for ``threefry2x32``) is used as a legacy raw key (the
 same bits as the typed key), 2 words otherwise mean ``threefry2x32`` and 4 words
 ``rbg``. ``unsafe_rbg`` also has 4 words: name it with ``Ensemble(..., key_impl=...)``.
+
+It also holds the keys of an on-device augmentation (:func:`augment_key`,
+:func:`augment_batch`: every example of the global batch its own key, so the result does
+not depend on the mesh); the augmentations themselves are in
+:mod:`meshensemble.data.augment`.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
+from jax import lax
 
 BY_WORDS = {2: "threefry2x32", 4: "rbg"}
 """The implementation a state's key words name when the ensemble declares none."""
@@ -124,3 +131,62 @@ def check_impl(impl: str | None) -> str | None:
             "'unsafe_rbg' or None"
         ) from err
     return str(impl)
+
+
+# --------------------------------------------------------------------------- augmentation keys
+
+Augment = Callable[[jax.Array, jax.Array], jax.Array]
+"""``fn(key, image [H, W, C]) -> image [H, W, C]``: one example's augmentation."""
+
+AUGMENT_SALT = 0x61756721
+"""Folded into a member's key before the step, so augmentation keys never equal the
+dropout keys (``fold_in(fold_in(key, step), data_index)``) of any step below 1.6e9."""
+
+
+def augment_key(key: jax.Array, step: jax.Array) -> jax.Array:
+    """The key a member's augmentations of step ``step`` are drawn from.
+
+    Args:
+      key: the member's key (a row of ``EnsembleState.rng``, raw or wrapped).
+      step: the member's step count (``EnsembleState.step``).
+
+    Returns:
+      ``fold_in(fold_in(key, AUGMENT_SALT), step)``.
+
+    Example:
+      >>> augment_key(jax.random.key(0), 3)
+    """
+    return jax.random.fold_in(jax.random.fold_in(key, AUGMENT_SALT), step)
+
+
+def augment_batch(
+    fn: Augment,
+    key: jax.Array,
+    step: jax.Array,
+    images: jax.Array,
+    start: jax.Array | int = 0,
+    total: int | None = None,
+) -> jax.Array:
+    """Augments rows ``start .. start + b - 1`` of a global batch of ``total`` examples.
+
+    Example ``j`` of the global batch uses key ``split(augment_key(key, step), total)[j]``,
+    so the result of a row does not depend on how the batch is split.
+
+    Args:
+      fn: the augmentation of one example.
+      key: the member's key.
+      step: the member's step count.
+      images: this shard's rows ``[b, H, W, C]``.
+      start: the global index of ``images[0]`` (``axis_index(data) * b`` in a step).
+      total: the global batch size (default ``b``: ``images`` is the whole batch).
+
+    Returns:
+      ``[b, H, W, C]`` augmented images.
+
+    Example:
+      >>> x = augment_batch(make_augment("shift", 2), jax.random.key(0), 0, images)
+    """
+    b = images.shape[0]
+    keys = jax.random.split(augment_key(key, step), b if total is None else total)
+    keys = lax.dynamic_slice_in_dim(keys, start, b) if total is not None else keys
+    return jax.vmap(fn)(keys, images)

@@ -4,7 +4,7 @@
 for a :class:`~meshensemble.core.tasks.Regression` task. They pad the inputs to the
 ``data`` axis, run the per-device functions of :mod:`meshensemble.core.steps` (built once
 with :meth:`~meshensemble.Ensemble.build`) and, for ``evaluate``, stream padded, masked
-batches whose sums are finalised by :func:`meshensemble.core.gaussian.finalize`.
+batches whose sums are finalised by :func:`meshensemble.numerics.gaussian.finalize`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from meshensemble.core import gaussian, inputs, steps
+from meshensemble.core import inputs, steps
 from meshensemble.core.backends import put
-from meshensemble.core.distributed import fetch
 from meshensemble.core.mesh import BATCH, ENSEMBLE, MEMBER_BATCH, REPLICATED
+from meshensemble.numerics import gaussian
+from meshensemble.runtime.distributed import fetch
 
 MAX_IN_FLIGHT = 2
 """Evaluation batches dispatched ahead of the host before it waits for the oldest."""
@@ -88,7 +89,7 @@ def evaluate(ens: Any, state: Any, x: Any, y: Any, batch_size: int) -> dict[str,
       batch_size: examples per compiled call (rounded up to a multiple of ``data``).
 
     Returns:
-      The dict of :func:`meshensemble.core.gaussian.finalize`.
+      The dict of :func:`meshensemble.numerics.gaussian.finalize`.
 
     Raises:
       ValueError: no examples, ``x`` and ``y`` differ in length, or targets of the wrong

@@ -29,14 +29,15 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from meshensemble.core import augment as augment_lib
-from meshensemble.core import gaussian, keys, stats
+from meshensemble.core import keys
 from meshensemble.core.adapters import Model
 from meshensemble.core.members import map_members as map_members
 from meshensemble.core.mesh import DATA, ENSEMBLE
 from meshensemble.core.ordering import ordered_after
 from meshensemble.core.state import EnsembleState
 from meshensemble.core.tasks import softmax_cross_entropy as softmax_cross_entropy
+from meshensemble.numerics import gaussian
+from meshensemble.numerics import sums as sums_lib
 
 PyTree = Any
 LossFn = Callable[[jax.Array, jax.Array], jax.Array]
@@ -66,7 +67,7 @@ class StepConfig:
         logits are cast to float32 before the loss and the softmax. None: no casting.
       augment: ``fn(key, image) -> image``, one training example's augmentation, applied
         in each member's step after the input transform, with keys drawn for the whole
-        global batch from the member's key and step (see :mod:`meshensemble.core.augment`:
+        global batch from the member's key and step (see :mod:`meshensemble.data.augment`:
         the same on any mesh, resume-exact); None for none.
       gather_axes: FSDP (``shard_members``): for each parameter leaf (flattening order)
         the dimension split over ``data``, or None; see :func:`gather_params`. None
@@ -129,7 +130,7 @@ def _augmented(cfg: StepConfig, state: EnsembleState, x: jax.Array) -> jax.Array
     b = x.shape[0]
     start, total = lax.axis_index(DATA) * b, b * lax.axis_size(DATA)
     key = _wrap(cfg, state.rng)
-    return augment_lib.augment_batch(cfg.augment, key, state.step, x, start, total)
+    return keys.augment_batch(cfg.augment, key, state.step, x, start, total)
 
 
 def _prepare(cfg: StepConfig, images: jax.Array) -> jax.Array:
@@ -323,7 +324,7 @@ def prediction_summaries(
     probs = member_probs(cfg, state, images)
     local = {
         "probs": jnp.mean(probs, axis=0),
-        "expected_entropy": jnp.mean(stats.shannon_entropy(probs), axis=0),
+        "expected_entropy": jnp.mean(sums_lib.shannon_entropy(probs), axis=0),
     }
     out = reduce_over(cfg, lax.pmean, local, ENSEMBLE)
     if with_members:
@@ -342,10 +343,10 @@ def eval_stats(
     """Sums of evaluation statistics over this batch, reduced on the mesh.
 
     The members' softmax never leaves the devices: each device computes
-    :func:`meshensemble.core.stats.member_summaries` of its members and reduces them over
+    :func:`meshensemble.numerics.sums.member_summaries` of its members and reduces them over
     ``ensemble`` (``pmean`` of the mean softmax and of the mean clipped log-softmax,
     ``psum`` of the per-class argmax counts), then
-    :func:`meshensemble.core.stats.streaming_stats` for its members on its part of the
+    :func:`meshensemble.numerics.sums.streaming_stats` for its members on its part of the
     batch; the sums are ``psum``-ed over ``data``. ``member_*`` sums stay split over
     ``ensemble`` (``[m, ...]``); the ensemble's sums (pairwise ones included) use only the
     reduced summaries and so are the same on every device. Per example, only the
@@ -358,17 +359,17 @@ def eval_stats(
       images: ``[b, ...]``; labels ``[b]``; mask ``[b]`` (0 for padding).
 
     Returns:
-      ``(sums, examples)``: the dict of :func:`meshensemble.core.stats.streaming_stats`,
-      summed over ``data``, and the dict of :func:`meshensemble.core.stats.example_stats`
+      ``(sums, examples)``: the dict of :func:`meshensemble.numerics.sums.streaming_stats`,
+      summed over ``data``, and the dict of :func:`meshensemble.numerics.sums.example_stats`
       of this device's ``[b]`` examples (split over ``data``, not summed).
     """
     probs = member_probs(cfg, state, images)
-    local = stats.member_summaries(probs)
+    local = sums_lib.member_summaries(probs)
     ens = reduce_over(cfg, lax.pmean, local["probs"], ENSEMBLE)
     votes = reduce_over(cfg, lax.psum, local["votes"], ENSEMBLE)
     log_probs = reduce_over(cfg, lax.pmean, local["log_probs"], ENSEMBLE)
     mask = mask.astype(jnp.float32)
-    sums = stats.streaming_stats(
+    sums = sums_lib.streaming_stats(
         probs,
         ens,
         labels,
@@ -377,7 +378,7 @@ def eval_stats(
         ensemble_votes=votes,
         ensemble_log_probs=log_probs,
     )
-    return reduce_over(cfg, lax.psum, sums, DATA), stats.example_stats(ens, labels, mask)
+    return reduce_over(cfg, lax.psum, sums, DATA), sums_lib.example_stats(ens, labels, mask)
 
 
 def gather_batch(
@@ -594,7 +595,7 @@ def mixture_quantiles(
     """The mixture's quantiles by bisection on its CDF (``pmean`` of the members' CDFs).
 
     The bracket is every member's ``mu +/- 10 sigma`` (``pmin`` / ``pmax`` over
-    ``ensemble``); :data:`~meshensemble.core.gaussian.BISECTION_STEPS` halvings follow.
+    ``ensemble``); :data:`~meshensemble.numerics.gaussian.BISECTION_STEPS` halvings follow.
     Returns ``[b, T, len(levels)]`` quantiles.
     """
     sd = jnp.sqrt(variance)
@@ -647,7 +648,7 @@ def regression_eval_stats(
     over the batch, then ``psum`` over ``data``.
 
     Returns:
-      The dict of :data:`~meshensemble.core.gaussian.SUM_KEYS` (replicated).
+      The dict of :data:`~meshensemble.numerics.gaussian.SUM_KEYS` (replicated).
     """
     m = member_moments(cfg, state, x)
     mean, variance, y = m["mean"], m["variance"], y.astype(jnp.float32)

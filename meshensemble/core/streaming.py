@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from meshensemble.core.distributed import fetch
+from meshensemble.runtime.distributed import fetch
 
 IN_FLIGHT = 2
 """Batches dispatched to the devices and not yet brought back, by default."""

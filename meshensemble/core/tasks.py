@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from meshensemble.core import gaussian
 from meshensemble.core.mesh import MEMBERS, REPLICATED
+from meshensemble.numerics import gaussian
 
 __all__ = ["Classification", "Regression", "check_task"]
 

@@ -38,6 +38,7 @@ The modules, by concern (every name is re-exported here; use ``me.data.<name>``)
   :func:`diabetes`, :func:`load_regression_npz`, :func:`standardizer`).
 """
 
+from meshensemble.data import augment as augment
 from meshensemble.data import auto as _auto
 from meshensemble.data import dataset as _dataset
 from meshensemble.data import npz as _npz
@@ -104,6 +105,7 @@ __all__ = [
     "save_npz",
     "split_validation",
     "standardizer",
+    "augment",
     "stream",
     "load_sample",
     "load_tfds",

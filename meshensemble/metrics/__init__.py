@@ -42,7 +42,7 @@ takes :func:`example_stats` (``N`` confidences and correctness flags, concatenat
 The modules, by concern (every name is re-exported here; use ``me.metrics.<name>``):
 
 * :mod:`meshensemble.metrics.classification`: :func:`accuracy`, :func:`nll`, :func:`brier`;
-* :mod:`meshensemble.metrics.calibration`: :func:`calibration_bins`, :func:`ece`,
+* :mod:`meshensemble.metrics.reliability`: :func:`calibration_bins`, :func:`ece`,
   :func:`ece_from_bins`, :func:`reliability_diagram_data`, :func:`reliability_from_bins`,
   :func:`adaptive_ece`, :func:`adaptive_ece_from_examples`;
 * :mod:`meshensemble.metrics.uncertainty`: :func:`entropy`, :func:`expected_entropy`,
@@ -51,7 +51,7 @@ The modules, by concern (every name is re-exported here; use ``me.metrics.<name>
 * :mod:`meshensemble.metrics.ood`: :func:`ood_score`, :func:`ood_score_from_logits`,
   :func:`auroc`, :func:`aupr`, :data:`OOD_KINDS`, :data:`LOGIT_OOD_KINDS`;
 * :mod:`meshensemble.metrics.streaming`: :func:`ensemble_metrics`, :func:`prefix_metrics`
-  and, from :mod:`meshensemble.core.stats` (the core's evaluation uses them, and the core
+  and, from :mod:`meshensemble.numerics.sums` (the core's evaluation uses them, and the core
   imports nothing of this package), :func:`streaming_stats`, :func:`finalize_stats`,
   :func:`member_summaries`, :func:`example_stats`, :data:`MEMBER_STAT_KEYS`,
   :data:`ENSEMBLE_STAT_KEYS`, :data:`EXAMPLE_STAT_KEYS` and :data:`EPS`. The argument checks
@@ -65,18 +65,8 @@ The definitions, with their sources, are collected in the documentation page
 "Uncertainty and calibration" (``docs/uncertainty.md``, section "Definitions").
 """
 
-from meshensemble.core import stats as _stats
 from meshensemble.metrics import ood as _ood
 from meshensemble.metrics import regression as regression
-from meshensemble.metrics.calibration import adaptive_ece as adaptive_ece
-from meshensemble.metrics.calibration import (
-    adaptive_ece_from_examples as adaptive_ece_from_examples,
-)
-from meshensemble.metrics.calibration import calibration_bins as calibration_bins
-from meshensemble.metrics.calibration import ece as ece
-from meshensemble.metrics.calibration import ece_from_bins as ece_from_bins
-from meshensemble.metrics.calibration import reliability_diagram_data as reliability_diagram_data
-from meshensemble.metrics.calibration import reliability_from_bins as reliability_from_bins
 from meshensemble.metrics.classification import accuracy as accuracy
 from meshensemble.metrics.classification import brier as brier
 from meshensemble.metrics.classification import nll as nll
@@ -84,6 +74,15 @@ from meshensemble.metrics.ood import aupr as aupr
 from meshensemble.metrics.ood import auroc as auroc
 from meshensemble.metrics.ood import ood_score as ood_score
 from meshensemble.metrics.ood import ood_score_from_logits as ood_score_from_logits
+from meshensemble.metrics.reliability import adaptive_ece as adaptive_ece
+from meshensemble.metrics.reliability import (
+    adaptive_ece_from_examples as adaptive_ece_from_examples,
+)
+from meshensemble.metrics.reliability import calibration_bins as calibration_bins
+from meshensemble.metrics.reliability import ece as ece
+from meshensemble.metrics.reliability import ece_from_bins as ece_from_bins
+from meshensemble.metrics.reliability import reliability_diagram_data as reliability_diagram_data
+from meshensemble.metrics.reliability import reliability_from_bins as reliability_from_bins
 from meshensemble.metrics.streaming import ensemble_metrics as ensemble_metrics
 from meshensemble.metrics.streaming import example_stats as example_stats
 from meshensemble.metrics.streaming import finalize_stats as finalize_stats
@@ -96,6 +95,7 @@ from meshensemble.metrics.uncertainty import entropy as entropy
 from meshensemble.metrics.uncertainty import expected_entropy as expected_entropy
 from meshensemble.metrics.uncertainty import mutual_information as mutual_information
 from meshensemble.metrics.uncertainty import pairwise_kl as pairwise_kl
+from meshensemble.numerics import sums as _stats
 
 # The constants are bound here with their docstrings (the same as where they are defined),
 # where the API reference (automodule of this package) looks for them.

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from meshensemble.core import statmath
+from meshensemble.numerics import statmath
 
 
 def _wmean(x: jax.Array, w: jax.Array) -> jax.Array:

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from meshensemble.core import statmath
 from meshensemble.metrics.uncertainty import mutual_information
+from meshensemble.numerics import statmath
 
 OOD_KINDS = ("max_prob", "entropy", "mutual_information")
 """The ``kind`` values that :func:`ood_score` accepts."""

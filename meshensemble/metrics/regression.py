@@ -5,7 +5,7 @@ The functions take each member's Gaussians, ``mean`` and ``variance`` of shape
 model is ``[1, N, T]``), and targets ``y`` ``[N, T]`` (or ``[N]`` for ``T = 1``), and
 return python floats averaged over examples and targets. They compute what
 :meth:`meshensemble.Ensemble.evaluate` streams on the mesh (the same definitions, see
-:mod:`meshensemble.core.gaussian` and docs/regression.md), for arrays already on the host:
+:mod:`meshensemble.numerics.gaussian` and docs/regression.md), for arrays already on the host:
 models trained elsewhere, baselines, or a saved prediction.
 
 Example:
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from meshensemble.core import gaussian
+from meshensemble.numerics import gaussian
 
 __all__ = ["mixture_nll", "mixture_crps", "mixture_quantiles", "scores"]
 

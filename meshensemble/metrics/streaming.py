@@ -2,7 +2,7 @@
 
 :func:`streaming_stats`, :func:`finalize_stats`, :func:`member_summaries`,
 :func:`example_stats` and their key tuples live in the core
-(:mod:`meshensemble.core.stats`, which the core's evaluation uses) and are re-exported here;
+(:mod:`meshensemble.numerics.sums`, which the core's evaluation uses) and are re-exported here;
 :func:`ensemble_metrics` runs both on one host array, :func:`prefix_metrics` names the
 results as the training loop's ``metrics.jsonl`` records do.
 """
@@ -17,14 +17,15 @@ import jax
 import numpy as np
 from jax.typing import ArrayLike
 
-from meshensemble.core import statmath, stats
-from meshensemble.core.stats import ENSEMBLE_STAT_KEYS as ENSEMBLE_STAT_KEYS
-from meshensemble.core.stats import EXAMPLE_STAT_KEYS as EXAMPLE_STAT_KEYS
-from meshensemble.core.stats import MEMBER_STAT_KEYS as MEMBER_STAT_KEYS
-from meshensemble.core.stats import example_stats as example_stats
-from meshensemble.core.stats import finalize_stats as finalize_stats
-from meshensemble.core.stats import member_summaries as member_summaries
-from meshensemble.core.stats import streaming_stats as streaming_stats
+from meshensemble.numerics import statmath
+from meshensemble.numerics import sums as sums_lib
+from meshensemble.numerics.sums import ENSEMBLE_STAT_KEYS as ENSEMBLE_STAT_KEYS
+from meshensemble.numerics.sums import EXAMPLE_STAT_KEYS as EXAMPLE_STAT_KEYS
+from meshensemble.numerics.sums import MEMBER_STAT_KEYS as MEMBER_STAT_KEYS
+from meshensemble.numerics.sums import example_stats as example_stats
+from meshensemble.numerics.sums import finalize_stats as finalize_stats
+from meshensemble.numerics.sums import member_summaries as member_summaries
+from meshensemble.numerics.sums import streaming_stats as streaming_stats
 
 
 def ensemble_metrics(
@@ -95,8 +96,8 @@ def _ensemble_stats_core(
     member_probs: Any, labels: Any, mask: Any, num_bins: int
 ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
     member_probs = statmath.as_float(member_probs)
-    every = stats.member_summaries(member_probs)  # all members are here: no reduction
-    sums = stats.streaming_sums(
+    every = sums_lib.member_summaries(member_probs)  # all members are here: no reduction
+    sums = sums_lib.streaming_sums(
         member_probs,
         every["probs"],
         labels,
@@ -105,7 +106,7 @@ def _ensemble_stats_core(
         ensemble_votes=every["votes"],
         ensemble_log_probs=every["log_probs"],
     )
-    return sums, stats.example_stats(every["probs"], labels, mask)
+    return sums, sums_lib.example_stats(every["probs"], labels, mask)
 
 
 def prefix_metrics(ev: Mapping[str, Any], split: str = "test") -> dict[str, Any]:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from meshensemble.core import statmath, stats
+from meshensemble.numerics import statmath, sums
 
 
 def entropy(probs: ArrayLike) -> jax.Array:
@@ -123,8 +123,8 @@ def disagreement(member_probs: ArrayLike) -> jax.Array:
 
 @jax.jit
 def _disagreement_core(member_probs: Any) -> jax.Array:
-    every = stats.member_summaries(member_probs)
-    return stats.pairwise_terms(every["probs"], every["votes"], None)[0]
+    every = sums.member_summaries(member_probs)
+    return sums.pairwise_terms(every["probs"], every["votes"], None)[0]
 
 
 def pairwise_kl(member_probs: ArrayLike) -> jax.Array:
@@ -160,8 +160,8 @@ def _pairwise_kl_core(member_probs: Any) -> jax.Array:
     m = member_probs.shape[0]
     if m < 2:
         return jnp.zeros(member_probs.shape[1], member_probs.dtype)
-    every = stats.member_summaries(member_probs)
-    cross = stats.pairwise_terms(every["probs"], None, every["log_probs"])[1]
+    every = sums.member_summaries(member_probs)
+    cross = sums.pairwise_terms(every["probs"], None, every["log_probs"])[1]
     mean_entropy = jnp.mean(statmath.shannon_entropy(member_probs), axis=0)
     return m / (m - 1) * jnp.maximum(cross - mean_entropy, 0.0)
 

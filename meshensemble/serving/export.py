@@ -32,8 +32,9 @@ import jax
 import jax.numpy as jnp
 
 from meshensemble import calibration
-from meshensemble.core import steps, tempering
-from meshensemble.core.distributed import fetch
+from meshensemble.core import steps
+from meshensemble.numerics import temperature as temperature_lib
+from meshensemble.runtime.distributed import fetch
 from meshensemble.serving.outputs import atomic_write
 from meshensemble.serving.predictor import Predictor
 from meshensemble.serving.regression import regression_metadata, regression_prediction_function
@@ -78,7 +79,7 @@ def prediction_function(predictor: Predictor) -> Callable[[jax.Array], dict[str,
         member = steps.member_probs(cfg, host, images)
         probs = jnp.mean(member, axis=0)
         if t is not None:
-            probs = tempering.tempered(probs, jnp.float32(t))
+            probs = temperature_lib.tempered(probs, jnp.float32(t))
         return {"probs": probs, "member_probs": member}
 
     return fn

@@ -30,11 +30,12 @@ import numpy as np
 from jax.sharding import Mesh
 
 from meshensemble import calibration
-from meshensemble.core import steps, streaming, tempering
+from meshensemble.core import steps, streaming
 from meshensemble.core.mesh import BATCH, MEMBER_BATCH, make_mesh, parse_mesh
-from meshensemble.core.statmath import shannon_entropy
 from meshensemble.data import IMAGE_SHAPE
 from meshensemble.evaluation import EVALUATION_FILE, load_run_config
+from meshensemble.numerics import temperature as temperature_lib
+from meshensemble.numerics.statmath import shannon_entropy
 from meshensemble.serving.inputs import as_images
 from meshensemble.serving.regression import RegressionPredictor, load_regression_predictor
 from meshensemble.training import build_ensemble, default_mesh_shape
@@ -123,7 +124,7 @@ def read_calibration(workdir: str, step: int) -> tuple[Calibration | None, str]:
 def _finish(out: dict[str, jax.Array], t: Any, t_cal: Any, with_calibrated: bool) -> dict:
     """Per-example fields from :func:`meshensemble.core.steps.prediction_summaries`."""
     pooled = out["probs"]
-    probs = pooled if t is None else tempering.tempered(pooled, t)
+    probs = pooled if t is None else temperature_lib.tempered(pooled, t)
     res = {
         "probs": probs,
         "label": jnp.argmax(probs, axis=-1).astype(jnp.int32),
@@ -134,7 +135,7 @@ def _finish(out: dict[str, jax.Array], t: Any, t_cal: Any, with_calibrated: bool
     if "member_probs" in out:
         res["member_probs"] = out["member_probs"]
     if with_calibrated:
-        res["calibrated"] = tempering.tempered(pooled, t_cal)
+        res["calibrated"] = temperature_lib.tempered(pooled, t_cal)
     return res
 
 

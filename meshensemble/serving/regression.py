@@ -31,9 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from meshensemble.core import steps, streaming
-from meshensemble.core.distributed import fetch
 from meshensemble.core.mesh import BATCH, MEMBER_BATCH
-from meshensemble.evaluation_regression import EVALUATION_FILE, restore_regression
+from meshensemble.evaluation.regression import EVALUATION_FILE, restore_regression
+from meshensemble.runtime.distributed import fetch
 from meshensemble.serving.inputs import as_features
 
 log = logging.getLogger("meshensemble")

@@ -21,10 +21,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from meshensemble.core.distributed import fetch
 from meshensemble.core.sharding import abstract_layout
 from meshensemble.core.state import EnsembleState
 from meshensemble.errors import RunFailedError
+from meshensemble.runtime.distributed import fetch
 from meshensemble.training.inference import check_temperature, read_temperature, write_temperature
 
 

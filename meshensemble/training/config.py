@@ -27,10 +27,10 @@ import optax
 from jax.sharding import Mesh
 
 from meshensemble import data as data_lib
-from meshensemble.core.augment import AUGMENTS, make_augment
 from meshensemble.core.backends import BACKENDS
 from meshensemble.core.ensemble import STRATEGIES, Ensemble
 from meshensemble.core.mesh import parse_mesh
+from meshensemble.data.augment import AUGMENTS, make_augment
 from meshensemble.models import REGISTRY as MODEL_REGISTRY
 from meshensemble.models import get_model
 from meshensemble.models.conv import CONV_CHOICES
@@ -190,7 +190,7 @@ class TrainConfig:
         "on-device augmentation of the training images, per member and step: shift "
         "translates by up to augment_shift pixels (zero fill; MNIST-like), crop_flip pads "
         "by augment_shift, crops at random and mirrors half (CIFAR-like); see "
-        "meshensemble.core.augment",
+        "meshensemble.data.augment",
         choices=AUGMENTS,
     )
     augment_shift: int = _field(

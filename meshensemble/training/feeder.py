@@ -38,7 +38,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 from meshensemble import data as data_lib
 from meshensemble.core import steps
 from meshensemble.core.backends import put
-from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.mesh import (
     BATCH,
@@ -50,6 +49,7 @@ from meshensemble.core.mesh import (
 from meshensemble.core.sharding import state_shardings
 from meshensemble.core.state import EnsembleState
 from meshensemble.data import stream as stream_lib
+from meshensemble.runtime.distributed import fetch
 from meshensemble.training import order as order_lib
 from meshensemble.training.config import TrainConfig
 

@@ -26,10 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.state import EnsembleState
 from meshensemble.errors import RunFailedError
+from meshensemble.runtime.distributed import fetch
 
 MAX_REINITS = 3
 """Re-initialisations allowed per member and per run (a resumed run counts afresh) with

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from meshensemble import data as data_lib
-from meshensemble.core.distributed import agree
 from meshensemble.data import split
+from meshensemble.runtime.distributed import agree
 from meshensemble.training.config import CONFIG_FILE, TrainConfig
 
 RUN_FIELDS = (
@@ -276,7 +276,7 @@ def agree_data(identity: dict[str, Any], note: str | None = None) -> None:
       note: the dataset's note, quoted in the message (e.g. where the data came from).
 
     Raises:
-      meshensemble.core.distributed.DisagreementError: one line naming the first process
+      meshensemble.runtime.distributed.DisagreementError: one line naming the first process
         whose data differs from process 0's, both hosts and the differing keys, e.g.
         ``the data differs between processes: process 1 (host-b) has source='sample',
         num_train=4000 (embedded MNIST sample ...), process 0 (host-a) has source='tfds',

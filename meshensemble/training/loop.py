@@ -23,14 +23,14 @@ import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
 from meshensemble import data as data_lib
-from meshensemble.core.compilation import CompileLog, enable_compilation_cache
-from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.mesh import describe_mesh, idle_devices, make_mesh
 from meshensemble.core.sharding import model_axis_note
 from meshensemble.core.state import EnsembleState
 from meshensemble.data.split import split_validation
 from meshensemble.metrics import prefix_metrics
+from meshensemble.runtime.compilation import CompileLog, enable_compilation_cache
+from meshensemble.runtime.distributed import fetch
 from meshensemble.training.checkpoint import (
     CHECKPOINT_DIR,
     Checkpointer,
@@ -148,7 +148,7 @@ class TrainResult:
       signal: what stopped it: ``"SIGINT"``, ``"SIGTERM"``, ``"a peer's signal"``, or None
         (the command line exits 130 after a SIGINT, 0 otherwise).
       compile: what the run compiled
-        (:meth:`meshensemble.core.compilation.CompileLog.summary`, also in the workdir's
+        (:meth:`meshensemble.runtime.compilation.CompileLog.summary`, also in the workdir's
         ``compile.json``).
     """
 
@@ -234,7 +234,7 @@ def use_compilation_cache(cfg: TrainConfig) -> str | None:
     """Sets JAX's persistent compilation cache as ``cfg`` says, for the whole process.
 
     With ``cfg.compile_cache`` the cache is enabled in ``cfg.compile_cache_dir`` (default
-    :func:`meshensemble.core.compilation.default_cache_dir`, which honours
+    :func:`meshensemble.runtime.compilation.default_cache_dir`, which honours
     ``$JAX_COMPILATION_CACHE_DIR``) for every program, small ones included; without, JAX's
     cache is disabled. These are JAX's global options: they stay set after the run. A
     change of folder or of on/off takes effect at once (JAX's cache is re-initialised).

@@ -36,7 +36,7 @@ PLOTS = ("learning_curves.png", "members.png")
 TENSORBOARD_DIR = "tensorboard"
 COMPILE_FILE = "compile.json"
 """The run's compile report in its workdir: the summary of a
-:class:`meshensemble.core.compilation.CompileLog` (``programs``, ``seconds``,
+:class:`meshensemble.runtime.compilation.CompileLog` (``programs``, ``seconds``,
 ``cache_hits``, ``cache_misses``, ``by_program``: the run's own programs; ``tuning``: the
 candidates the auto-tuner compiled, at its first use only) of this command."""
 """Folder of the TensorBoard event files under the workdir."""
@@ -296,7 +296,7 @@ class RunWriter:
         """Writes :data:`COMPILE_FILE`: what this command compiled (replaced by each command).
 
         Args:
-          summary: :meth:`meshensemble.core.compilation.CompileLog.summary`.
+          summary: :meth:`meshensemble.runtime.compilation.CompileLog.summary`.
         """
         if not self.enabled:
             return

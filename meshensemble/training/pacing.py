@@ -11,7 +11,7 @@ plus the checkpoint's save.
 The calls all run one compiled program whose step count is an argument
 (:meth:`meshensemble.training.Feeder.paced`), so a capped run computes bitwise the
 same members as an uncapped one. Every measured time is agreed across processes (the
-maximum, :func:`meshensemble.core.distributed.agree_max`), so every process computes
+maximum, :func:`meshensemble.runtime.distributed.agree_max`), so every process computes
 the same caps and runs the same calls.
 
 Example:
@@ -30,7 +30,7 @@ from typing import Any
 
 import jax
 
-from meshensemble.core.distributed import agree_max
+from meshensemble.runtime.distributed import agree_max
 
 CALL_SHARE = 0.5
 """The share of ``stop_within`` one call may run: a stop can wait for two calls."""

@@ -29,12 +29,12 @@ import numpy as np
 from jax.sharding import Mesh
 
 from meshensemble import data as data_lib
-from meshensemble.core.distributed import fetch
 from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.mesh import make_mesh, parse_mesh
 from meshensemble.core.tasks import Regression
 from meshensemble.data.regression import RegressionData
 from meshensemble.models import get_model
+from meshensemble.runtime.distributed import fetch
 from meshensemble.training.checkpoint import Checkpointer, list_checkpoints, restore_checkpoint
 from meshensemble.training.config import (
     CONFIG_FILE,

@@ -5,14 +5,14 @@ With ``TrainConfig.member_strategy="auto"`` (and ``conv="auto"`` for the CNN mod
 differ (``vmap``/``loop``, times ``xla``/``im2col``/``gemm_grad`` when the convolution is
 open; at one member per device ``vmap`` and ``loop`` are one program and are not
 compared) on the run's own device, model and batch, with
-:func:`meshensemble.core.autotune.decide`: the platform default first, then the others
-while the budget lasts (:data:`~meshensemble.core.autotune.TUNING_SHARE`, 10 % of the
+:func:`meshensemble.runtime.autotune.decide`: the platform default first, then the others
+while the budget lasts (:data:`~meshensemble.runtime.autotune.TUNING_SHARE`, 10 % of the
 run's expected training time: :func:`planned_steps` x the default's first step), a
 candidate abandoned at its first step when it is clearly slower. When measuring cannot pay
 off, the run keeps the platform default and says so in one line.
 
 The choice is remembered in the choices file beside the compilation cache
-(:func:`~meshensemble.core.autotune.choices_path`), so the next run of the same
+(:func:`~meshensemble.runtime.autotune.choices_path`), so the next run of the same
 configuration reads it instead of measuring; with the compilation cache off (or its
 folder unusable) it is measured each run and not kept, and the run's line says so. When
 the candidates ran in fp32 on a GPU or TPU and the budget has room, the winner is also
@@ -46,12 +46,12 @@ import numpy as np
 from jax.sharding import Mesh
 
 from meshensemble import data as data_lib
-from meshensemble.core import autotune
-from meshensemble.core.compilation import CompileLog
 from meshensemble.core.ensemble import Ensemble, default_strategy
 from meshensemble.core.mesh import ENSEMBLE
 from meshensemble.core.state import EnsembleState
 from meshensemble.models.conv import default_conv
+from meshensemble.runtime import autotune
+from meshensemble.runtime.compilation import CompileLog
 from meshensemble.training.config import CONV_MODELS, TrainConfig, build_ensemble
 
 STRATEGY_CANDIDATES = ("vmap", "loop")
@@ -206,8 +206,8 @@ def resolve_choices(
 
     Only candidates that can differ are measured: at one member per device ``vmap`` and
     ``loop`` are the same program, so the strategy is the platform default there. The
-    measurement has a budget (:func:`meshensemble.core.autotune.decide`):
-    :data:`~meshensemble.core.autotune.TUNING_SHARE` of the run's expected training time
+    measurement has a budget (:func:`meshensemble.runtime.autotune.decide`):
+    :data:`~meshensemble.runtime.autotune.TUNING_SHARE` of the run's expected training time
     (:func:`planned_steps` x the platform default's first step).
 
     Args:

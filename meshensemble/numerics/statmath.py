@@ -1,6 +1,6 @@
 """The argument checks and per-example math of the evaluation statistics.
 
-Shared by :mod:`meshensemble.core.stats` (the streamed sums) and :mod:`meshensemble.metrics`
+Shared by :mod:`meshensemble.numerics.sums` (the streamed sums) and :mod:`meshensemble.metrics`
 (the single-batch metrics), so that every quantity is computed one way. The conventions
 (masks, the NLL clip :data:`EPS`, the Brier sum over classes, the bin edges) are those of
 :mod:`meshensemble.metrics`.

@@ -1,12 +1,11 @@
-"""Small pieces of :class:`meshensemble.Ensemble`'s prediction and evaluation.
+"""A temperature ``T`` applied to an ensemble's probabilities or logits, and its check.
 
-Temperatures (checked on the host, applied on device), the members' mean, the output
-specs of the evaluation program, and the checks of an evaluation set. Kept apart so that
-``core/ensemble.py`` stays a readable size.
+The arithmetic that :meth:`meshensemble.Ensemble.predict` (``temperature=``) and a trained
+run's predictor apply; fitting ``T`` is :mod:`meshensemble.calibration.temperature`.
 
 Example:
-  >>> t = check_temperature(2.0, num_members=8)
-  >>> probs = tempered(member_probs, jnp.asarray(t))
+  >>> t = check_temperature(1.5, num_members=8)
+  >>> mean_members(tempered(member_probs, jnp.asarray(t)))      # [N, classes]
 """
 
 from __future__ import annotations
@@ -16,10 +15,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec as P
 
-from meshensemble.core import inputs, statmath, stats
-from meshensemble.core.mesh import BATCH, MEMBERS, REPLICATED
+from meshensemble.numerics import statmath
 
 
 def check_temperature(temperature: Any, num_members: int) -> np.ndarray | None:
@@ -56,49 +53,6 @@ def check_temperature(temperature: Any, num_members: int) -> np.ndarray | None:
     if not np.all(np.isfinite(t)) or not np.all(t > 0):
         raise ValueError(f"temperature {t.tolist()} must be finite and > 0")
     return t
-
-
-def check_eval_set(images: Any, labels: Any) -> tuple[Any, np.ndarray, int]:
-    """Checks an evaluation set: one integer label per image, at least one image.
-
-    Args:
-      images: ``[N, ...]`` (numpy, a list or a ``jax.Array``).
-      labels: ``[N]`` integer class indices.
-
-    Returns:
-      ``(images, labels, N)``: the images as an array, the labels as numpy.
-
-    Raises:
-      ValueError: no example, lengths differ, or labels that are not integers.
-
-    Example:
-      >>> images, labels, n = check_eval_set(test_images, test_labels)
-    """
-    images, labels = inputs.as_array(images, "images"), np.asarray(labels)
-    n = int(np.shape(images)[0]) if np.ndim(images) else 0
-    if labels.shape != (n,) or n == 0:
-        raise ValueError(
-            f"images of shape {np.shape(images)} and labels of shape {labels.shape}: "
-            "give one integer label per image and at least one image"
-        )
-    if not jnp.issubdtype(labels.dtype, jnp.integer):
-        raise ValueError(f"labels have dtype {labels.dtype}; give integer class indices")
-    return images, labels, n
-
-
-def eval_specs() -> tuple[dict[str, P], dict[str, P]]:
-    """Output specs of :func:`meshensemble.core.steps.eval_stats`.
-
-    Returns:
-      ``(sums, per_example)``: per-member sums split over ``ensemble``, ensemble sums
-      replicated; the per-example values ``[B]`` split over ``data``.
-
-    Example:
-      >>> sums, per_example = eval_specs()
-    """
-    names = stats.MEMBER_STAT_KEYS + stats.ENSEMBLE_STAT_KEYS
-    sums = {k: (MEMBERS if k.startswith("member_") else REPLICATED) for k in names}
-    return sums, {k: BATCH for k in stats.EXAMPLE_STAT_KEYS}
 
 
 @jax.jit

@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from meshensemble import data as data_lib
 from meshensemble import metrics
-from meshensemble.calibrate_run import (
+from meshensemble.calibration.run import (
     CALIBRATION_PLOT,
     calibrate_ensemble,
     calibration_line,
@@ -40,17 +40,17 @@ from meshensemble.calibrate_run import (
     check_split,
     write_calibration_plot,
 )
-from meshensemble.calibrate_run import (
+from meshensemble.calibration.run import (
     TEMPERATURE_BOUNDS as TEMPERATURE_BOUNDS,
 )
-from meshensemble.calibrate_run import (
+from meshensemble.calibration.run import (
     stream_ensemble_logits as stream_ensemble_logits,
 )
-from meshensemble.core.distributed import fetch
 from meshensemble.core.mesh import REPLICATED, make_mesh, parse_mesh
 from meshensemble.data.split import split_validation
-from meshensemble.evaluation_regression import EVALUATION_FILE as EVALUATION_FILE
-from meshensemble.evaluation_regression import evaluate_regression
+from meshensemble.evaluation.regression import EVALUATION_FILE as EVALUATION_FILE
+from meshensemble.evaluation.regression import evaluate_regression
+from meshensemble.runtime.distributed import fetch
 from meshensemble.training import CONFIG_FILE, TrainConfig, build_ensemble, final_table
 from meshensemble.training.checkpoint import (
     CHECKPOINT_DIR,
@@ -371,7 +371,7 @@ def evaluate_run(
     """Evaluates a trained run: test metrics, OOD detection and calibration plots.
 
     A regression run (``task="regression"``) is scored by
-    :func:`meshensemble.evaluation_regression.evaluate_regression` instead (proper scores,
+    :func:`meshensemble.evaluation.regression.evaluate_regression` instead (proper scores,
     and with ``calibrate`` a variance scale and conformal intervals; no OOD sets).
 
     Rebuilds the run's ensemble from ``workdir/config.json`` (as ``meshensemble train``

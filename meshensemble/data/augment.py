@@ -15,7 +15,7 @@ rows this ``data`` shard holds. So:
   checkpointed state).
 
 Example:
-  >>> fn = me.core.augment.make_augment("shift", 2)
+  >>> fn = me.data.augment.make_augment("shift", 2)
   >>> ens = me.Ensemble(me.models.CNN(), optax.sgd(0.1, 0.9), 8, augment=fn,
   ...                   input_transform=me.data.normalize)
 """
@@ -28,15 +28,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-Augment = Callable[[jax.Array, jax.Array], jax.Array]
-"""``fn(key, image [H, W, C]) -> image [H, W, C]``: one example's augmentation."""
+from meshensemble.core.keys import AUGMENT_SALT as AUGMENT_SALT
+from meshensemble.core.keys import Augment as Augment
+from meshensemble.core.keys import augment_batch as augment_batch
+from meshensemble.core.keys import augment_key as augment_key
 
 AUGMENTS = ("none", "shift", "crop_flip")
 """Names :func:`make_augment` knows (``TrainConfig.augment``)."""
-
-AUGMENT_SALT = 0x61756721
-"""Folded into a member's key before the step, so augmentation keys never equal the
-dropout keys (``fold_in(fold_in(key, step), data_index)``) of any step below 1.6e9."""
 
 
 def _pad(image: jax.Array, pad: int) -> jax.Array:
@@ -157,52 +155,3 @@ class _Named:
 
     def __hash__(self) -> int:
         return hash((self.fn, self.size))
-
-
-def augment_key(key: jax.Array, step: jax.Array) -> jax.Array:
-    """The key a member's augmentations of step ``step`` are drawn from.
-
-    Args:
-      key: the member's key (a row of ``EnsembleState.rng``, raw or wrapped).
-      step: the member's step count (``EnsembleState.step``).
-
-    Returns:
-      ``fold_in(fold_in(key, AUGMENT_SALT), step)``.
-
-    Example:
-      >>> augment_key(jax.random.key(0), 3)
-    """
-    return jax.random.fold_in(jax.random.fold_in(key, AUGMENT_SALT), step)
-
-
-def augment_batch(
-    fn: Augment,
-    key: jax.Array,
-    step: jax.Array,
-    images: jax.Array,
-    start: jax.Array | int = 0,
-    total: int | None = None,
-) -> jax.Array:
-    """Augments rows ``start .. start + b - 1`` of a global batch of ``total`` examples.
-
-    Example ``j`` of the global batch uses key ``split(augment_key(key, step), total)[j]``,
-    so the result of a row does not depend on how the batch is split.
-
-    Args:
-      fn: the augmentation of one example.
-      key: the member's key.
-      step: the member's step count.
-      images: this shard's rows ``[b, H, W, C]``.
-      start: the global index of ``images[0]`` (``axis_index(data) * b`` in a step).
-      total: the global batch size (default ``b``: ``images`` is the whole batch).
-
-    Returns:
-      ``[b, H, W, C]`` augmented images.
-
-    Example:
-      >>> x = augment_batch(make_augment("shift", 2), jax.random.key(0), 0, images)
-    """
-    b = images.shape[0]
-    keys = jax.random.split(augment_key(key, step), b if total is None else total)
-    keys = lax.dynamic_slice_in_dim(keys, start, b) if total is not None else keys
-    return jax.vmap(fn)(keys, images)

@@ -11,7 +11,7 @@ the ensemble's confidence and correctness of every example (:func:`example_stats
 floats each, the only per-example values that leave the devices).
 
 The math of those sums (argument checks, per-example NLL / Brier / entropy, confidence
-bins, weighted sums) lives in :mod:`meshensemble.core.statmath`; :mod:`meshensemble.metrics`
+bins, weighted sums) lives in :mod:`meshensemble.numerics.statmath`; :mod:`meshensemble.metrics`
 builds its single-batch metrics from the same helpers, so both compute every quantity one
 way. The conventions (masks, the NLL clip :data:`EPS`, the Brier sum over classes, the bin
 edges) are those of :mod:`meshensemble.metrics`.
@@ -28,23 +28,23 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from meshensemble.core.statmath import EPS as _EPS
-from meshensemble.core.statmath import as_array as as_array
-from meshensemble.core.statmath import as_float as as_float
-from meshensemble.core.statmath import bin_index as bin_index
-from meshensemble.core.statmath import bin_sums as bin_sums
-from meshensemble.core.statmath import check_basic as check_basic
-from meshensemble.core.statmath import check_labels as check_labels
-from meshensemble.core.statmath import check_mask as check_mask
-from meshensemble.core.statmath import check_num_bins as check_num_bins
-from meshensemble.core.statmath import check_probs as check_probs
-from meshensemble.core.statmath import clipped_log as clipped_log
-from meshensemble.core.statmath import nll_clip as nll_clip
-from meshensemble.core.statmath import onehot as onehot
-from meshensemble.core.statmath import per_example as per_example
-from meshensemble.core.statmath import shannon_entropy as shannon_entropy
-from meshensemble.core.statmath import weights as weights
-from meshensemble.core.statmath import wsum as wsum
+from meshensemble.numerics.statmath import EPS as _EPS
+from meshensemble.numerics.statmath import as_array as as_array
+from meshensemble.numerics.statmath import as_float as as_float
+from meshensemble.numerics.statmath import bin_index as bin_index
+from meshensemble.numerics.statmath import bin_sums as bin_sums
+from meshensemble.numerics.statmath import check_basic as check_basic
+from meshensemble.numerics.statmath import check_labels as check_labels
+from meshensemble.numerics.statmath import check_mask as check_mask
+from meshensemble.numerics.statmath import check_num_bins as check_num_bins
+from meshensemble.numerics.statmath import check_probs as check_probs
+from meshensemble.numerics.statmath import clipped_log as clipped_log
+from meshensemble.numerics.statmath import nll_clip as nll_clip
+from meshensemble.numerics.statmath import onehot as onehot
+from meshensemble.numerics.statmath import per_example as per_example
+from meshensemble.numerics.statmath import shannon_entropy as shannon_entropy
+from meshensemble.numerics.statmath import weights as weights
+from meshensemble.numerics.statmath import wsum as wsum
 
 EPS = _EPS
 """Lower clip on the true-class probability in the NLL, so that ``log(0)`` never occurs."""

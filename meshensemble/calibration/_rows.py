@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from meshensemble.core import statmath
+from meshensemble.numerics import statmath
 
 
 def check_rows(x: Any, ndim: int | None, name: str, probabilities: bool) -> Any:

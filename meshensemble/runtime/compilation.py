@@ -38,7 +38,7 @@ def default_cache_dir() -> str:
       An absolute path (not created here).
 
     Example:
-      >>> me.core.compilation.default_cache_dir()
+      >>> me.runtime.compilation.default_cache_dir()
       '/home/me/.cache/meshensemble/jax'
     """
     if os.environ.get(ENV_CACHE_DIR):
@@ -63,7 +63,7 @@ def enable_compilation_cache(path: str | None = None) -> str | None:
       compiles as usual; the cache is an optimisation, never a reason to fail).
 
     Example:
-      >>> me.core.compilation.enable_compilation_cache()   # before the first compilation
+      >>> me.runtime.compilation.enable_compilation_cache()   # before the first compilation
     """
     path = os.path.abspath(os.path.expanduser(path)) if path else default_cache_dir()
     try:
@@ -108,7 +108,7 @@ class CompileLog:
       programs: the :class:`CompiledProgram` records, in order.
 
     Example:
-      >>> with me.core.compilation.CompileLog() as log:
+      >>> with me.runtime.compilation.CompileLog() as log:
       ...     state = ens.init(key, images[:1])
       >>> log.summary()["programs"], log.summary()["seconds"]
     """

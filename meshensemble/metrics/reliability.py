@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from meshensemble.core import statmath, stats
-from meshensemble.core.stats import adaptive_ece_from_examples as adaptive_ece_from_examples
+from meshensemble.numerics import statmath, sums
+from meshensemble.numerics.sums import adaptive_ece_from_examples as adaptive_ece_from_examples
 
 
 def calibration_bins(
@@ -225,4 +225,4 @@ def adaptive_ece(
 
 @jax.jit
 def _examples_core(probs: Any, labels: Any, mask: Any) -> dict[str, jax.Array]:
-    return stats.example_stats(probs, labels, mask)
+    return sums.example_stats(probs, labels, mask)

@@ -33,8 +33,8 @@ from jax.sharding import Mesh
 
 from meshensemble import calibration
 from meshensemble import data as data_lib
-from meshensemble.core.distributed import fetch
 from meshensemble.core.mesh import make_mesh, parse_mesh
+from meshensemble.runtime.distributed import fetch
 from meshensemble.training.checkpoint import CHECKPOINT_DIR, list_checkpoints, restore_checkpoint
 from meshensemble.training.config import TrainConfig, default_mesh_shape
 from meshensemble.training.identity import read_saved_config

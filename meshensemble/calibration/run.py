@@ -22,8 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from meshensemble import calibration, metrics
-from meshensemble.core.distributed import fetch
+from meshensemble import metrics
+from meshensemble.calibration._checks import METHODS
+from meshensemble.calibration.conformal import (
+    conformal_quantile,
+    coverage,
+    prediction_sets,
+    set_size,
+)
+from meshensemble.calibration.temperature import apply_temperature, ensemble_logits, fit_temperature
+from meshensemble.runtime.distributed import fetch
 from meshensemble.training.identity import read_saved_config
 from meshensemble.training.outputs import writing
 
@@ -59,8 +67,8 @@ def check_calibrate(
         )
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
         raise ValueError(f"alpha={alpha!r} must lie in (0, 1), e.g. 0.1 for 90% coverage")
-    if method not in calibration.METHODS:
-        raise ValueError(f"unknown conformal method {method!r}; use {calibration.METHODS}")
+    if method not in METHODS:
+        raise ValueError(f"unknown conformal method {method!r}; use {METHODS}")
     n = int(cfg.validation)
     warn = note or (lambda msg: warnings.warn(msg, stacklevel=3))
     check_alpha_for(n, alpha, f"the {n} validation examples of run {workdir}")
@@ -126,7 +134,7 @@ def stream_ensemble_logits(ens: Any, state: Any, images: Any, batch_size: int = 
     """
     n = int(np.shape(images)[0])
     parts = [
-        np.asarray(fetch(calibration.ensemble_logits(ens.predict_members(state, images[i:j]))))
+        np.asarray(fetch(ensemble_logits(ens.predict_members(state, images[i:j]))))
         for i, j in ((i, min(i + batch_size, n)) for i in range(0, n, batch_size))
     ]
     return np.concatenate(parts).astype(np.float32)
@@ -185,18 +193,18 @@ def calibrate_ensemble(
     check_alpha_for(len(yv), alpha, f"{len(yv)} validation examples")  # before any work
     zv = stream_ensemble_logits(ens, state, xv, batch_size)
     t = fit_ensemble_temperature(zv, yv)
-    pv = np.asarray(calibration.apply_temperature(zv, t))
-    q = calibration.conformal_quantile(pv, yv, alpha, method)
+    pv = np.asarray(apply_temperature(zv, t))
+    q = conformal_quantile(pv, yv, alpha, method)
     zt = stream_ensemble_logits(ens, state, xt, batch_size)
-    before = np.asarray(calibration.apply_temperature(zt, 1.0))
-    after = np.asarray(calibration.apply_temperature(zt, t))
-    sets = calibration.prediction_sets(after, q, method)
+    before = np.asarray(apply_temperature(zt, 1.0))
+    after = np.asarray(apply_temperature(zt, t))
+    sets = prediction_sets(after, q, method)
     sizes = np.asarray(fetch(sets)).sum(axis=-1)
     section = {
         "temperature": float(t),
         "temperature_at_bound": t in TEMPERATURE_BOUNDS,
         "num_validation": int(len(yv)),
-        "validation_nll_before": float(metrics.nll(calibration.apply_temperature(zv, 1.0), yv)),
+        "validation_nll_before": float(metrics.nll(apply_temperature(zv, 1.0), yv)),
         "validation_nll_after": float(metrics.nll(pv, yv)),
         "before": test_scores(before, yt, num_bins),
         "after": test_scores(after, yt, num_bins),
@@ -204,8 +212,8 @@ def calibrate_ensemble(
             "method": method,
             "alpha": float(alpha),
             "threshold": float(q),
-            "mean_set_size": calibration.set_size(sets),
-            "coverage": calibration.coverage(sets, yt),
+            "mean_set_size": set_size(sets),
+            "coverage": coverage(sets, yt),
             "set_size_counts": np.bincount(sizes, minlength=after.shape[-1] + 1).tolist(),
         },
     }
@@ -223,7 +231,7 @@ def fit_ensemble_temperature(logits: np.ndarray, labels: np.ndarray) -> float:
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        t = calibration.fit_temperature(logits, labels, bounds=TEMPERATURE_BOUNDS, at_bound="warn")
+        t = fit_temperature(logits, labels, bounds=TEMPERATURE_BOUNDS, at_bound="warn")
     if t not in TEMPERATURE_BOUNDS:
         return t
     n = len(labels)
