@@ -179,3 +179,37 @@ def test_a_bad_run_plan_is_one_line_before_any_device(fields, num_train, says):
 
     with pytest.raises(ValueError, match=says):
         plan_training(me.TrainConfig(**fields), num_train, 8, "cpu")
+
+
+def test_ood_scoring_and_calibration_logits_stream_through_the_one_engine(monkeypatch):
+    """Every host loop over a dataset is :func:`meshensemble.core.streaming.stream`.
+
+    The OOD scoring of ``evaluate`` and the logits of ``evaluate --calibrate`` each call
+    it once for a dataset, with an odd size (padded, masked last batch), and give the
+    same numbers as whole-array calls.
+    """
+    from meshensemble.calibration import run as calibrate_run
+    from meshensemble.core import streaming
+    from meshensemble.evaluation import run as evaluation_run
+
+    ens = me.Ensemble(me.models.MLP((16,)), TX, 2, me.make_mesh(ensemble=2, data=1))
+    state = ens.init(jax.random.key(0), IMAGES[:1])
+    x = np.concatenate([IMAGES, IMAGES[:3]])  # 11 examples, batches of 4: 4 + 4 + 3
+    y = np.concatenate([LABELS, LABELS[:3]])
+    calls = []
+    real = streaming.stream
+    monkeypatch.setattr(streaming, "stream", lambda *a, **k: calls.append(1) or real(*a, **k))
+    logits = calibrate_run.stream_ensemble_logits(ens, state, x, batch_size=4)
+    out = evaluation_run.stream_scores(ens, state, x, y, batch_size=4, num_bins=5)
+    assert len(calls) == 2
+    whole = me.calibration.ensemble_logits(ens.predict_members(state, x))
+    np.testing.assert_allclose(logits, np.asarray(whole), rtol=1e-5, atol=1e-6)
+    members = np.asarray(ens.predict_members(state, x, logits=True))
+    entropy = np.asarray(me.metrics.ood_score_from_logits(members, "entropy"))
+    np.testing.assert_allclose(out["scores"]["entropy"], entropy, rtol=1e-5, atol=1e-6)
+    assert out["member_scores"]["max_prob"].shape == (2, 11)
+    assert int(np.sum(out["ensemble"]["count"])) == 11
+    right = np.argmax(np.asarray(ens.predict(state, x)), -1) == y
+    counts = np.asarray(out["ensemble"]["count"])
+    acc = np.asarray(out["ensemble"]["accuracy"])
+    assert np.isclose(np.nansum(acc * counts), right.sum())  # each label with its image

@@ -31,6 +31,7 @@ from meshensemble.calibration.conformal import (
     set_size,
 )
 from meshensemble.calibration.temperature import apply_temperature, ensemble_logits, fit_temperature
+from meshensemble.core import streaming
 from meshensemble.runtime.distributed import fetch
 from meshensemble.training.identity import read_saved_config
 from meshensemble.training.outputs import writing
@@ -132,12 +133,11 @@ def stream_ensemble_logits(ens: Any, state: Any, images: Any, batch_size: int = 
     Example:
       >>> t = me.calibration.fit_temperature(stream_ensemble_logits(ens, state, xv), yv)
     """
-    n = int(np.shape(images)[0])
-    parts = [
-        np.asarray(fetch(ensemble_logits(ens.predict_members(state, images[i:j]))))
-        for i, j in ((i, min(i + batch_size, n)) for i in range(0, n, batch_size))
-    ]
-    return np.concatenate(parts).astype(np.float32)
+    parts: list[np.ndarray] = []
+    pooled = lambda x, mask: ensemble_logits(ens.predict_members(state, x))
+    sink = lambda start, logits: parts.append(np.asarray(logits, np.float32))
+    streaming.stream(pooled, images, batch_size, ens.data_size, sink)
+    return np.concatenate(parts)
 
 
 def test_scores(probs: Any, labels: np.ndarray, num_bins: int) -> dict[str, float]:

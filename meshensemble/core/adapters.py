@@ -29,7 +29,14 @@ PyTree = Any
 
 @runtime_checkable
 class Model(Protocol):
-    """What the ensemble needs from a model: pure ``init`` and ``apply`` for one member."""
+    """What the ensemble needs from a model: pure ``init`` and ``apply`` for one member.
+
+    A model may also define ``logical_axes(sample) -> tree`` (the logical axis names of
+    its parameters, from shapes only; :class:`LinenModel` reads Flax's
+    ``nn.with_logical_partitioning``): :mod:`meshensemble.core.sharding` splits the named
+    dimensions over the ``model`` mesh axis. A model without it is replicated over
+    ``model``.
+    """
 
     def init(self, rng: jax.Array, x: jax.Array) -> tuple[PyTree, PyTree]:
         """Returns ``(params, model_state)`` for one member from its key and a sample batch."""
@@ -80,6 +87,26 @@ class LinenModel:
 
     def _kwargs(self, train: bool) -> dict[str, bool]:
         return _mode_kwargs(self.module.__call__, train)
+
+    def logical_axes(self, sample: Any) -> PyTree:
+        """The logical axis names of the module's parameters, from shapes only.
+
+        Args:
+          sample: a sample input ``[1, ...]`` (array or ``jax.ShapeDtypeStruct``).
+
+        Returns:
+          A tree like the parameters with a tuple of logical names (``None`` for unnamed
+          dimensions) per leaf, ``()`` for leaves without ``nn.with_logical_partitioning``.
+
+        Example:
+          >>> me.as_model(me.models.ViT()).logical_axes(images[:1])["head"]["kernel"]
+          ('embed', 'classes')
+        """
+        x = jax.ShapeDtypeStruct(jnp.shape(sample), jnp.result_type(sample.dtype))
+        init = lambda v: self.module.init({"params": jax.random.key(0)}, v, **self._kwargs(False))
+        specs = nn.get_partition_spec(jax.eval_shape(init, x).get("params", {}))
+        is_spec = lambda s: isinstance(s, jax.sharding.PartitionSpec)
+        return jax.tree.map(lambda s: tuple(s) if is_spec(s) else (), specs, is_leaf=is_spec)
 
     def init(self, rng: jax.Array, x: jax.Array) -> tuple[PyTree, PyTree]:
         # Parameters annotated with logical axes (nn.with_logical_partitioning) come boxed;

@@ -37,13 +37,10 @@ ratio, Shampoo) would see only the slice.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
-import flax.linen as nn
 import jax
-import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -94,37 +91,23 @@ def fsdp_axis(shape: Sequence[int], size: int, taken: Sequence[int] = ()) -> int
 
 
 def logical_axes(model: Any, sample: Any) -> PyTree | None:
-    """The logical axis names of a Linen model's parameters, from shapes only.
+    """The logical axis names of a model's parameters, as the model tells them.
 
     Args:
-      model: a :class:`meshensemble.Model`; only a :class:`~meshensemble.LinenModel`
-        (``model.module``) has names, others give None.
+      model: a :class:`meshensemble.Model`; one with a ``logical_axes(sample)`` method
+        (:class:`~meshensemble.LinenModel`) names its dimensions, others give None.
       sample: a sample input ``[1, ...]`` (array or ``jax.ShapeDtypeStruct``).
 
     Returns:
       A tree like the parameters with a tuple of logical names (``None`` for unnamed
-      dimensions) per leaf, ``()`` for unannotated leaves; None for non-Linen models.
+      dimensions) per leaf, ``()`` for unannotated leaves; None when the model names none.
 
     Example:
       >>> logical_axes(me.as_model(me.models.ViT()), images[:1])["head"]["kernel"]
       ('embed', 'classes')
     """
-    module = getattr(model, "module", None)
-    if not isinstance(module, nn.Module):
-        return None
-    kwargs = {}
-    try:
-        params = inspect.signature(module.__call__).parameters
-    except (TypeError, ValueError):
-        params = {}
-    for name, value in (("train", False), ("deterministic", True)):
-        if name in params:
-            kwargs[name] = value
-    x = jax.ShapeDtypeStruct(np.shape(sample), np.result_type(sample.dtype))
-    variables = jax.eval_shape(lambda v: module.init({"params": jax.random.key(0)}, v, **kwargs), x)
-    specs = nn.get_partition_spec(variables.get("params", {}))
-    is_spec = lambda s: isinstance(s, P)
-    return jax.tree.map(lambda s: tuple(s) if is_spec(s) else (), specs, is_leaf=is_spec)
+    named = getattr(model, "logical_axes", None)
+    return named(sample) if callable(named) else None
 
 
 def param_spec(

@@ -75,7 +75,8 @@ def unpad(tree: Any, k: int, axes: Mapping[str, int] | None = None) -> Any:
     Args:
       tree: a dict of numpy arrays (or one array), batch on axis 0 unless ``axes`` says.
       k: the real rows.
-      axes: per key of ``tree``, the batch axis (e.g. ``{"member_probs": 1}``).
+      axes: per key of ``tree``, the batch axis (e.g. ``{"member_probs": 1}``), or None
+        for a value the batch was reduced to (bin sums): it is passed on as it is.
 
     Returns:
       The same structure cut to ``k`` rows.
@@ -87,7 +88,8 @@ def unpad(tree: Any, k: int, axes: Mapping[str, int] | None = None) -> Any:
     axes = axes or {}
     if not isinstance(tree, Mapping):
         return tree[:k]
-    return {key: np.take(v, np.arange(k), axis=axes.get(key, 0)) for key, v in tree.items()}
+    cut = lambda v, axis: v if axis is None else np.take(v, np.arange(k), axis=axis)
+    return {key: cut(v, axes.get(key, 0)) for key, v in tree.items()}
 
 
 def stream(
@@ -115,7 +117,8 @@ def stream(
       multiple: the batch size's multiple (the mesh's ``data`` axis).
       sink: ``sink(start, result)`` gets each batch's host result (numpy, padding
         dropped) in order; ``start`` is the index of its first example.
-      axes: the batch axis of result keys that do not have it first.
+      axes: the batch axis of result keys that do not have it first (None: a value the
+        batch was reduced to, e.g. masked sums, passed to ``sink`` whole).
       in_flight: batches dispatched before the oldest is brought back (>= 1).
       progress: called with the number of examples done after each batch.
       prepare: applied to each batch read from ``images`` (on the host) before padding.

@@ -46,11 +46,11 @@ from meshensemble.calibration.run import (
 from meshensemble.calibration.run import (
     stream_ensemble_logits as stream_ensemble_logits,
 )
+from meshensemble.core import streaming
 from meshensemble.core.mesh import REPLICATED, make_mesh, parse_mesh
 from meshensemble.data.split import split_validation
 from meshensemble.evaluation.regression import EVALUATION_FILE as EVALUATION_FILE
 from meshensemble.evaluation.regression import evaluate_regression
-from meshensemble.runtime.distributed import fetch
 from meshensemble.training import CONFIG_FILE, TrainConfig, build_ensemble, final_table
 from meshensemble.training.checkpoint import (
     CHECKPOINT_DIR,
@@ -266,27 +266,28 @@ def stream_scores(
             f"stream_scores: labels of shape {np.shape(labels)} for {n} images; give [N] labels"
         )
     fn = _batch_fn(ens.mesh, int(num_bins))
-    b = min(int(batch_size), n)
-    b += -b % ens.data_size
     y_all = np.zeros(n, np.int32) if labels is None else np.asarray(labels, np.int32)
     scores: list[np.ndarray] = []
     member_scores: list[np.ndarray] = []
     sums: dict[str, dict[str, np.ndarray]] = {}
-    for start in range(0, n, b):
-        x, y = np.asarray(images[start : start + b]), y_all[start : start + b]
-        k = len(y)
-        mask = (np.arange(b) < k).astype(np.float32)
-        if k < b:
-            x = np.concatenate([x, np.repeat(x[:1], b - k, axis=0)])
-            y = np.concatenate([y, np.zeros(b - k, np.int32)])
+    read = [0]  # the streaming engine calls in order: the labels follow the images
+
+    def batch(x: np.ndarray, mask: np.ndarray) -> Any:
+        y = streaming.pad_rows(y_all[read[0] : read[0] + int(mask.sum())], len(mask))
+        read[0] += int(mask.sum())
         z = ens.predict_members(state, x, logits=True)
-        out = fetch(fn(z, ens.place(y), ens.place(mask)))
-        scores.append(np.asarray(out["scores"], np.float64)[:, :k])
-        member_scores.append(np.asarray(out["member_scores"], np.float64)[..., :k])
+        return fn(z, ens.place(y), ens.place(mask.astype(np.float32)))
+
+    def sink(start: int, out: Mapping[str, Any]) -> None:
+        scores.append(np.asarray(out["scores"], np.float64))
+        member_scores.append(np.asarray(out["member_scores"], np.float64))
         for part in ("ensemble", "member"):
             acc = sums.setdefault(part, dict.fromkeys(_BIN_KEYS, 0.0))
             for key in _BIN_KEYS:
                 acc[key] = acc[key] + np.asarray(out[part][key], np.float64)
+
+    axes = {"scores": 1, "member_scores": 2, "ensemble": None, "member": None}
+    streaming.stream(batch, images, batch_size, ens.data_size, sink, axes=axes)
     all_scores = np.concatenate(scores, axis=1)
     all_members = np.concatenate(member_scores, axis=-1)
     result: dict[str, Any] = {
