@@ -443,17 +443,7 @@ def evaluate_run(
     say = print if echo is None else echo
     cfg = load_run_config(workdir)
     if cfg.task == "regression":  # Gaussian members: proper scores, calibrated intervals
-        named_ood = tuple([ood] if isinstance(ood, str) else ood) != DEFAULT_OOD
-        if named_ood or dataset is not None or data_dir is not None or ood_file is not None:
-            raise ValueError(
-                f"run {workdir} is a regression run: OOD sets, --ood-file, --data-dir and "
-                "dataset= are for classification runs; drop them"
-            )
-        if conformal != "thr":
-            raise ValueError(
-                f"--conformal {conformal} is for classification sets; a regression run's "
-                "intervals are normalised split conformal: drop --conformal"
-            )
+        _check_regression_arguments(workdir, ood, dataset, data_dir, ood_file, conformal)
         return evaluate_regression(
             workdir, cfg, checkpoint=checkpoint, mesh=mesh, batch_size=batch_size,
             source=source, data_file=data_file, echo=echo, calibrate=calibrate, alpha=alpha,
@@ -464,22 +454,7 @@ def evaluate_run(
             f"{EVALUATION_FILE} and the plots go there: make it writable, or copy the run to "
             "a writable folder and evaluate the copy",
         )
-    names = [ood] if isinstance(ood, str) else list(ood)
-    unknown = [n for n in names if n not in OOD_SETS]
-    if unknown:
-        raise ValueError(
-            f"unknown OOD set(s) {', '.join(map(repr, unknown))}; choose from {', '.join(OOD_SETS)}"
-        )
-    names = list(dict.fromkeys(names))
-    if "fashion_mnist" in names and cfg.dataset == "fashion_mnist":
-        raise ValueError("OOD set fashion_mnist is the run's own dataset; choose noise or inverted")
-    if ood_file is not None and "fashion_mnist" not in names:
-        raise ValueError(f"--ood-file {ood_file} is only read for --ood fashion_mnist")
-    for name, value in (("batch_size", batch_size), ("num_bins", num_bins)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer")
-    if checkpoint is not None and (not isinstance(checkpoint, int) or checkpoint < 0):
-        raise ValueError(f"checkpoint={checkpoint!r} must be a step number (>= 0)")
+    names = _check_arguments(cfg, ood, ood_file, batch_size, num_bins, checkpoint)
     if calibrate:
         check_calibrate(workdir, cfg, alpha, conformal, note=lambda m: say(f"note: {m}"))
     _checkpoint_steps(workdir, checkpoint)
@@ -509,19 +484,9 @@ def evaluate_run(
     ev = ens.evaluate(state, dataset.test_images, dataset.test_labels, batch_size, num_bins)
     result = metrics.prefix_metrics(ev, "test")
     test = stream_scores(ens, state, dataset.test_images, dataset.test_labels, batch_size, num_bins)
-    ood_scores: dict[str, dict[str, np.ndarray]] = {}
-    for n, images in ood_sets.items():
-        out = stream_scores(ens, state, images, None, batch_size, num_bins)
-        ood_scores[n] = out["scores"]
-        for kind in OOD_SCORE_KINDS:
-            s_in, s_out = test["scores"][kind], ood_scores[n][kind]
-            result[f"ood_{n}_auroc_{kind}"] = metrics.auroc(s_in, s_out)
-            result[f"ood_{n}_aupr_{kind}"] = metrics.aupr(s_in, s_out)
-        for kind in MEMBER_OOD_KINDS:
-            pairs = zip(test["member_scores"][kind], out["member_scores"][kind])
-            per_member = [metrics.auroc(s_in, s_out) for s_in, s_out in pairs]
-            result[f"ood_{n}_member_auroc_{kind}"] = per_member
-            result[f"ood_{n}_mean_member_auroc_{kind}"] = float(np.mean(per_member))
+    score = lambda x: stream_scores(ens, state, x, None, batch_size, num_bins)
+    ood_scores = {n: score(x) for n, x in ood_sets.items()}
+    result.update(_ood_metrics(test, ood_scores))
     result.update(checkpoint_step=int(step), num_test=dataset.num_test, ood_sets=names)
     curves = None
     if calibrate and split is not None:
@@ -531,21 +496,91 @@ def evaluate_run(
         )
 
     if jax.process_index() == 0:
-        _write(workdir, result, test, ood_scores)
+        _write(workdir, result, test, {n: o["scores"] for n, o in ood_scores.items()})
         if curves is not None:
             write_calibration_plot(workdir, result["calibration"], curves)
+    _report(say, workdir, result, step, ens, dataset.num_test, curves is not None)
+    return result
+
+
+def _check_regression_arguments(
+    workdir: str, ood: Any, dataset: Any, data_dir: Any, ood_file: Any, conformal: str
+) -> None:
+    """Refuses the classification-only arguments for a regression run (one line)."""
+    named_ood = tuple([ood] if isinstance(ood, str) else ood) != DEFAULT_OOD
+    if named_ood or dataset is not None or data_dir is not None or ood_file is not None:
+        raise ValueError(
+            f"run {workdir} is a regression run: OOD sets, --ood-file, --data-dir and "
+            "dataset= are for classification runs; drop them"
+        )
+    if conformal != "thr":
+        raise ValueError(
+            f"--conformal {conformal} is for classification sets; a regression run's "
+            "intervals are normalised split conformal: drop --conformal"
+        )
+
+
+def _check_arguments(
+    cfg: Any, ood: Any, ood_file: Any, batch_size: Any, num_bins: Any, checkpoint: Any
+) -> list[str]:
+    """The OOD set names, once each, after checking every argument (one-line errors)."""
+    names = [ood] if isinstance(ood, str) else list(ood)
+    unknown = [n for n in names if n not in OOD_SETS]
+    if unknown:
+        raise ValueError(
+            f"unknown OOD set(s) {', '.join(map(repr, unknown))}; choose from {', '.join(OOD_SETS)}"
+        )
+    names = list(dict.fromkeys(names))
+    if "fashion_mnist" in names and cfg.dataset == "fashion_mnist":
+        raise ValueError("OOD set fashion_mnist is the run's own dataset; choose noise or inverted")
+    if ood_file is not None and "fashion_mnist" not in names:
+        raise ValueError(f"--ood-file {ood_file} is only read for --ood fashion_mnist")
+    for name, value in (("batch_size", batch_size), ("num_bins", num_bins)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer")
+    if checkpoint is not None and (not isinstance(checkpoint, int) or checkpoint < 0):
+        raise ValueError(f"checkpoint={checkpoint!r} must be a step number (>= 0)")
+    return names
+
+
+def _ood_metrics(test: Mapping[str, Any], ood: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """AUROC and AUPR of each OOD set against the test set (OOD positive), per score kind,
+    and each member's AUROC scored as a single model."""
+    result: dict[str, Any] = {}
+    for n, out in ood.items():
+        for kind in OOD_SCORE_KINDS:
+            s_in, s_out = test["scores"][kind], out["scores"][kind]
+            result[f"ood_{n}_auroc_{kind}"] = metrics.auroc(s_in, s_out)
+            result[f"ood_{n}_aupr_{kind}"] = metrics.aupr(s_in, s_out)
+        for kind in MEMBER_OOD_KINDS:
+            pairs = zip(test["member_scores"][kind], out["member_scores"][kind])
+            per_member = [metrics.auroc(s_in, s_out) for s_in, s_out in pairs]
+            result[f"ood_{n}_member_auroc_{kind}"] = per_member
+            result[f"ood_{n}_mean_member_auroc_{kind}"] = float(np.mean(per_member))
+    return result
+
+
+def _report(
+    say: Callable[[str], Any],
+    workdir: str,
+    result: dict[str, Any],
+    step: int,
+    ens: Any,
+    num_test: int,
+    calibrated: bool,
+) -> None:
+    """Prints what was evaluated, the tables and (process 0) the files written."""
     say(
         f"checkpoint {step} of {workdir} on mesh ensemble={ens.mesh.shape['ensemble']} x "
-        f"data={ens.data_size}: {dataset.num_test} test examples"
+        f"data={ens.data_size}: {num_test} test examples"
     )
     say(final_table(result))
     say(summary_table(result))
-    if curves is not None:
+    if calibrated:
         say(calibration_line(result["calibration"]))
     if jax.process_index() == 0:
-        files = [RELIABILITY_PLOT, OOD_PLOT] + ([CALIBRATION_PLOT] if curves is not None else [])
+        files = [RELIABILITY_PLOT, OOD_PLOT] + ([CALIBRATION_PLOT] if calibrated else [])
         say(f"wrote {EVALUATION_FILE}, {', '.join(files[:-1])} and {files[-1]} to {workdir}")
-    return result
 
 
 def _write(
