@@ -245,6 +245,7 @@ def test_dataset_is_frozen_and_checked() -> None:
 
 PUBLIC = [
     "RegressionData",
+    "augment",
     "diabetes",
     "load_regression_npz",
     "standardizer",
