@@ -84,7 +84,8 @@ def write_manifest(
     path = os.path.join(directory, MANIFEST_FILE)
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump({"format": MANIFEST_FORMAT, "files": files}, f, indent=1, sort_keys=True)
+        doc = {"format": MANIFEST_FORMAT, "files": files}
+        json.dump(doc, f, indent=1, sort_keys=True, allow_nan=False)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -295,7 +296,7 @@ def _cache_store(cache: str | None, path: str, stamp: str, sha256: str) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
         tmp = f"{cache}.{os.getpid()}.{threading.get_ident()}.tmp"
         with open(tmp, "w") as f:
-            json.dump(known, f)
+            json.dump(known, f, allow_nan=False)
         os.replace(tmp, cache)
     except OSError:
         pass

@@ -98,11 +98,22 @@ def save_checkpoint(
       mngr: from :func:`checkpoint_manager`.
       step: the run's global step.
       state: the ensemble state.
-      loop: JSON-serialisable loop position.
+      loop: JSON-serialisable loop position, written as strict JSON (pass NaN/inf as
+        :func:`~meshensemble.training.outputs.strict_json` writes them: null with a note).
+
+    Raises:
+      ValueError: ``loop`` holds a NaN/inf float (strict JSON has none), one line.
 
     Example:
       >>> me.save_checkpoint(mngr, 100, state, {"epoch": 1, "step": 100})
     """
+    try:
+        json.dumps(loop, allow_nan=False)
+    except ValueError:
+        raise ValueError(
+            "save_checkpoint: the loop position holds a NaN/inf float, which strict JSON "
+            "cannot hold; pass meshensemble.training.outputs.strict_json(loop)"
+        ) from None
     mngr.save(
         step,
         args=ocp.args.Composite(state=ocp.args.StandardSave(state), loop=ocp.args.JsonSave(loop)),
@@ -454,7 +465,7 @@ def _drop_leftovers() -> None:
 def _atomic_json(path: str, value: Any) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump(value, f, indent=1)
+        json.dump(value, f, indent=1, allow_nan=False)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
