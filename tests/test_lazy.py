@@ -161,17 +161,26 @@ def test_tfds_input_stream_opens_a_lazy_train_split(mock_tfds, tmp_path, monkeyp
 
 
 class FakeTfdsSplit:
-    """What ``split_files`` reads of a ``tfds.data_source`` split: its info, name and length."""
+    """What ``split_files`` reads of a ``tfds.data_source`` split: TFDS's own SplitDict of
+    prepared array_record shards in ``directory`` (16 records each), the split, a length."""
 
-    def __init__(self, paths, split="train", takes=None):
-        from tensorflow_datasets.core.utils.shard_utils import FileInstruction
+    def __init__(self, directory, split="train", shards=2):
+        from tensorflow_datasets.core import naming
+        from tensorflow_datasets.core import splits as splits_lib
 
-        takes = takes or [16] * len(paths)
-        instr = [FileInstruction(str(p), 0, t, t) for p, t in zip(paths, takes, strict=True)]
-        splits = {split: type("SplitInfo", (), {"file_instructions": instr})()}
-        info = {"name": "mnist", "version": "3.0.1", "splits": splits}
-        self.dataset_info = type("Info", (), info)()
-        self.split, self.length = split, sum(takes)
+        template = naming.ShardedFileTemplate(
+            data_dir=str(directory), dataset_name="mnist", split="train",
+            filetype_suffix="array_record",
+        )  # fmt: skip
+        info = splits_lib.SplitInfo(
+            name="train", shard_lengths=[16] * shards, num_bytes=0, filename_template=template
+        )
+        splits = splits_lib.SplitDict([info])
+        self.dataset_info = type(
+            "Info", (), {"name": "mnist", "version": "3.0.1", "splits": splits}
+        )()
+        self.split = split
+        self.length = sum(f.take for f in splits[split].file_instructions)
 
     def __len__(self):
         return self.length
@@ -189,16 +198,17 @@ def test_tfds_split_identity_covers_every_byte_of_its_files_hashed_once_per_host
     paths = [tmp_path / f"mnist-train.array_record-0000{i}-of-00002" for i in range(2)]
     for i, p in enumerate(paths):
         p.write_bytes(bytes(range(i, 200 + i)))
-    split = FakeTfdsSplit(paths)
+    split = FakeTfdsSplit(tmp_path)
+    assert [f for f, _, _ in tfds_lib.split_files(split)] == [str(p) for p in paths]
     first = tfds_lib.split_content_id(split)
     assert first.startswith("tfds:") and len(hashed) == 2
-    assert tfds_lib.split_content_id(FakeTfdsSplit(paths)) == first and len(hashed) == 2
-    assert tfds_lib.split_content_id(FakeTfdsSplit(paths, takes=[16, 15])) != first
+    assert tfds_lib.split_content_id(FakeTfdsSplit(tmp_path)) == first and len(hashed) == 2
+    assert tfds_lib.split_content_id(FakeTfdsSplit(tmp_path, "train[:20]")) != first
     data = bytearray(paths[1].read_bytes())
     data[100] ^= 1  # one bit of the second file, same size
     paths[1].write_bytes(bytes(data))
     assert tfds_lib.split_content_id(split) != first
-    assert tfds_lib.split_content_id(FakeTfdsSplit([tmp_path / "gone"])) is None
+    assert tfds_lib.split_content_id(FakeTfdsSplit(tmp_path, shards=3)) is None  # one missing
 
 
 def test_evaluate_and_resume_refuse_changed_tfds_files_naming_the_split(
