@@ -188,7 +188,9 @@ def train(
     when it is the same run: the fields of
     :data:`~meshensemble.training.identity.RUN_FIELDS` and the data actually used must
     match what its ``config.json`` recorded. ``max_steps`` belongs to one call: a
-    later call with a larger value (or none) continues the run.
+    later call with a larger value (or none) continues the run. A new run that fails
+    before its first checkpoint removes the files it wrote
+    (:func:`~meshensemble.training.outputs.unfinished_run`); a resumed one never does.
 
     Args:
       cfg: the run's config.
