@@ -189,3 +189,19 @@ def test_every_json_of_a_run_with_nan_losses_is_strict_checkpoints_included(tmp_
     _, loop, _ = me.restore_checkpoint(str(workdir), ens, DATA.test_images[:1])
     pos = LoopPosition.from_json(loop)
     assert pos.step == 3 and np.isnan(np.asarray(pos.loss_sum)).any(), loop
+
+
+def test_save_checkpoint_refuses_a_nan_loop_and_the_bench_json_is_strict(tmp_path):
+    from meshensemble.bench.report import write_json
+
+    ens, state = _ensemble()
+    mngr = me.checkpoint_manager(str(tmp_path / "run"))
+    with pytest.raises(ValueError, match="holds a NaN/inf float") as e:
+        me.save_checkpoint(mngr, 1, state, {"step": 1, "loss_sum": [float("nan")]})
+    assert "\n" not in str(e.value)
+    mngr.close()
+    write_json(
+        {"case": {"seconds": float("nan"), "ratio": np.float32(np.inf)}}, tmp_path / "b.json"
+    )
+    back = restore_nonfinite(strict_load((tmp_path / "b.json").read_text()))
+    assert np.isnan(back["case"]["seconds"]) and back["case"]["ratio"] == np.inf
