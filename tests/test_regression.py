@@ -518,3 +518,16 @@ def test_regression_with_no_optimizer_flags_beats_predicting_the_mean(tmp_path, 
     mean_rmse = float(np.sqrt(np.mean((data.y_test - data.y_train.mean()) ** 2)))
     record = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["step"] > 0 and record["test_rmse"] < 0.8 * mean_rmse, (record, mean_rmse)
+
+
+def test_a_regression_run_failing_before_its_first_checkpoint_leaves_nothing(tmp_path, monkeypatch):
+    from meshensemble import cli
+
+    def boom(self, *args, **kwargs):
+        raise RuntimeError("boom in the first step")
+
+    monkeypatch.setattr(me.Ensemble, "train_step", boom)
+    workdir = tmp_path / "r"
+    argv = ["train", "--task", "regression", "--source", "toy1d", "--members", "2"]
+    assert cli.main([*argv, "--mesh", "ensemble=2,data=1", "--workdir", str(workdir)]) == 1
+    assert not workdir.exists()
