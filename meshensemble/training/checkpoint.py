@@ -266,7 +266,8 @@ class Checkpointer:
         todo = (
             "fix that" if cause is None else _FREE_SPACE if "space" in cause else "make it writable"
         )
-        fix = f"{todo} and run the same command to resume, or use another --workdir"
+        again = "resume" if good else "start again"  # a new run without one removes its files
+        fix = f"{todo} and run the same command to {again}, or use another --workdir"
         return CheckpointError(
             f"could not save checkpoint {step} in {self.dir}: {cause or _first_line(err)}; "
             f"{prev}; {fix}"
