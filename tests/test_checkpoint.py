@@ -656,6 +656,40 @@ def test_a_simulated_full_disk_gives_one_line_and_no_unfinished_save(
     chex.assert_trees_all_equal(_params(workdir), _params(uninterrupted_here))
 
 
+def test_a_new_run_whose_first_save_fails_leaves_nothing_and_says_start_again(
+    npz, tmp_path, capsys, monkeypatch
+):
+    """The disk is full at the first checkpoint of a new run: nothing to resume, so the
+    run's files go and the line says the same command starts again (which it does)."""
+    from etils import epath
+
+    cls = type(epath.Path("/"))
+    real = cls.write_text
+
+    def write_text(self, *args, **kwargs):
+        if re.search(r"/checkpoints/\d+", str(self)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        return real(self, *args, **kwargs)
+
+    def hard_exit(code: int, message: str) -> None:  # the CLI's os._exit, as an exception
+        print(message, file=sys.stderr)
+        raise SystemExit(code)
+
+    workdir = tmp_path / "full"
+    argv = in_process_argv(npz, workdir, "--max-steps", "1")
+    monkeypatch.setattr(cls, "write_text", write_text)
+    monkeypatch.setattr(cli, "hard_exit", hard_exit)
+    with pytest.raises(SystemExit) as left:
+        main(argv)
+    assert left.value.code == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "no earlier checkpoint exists" in err[0], err
+    assert err[0].endswith("run the same command to start again, or use another --workdir")
+    assert not workdir.exists()
+    monkeypatch.setattr(cls, "write_text", real)
+    assert main(argv) == 0 and list_checkpoints(workdir) == [1]
+
+
 def test_opening_a_checkpoint_folder_removes_unfinished_saves(tmp_path):
     unfinished = tmp_path / "w" / "checkpoints" / "7.orbax-checkpoint-tmp" / "state"
     unfinished.mkdir(parents=True)

@@ -160,6 +160,93 @@ def test_tfds_input_stream_opens_a_lazy_train_split(mock_tfds, tmp_path, monkeyp
         "resolved"]["data"]  # fmt: skip
 
 
+class FakeTfdsSplit:
+    """What ``split_files`` reads of a ``tfds.data_source`` split: TFDS's own SplitDict of
+    prepared array_record shards in ``directory`` (16 records each), the split, a length."""
+
+    def __init__(self, directory, split="train", shards=2):
+        from tensorflow_datasets.core import naming
+        from tensorflow_datasets.core import splits as splits_lib
+
+        template = naming.ShardedFileTemplate(
+            data_dir=str(directory), dataset_name="mnist", split="train",
+            filetype_suffix="array_record",
+        )  # fmt: skip
+        info = splits_lib.SplitInfo(
+            name="train", shard_lengths=[16] * shards, num_bytes=0, filename_template=template
+        )
+        splits = splits_lib.SplitDict([info])
+        self.dataset_info = type(
+            "Info", (), {"name": "mnist", "version": "3.0.1", "splits": splits}
+        )()
+        self.split = split
+        self.length = sum(f.take for f in splits[split].file_instructions)
+
+    def __len__(self):
+        return self.length
+
+
+def test_tfds_split_identity_covers_every_byte_of_its_files_hashed_once_per_host(
+    tmp_path, monkeypatch
+):
+    pytest.importorskip("tensorflow_datasets")
+    from meshensemble.data import tfds as tfds_lib
+
+    hashed, digest = [], manifest.file_digest
+    monkeypatch.setattr(manifest, "file_digest", lambda p: hashed.append(p) or digest(p))
+
+    paths = [tmp_path / f"mnist-train.array_record-0000{i}-of-00002" for i in range(2)]
+    for i, p in enumerate(paths):
+        p.write_bytes(bytes(range(i, 200 + i)))
+    split = FakeTfdsSplit(tmp_path)
+    assert [f for f, _, _ in tfds_lib.split_files(split)] == [str(p) for p in paths]
+    first = tfds_lib.split_content_id(split)
+    assert first.startswith("tfds:") and len(hashed) == 2
+    assert tfds_lib.split_content_id(FakeTfdsSplit(tmp_path)) == first and len(hashed) == 2
+    assert tfds_lib.split_content_id(FakeTfdsSplit(tmp_path, "train[:20]")) != first
+    data = bytearray(paths[1].read_bytes())
+    data[100] ^= 1  # one bit of the second file, same size
+    paths[1].write_bytes(bytes(data))
+    assert tfds_lib.split_content_id(split) != first
+    assert tfds_lib.split_content_id(FakeTfdsSplit(tmp_path, shards=3)) is None  # one missing
+
+
+def test_evaluate_and_resume_refuse_changed_tfds_files_naming_the_split(
+    mock_tfds, tmp_path, monkeypatch, capsys
+):
+    need_devices(8)
+    from meshensemble.data import tfds as tfds_lib
+
+    # the mock's records come from no file: the train split "reads" this file instead
+    shard = tmp_path / "mnist-train.array_record-00000-of-00001"
+    shard.write_bytes(bytes(range(256)) * 4)
+    files = tfds_lib.split_files
+    monkeypatch.setattr(
+        tfds_lib,
+        "split_files",
+        lambda r: [(str(shard), 0, len(r))] if str(r.split) == "train" else files(r),
+    )
+    workdir = tmp_path / "t"
+    argv = run_args(workdir, "--source", "tfds", "--input", "stream", "--validation", "8")
+    argv[argv.index("--max-steps") + 1] = "1"
+    with mock_tfds(num_examples=64):
+        assert cli.main(argv) == 0
+        held = json.loads((workdir / "config.json").read_text())["resolved"]["data_identity"]
+        assert held["splits"]["train"].startswith("manifest:"), held
+        evaluate = ["evaluate", "--workdir", str(workdir), "--mesh", "ensemble=4,data=2"]
+        capsys.readouterr()
+        assert cli.main(evaluate) == 0  # the same files: accepted
+        shard.write_bytes(bytes(reversed(range(256))) * 4)  # same size, other content
+        before = sorted(p.name for p in workdir.rglob("*"))
+        for command, want in ((evaluate, "train and validation splits"),
+                              (argv, "train split fingerprint")):  # fmt: skip
+            capsys.readouterr()
+            assert cli.main(command) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and want in err[0], err
+        assert sorted(p.name for p in workdir.rglob("*")) == before
+
+
 # ------------------------------------------------------------------ errors
 @pytest.mark.parametrize(
     "case", ["no directory", "no labels", "no train files", "malformed labels", "short labels",

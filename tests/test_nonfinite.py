@@ -24,6 +24,7 @@ from meshensemble.cli import main
 from meshensemble.training import NonFiniteError, train
 from meshensemble.training.checkpoint import list_checkpoints
 from meshensemble.training.guards import MAX_REINITS, NonFiniteGuard, finite_members
+from meshensemble.training.loop import LoopPosition
 from meshensemble.training.outputs import RunWriter, dumps_strict, restore_nonfinite
 
 DATA = me.data.synthetic(num_train=192, num_test=40, seed=0)
@@ -155,3 +156,52 @@ def test_metrics_records_are_strict_json_with_a_note_and_read_back(tmp_path):
 def test_the_flag_help_states_the_limit():
     field = {f.name: f for f in dataclasses.fields(me.TrainConfig)}["on_nonfinite"]
     assert f"at most {MAX_REINITS} times each per run" in field.metadata["help"]
+
+
+def test_every_json_of_a_run_with_nan_losses_is_strict_checkpoints_included(tmp_path):
+    """A re-initialised member's NaN losses sit in the epoch's ``loss_sum`` when a checkpoint
+    is saved mid-epoch: its loop-position JSON once held a bare ``NaN``."""
+    need_devices(8)
+    workdir = tmp_path / "reinit"
+    cfg = small_config(workdir, learning_rate=1e30, on_nonfinite="reinit", max_steps=3)
+    result = train(dataclasses.replace(cfg, autotune=False, member_strategy="vmap"), dataset=DATA)
+    assert list_checkpoints(str(workdir)) == [3]
+    texts = []  # every JSON document under the workdir, whatever its name (orbax's `metadata`)
+    for path in sorted(p for p in workdir.rglob("*") if p.is_file()):
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        for doc in text.splitlines() if path.suffix == ".jsonl" else [text]:
+            try:
+                json.loads(doc)  # lenient: takes NaN
+            except ValueError:
+                continue
+            texts.append((path, doc))
+    assert any(p.parts[-2:] == ("loop", "metadata") for p, _ in texts), texts
+    for path, doc in texts:
+        try:
+            strict_load(doc)
+        except ValueError as e:
+            raise AssertionError(f"{path.relative_to(workdir)}: {e}") from None
+    # the position reads back with its NaN (the resumed epoch's mean loss stays NaN)
+    ens = result.ensemble
+    _, loop, _ = me.restore_checkpoint(str(workdir), ens, DATA.test_images[:1])
+    pos = LoopPosition.from_json(loop)
+    assert pos.step == 3 and np.isnan(np.asarray(pos.loss_sum)).any(), loop
+
+
+def test_save_checkpoint_refuses_a_nan_loop_and_the_bench_json_is_strict(tmp_path):
+    from meshensemble.bench.report import write_json
+
+    ens, state = _ensemble()
+    mngr = me.checkpoint_manager(str(tmp_path / "run"))
+    with pytest.raises(ValueError, match="holds a NaN/inf float") as e:
+        me.save_checkpoint(mngr, 1, state, {"step": 1, "loss_sum": [float("nan")]})
+    assert "\n" not in str(e.value)
+    mngr.close()
+    write_json(
+        {"case": {"seconds": float("nan"), "ratio": np.float32(np.inf)}}, tmp_path / "b.json"
+    )
+    back = restore_nonfinite(strict_load((tmp_path / "b.json").read_text()))
+    assert np.isnan(back["case"]["seconds"]) and back["case"]["ratio"] == np.inf

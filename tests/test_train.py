@@ -474,3 +474,43 @@ def test_a_failed_plot_is_one_line_and_a_rerun_writes_it(tmp_path, npz, capsys):
     assert cli.main(["train", "--workdir", str(workdir)]) == 0
     assert "resumed from checkpoint 2" in capsys.readouterr().out
     assert path.stat().st_size > 1000
+
+
+# --------------------------------------------------------------------- failed runs
+class BoomMLP(me.models.MLP):
+    """The zoo's MLP (the same parameters) whose apply raises when it trains (the first
+    step), not when it initialises."""
+
+    def __call__(self, x, train: bool = False):
+        if train:
+            raise RuntimeError("boom inside apply")
+        return super().__call__(x, train)
+
+
+def test_a_fresh_run_that_fails_before_its_first_checkpoint_leaves_nothing_behind(
+    tmp_path, npz, capsys, monkeypatch
+):
+    need_devices(8)
+    monkeypatch.setitem(me.models.REGISTRY, "boom", BoomMLP)
+    made = tmp_path / "new" / "run"  # the run makes this folder: it goes too
+    assert cli.main(cli_argv(npz, made, "--max-steps", "2", "--model", "boom")) == 1
+    assert "boom inside apply" in capsys.readouterr().err
+    assert not made.exists() and (tmp_path / "new").exists()
+    mine = tmp_path / "mine"  # a folder of the user's: only the run's files go
+    mine.mkdir()
+    (mine / "notes.txt").write_text("kept")
+    assert cli.main(cli_argv(npz, mine, "--max-steps", "2", "--model", "boom")) == 1
+    assert sorted(os.listdir(mine)) == ["notes.txt"]
+    # the same command, fixed, starts afresh: no --overwrite needed
+    assert cli.main(cli_argv(npz, mine, "--max-steps", "2")) == 0
+    before = files(mine)
+    # a resume that fails keeps the earlier run's files (the same run: its model now raises)
+    monkeypatch.setitem(me.models.REGISTRY, "mlp", BoomMLP)
+    capsys.readouterr()
+    assert cli.main(["train", "--workdir", str(mine), "--max-steps", "4"]) == 1
+    assert "boom inside apply" in capsys.readouterr().err
+    after = files(mine)
+    assert set(before) <= set(after)
+    for path, data in before.items():
+        if "checkpoints" in path.parts:
+            assert after[path] == data, path

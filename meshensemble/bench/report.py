@@ -27,6 +27,7 @@ from meshensemble.bench.config import BenchConfig, Case, Spec
 from meshensemble.bench.layouts import format_layouts
 from meshensemble.bench.timing import stats
 from meshensemble.bench.workloads import Context
+from meshensemble.training.outputs import strict_json
 
 TARGETS: dict[str, tuple[str, float]] = {
     "one_device_over_sequential": ("<=", 0.75),
@@ -679,7 +680,7 @@ def write_json(results: Mapping[str, Any], path: str) -> None:
     """
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
-        json.dump(results, f, indent=1, default=_json_default)
+        json.dump(strict_json(results), f, indent=1, default=_json_default, allow_nan=False)
 
 
 def _json_default(v: Any) -> Any:

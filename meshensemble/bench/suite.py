@@ -43,6 +43,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from meshensemble.training.outputs import strict_json
+
 SUITES: dict[str, dict[str, Any]] = {
     "accelerator": {
         "cases": ("matmul", "howto", "chunk_epoch", "members", "time_to_accuracy"),
@@ -277,7 +279,7 @@ def write_suite(results: dict[str, Any], out_dir: str) -> tuple[str, str]:
     md_path = os.path.join(out_dir, "accelerator.md")
     summary = {"suite": "accelerator", "targets": rows, "results": results}
     for path, text in (
-        (json_path, json.dumps(summary, indent=1, default=_plain)),
+        (json_path, json.dumps(strict_json(summary), indent=1, default=_plain, allow_nan=False)),
         (md_path, format_markdown(results, rows)),
     ):
         tmp = path + ".tmp"

@@ -39,7 +39,7 @@ from meshensemble.cli.common import (
 from meshensemble.errors import EXIT_INTERRUPTED
 from meshensemble.runtime import distributed
 from meshensemble.training import CONFIG_FILE, TrainConfig, train
-from meshensemble.training.config import inherited_fields
+from meshensemble.training.config import inherited_fields, with_task_defaults
 
 OTHER_FLAGS = ("--config", "--fake-devices", "--debug", *DISTRIBUTED_FLAGS)
 """The ``train`` flags that are not :class:`TrainConfig` fields."""
@@ -122,6 +122,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         saved = _read_config(saved_path, fields, "workdir config")
         values = {k: v for k, v in saved.items() if k in inherited_fields()}
     values.update(given)
+    values = with_task_defaults(values)  # e.g. regression's optimizer, when not given
     try:
         return TrainConfig(**values).validate()
     except (TypeError, ValueError) as err:

@@ -229,7 +229,8 @@ def content_id(images: Any) -> str | None:
       images: a :class:`SourceImages`.
 
     Returns:
-      A string, or None when the source has no ``content_id`` (e.g. TFDS's data).
+      A string, or None when the source has no ``content_id`` (e.g. TFDS's mock data,
+      which comes from no file).
 
     Example:
       >>> content_id(load_array_record_dataset("/data/mnist_ar").train_images)[:9]
@@ -523,9 +524,11 @@ def load_tfds_stream(name: str, data_dir: str | os.PathLike | None = None) -> Da
         f"{PRETTY_NAMES[name]} from TFDS ({split_counts(labels, test_labels)}; "
         "train split read lazily)"
     )
+    train_source = TfdsSource(train)
+    train_source.content_id = tfds_lib.split_content_id(train)  # its files, hashed per host
     return Dataset(
         name,
-        SourceImages(TfdsSource(train)),
+        SourceImages(train_source),
         labels,
         test_images,
         test_labels,

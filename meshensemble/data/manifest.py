@@ -84,7 +84,8 @@ def write_manifest(
     path = os.path.join(directory, MANIFEST_FILE)
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump({"format": MANIFEST_FORMAT, "files": files}, f, indent=1, sort_keys=True)
+        doc = {"format": MANIFEST_FORMAT, "files": files}
+        json.dump(doc, f, indent=1, sort_keys=True, allow_nan=False)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -237,33 +238,10 @@ class FileVerifier:
         self._lock = threading.Lock()
 
     def _cached(self, path: str, stamp: str, want: str) -> bool:
-        if self.cache is None:
-            return False
-        try:
-            with open(self.cache) as f:
-                entry = json.load(f).get(path)
-        except (OSError, ValueError, AttributeError):
-            return False
-        return entry == {"stamp": stamp, "sha256": want}
+        return _cache_entry(self.cache, path) == {"stamp": stamp, "sha256": want}
 
     def _remember(self, path: str, stamp: str, want: str) -> None:
-        if self.cache is None:
-            return
-        try:  # best effort: a read-only home only costs a hash next time
-            try:
-                with open(self.cache) as f:
-                    known = json.load(f)
-                known = known if isinstance(known, dict) else {}
-            except (OSError, ValueError):
-                known = {}
-            known[path] = {"stamp": stamp, "sha256": want}
-            os.makedirs(os.path.dirname(os.path.abspath(self.cache)), exist_ok=True)
-            tmp = f"{self.cache}.{os.getpid()}.{threading.get_ident()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(known, f)
-            os.replace(tmp, self.cache)
-        except OSError:
-            pass
+        _cache_store(self.cache, path, stamp, want)
 
     def verify(self, path: str) -> None:
         """Hashes ``path`` unless already verified; raises when it differs from the manifest.
@@ -290,3 +268,66 @@ class FileVerifier:
                     )
                 self._remember(path, stamp, want)
             self._done.add(path)
+
+
+def _cache_entry(cache: str | None, path: str) -> Any:
+    """The host cache's entry for ``path`` (``{"stamp", "sha256"}``), or None."""
+    if cache is None:
+        return None
+    try:
+        with open(cache) as f:
+            return json.load(f).get(path)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _cache_store(cache: str | None, path: str, stamp: str, sha256: str) -> None:
+    """Remembers ``path``'s digest at ``stamp`` in the host cache (best effort, atomic)."""
+    if cache is None:
+        return
+    try:  # best effort: a read-only home only costs a hash next time
+        try:
+            with open(cache) as f:
+                known = json.load(f)
+            known = known if isinstance(known, dict) else {}
+        except (OSError, ValueError):
+            known = {}
+        known[path] = {"stamp": stamp, "sha256": sha256}
+        os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
+        tmp = f"{cache}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(known, f, allow_nan=False)
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+
+
+def cached_digest(path: str | os.PathLike, cache: str | None | bool = True) -> str:
+    """The SHA-256 of a file, hashed once per host until the file changes.
+
+    For files that carry no manifest (TFDS's prepared data): the digest is remembered in
+    the host's cache (:func:`verify_cache_path`) under the file's size, mtime and inode, so
+    a later start on that host costs a ``stat``; a rewritten or replaced file is hashed
+    again.
+
+    Args:
+      path: the file.
+      cache: the cache file; default :func:`verify_cache_path` (None: always hash).
+
+    Returns:
+      64 hex digits (:func:`file_digest`).
+
+    Example:
+      >>> cached_digest("/data/mnist/3.0.1/mnist-train.array_record-00000-of-00001")[:4]
+      '9f3c'
+    """
+    path = os.path.abspath(os.fspath(path))
+    cache = verify_cache_path() if cache is True else cache or None
+    stamp = _stamp(path)
+    entry = _cache_entry(cache, path)
+    if isinstance(entry, dict) and entry.get("stamp") == stamp and "sha256" in entry:
+        return str(entry["sha256"])
+    digest = file_digest(path)
+    if _stamp(path) == stamp:  # not rewritten while it was hashed
+        _cache_store(cache, path, stamp, digest)
+    return digest

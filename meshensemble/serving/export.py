@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import inspect
-import json
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,7 +37,7 @@ from meshensemble.runtime.distributed import fetch
 from meshensemble.serving.outputs import atomic_write
 from meshensemble.serving.predictor import Predictor
 from meshensemble.serving.regression import regression_metadata, regression_prediction_function
-from meshensemble.training.outputs import check_writable
+from meshensemble.training.outputs import check_writable, dumps_strict
 
 ARTIFACT_FILE = "ensemble.jax"
 """The serialized ``jax.export.Exported`` inside an export folder."""
@@ -213,5 +212,5 @@ def export_ensemble(
     blob = bytes(exported.serialize())
     os.makedirs(out, exist_ok=True)
     atomic_write(os.path.join(out, ARTIFACT_FILE), blob)
-    atomic_write(os.path.join(out, METADATA_FILE), (json.dumps(meta, indent=2) + "\n").encode())
+    atomic_write(os.path.join(out, METADATA_FILE), (dumps_strict(meta, indent=2) + "\n").encode())
     return meta

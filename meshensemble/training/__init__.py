@@ -26,12 +26,14 @@ from meshensemble.training.config import OPTIMIZERS as OPTIMIZERS
 from meshensemble.training.config import PRECISIONS as PRECISIONS
 from meshensemble.training.config import SCHEDULES as SCHEDULES
 from meshensemble.training.config import SHUFFLES as SHUFFLES
+from meshensemble.training.config import TASK_DEFAULTS as TASK_DEFAULTS
 from meshensemble.training.config import TASKS as TASKS
 from meshensemble.training.config import TrainConfig as TrainConfig
 from meshensemble.training.config import build_ensemble as build_ensemble
 from meshensemble.training.config import default_chunk_steps as default_chunk_steps
 from meshensemble.training.config import default_mesh_shape as default_mesh_shape
 from meshensemble.training.config import make_optimizer as make_optimizer
+from meshensemble.training.config import with_task_defaults as with_task_defaults
 from meshensemble.training.feeder import Feeder as Feeder
 from meshensemble.training.guards import NonFiniteError as NonFiniteError
 from meshensemble.training.identity import RUN_FIELDS as RUN_FIELDS
@@ -54,6 +56,7 @@ __all__ = [
     "RUN_FIELDS",
     "SCHEDULES",
     "SHUFFLES",
+    "TASK_DEFAULTS",
     "TASKS",
     "Feeder",
     "LoopPosition",
@@ -68,6 +71,7 @@ __all__ = [
     "default_mesh_shape",
     "final_table",
     "make_optimizer",
+    "with_task_defaults",
     "regression_run",
     "run_keys",
     "train",

@@ -98,11 +98,22 @@ def save_checkpoint(
       mngr: from :func:`checkpoint_manager`.
       step: the run's global step.
       state: the ensemble state.
-      loop: JSON-serialisable loop position.
+      loop: JSON-serialisable loop position, written as strict JSON (pass NaN/inf as
+        :func:`~meshensemble.training.outputs.strict_json` writes them: null with a note).
+
+    Raises:
+      ValueError: ``loop`` holds a NaN/inf float (strict JSON has none), one line.
 
     Example:
       >>> me.save_checkpoint(mngr, 100, state, {"epoch": 1, "step": 100})
     """
+    try:
+        json.dumps(loop, allow_nan=False)
+    except ValueError:
+        raise ValueError(
+            "save_checkpoint: the loop position holds a NaN/inf float, which strict JSON "
+            "cannot hold; pass meshensemble.training.outputs.strict_json(loop)"
+        ) from None
     mngr.save(
         step,
         args=ocp.args.Composite(state=ocp.args.StandardSave(state), loop=ocp.args.JsonSave(loop)),
@@ -255,7 +266,8 @@ class Checkpointer:
         todo = (
             "fix that" if cause is None else _FREE_SPACE if "space" in cause else "make it writable"
         )
-        fix = f"{todo} and run the same command to resume, or use another --workdir"
+        again = "resume" if good else "start again"  # a new run without one removes its files
+        fix = f"{todo} and run the same command to {again}, or use another --workdir"
         return CheckpointError(
             f"could not save checkpoint {step} in {self.dir}: {cause or _first_line(err)}; "
             f"{prev}; {fix}"
@@ -454,7 +466,7 @@ def _drop_leftovers() -> None:
 def _atomic_json(path: str, value: Any) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump(value, f, indent=1)
+        json.dump(value, f, indent=1, allow_nan=False)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -99,8 +99,10 @@ def split_fingerprint(images: Any, labels: Any) -> str:
     about 1 GB/s: tens of milliseconds for MNIST). A lazy split in ArrayRecord files
     (``kind="manifest"``) is identified by its files' manifest hashes, the labels and the
     rows it takes from them, without reading an image: each host verifies the files as it
-    reads them (:mod:`meshensemble.data.manifest`). A lazy split without a manifest (TFDS's
-    prepared data) falls back to ``kind="sample"``: every label and
+    reads them (:mod:`meshensemble.data.manifest`); TFDS's prepared data by its
+    dataset_info and its files' sizes and SHA-256, hashed once per host
+    (:func:`meshensemble.data.tfds.split_content_id`). A lazy split whose source names no
+    files (``tfds.testing.mock_data``) falls back to ``kind="sample"``: every label and
     :data:`FINGERPRINT_SAMPLES` strided images.
 
     Args:

@@ -81,7 +81,7 @@ def write_temperature(path: str, temperature: Any) -> None:
         return
     tmp = target + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"temperature": value}, f)
+        json.dump({"temperature": value}, f, allow_nan=False)  # checked finite: strict
     os.replace(tmp, target)
 
 

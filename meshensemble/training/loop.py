@@ -59,6 +59,9 @@ from meshensemble.training.outputs import (
     clear_run,
     epoch_line,
     final_table,
+    restore_nonfinite,
+    strict_json,
+    unfinished_run,
 )
 from meshensemble.training.pacing import Pacer
 from meshensemble.training.plan import TrainPlan, plan_training
@@ -119,19 +122,22 @@ class LoopPosition:
         self.loss_sum = total
 
     def to_json(self) -> dict[str, Any]:
-        """The checkpoint's ``loop`` entry (``loss_sum`` as a list of floats)."""
+        """The checkpoint's ``loop`` entry (``loss_sum`` as a list of floats), strict JSON:
+        a NaN/inf loss (a re-initialised member's) is written as null with a note
+        (:func:`~meshensemble.training.outputs.strict_json`)."""
         self.settle()
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         del out["pending"]
         if self.loss_sum is not None:
             out["loss_sum"] = [float(v) for v in np.asarray(self.loss_sum, np.float32)]
-        return out
+        return strict_json(out)
 
     @classmethod
     def from_json(cls, loop: dict[str, Any]) -> LoopPosition:
-        """Reads a checkpoint's ``loop`` entry (keys it does not know are ignored)."""
+        """Reads a checkpoint's ``loop`` entry (keys it does not know are ignored; noted
+        non-finite values come back as NaN/inf)."""
         names = {f.name for f in dataclasses.fields(cls)} - {"pending"}
-        return cls(**{k: v for k, v in loop.items() if k in names})
+        return cls(**{k: v for k, v in restore_nonfinite(loop).items() if k in names})
 
 
 @dataclasses.dataclass
@@ -182,7 +188,9 @@ def train(
     when it is the same run: the fields of
     :data:`~meshensemble.training.identity.RUN_FIELDS` and the data actually used must
     match what its ``config.json`` recorded. ``max_steps`` belongs to one call: a
-    later call with a larger value (or none) continues the run.
+    later call with a larger value (or none) continues the run. A new run that fails
+    before its first checkpoint removes the files it wrote
+    (:func:`~meshensemble.training.outputs.unfinished_run`); a resumed one never does.
 
     Args:
       cfg: the run's config.
@@ -351,30 +359,33 @@ def _train(
         clear_run(cfg.workdir)
     resolved = _resolved(plan, choice.resolved(), cache_dir, dataset, identity, held_out)
     keep_until = None if restored is None else restored[2]
-    writer = RunWriter(
-        cfg.workdir, enabled=main, tensorboard=cfg.tensorboard, keep_until=keep_until
-    )
-    writer.write_config(cfg, resolved)
-    say(_ensemble_line(cfg, ens, plan, platform))
-    for line in choice.lines() if choice.how != "given" else ():
-        say(line)
-    feeder = Feeder(ens, dataset, cfg, order_key, plan.chunk, plan.steps_per_epoch, source=source)
-    say(feeder.input_why)
-    state, pos = _start(cfg, ens, feeder, dataset, restored, init_key, sample, tell)
-    note = model_axis_note(ens, state, sample)  # a model axis that splits nothing
-    if note is not None:
-        tell(note)
-    ckpt = Checkpointer(cfg.workdir, cfg.keep, echo=tell) if cfg.checkpoint else None
-    guard = NonFiniteGuard(ens, cfg.on_nonfinite, init_key, sample)
-    run = _Run(cfg, ens, dataset, feeder, guard, ckpt, writer, stop, say, tell, t0, log)
-    run.pacer = Pacer(1 if feeder.streaming else plan.chunk, cfg.stop_within)
-    k, steps = plan.chunk, plan.steps_per_epoch
-    try:
-        state, pos, saved_at = run.loop(state, pos, steps, plan.total_steps, k, main)
-    finally:
-        if ckpt is not None:
-            ckpt.close()
-    return _finish(cfg, run, state, pos, saved_at)
+    with unfinished_run(cfg.workdir, fresh=restored is None, enabled=main):
+        writer = RunWriter(
+            cfg.workdir, enabled=main, tensorboard=cfg.tensorboard, keep_until=keep_until
+        )
+        writer.write_config(cfg, resolved)
+        say(_ensemble_line(cfg, ens, plan, platform))
+        for line in choice.lines() if choice.how != "given" else ():
+            say(line)
+        feeder = Feeder(
+            ens, dataset, cfg, order_key, plan.chunk, plan.steps_per_epoch, source=source
+        )
+        say(feeder.input_why)
+        state, pos = _start(cfg, ens, feeder, dataset, restored, init_key, sample, tell)
+        note = model_axis_note(ens, state, sample)  # a model axis that splits nothing
+        if note is not None:
+            tell(note)
+        ckpt = Checkpointer(cfg.workdir, cfg.keep, echo=tell) if cfg.checkpoint else None
+        guard = NonFiniteGuard(ens, cfg.on_nonfinite, init_key, sample)
+        run = _Run(cfg, ens, dataset, feeder, guard, ckpt, writer, stop, say, tell, t0, log)
+        run.pacer = Pacer(1 if feeder.streaming else plan.chunk, cfg.stop_within)
+        k, steps = plan.chunk, plan.steps_per_epoch
+        try:
+            state, pos, saved_at = run.loop(state, pos, steps, plan.total_steps, k, main)
+        finally:
+            if ckpt is not None:
+                ckpt.close()
+        return _finish(cfg, run, state, pos, saved_at)
 
 
 def _resolved(

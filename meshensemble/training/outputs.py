@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from meshensemble.errors import RunFailedError
-from meshensemble.training.checkpoint import CHECKPOINT_DIR
+from meshensemble.training.checkpoint import CHECKPOINT_DIR, list_checkpoints
 from meshensemble.training.config import CONFIG_FILE, METRICS_FILE
 
 PLOTS = ("learning_curves.png", "members.png")
@@ -223,6 +223,38 @@ def clear_run(workdir: str) -> None:
         path = os.path.join(workdir, name)
         if os.path.isfile(path) or os.path.islink(path):
             os.remove(path)
+
+
+@contextlib.contextmanager
+def unfinished_run(workdir: str, fresh: bool, enabled: bool = True) -> Iterator[None]:
+    """Removes what a fresh run wrote when it fails before its first checkpoint.
+
+    A run that fails after writing ``config.json`` but before any checkpoint has nothing
+    to resume from, and its files would make the next ``train`` in that workdir refuse
+    ("holds a run but no checkpoint"), so they go: :func:`clear_run`'s files (config,
+    metrics, compile log, plots, ``checkpoints/``, ``tensorboard/``) and the workdir itself
+    when the run made it and it is left empty. Files the run did not write stay. A resumed
+    run (``fresh=False``) and a run that saved a checkpoint keep everything. The error is
+    re-raised unchanged.
+
+    Args:
+      workdir: the run's folder.
+      fresh: True for a new run (not a resume).
+      enabled: False in processes other than 0 (they write nothing).
+
+    Example:
+      >>> with unfinished_run("runs/mnist", fresh=True):
+      ...     train_the_run()  # fails before its first checkpoint: no config.json is left
+    """
+    created = not os.path.exists(workdir)
+    try:
+        yield
+    except BaseException:
+        if fresh and enabled and not list_checkpoints(workdir):
+            clear_run(workdir)
+            if created and os.path.isdir(workdir) and not os.listdir(workdir):
+                os.rmdir(workdir)
+        raise
 
 
 class RunWriter:

@@ -46,7 +46,7 @@ from meshensemble.training.config import (
 )
 from meshensemble.training.guards import NonFiniteError, StopSignal
 from meshensemble.training.identity import check_same_run, read_saved_config, run_fields
-from meshensemble.training.outputs import RunWriter, check_writable, clear_run
+from meshensemble.training.outputs import RunWriter, check_writable, clear_run, unfinished_run
 
 PLOT_FILE = "regression.png"
 """The figure a run on one-feature data writes: mixture mean +/- 2 sd, members, data."""
@@ -346,45 +346,46 @@ def train_regression(
     if resume:
         state, _, step = restore_checkpoint(cfg.workdir, ens, train.x_train[:1], echo=say)
         say(f"resumed {cfg.workdir} at step {step}")
-    writer = RunWriter(cfg.workdir, main, cfg.tensorboard, keep_until=step if resume else None)
-    identity = regression_identity(data, train, val, cfg)
-    values = (plan.mesh, plan.batch, plan.steps, model_name(cfg), stats, data.name, identity)
-    writer.write_config(cfg, dict(zip(RESOLVED_KEYS, values)))
-    ckpt = Checkpointer(cfg.workdir, cfg.keep, say) if cfg.checkpoint else None
-    sets = {"test": (data.x_test, data.y_test)} | ({"val": val} if val is not None else {})
-    stop, stopped = StopSignal.install(), False
-    try:
-        while step < plan.last and not stopped:
-            rows = epoch_batches(cfg, plan, step // plan.steps, len(train.x_train))
-            for idx in rows[step % plan.steps : plan.steps]:
-                state, metrics = ens.train_step(state, train.x_train[idx], train.y_train[idx])
-                step += 1
-                stopped = stop.requested(step)
-                if step >= plan.last or stopped:
-                    break
-            if stopped:
-                say(f"stopped by {stop.signal} at step {step}; rerun the command to resume")
-            elif step < plan.last and (step // plan.steps) % plan.every:
-                continue  # evaluate (and save) every `every` epochs, and at the end
-            else:
-                record = _record(cfg, ens, state, step, plan, metrics, sets)
-                writer.write_metrics(record)
-                writer.history.append(record)
-                say(_line(record, plan.last))
-            if ckpt is not None:
-                ckpt.save(step, state, {"epoch": step // plan.steps, "step": step})
-    finally:
-        stop.uninstall()
-    if ckpt is not None:
-        ckpt.close()
-    if data.x_train.shape[1] == 1 and data.targets == 1 and not stopped:
-        draw_figure(ens, state, train, os.path.join(cfg.workdir, PLOT_FILE))
-    writer.close()
-    seconds = time.perf_counter() - t0
-    signal = stop.signal if stopped else None
-    return RegressionResult(
-        ens, state, writer.history, data, seconds, preempted=stopped, signal=signal
-    )
+    with unfinished_run(cfg.workdir, fresh=not resume, enabled=main):  # no half-made run
+        writer = RunWriter(cfg.workdir, main, cfg.tensorboard, keep_until=step if resume else None)
+        identity = regression_identity(data, train, val, cfg)
+        values = (plan.mesh, plan.batch, plan.steps, model_name(cfg), stats, data.name, identity)
+        writer.write_config(cfg, dict(zip(RESOLVED_KEYS, values)))
+        ckpt = Checkpointer(cfg.workdir, cfg.keep, say) if cfg.checkpoint else None
+        sets = {"test": (data.x_test, data.y_test)} | ({"val": val} if val is not None else {})
+        stop, stopped = StopSignal.install(), False
+        try:
+            while step < plan.last and not stopped:
+                rows = epoch_batches(cfg, plan, step // plan.steps, len(train.x_train))
+                for idx in rows[step % plan.steps : plan.steps]:
+                    state, metrics = ens.train_step(state, train.x_train[idx], train.y_train[idx])
+                    step += 1
+                    stopped = stop.requested(step)
+                    if step >= plan.last or stopped:
+                        break
+                if stopped:
+                    say(f"stopped by {stop.signal} at step {step}; rerun the command to resume")
+                elif step < plan.last and (step // plan.steps) % plan.every:
+                    continue  # evaluate (and save) every `every` epochs, and at the end
+                else:
+                    record = _record(cfg, ens, state, step, plan, metrics, sets)
+                    writer.write_metrics(record)
+                    writer.history.append(record)
+                    say(_line(record, plan.last))
+                if ckpt is not None:
+                    ckpt.save(step, state, {"epoch": step // plan.steps, "step": step})
+        finally:
+            stop.uninstall()
+        if ckpt is not None:
+            ckpt.close()
+        if data.x_train.shape[1] == 1 and data.targets == 1 and not stopped:
+            draw_figure(ens, state, train, os.path.join(cfg.workdir, PLOT_FILE))
+        writer.close()
+        seconds = time.perf_counter() - t0
+        signal = stop.signal if stopped else None
+        return RegressionResult(
+            ens, state, writer.history, data, seconds, preempted=stopped, signal=signal
+        )
 
 
 def _record(cfg, ens, state, step, plan, metrics, sets) -> dict[str, Any]:
