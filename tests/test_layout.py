@@ -1,9 +1,8 @@
 """The package's layout rules, read from the source (function-level imports included).
 
-* Rooms from low to high: ``errors`` < ``core`` < ``models``, ``metrics``, ``calibration``,
-  ``data``, ``plots`` < ``training`` < ``calibrate_run`` < ``evaluation_regression`` <
-  ``evaluation``, ``testing`` <
-  ``serving`` < ``bench`` < ``cli``. A module imports only its own room and lower rooms;
+* Rooms from low to high: ``errors`` < ``numerics``, ``runtime`` < ``core`` < ``models``,
+  ``metrics``, ``data``, ``plots`` < ``training`` < ``calibration`` < ``evaluation``,
+  ``testing`` < ``serving`` < ``bench`` < ``cli``. A module imports only its own room and lower rooms;
   nothing outside ``cli`` imports ``cli``.
 * No import cycle among the package's modules.
 * No module uses another module's ``_private`` names.
