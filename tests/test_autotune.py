@@ -109,6 +109,40 @@ def test_over_budget_the_default_is_kept_said_so_and_not_remeasured(tmp_path):
     assert (longer.name, longer.how) == ("x", "measured") and "build x" in calls
 
 
+def test_the_defaults_compilation_the_run_reuses_is_not_the_tuners_cost():
+    """Builds take 0.5 s, steps 10 ms, 80 planned steps: a budget of 0.08 s. Another
+    candidate would cost ~0.54 s (a build like the default's, a warm-up and 3 steps), so
+    none fits; what the default's build counts as (the run's own or the tuner's) shows in
+    what is reported spent. With the whole 0.8 s of training as the budget, the reused
+    build is what makes room for the other candidate."""
+    for reused in (False, True):
+        clock, calls = FakeClock(), []
+        candidates = {
+            "d": candidate(clock, 0.010, calls, "d", build_s=0.5),
+            "x": candidate(clock, 0.010, calls, "x", build_s=0.5),
+        }
+        d = autotune.decide("k", candidates, None, "d", 80, timer=clock, reused=reused)
+        m = d.measurement
+        assert calls == ["build d", "d", "d"] and m.needs_s == pytest.approx(0.54)
+        assert m.spent_s == pytest.approx(0.52)
+        assert m.reused_s == pytest.approx(0.5 if reused else 0.0)
+        assert m.cost_s == pytest.approx(0.02 if reused else 0.52)
+        if reused:  # the real cost: two steps; the compilation said apart
+            assert "timing the default cost 0.0 s beyond its 0.5 s compilation" in d.reason
+        else:
+            assert "timing the default took 0.5 s" in d.reason
+    # 0.52 s spent + 0.02 s of the default's other rounds + 0.54 s for x: over 0.8 s,
+    # unless the default's 0.5 s build is the run's own
+    for reused, measured in ((False, ["d"]), (True, ["d", "x"])):
+        clock = FakeClock()
+        candidates = {
+            "d": candidate(clock, 0.010, [], "d", build_s=0.5),
+            "x": candidate(clock, 0.010, [], "x", build_s=0.5),
+        }
+        m = autotune.measure(candidates, "d", 80, timer=clock, share=1.0, reused=reused)
+        assert list(m.seconds) == measured, reused
+
+
 def test_the_budget_stops_measuring_part_way():
     """Builds take 1 s, steps 0.1 s: a candidate costs 1.4 s (build, warm-up, 3 steps).
     With 500 planned steps (50 s, budget 5 s) two others fit and the third does not."""

@@ -4,6 +4,8 @@ the compile report, the run's program count, and the member strategy chosen by m
 
 from __future__ import annotations
 
+import collections
+import functools
 import itertools
 import json
 import math
@@ -91,6 +93,15 @@ def fake_measure(times, seen=None):
     return measure
 
 
+def roomy_budget(monkeypatch) -> None:
+    """Runs whose tuner measures every candidate: a clock that ticks 1 s per reading (every
+    step looks alike, so the platform default is kept) and 10,000 planned steps."""
+    ticks = itertools.count()
+    monkeypatch.setattr(tuning, "planned_steps", lambda cfg, dataset: 10_000)
+    timed = functools.partial(tuning.resolve_choices, timer=lambda: float(next(ticks)))
+    monkeypatch.setattr(loop, "resolve_choices", timed)
+
+
 def test_cache_flags_and_env(tmp_path, monkeypatch):
     parse = lambda *argv: cli_train.config_from_args(
         cli.build_parser().parse_args(["train", "--workdir", str(tmp_path / "w"), *argv])
@@ -164,9 +175,11 @@ def test_the_tuners_programs_are_reported_apart_and_only_at_first_use(tmp_path, 
     need_devices(8)
     lines: list[str] = []
     kw = dict(max_steps=2, mesh=TWO_PER_DEVICE)
-    first = train(tiny(tmp_path, quiet=False, **kw), DATA, echo=lines.append)
+    with monkeypatch.context() as patch:
+        roomy_budget(patch)  # vmap is measured too
+        first = train(tiny(tmp_path, quiet=False, **kw), DATA, echo=lines.append)
     tuned = first.compile["tuning"]
-    assert tuned["programs"] >= 2 and tuned["seconds"] > 0  # a step per candidate
+    assert tuned["programs"] >= 2 and tuned["seconds"] > 0  # vmap's initialisation and chunk
     assert {p["name"] for p in first.compile["by_program"]} <= RUN_PROGRAMS
     report = [line for line in lines if line.startswith("compiled ")]
     assert f"the auto-tuner compiled {tuned['programs']} more" in report[0]
@@ -227,17 +240,101 @@ def test_measured_once_then_read_from_the_choices_file(tmp_path, monkeypatch):
     key = jax.random.key(0)
     ticks = itertools.accumulate(1.0 / (i + 1) for i in itertools.count())
     cache = str(tmp_path / "cache" / "jax")
-    choice = resolve_choices(cfg, mesh, DATA, key, cache, timer=lambda: next(ticks))
+    feeder = run_feeder(cfg, DATA, k=1)
+    choice = resolve_choices(cfg, mesh, DATA, key, cache, timer=lambda: next(ticks), feeder=feeder)
     assert choice.how == "measured" and choice.member_strategy == "vmap"
     assert choice.line().startswith("member strategy: vmap (vmap: ")
     assert "against loop" in choice.line() and "stored in" in choice.line()
     assert choice.ensemble is not None and choice.ensemble.member_strategy == "vmap"
+    assert choice.feeder is not None and choice.feeder.ens is choice.ensemble
+    with CompileLog() as log:  # the run trains with the winner's feeder: nothing compiles
+        state = choice.ensemble.init(key, DATA.train_images[:1])
+        jax.block_until_ready(choice.feeder.run(state, 1, 0, 1))
+    assert log.programs == []
     monkeypatch.setattr(autotune, "measure", no_measuring)
     again = resolve_choices(cfg, mesh, DATA, key, cache)
     assert again.how == "cached" and again.member_strategy == "vmap"
     assert resolve_choices(cfg, mesh, DATA, key, None, {"member_strategy": "loop"}).how == (
         "recorded"
     )
+
+
+def run_feeder(cfg: TrainConfig, dataset, k: int):
+    """``feeder(ens)`` as :func:`meshensemble.training.train` gives the tuner (chunk ``k``)."""
+    order_key = run_keys(cfg.seed)[1]
+    steps = len(dataset.train_labels) // cfg.batch_size
+    return lambda ens: Feeder(ens, dataset, cfg, order_key, k, steps)
+
+
+def programs(result) -> collections.Counter:
+    """The names of the programs a run compiled, its own and the tuner's, counted."""
+    return collections.Counter(
+        [p["name"] for p in result.compile["by_program"]]
+        + ["tuning"] * result.compile["tuning"]["programs"]
+    )
+
+
+def test_a_tuned_run_compiles_no_more_than_an_untuned_one_but_what_it_measured(
+    tmp_path, monkeypatch
+):
+    """The tuner times the platform default with the run's own chunk program, on a copy of
+    its initial state: a run that keeps the default compiles exactly the programs of a run
+    with autotune off (K=2: a chunk of several steps, as on GPUs, called for one step),
+    and trains bitwise the same members; one that also measures vmap compiles vmap's
+    programs more, the tuner's (K=1, the CPU chunk). 2 planned steps can never pay for
+    measuring (the budget is 0.2 steps), whatever the machine's speed."""
+    need_devices(8)
+    kw = dict(max_steps=2, mesh=TWO_PER_DEVICE)
+    own = lambda name: shared_compile_cache(tmp_path / name)  # own choices: none read
+    off = train(tiny(tmp_path, "off", autotune=False, chunk_steps=2, **kw), DATA)
+    lines: list[str] = []
+    kept_cfg = tiny(tmp_path, "kept", quiet=False, chunk_steps=2, compile_cache_dir=own("k"), **kw)
+    kept = train(kept_cfg, DATA, lines.append)
+    said = [line for line in lines if line.startswith("member strategy: ")]
+    assert "the platform default kept" in said[0] and "which the run reuses" in said[0], said
+    assert kept.compile["tuning"]["programs"] == 0
+    assert programs(kept) - programs(off) == collections.Counter(), (kept.compile, off.compile)
+    chex.assert_trees_all_equal(kept.state.params, off.state.params)
+    chex.assert_trees_all_equal(kept.state.opt_state, off.state.opt_state)
+    roomy_budget(monkeypatch)
+    measured = train(tiny(tmp_path, "m", chunk_steps=1, compile_cache_dir=own("m"), **kw), DATA)
+    tuned = [p for p in measured.compile["by_program"] if p["name"] == "jit(train_chunk)"]
+    assert len(tuned) == 1  # the run's chunk: the default's, timed and reused
+    assert programs(measured) - programs(off) == collections.Counter(tuning=2)  # vmap's two
+    assert measured.ensemble.member_strategy == "loop"
+
+
+def test_the_budget_is_checked_before_a_candidate_is_built(tmp_path, monkeypatch):
+    """A fake clock on which building the default's ensemble and compiling it take 1,000 s
+    (its steps 1 ms): measuring vmap would cost as much, far over 10 % of the 60,000
+    planned steps, so vmap is never built; with a cheap build it is."""
+    need_devices(8)
+    cfg = tiny(tmp_path, epochs=10_000, mesh=TWO_PER_DEVICE).validate()
+    mesh, key = me.make_mesh(ensemble=2, data=4), jax.random.key(0)
+    clock, built = [0.0], []
+
+    def timer():
+        clock[0] += 0.001
+        return clock[0]
+
+    def building(slow):
+        def build(given, *args, **kwargs):
+            built.append(given.member_strategy)
+            clock[0] += slow
+            return build_ensemble(given, *args, **kwargs)
+
+        return build
+
+    monkeypatch.setattr(tuning, "build_ensemble", building(1000.0))
+    feeder = run_feeder(cfg, DATA, k=1)
+    choice = resolve_choices(cfg, mesh, DATA, key, None, timer=timer, feeder=feeder)
+    assert built == ["loop"] and (choice.member_strategy, choice.how) == ("loop", "default")
+    assert "over the tuner's budget of" in choice.reason and "1000 s compilation" in choice.reason
+    assert choice.feeder is not None and choice.feeder.ens is choice.ensemble
+    built.clear()
+    monkeypatch.setattr(tuning, "build_ensemble", building(0.0))
+    resolve_choices(cfg, mesh, DATA, key, None, timer=timer, feeder=feeder)
+    assert built == ["loop", "vmap"]
 
 
 def test_one_member_per_device_never_times_vmap_against_loop(tmp_path, monkeypatch):

@@ -2,8 +2,8 @@
 
 * Rooms from low to high: ``errors`` < ``numerics``, ``runtime`` < ``core`` < ``models``,
   ``metrics``, ``data``, ``plots`` < ``training`` < ``calibration`` < ``evaluation``,
-  ``testing`` < ``serving`` < ``bench`` < ``cli``. A module imports only its own room and lower rooms;
-  nothing outside ``cli`` imports ``cli``.
+  ``testing`` < ``serving`` < ``bench`` < ``cli``. A module imports only its own room
+  and lower rooms; nothing outside ``cli`` imports ``cli``.
 * No import cycle among the package's modules.
 * No module uses another module's ``_private`` names.
 * No module is over 700 lines.

@@ -6,15 +6,18 @@ and models and slow on others. :func:`decide` times the candidates on the device
 model at hand and keeps the fastest, within a budget:
 
 * the platform default is measured first: it is built and compiled, then its first
-  timed step tells what the run's training will cost (``planned_steps`` x that step);
-* the tuner spends at most :data:`TUNING_SHARE` (10 %) of that expected training time,
-  counted from its start (building and compiling the candidates included): before each
-  further candidate it estimates that candidate's cost from the default's (its build,
-  compilation and first call, plus ``rounds`` steps) and stops measuring when the cost
-  would exceed the budget; when no other candidate fits, the run keeps the platform
-  default and says so in one line. Timing the default itself (one compiled step, a
-  warm-up call and one timed step, before the budget is known) is a fixed cost the
-  budget cannot bound; the line reports it (its initialisation is reused by the run);
+  timed step tells what the run's training will cost (``planned_steps`` x that step).
+  A run times the default with its own compiled program (``reused``: the training
+  loop's chunk program on a fresh copy of its initial state, from its first batches),
+  so the default's build and compilation are the run's own, which it then reuses: they
+  are reported apart and not counted against the budget; what timing the default adds
+  is its warm-up and timed steps;
+* the tuner spends at most :data:`TUNING_SHARE` (10 %) of that expected training time
+  on top of that: before each further candidate, before building or compiling anything
+  of it, it estimates that candidate's cost from what the default really cost (its
+  build, compilation and warm-up step, plus ``rounds`` steps) and stops measuring when
+  the cost would exceed the budget; when no other candidate fits, the run keeps the
+  platform default and says so in one line, with what timing the default cost;
 * a candidate whose first timed step is over :data:`ABANDON_FACTOR` (1.5x) the best
   median so far is abandoned there (it cannot win);
 * a candidate replaces the default only when its median step is at least
@@ -51,8 +54,8 @@ CHOICES_FILE = "meshensemble-choices.json"
 """File (beside the compilation cache's folder) holding the measured choices."""
 
 TUNING_SHARE = 0.10
-"""The most the tuner spends, as a share of the run's expected training time (the
-planned steps times the default's first timed step)."""
+"""The most the tuner spends beyond what the run reuses, as a share of the run's expected
+training time (the planned steps times the default's first timed step)."""
 
 ABANDON_FACTOR = 1.5
 """A candidate whose first timed step exceeds this many times the best median so far is
@@ -240,6 +243,9 @@ class Measurement:
         timed step (None when the planned steps are unknown).
       needs_s: the estimated cost of measuring one more candidate (the default's build,
         compilation and first call, plus ``rounds`` of its steps).
+      reused_s: of ``spent_s``, the default's build and compilation when its programs
+        are the run's own (``measure(..., reused=True)``): the run reuses them, so they
+        are not the tuner's cost; else 0.
     """
 
     seconds: dict[str, float]
@@ -249,6 +255,12 @@ class Measurement:
     budget_s: float | None = None
     expected_s: float | None = None
     needs_s: float = 0.0
+    reused_s: float = 0.0
+
+    @property
+    def cost_s(self) -> float:
+        """What the tuner added to the run: ``spent_s`` less ``reused_s``."""
+        return max(self.spent_s - self.reused_s, 0.0)
 
     def winner(self, default: str, margin: float = KEEP_MARGIN) -> str:
         """The fastest fully measured candidate, or ``default`` unless beaten by ``margin``.
@@ -272,8 +284,12 @@ def measure(
     rounds: int = 3,
     timer: Callable[[], float] = time.perf_counter,
     share: float = TUNING_SHARE,
+    reused: bool = False,
 ) -> Measurement:
     """Times the default, then each other candidate while the budget allows (see the module).
+
+    The budget is checked before each other candidate's ``make()`` is called, from what
+    the default really cost: a candidate that does not fit is never built.
 
     Args:
       candidates: ``{name: make}``; ``make()`` builds the candidate and returns its
@@ -283,6 +299,9 @@ def measure(
       rounds: timed steps per fully measured candidate.
       timer: the clock (injectable for tests).
       share: the budget as a share of the expected training time.
+      reused: whether the default's programs are the run's own (the run reuses them):
+        its build and compilation (its ``make()`` and first call, less one step) are then
+        not counted against the budget (:attr:`Measurement.reused_s`).
 
     Returns:
       A :class:`Measurement`.
@@ -299,23 +318,25 @@ def measure(
     start = timer()
     fn = candidates[default]()
     jax.block_until_ready(fn())
+    warm = timer() - start  # build, compilation and one (warm-up) step
     first = _timed(fn, timer)
     expected = None if planned_steps is None else planned_steps * first
     budget = None if expected is None else share * expected
-    needs = (timer() - start) + (rounds - 1) * first
+    needs = warm + rounds * first  # another candidate: built, compiled, warmed up, timed
+    shared = max(warm - first, 0.0) if reused else 0.0  # the run's own compilation
     others = [n for n in candidates if n != default]
 
-    def affordable() -> bool:
-        return budget is None or (timer() - start) + needs <= budget
+    def affordable(then: float = 0.0) -> bool:  # before building anything of one more
+        return budget is None or (timer() - start - shared) + then + needs <= budget
 
     def result(times: dict[str, list[float]], abandoned=(), skipped=()) -> Measurement:
         seconds = {n: statistics.median(ts) for n, ts in times.items()}
         spent = timer() - start
         return Measurement(
-            seconds, tuple(abandoned), tuple(skipped), spent, budget, expected, needs
+            seconds, tuple(abandoned), tuple(skipped), spent, budget, expected, needs, shared
         )
 
-    if not others or not affordable():
+    if not others or not affordable((rounds - 1) * first):  # the default's other rounds too
         return result({default: [first]}, skipped=others)
     times = {default: [first] + [_timed(fn, timer) for _ in range(rounds - 1)]}
     abandoned: list[str] = []
@@ -367,6 +388,7 @@ def decide(
     timer: Callable[[], float] = time.perf_counter,
     share: float = TUNING_SHARE,
     pin: str = "",
+    reused: bool = False,
 ) -> Decision:
     """The candidate to use: read from ``path`` when measured before, else measured now.
 
@@ -387,6 +409,7 @@ def decide(
       share: the budget's share of the expected training time.
       pin: how to pin a choice, quoted in the line when nothing is stored or the default
         is kept, e.g. ``"--member-strategy S --conv C"``.
+      reused: whether the default's programs are the run's own (see :func:`measure`).
 
     Returns:
       A :class:`Decision`.
@@ -424,7 +447,7 @@ def decide(
         )
     if len(candidates) == 1:
         return Decision(default, "only", f"{default}: the only candidate", notes=notes)
-    m = measure(candidates, default, planned_steps, rounds, timer, share)
+    m = measure(candidates, default, planned_steps, rounds, timer, share, reused)
     name = m.winner(default)
     entry = {"choice": name, "seconds": m.seconds, "complete": not m.skipped, "needs_s": m.needs_s}
     stored = path if path and _write_choice(path, key, entry) else None
@@ -461,23 +484,34 @@ def _describe(name: str, default: str, m: Measurement, stored: str | None, pin: 
             f"{name}: {1e3 * m.seconds[name]:.1f} ms/step, the platform default kept: measuring "
             f"{len(m.skipped)} other candidate(s) would take ~{_secs(m.needs_s)} each, over the "
             f"tuner's budget of {_secs(m.budget_s)} ({TUNING_SHARE:.0%} of the run's expected "
-            f"{_secs(m.expected_s)} of training; timing the default took {_secs(m.spent_s)}); "
-            f"{where}"
+            f"{_secs(m.expected_s)} of training; {_default_cost(m)}); {where}"
         )
     others = ", ".join(
         f"{n} {1e3 * s:.1f} ms{' (abandoned)' if n in m.abandoned else ''}"
         for n, s in m.seconds.items()
         if n != name
     )
-    spend = f"measured now in {_secs(m.spent_s)}"
+    spend = f"measured now in {_secs(m.cost_s)}"
+    if m.reused_s:
+        spend += f" besides the default's {_secs(m.reused_s)} compilation, which the run reuses"
     if m.expected_s:
-        spend += f", {m.spent_s / m.expected_s:.0%} of the run's expected {_secs(m.expected_s)}"
+        spend += f", {m.cost_s / m.expected_s:.0%} of the run's expected {_secs(m.expected_s)}"
     skipped = f"; {len(m.skipped)} not measured (over budget)" if m.skipped else ""
     kept = ""
     if name == default and any(n not in m.abandoned for n in m.seconds if n != name):
         kept = f"; the default kept unless {KEEP_MARGIN:.0%} faster"
     head = f"{name}: {1e3 * m.seconds[name]:.1f} ms/step against {others}"
     return f"{head} ({spend}{skipped}{kept}; {where})"
+
+
+def _default_cost(m: Measurement) -> str:
+    """What timing the default alone cost the run, for the line of a kept default."""
+    if not m.reused_s:
+        return f"timing the default took {_secs(m.spent_s)}"
+    return (
+        f"timing the default cost {_secs(m.cost_s)} beyond its {_secs(m.reused_s)} "
+        "compilation, which the run reuses"
+    )
 
 
 def _secs(s: float | None) -> str:

@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -118,6 +119,7 @@ class Feeder:
         )
         self._epoch: tuple[int, jax.Array] | None = None
         self._ahead: concurrent.futures.Future | None = None
+        self._ran = False  # the chunk program has been called (so it is compiled)
         lazy = data_lib.is_lazy(dataset)  # a lazy train split always streams
         self.input, self.input_why = resolve_input(cfg, self.n, ens.mesh, lazy)
         self.streaming = self.input == "stream"
@@ -143,6 +145,35 @@ class Feeder:
         else:
             self.images = put(dataset.train_images, ens.mesh, REPLICATED)
             self.labels = put(dataset.train_labels.astype(np.int32), ens.mesh, REPLICATED)
+
+    def for_ensemble(self, ens: Ensemble) -> Feeder:
+        """A feeder of the same data, order and chunk for another ensemble on the same mesh.
+
+        It shares this feeder's on-device training set and its order program (nothing is
+        placed or compiled again for them), and has its own chunk program (``ens``'s),
+        not yet compiled. The auto-tuner times each candidate ensemble with one
+        (:func:`meshensemble.training.tuning.resolve_choices`).
+
+        Args:
+          ens: an ensemble on this feeder's mesh.
+
+        Returns:
+          A new :class:`Feeder`.
+
+        Raises:
+          ValueError: ``ens`` is on another mesh.
+
+        Example:
+          >>> other = feeder.for_ensemble(build_ensemble(cfg_vmap, mesh, n, sample))
+        """
+        if ens.mesh != self.ens.mesh:
+            raise ValueError(
+                f"for_ensemble needs an ensemble on the feeder's mesh {dict(self.ens.mesh.shape)}"
+                f", got one on {dict(ens.mesh.shape)}; make a new Feeder for another mesh"
+            )
+        twin = copy.copy(self)  # the data, order program and epoch order: shared
+        twin.ens, twin._ahead, twin._ran, twin._shapes = ens, None, False, None
+        return twin
 
     def _draw(self, epoch: jax.Array, members: int) -> jax.Array:
         bootstrap = self.cfg.bootstrap
@@ -242,18 +273,23 @@ class Feeder:
         :meth:`run` then calls the compiled program (the same program a lazy call would
         compile, so the results are the same). Only on the ``shard_map`` backend, in one
         process, from on-device data; elsewhere the chunk compiles at its first call.
+        Once the chunk is compiled (or compiling) it is never compiled again: a second
+        call, e.g. the run's after the auto-tuner timed this feeder, starts nothing.
 
         Args:
           init: ``() -> state``, the initialisation the run will call (only traced here,
             with ``jax.eval_shape``).
 
         Returns:
-          Whether the compilation was started.
+          Whether the compilation was started (False also when it already was, or the
+          chunk has already run).
 
         Example:
           >>> feeder.compile_ahead(lambda: ens.init(key, images[:1]))
           >>> state = ens.init(key, images[:1])   # both compile at once
         """
+        if self._ahead is not None or self._ran:  # compiled (or compiling) already
+            return False
         shapes = self._state_shapes(init)  # first: a sharded state's layout is known after it
         chunk = None if self.streaming else self.paced() if self.dynamic else self.chunk(self.k)
         if chunk is None or not hasattr(chunk, "lower") or jax.process_count() > 1:
@@ -267,6 +303,25 @@ class Feeder:
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="meshensemble-aot")
         self._ahead = pool.submit(lambda: chunk.lower(*args).compile())
         pool.shutdown(wait=False)
+        return True
+
+    def wait_compiled(self) -> bool:
+        """Waits for the chunk :meth:`compile_ahead` started, if it did.
+
+        Returns:
+          Whether a chunk compiled ahead of time is ready (False: none was started, or
+          it failed to compile; :meth:`run` then compiles it at its first call).
+
+        Example:
+          >>> feeder.compile_ahead(init); state = init(); feeder.wait_compiled()
+          True
+        """
+        if self._ahead is None:
+            return False
+        try:
+            self._ahead.result()
+        except Exception:  # e.g. a layout it cannot take: run() compiles at the call
+            return False
         return True
 
     def compile_eval_ahead(
@@ -335,6 +390,7 @@ class Feeder:
         """
         if self.streaming:
             return self._streamed(state, epoch, first)
+        self._ran = True
         order = self.order(epoch)
         count = (np.int32(n),) if self.dynamic else ()
         return self._compiled(n)(state, self.images, self.labels, order, np.int32(first), *count)

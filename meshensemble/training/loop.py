@@ -182,7 +182,8 @@ def train(
     whole process); every compilation of the run is logged, printed in one line after the
     first evaluation and written to ``compile.json`` in the workdir. With
     ``member_strategy``/``conv`` at ``auto`` and ``cfg.autotune``, the candidates are
-    timed first (:mod:`meshensemble.training.tuning`).
+    timed first (:mod:`meshensemble.training.tuning`), each with the run's own chunk
+    program; the run then trains with the chosen one's, compiled once.
 
     A workdir that holds a run is resumed from its newest good checkpoint, but only
     when it is the same run: the fields of
@@ -343,7 +344,10 @@ def _train(
     mesh = make_mesh(**plan.mesh)
     init_key, order_key = run_keys(cfg.seed)
     recorded = saved.get("resolved") if saved is not None else None
-    choice = resolve_choices(cfg, mesh, dataset, init_key, cache_dir, recorded)
+    feeder_for = lambda e: Feeder(  # the run's feeder of an ensemble: the tuner times it
+        e, dataset, cfg, order_key, plan.chunk, plan.steps_per_epoch, source=source
+    )
+    choice = resolve_choices(cfg, mesh, dataset, init_key, cache_dir, recorded, feeder=feeder_for)
     sample = dataset.train_images[:1]
     ens = choice.ensemble or build_ensemble(
         concrete(cfg, choice.member_strategy, choice.conv), mesh, len(dataset.train_labels), sample
@@ -367,9 +371,7 @@ def _train(
         say(_ensemble_line(cfg, ens, plan, platform))
         for line in choice.lines() if choice.how != "given" else ():
             say(line)
-        feeder = Feeder(
-            ens, dataset, cfg, order_key, plan.chunk, plan.steps_per_epoch, source=source
-        )
+        feeder = choice.feeder or feeder_for(ens)  # the tuner's: its chunk already compiled
         say(feeder.input_why)
         state, pos = _start(cfg, ens, feeder, dataset, restored, init_key, sample, tell)
         note = model_axis_note(ens, state, sample)  # a model axis that splits nothing

@@ -11,6 +11,18 @@ run's expected training time: :func:`planned_steps` x the default's first step),
 candidate abandoned at its first step when it is clearly slower. When measuring cannot pay
 off, the run keeps the platform default and says so in one line.
 
+Each candidate is timed with the run's own program (:func:`chunk_candidate`): the
+training loop's :class:`~meshensemble.training.feeder.Feeder` chunk of that candidate's
+ensemble, compiled as the run compiles it (the chunk ahead of time while the
+initialisation compiles), stepping a fresh copy of the run's initial state through the
+run's first batches, one step per call (with a chunk of K > 1 steps, as on GPUs, the
+run's program of up to K steps is called for one step: the whole-epoch chunk is never
+run). The run then trains with the chosen candidate's ensemble and feeder
+(:attr:`Choice.ensemble`, :attr:`Choice.feeder`), so nothing the default compiled is
+compiled again: a run that keeps the default compiles no more programs than a run with
+``autotune`` off, and what timing it costs is a few steps. Those programs count as the
+run's; the other candidates' are the tuner's (``compile.json``'s ``tuning``).
+
 The choice is remembered in the choices file beside the compilation cache
 (:func:`~meshensemble.runtime.autotune.choices_path`), so the next run of the same
 configuration reads it instead of measuring; with the compilation cache off (or its
@@ -25,8 +37,9 @@ recorded (bitwise resume); ``autotune=False`` takes the platform defaults
 is used as given and not measured. ``config.json``'s ``resolved`` entry records what the
 run used and why.
 
-Every candidate runs on its own ensemble and its own copy of the state (:func:`step_candidate`),
-so no measurement touches the run's state.
+Every candidate steps its own state (initialised again by the run, or copied by
+:func:`step_candidate`), so no measurement touches the run's state: a tuned run trains
+bitwise the same members as a run pinned to its choice.
 
 Example:
   >>> choice = resolve_choices(cfg, mesh, dataset, init_key, cache_dir=None)
@@ -35,6 +48,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -53,6 +67,7 @@ from meshensemble.models.conv import default_conv
 from meshensemble.runtime import autotune
 from meshensemble.runtime.compilation import CompileLog
 from meshensemble.training.config import CONV_MODELS, TrainConfig, build_ensemble
+from meshensemble.training.feeder import Feeder, resolve_input
 
 STRATEGY_CANDIDATES = ("vmap", "loop")
 """Member strategies measured when ``member_strategy="auto"``."""
@@ -84,6 +99,9 @@ class Choice:
       bf16_ratio: when fp32 candidates were measured (now or by the run that cached the
         choice), the winner's bf16 step time over its fp32 step time; else None.
       notes: lines about a damaged choices file the tuner ignored (each names the file).
+      feeder: when measured now with the run's feeder, the winner's
+        :class:`~meshensemble.training.feeder.Feeder` (of :attr:`ensemble`), its chunk
+        program compiled: the run trains with it; else None.
     """
 
     member_strategy: str
@@ -93,6 +111,7 @@ class Choice:
     ensemble: Ensemble | None = dataclasses.field(default=None, repr=False)
     bf16_ratio: float | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
+    feeder: Feeder | None = dataclasses.field(default=None, repr=False)
 
     def line(self) -> str:
         """The line a run prints, e.g. ``member strategy: loop, conv: im2col (...)``."""
@@ -163,6 +182,45 @@ def step_candidate(
     return step
 
 
+def chunk_candidate(feeder: Feeder, init: Callable[[], EnsembleState]) -> Callable[[], Any]:
+    """A one-step callable running ``feeder``'s own chunk program, as the run calls it.
+
+    The chunk is compiled as the run compiles it (:meth:`Feeder.compile_ahead`, while
+    ``init`` compiles), so a run that then trains with ``feeder`` compiles neither again.
+    Each call runs the next step of epoch 1 (the run's first batches, in the run's
+    order) on the candidate's own state, ``init()`` (the run initialises its own again).
+    With a chunk of K > 1 steps (:attr:`Feeder.dynamic`, as on GPUs) the run's program
+    of up to K steps is called for one step; with K = 1 (CPU) it is the run's step.
+
+    Args:
+      feeder: the run's feeder for the candidate's ensemble (on-device input).
+      init: ``() -> state``, the run's initialisation of that ensemble.
+
+    Returns:
+      ``fn()``: one step of the candidate's state (which it keeps), returning the
+      metrics (``[1, members]`` or ``[K, members]``).
+
+    Raises:
+      ValueError: the feeder streams host batches (timing it would read the stream).
+
+    Example:
+      >>> fn = chunk_candidate(feeder, lambda: ens.init(init_key, images[:1])); fn()
+    """
+    if feeder.streaming:
+        raise ValueError("a streaming Feeder reads its batches once; time step_candidate instead")
+    feeder.compile_ahead(init)  # the chunk compiles while the initialisation does
+    own, done = [init()], [0]
+    feeder.wait_compiled()  # compiled here, by whoever builds the candidate
+
+    def step() -> Any:
+        first = done[0] % feeder.steps_per_epoch
+        own[0], metrics = feeder.run(own[0], 1, first, 1)
+        done[0] += 1
+        return metrics
+
+    return step
+
+
 def open_settings(cfg: TrainConfig) -> tuple[bool, bool]:
     """Whether the run leaves the member strategy and the convolution to be chosen.
 
@@ -201,6 +259,7 @@ def resolve_choices(
     *,
     rounds: int = 3,
     timer: Callable[[], float] = time.perf_counter,
+    feeder: Callable[[Ensemble], Feeder] | None = None,
 ) -> Choice:
     """The member strategy and convolution the run uses, measured when ``auto`` asks for it.
 
@@ -220,6 +279,15 @@ def resolve_choices(
       recorded: a resumed run's ``config.json`` ``resolved`` entry, whose choices win.
       rounds: timed steps per candidate.
       timer: the clock (injectable for tests).
+      feeder: ``feeder(ens)``, the run's :class:`~meshensemble.training.feeder.Feeder`
+        for an ensemble (its data, order key and chunk). Given (as
+        :func:`meshensemble.training.train` gives it), the default is timed with the
+        run's own chunk program (:func:`chunk_candidate`), whose compilation is then not
+        counted against the budget, every other candidate with its own feeder
+        (:meth:`Feeder.for_ensemble`), and :attr:`Choice.feeder` is the winner's, for the
+        run to train with. None, or a streaming feeder: each candidate is timed with
+        :meth:`Ensemble.train_step` on the first batch (:func:`step_candidate`), and its
+        compilation counts against the budget.
 
     Returns:
       A :class:`Choice`.
@@ -259,6 +327,7 @@ def resolve_choices(
         members_per_device,
         rounds,
         timer,
+        feeder,
     )
 
 
@@ -274,6 +343,7 @@ def _measured(
     members_per_device: int,
     rounds: int,
     timer: Callable[[], float],
+    feeder: Callable[[Ensemble], Feeder] | None,
 ) -> Choice:
     """:func:`resolve_choices` once something is left to measure."""
     strategies = STRATEGY_CANDIDATES if strategy_open else (default[0],)
@@ -281,59 +351,108 @@ def _measured(
     names = {_name(s, c, strategy_open, conv_open): (s, c) for s in strategies for c in convs}
     default_name = _name(*default, strategy_open, conv_open)
     names = {default_name: names.pop(default_name), **names}  # the default first
-    sample = dataset.train_images[:1]
-    images, labels = dataset.train_images[: cfg.batch_size], dataset.train_labels[: cfg.batch_size]
-    built: dict[tuple[str, str | None], Ensemble] = {}
-    stepping: dict[tuple[str, str | None], Callable[[], Any]] = {}
-
-    def make(s: str, c: str | None, given: TrainConfig = cfg) -> Callable[[], Callable[[], Any]]:
-        def build() -> Callable[[], Any]:
-            n = len(dataset.train_labels)
-            ens = build_ensemble(concrete(given, s, c), mesh, n, dataset.train_images[:1])
-            # its own state, from the run's key: the run's state is made after the choice
-            step = step_candidate(ens, ens.init(init_key, sample), images, labels, copy=False)
-            if given is cfg:
-                built[s, c], stepping[s, c] = ens, step
-            return step
-
-        return build
-
+    built = _Candidates(cfg, mesh, dataset, init_key, feeder)
     key = _key(cfg, mesh, dataset, sorted(names), members_per_device)
     path = autotune.choices_path(cache_dir) if cache_dir else None
     pin = " ".join(
         ([f"--member-strategy {default[0]}"] if strategy_open else [])
         + ([f"--conv {default[1]}"] if conv_open else [])
     )
-    planned = planned_steps(cfg, dataset)
-    with CompileLog.tuning():
-        decision = autotune.decide(
-            key,
-            {n: make(*sc) for n, sc in names.items()},
-            path,
-            default_name,
-            planned,
-            rounds,
-            timer,
-            pin=pin,
-        )
+    makers = {n: built.maker(*sc, tuning=n != default_name) for n, sc in names.items()}
+    decision = autotune.decide(
+        key,
+        makers,
+        path,
+        default_name,
+        planned_steps(cfg, dataset),
+        rounds,
+        timer,
+        pin=pin,
+        reused=built.reused,
+    )
     strategy, conv = names[decision.name]
     bf16_ratio = autotune.recorded(path, key).get("bf16_ratio")
     m = decision.measurement
     spare = (
         m is not None
         and not m.skipped
-        and (m.budget_s is None or m.spent_s + m.needs_s <= m.budget_s)
+        and (m.budget_s is None or m.cost_s + m.needs_s <= m.budget_s)
     )
-    timed_now = (strategy, conv) in stepping
+    timed_now = (strategy, conv) in built.stepping
     if cfg.precision == "fp32" and timed_now and spare and _platform(mesh) in BF16_PLATFORMS:
-        with CompileLog.tuning():  # bf16 too, when the budget has room for one more
-            bf16 = make(strategy, conv, dataclasses.replace(cfg, precision="bf16"))()
-            bf16_ratio = autotune.precision_ratio(stepping[strategy, conv], bf16, rounds, timer)
+        bf16_cfg = dataclasses.replace(cfg, precision="bf16")  # when the budget has room
+        bf16 = built.maker(strategy, conv, bf16_cfg, tuning=True)()
+        with CompileLog.tuning():
+            bf16_ratio = autotune.precision_ratio(
+                built.stepping[strategy, conv], bf16, rounds, timer
+            )
         autotune.remember(path, key, bf16_ratio=bf16_ratio)
     how = {"cached": "cached", "default": "default"}.get(decision.how, "measured")
-    choice = Choice(strategy, conv, how, decision.reason, built.get((strategy, conv)), bf16_ratio)
-    choice.notes = list(decision.notes)
+    choice = Choice(strategy, conv, how, decision.reason, built.ensembles.get((strategy, conv)))
+    choice.bf16_ratio, choice.notes = bf16_ratio, list(decision.notes)
+    choice.feeder = built.feeders.get((strategy, conv))
     return choice
+
+
+class _Candidates:
+    """Builds the candidates :func:`_measured` times, and keeps what the run may reuse."""
+
+    def __init__(self, cfg, mesh, dataset, init_key, feeder) -> None:
+        self.cfg, self.mesh, self.dataset, self.init_key = cfg, mesh, dataset, init_key
+        n, lazy = len(dataset.train_labels), data_lib.is_lazy(dataset)
+        streams = feeder is not None and resolve_input(cfg, n, mesh, lazy)[0] == "stream"
+        self.feeder = None if streams else feeder  # a stream is read once: the run's alone
+        self.reused = self.feeder is not None  # the default is timed with the run's program
+        self.first: Feeder | None = None  # the default's: the others share its data, order
+        self.ensembles: dict[tuple[str, str | None], Ensemble] = {}
+        self.feeders: dict[tuple[str, str | None], Feeder] = {}
+        self.stepping: dict[tuple[str, str | None], Callable[[], Any]] = {}
+
+    def maker(
+        self, s: str, c: str | None, given: TrainConfig | None = None, tuning: bool = True
+    ) -> Callable[[], Callable[[], Any]]:
+        """``make()`` of candidate ``(s, c)``: what it compiles is the tuner's if ``tuning``
+        (else the run's own: the default timed with the run's feeder)."""
+
+        def build() -> Callable[[], Any]:
+            mine = tuning or not self.reused
+            with CompileLog.tuning() if mine else contextlib.nullcontext():
+                step, ens, feeder = self._build(s, c, given or self.cfg)
+            if given is None:
+                self.ensembles[s, c], self.stepping[s, c] = ens, step
+                if feeder is not None:
+                    self.feeders[s, c] = feeder
+            return _compiling_as_tuning(step) if mine else step
+
+        return build
+
+    def _build(self, s: str, c: str | None, cfg: TrainConfig):
+        """The candidate's step callable, ensemble and feeder (None: timed with train_step)."""
+        ds, sample = self.dataset, self.dataset.train_images[:1]
+        ens = build_ensemble(concrete(cfg, s, c), self.mesh, len(ds.train_labels), sample)
+        init = lambda: ens.init(self.init_key, sample)  # the run's key: the run's state
+        feeder = None
+        if self.feeder is not None:
+            feeder = self.first.for_ensemble(ens) if self.first else self.feeder(ens)
+            self.first = self.first or feeder
+        if feeder is None:
+            images, labels = ds.train_images[: cfg.batch_size], ds.train_labels[: cfg.batch_size]
+            return step_candidate(ens, init(), images, labels, copy=False), ens, feeder
+        return chunk_candidate(feeder, init), ens, feeder
+
+
+def _compiling_as_tuning(step: Callable[[], Any]) -> Callable[[], Any]:
+    """``step`` whose first call (where a lazily compiled program compiles) is the tuner's."""
+    called = [False]
+
+    def first_as_tuning() -> Any:
+        if called[0]:
+            return step()
+        called[0] = True
+        with CompileLog.tuning():
+            return step()
+
+    return first_as_tuning
 
 
 def _key(
