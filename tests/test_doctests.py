@@ -67,10 +67,36 @@ def module_name(path: pathlib.Path) -> str:
 
 ALL_MODULES = sorted(module_name(p) for p in PACKAGE.rglob("*.py"))
 
-COVERED = [m for m in ALL_MODULES]
-"""The modules whose examples run here."""
+COVERED = [
+    "meshensemble.numerics",
+    "meshensemble.numerics.gaussian",
+    "meshensemble.numerics.statmath",
+    "meshensemble.numerics.sums",
+    "meshensemble.numerics.temperature",
+    "meshensemble.calibration",
+    "meshensemble.calibration._checks",
+    "meshensemble.calibration._rows",
+    "meshensemble.calibration.conformal",
+    "meshensemble.calibration.intervals",
+    "meshensemble.calibration.run",
+    "meshensemble.calibration.temperature",
+    "meshensemble.metrics",
+    "meshensemble.metrics.classification",
+    "meshensemble.metrics.ood",
+    "meshensemble.metrics.regression",
+    "meshensemble.metrics.reliability",
+    "meshensemble.metrics.streaming",
+    "meshensemble.metrics.uncertainty",
+    "meshensemble.core.keys",
+    "meshensemble.core.mesh",
+    "meshensemble.core.sharding",
+    "meshensemble.core.streaming",
+]
+"""The modules whose examples run here (a module with no example is listed too: one
+written later runs from then on)."""
 
-NOT_COVERED: dict[str, str] = {}
+NOT_YET = "examples not yet made to run (issue #27 continues): names undefined, no output"
+NOT_COVERED: dict[str, str] = {m: NOT_YET for m in ALL_MODULES if m not in COVERED}
 """The modules whose examples do not run yet, each with the reason."""
 
 
@@ -144,6 +170,27 @@ def example_lines(name: str) -> int:
     path = PACKAGE.parent / (name.replace(".", "/"))
     path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
     return len(re.findall(r"^\s*>>> ", path.read_text(), re.MULTILINE))
+
+
+def test_every_module_is_listed():
+    listed = set(COVERED) | set(NOT_COVERED)
+    assert not set(COVERED) & set(NOT_COVERED), set(COVERED) & set(NOT_COVERED)
+    assert listed == set(ALL_MODULES), {
+        "not listed": sorted(set(ALL_MODULES) - listed),
+        "no such module": sorted(listed - set(ALL_MODULES)),
+    }
+
+
+@pytest.mark.parametrize("name", COVERED)
+def test_every_example_is_collected(name):
+    module = importlib.import_module(name)
+    tests = doctest.DocTestFinder(exclude_empty=True).find(module, name, globs={})
+    collected = sum(len(t.examples) for t in tests)
+    assert collected == example_lines(name), (
+        f"{name}: {example_lines(name)} '>>>' lines in the source, {collected} examples "
+        "collected; one sits where doctest's finder does not look (e.g. an object defined "
+        "in another module, a comment or a non-docstring string)"
+    )
 
 
 @pytest.mark.parametrize("name", COVERED)
