@@ -30,8 +30,9 @@ way ``python -m doctest`` sees the module, except the names below, which win):
   ``val_member_probs``/``test_member_probs`` (numpy) ``[2, 16, 10]``, ``val_probs``/``test_probs``
   ``[16, 10]`` and ``val_logits``/``test_logits`` (the ensemble's log-probabilities,
   ``me.calibration.ensemble_logits``) ``[16, 10]`` of the two splits;
-- the working directory is a fresh temporary folder per module (``tmp``: its path), so
-  an example that writes a file writes it there.
+- the working directory is a fresh temporary folder per docstring (``tmp``: its path),
+  so an example that writes a file writes it there (and the host's cache of verified files,
+  ``MESHENSEMBLE_VERIFY_CACHE``, is a file in it).
 
 The whole run is budgeted at ~30 s of worker time: the fixtures are built once per worker
 and the examples use the tiny MLP ensemble above, not the CNNs of a real run.
@@ -43,6 +44,7 @@ import doctest
 import functools
 import importlib
 import io
+import os
 import pathlib
 import re
 
@@ -91,6 +93,20 @@ COVERED = [
     "meshensemble.core.mesh",
     "meshensemble.core.sharding",
     "meshensemble.core.streaming",
+    "meshensemble.data",
+    "meshensemble.data.augment",
+    "meshensemble.data.auto",
+    "meshensemble.data.dataset",
+    "meshensemble.data.lazy",
+    "meshensemble.data.manifest",
+    "meshensemble.data.npz",
+    "meshensemble.data.regression",
+    "meshensemble.data.sample",
+    "meshensemble.data.split",
+    "meshensemble.data.stream",
+    "meshensemble.data.synthetic",
+    "meshensemble.data.tfds",
+    "meshensemble.errors",
 ]
 """The modules whose examples run here (a module with no example is listed too: one
 written later runs from then on)."""
@@ -150,8 +166,11 @@ def fresh_state(state):
     return jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
 
 
-def run_examples(name: str) -> tuple[int, int, str]:
-    """Runs module ``name``'s examples; returns (failed, attempted, the runner's report)."""
+def run_examples(name: str, folder: pathlib.Path) -> tuple[int, int, str]:
+    """Runs module ``name``'s examples; returns (failed, attempted, the runner's report).
+
+    Each docstring runs in its own new folder under ``folder`` (its working directory).
+    """
     module = importlib.import_module(name)
     shared = fixtures()
     globs = {**vars(module), **shared}
@@ -160,7 +179,9 @@ def run_examples(name: str) -> tuple[int, int, str]:
     out = io.StringIO()
     for test in sorted(tests, key=lambda t: t.name):
         test.globs["state"] = fresh_state(shared["state"])
-        test.globs["tmp"] = str(pathlib.Path.cwd())
+        test.globs["tmp"] = str(folder / test.name)
+        os.makedirs(test.globs["tmp"])
+        os.chdir(test.globs["tmp"])
         runner.run(test, out=out.write, clear_globs=True)
     return runner.failures, runner.tries, out.getvalue()
 
@@ -196,5 +217,6 @@ def test_every_example_is_collected(name):
 @pytest.mark.parametrize("name", COVERED)
 def test_examples_run(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    failed, attempted, report = run_examples(name)
+    monkeypatch.setenv("MESHENSEMBLE_VERIFY_CACHE", str(tmp_path / "verified-files.json"))
+    failed, attempted, report = run_examples(name, tmp_path)
     assert failed == 0, f"{name}: {failed} of {attempted} examples failed\n{report}"
