@@ -107,6 +107,10 @@ COVERED = [
     "meshensemble.data.synthetic",
     "meshensemble.data.tfds",
     "meshensemble.errors",
+    "meshensemble.models",
+    "meshensemble.models.conv",
+    "meshensemble.models.vit",
+    "meshensemble.models.zoo",
 ]
 """The modules whose examples run here (a module with no example is listed too: one
 written later runs from then on)."""

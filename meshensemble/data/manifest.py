@@ -113,7 +113,8 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
       DataError: the manifest exists but is unreadable or malformed (one line, the fix).
 
     Example:
-      >>> paths = me.data.write_array_record_dataset("mnist_ar", me.data.synthetic(256, 64), shards=2)
+      >>> ds = me.data.synthetic(256, 64)
+      >>> paths = me.data.write_array_record_dataset("mnist_ar", ds)
       >>> sorted(read_manifest("mnist_ar")["files"])[:1]
       ['labels.npz']
     """
@@ -154,7 +155,8 @@ def check_manifest(
       DataError: one line naming the first missing, resized or unlisted file and the fix.
 
     Example:
-      >>> paths = me.data.write_array_record_dataset("mnist_ar", me.data.synthetic(256, 64), shards=2)
+      >>> ds = me.data.synthetic(256, 64)
+      >>> paths = me.data.write_array_record_dataset("mnist_ar", ds)
       >>> check_manifest("mnist_ar", read_manifest("mnist_ar"))   # None: all there
       >>> os.remove(paths[0])
       >>> check_manifest("mnist_ar", read_manifest("mnist_ar"))
@@ -192,7 +194,8 @@ def manifest_fingerprint(manifest: Mapping[str, Any], names: Sequence[str]) -> s
       64 hex digits.
 
     Example:
-      >>> paths = me.data.write_array_record_dataset("mnist_ar", me.data.synthetic(256, 64), shards=2)
+      >>> ds = me.data.synthetic(256, 64)
+      >>> paths = me.data.write_array_record_dataset("mnist_ar", ds)
       >>> len(manifest_fingerprint(read_manifest("mnist_ar"), ["train.array_record"]))
       64
     """

@@ -131,9 +131,9 @@ def scores(mean: Any, variance: Any, y: Any) -> dict[str, float]:
       ``aleatoric``, ``epistemic`` and ``count``.
 
     Example:
-      >>> mu, var, y = np.zeros((4, 1)), np.ones((4, 1)), np.zeros(4)
-      >>> s = me.metrics.regression.scores(mu[None], var[None], y)  # one Gaussian model
-      >>> round(s["nll"], 4), s["coverage_90"], round(s["epistemic"], 4)
+      >>> mu, var, y = np.zeros((2, 1)), np.ones((2, 1)), np.zeros(2)
+      >>> s = me.metrics.regression.scores(np.stack([mu, mu]), np.stack([var, var]), y)
+      >>> round(s["nll"], 4), s["coverage_90"], round(s["epistemic"], 4)  # members agree
       (0.9189, 1.0, 0.0)
     """
     m, v, t = _arrays(mean, variance, y)
