@@ -30,6 +30,8 @@ way ``python -m doctest`` sees the module, except the names below, which win):
   ``val_member_probs``/``test_member_probs`` (numpy) ``[2, 16, 10]``, ``val_probs``/``test_probs``
   ``[16, 10]`` and ``val_logits``/``test_logits`` (the ensemble's log-probabilities,
   ``me.calibration.ensemble_logits``) ``[16, 10]`` of the two splits;
+- ``predictor``: ``me.Predictor(ens, state, step=20, workdir="run", calibration=None,
+  num_classes=10)``, an uncalibrated predictor of that ensemble (no run folder behind it);
 - the working directory is a fresh temporary folder per docstring (``tmp``: its path),
   so an example that writes a file writes it there (and the host's cache of verified files,
   ``MESHENSEMBLE_VERIFY_CACHE``, is a file in it).
@@ -111,6 +113,8 @@ COVERED = [
     "meshensemble.models.conv",
     "meshensemble.models.vit",
     "meshensemble.models.zoo",
+    "meshensemble.serving.inputs",
+    "meshensemble.serving.outputs",
 ]
 """The modules whose examples run here (a module with no example is listed too: one
 written later runs from then on)."""
@@ -154,6 +158,9 @@ def fixtures() -> dict:
         "member_probs": member_probs,
         "member_logits": ens.predict_members(state, images, logits=True),
         "probs": member_probs.mean(0),
+        "predictor": me.Predictor(
+            ens, state, step=20, workdir="run", calibration=None, num_classes=10
+        ),
     }
     host_probs = np.asarray(member_probs)  # a split of the rows, read on the host
     for split, rows in (("val", val), ("test", test)):
