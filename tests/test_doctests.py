@@ -95,6 +95,7 @@ COVERED = [
     "meshensemble.core.adapters",
     "meshensemble.core.backends",
     "meshensemble.core.derive",
+    "meshensemble.core.ensemble",
     "meshensemble.core.evaluating",
     "meshensemble.core.inputs",
     "meshensemble.core.members",
