@@ -126,8 +126,11 @@ COVERED = [
     "meshensemble.models.conv",
     "meshensemble.models.vit",
     "meshensemble.models.zoo",
+    "meshensemble.serving",
+    "meshensemble.serving.export",
     "meshensemble.serving.inputs",
     "meshensemble.serving.outputs",
+    "meshensemble.serving.predictor",
 ]
 """The modules whose examples run here (a module with no example is listed too: one
 written later runs from then on)."""
