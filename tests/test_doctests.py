@@ -72,6 +72,7 @@ def module_name(path: pathlib.Path) -> str:
 ALL_MODULES = sorted(module_name(p) for p in PACKAGE.rglob("*.py"))
 
 COVERED = [
+    "meshensemble",
     "meshensemble.numerics",
     "meshensemble.numerics.gaussian",
     "meshensemble.numerics.statmath",
@@ -135,9 +136,60 @@ COVERED = [
 """The modules whose examples run here (a module with no example is listed too: one
 written later runs from then on)."""
 
-NOT_YET = "examples not yet made to run (issue #27 continues): names undefined, no output"
-NOT_COVERED: dict[str, str] = {m: NOT_YET for m in ALL_MODULES if m not in COVERED}
-"""The modules whose examples do not run yet, each with the reason."""
+NOT_YET = "not yet made to run (#27 continues): its examples use names no namespace defines"
+OWNED = "not yet: another engineer is editing this module now (its examples are theirs)"
+ENTRY = "a program entry point: importing it runs the command line"
+NOT_COVERED: dict[str, str] = {
+    "meshensemble.bench": NOT_YET + "; runs a benchmark (minutes)",
+    "meshensemble.bench.__main__": ENTRY,
+    "meshensemble.bench.accuracy": NOT_YET + "; launches training runs",
+    "meshensemble.bench.cases": NOT_YET + "; runs benchmark cases",
+    "meshensemble.bench.config": NOT_YET,
+    "meshensemble.bench.flops": NOT_YET,
+    "meshensemble.bench.layouts": NOT_YET,
+    "meshensemble.bench.report": NOT_YET + "; runs a benchmark (minutes)",
+    "meshensemble.bench.stream_case": NOT_YET,
+    "meshensemble.bench.suite": NOT_YET + "; runs a benchmark (minutes)",
+    "meshensemble.bench.timing": NOT_YET,
+    "meshensemble.bench.workloads": NOT_YET,
+    "meshensemble.cli": NOT_YET + "; its examples train a run (tests/test_cli.py runs the CLI)",
+    "meshensemble.cli.__main__": ENTRY,
+    "meshensemble.cli.bench": NOT_YET + "; runs a benchmark",
+    "meshensemble.cli.common": NOT_YET,
+    "meshensemble.cli.convert": NOT_YET + "; needs mnist.npz",
+    "meshensemble.cli.evaluate": NOT_YET + "; needs a trained run folder",
+    "meshensemble.cli.export": NOT_YET + "; needs a trained run folder",
+    "meshensemble.cli.predict": NOT_YET + "; needs a trained run folder",
+    "meshensemble.cli.train": NOT_YET + "; trains a run",
+    "meshensemble.evaluation": NOT_YET + "; needs a trained run folder",
+    "meshensemble.evaluation.regression": NOT_YET + "; needs a trained regression run",
+    "meshensemble.evaluation.run": NOT_YET + "; needs a trained run folder",
+    "meshensemble.plots": NOT_YET,
+    "meshensemble.runtime": NOT_YET,
+    "meshensemble.runtime.autotune": OWNED,
+    "meshensemble.runtime.compilation": NOT_YET,
+    "meshensemble.runtime.distributed": NOT_YET + "; launches processes",
+    "meshensemble.runtime.precompile": NOT_YET,
+    "meshensemble.serving.regression": NOT_YET + "; needs a regression predictor in the namespace",
+    "meshensemble.testing": NOT_YET,
+    "meshensemble.training": NOT_YET + "; trains a run",
+    "meshensemble.training.bundle": NOT_YET,
+    "meshensemble.training.checkpoint": NOT_YET,
+    "meshensemble.training.config": NOT_YET,
+    "meshensemble.training.feeder": OWNED,
+    "meshensemble.training.guards": NOT_YET,
+    "meshensemble.training.identity": NOT_YET,
+    "meshensemble.training.inference": NOT_YET,
+    "meshensemble.training.loop": OWNED,
+    "meshensemble.training.order": NOT_YET,
+    "meshensemble.training.outputs": NOT_YET,
+    "meshensemble.training.pacing": NOT_YET,
+    "meshensemble.training.plan": NOT_YET,
+    "meshensemble.training.regression_run": NOT_YET + "; trains a run",
+    "meshensemble.training.tuning": OWNED,
+}
+"""The modules whose examples do not run here, each with the reason; a new module must be
+added to this or to ``COVERED`` (``test_every_module_is_listed``)."""
 
 
 @functools.lru_cache(maxsize=1)
