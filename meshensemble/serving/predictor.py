@@ -91,8 +91,11 @@ def read_calibration(workdir: str, step: int) -> tuple[Calibration | None, str]:
 
     Example:
       >>> cal, why = read_calibration("runs/mnist", 938)   # no evaluation.json there
-      >>> cal is None, why
-      (True, 'run runs/mnist is not calibrated (no evaluation.json); run `meshensemble evaluate --workdir runs/mnist --calibrate` first')
+      >>> cal is None
+      True
+      >>> print(why)
+      run runs/mnist is not calibrated (no evaluation.json); run `meshensemble evaluate
+      --workdir runs/mnist --calibrate` first
     """
     path = os.path.join(workdir, EVALUATION_FILE)
     fix = f"run `meshensemble evaluate --workdir {workdir} --calibrate` first"
