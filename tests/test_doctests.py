@@ -49,6 +49,8 @@ import io
 import os
 import pathlib
 import re
+import sys
+import types
 
 import flax.linen as nn
 import jax
@@ -291,6 +293,25 @@ def test_every_example_is_collected(name):
         "collected; one sits where doctest's finder does not look (e.g. an object defined "
         "in another module, a comment or a non-docstring string)"
     )
+
+
+def test_a_broken_example_fails(tmp_path, monkeypatch):
+    """The harness itself: a wrong output and an undefined name are failures it reports."""
+    module = types.ModuleType("meshensemble_doctest_probe")
+    module.__doc__ = """Probe.
+
+    Example:
+      >>> labels.shape     # a namespace name: runs
+      (32,)
+      >>> 1 + 1
+      3
+      >>> undefined_name
+    """
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.chdir(tmp_path)
+    failed, attempted, report = run_examples(module.__name__, tmp_path)
+    assert (failed, attempted) == (2, 3), report
+    assert "Expected:\n    3" in report and "NameError" in report, report
 
 
 @pytest.mark.parametrize("name", COVERED)
