@@ -67,6 +67,9 @@ class UsageError(MeshEnsembleError, ValueError):
 
     Example:
       >>> raise UsageError("--members 0 must be a positive integer")
+      Traceback (most recent call last):
+      ...
+      meshensemble.errors.UsageError: --members 0 must be a positive integer
     """
 
     exit_code = EXIT_USAGE
@@ -107,6 +110,9 @@ class RunFailedError(MeshEnsembleError, RuntimeError):
 
     Example:
       >>> raise RunFailedError("could not write metrics.jsonl: disk full")
+      Traceback (most recent call last):
+      ...
+      meshensemble.errors.RunFailedError: could not write metrics.jsonl: disk full
     """
 
     exit_code = EXIT_FAILED
@@ -117,6 +123,9 @@ class Interrupted(MeshEnsembleError):
 
     Example:
       >>> raise Interrupted("interrupted at step 40: saved checkpoint 40")
+      Traceback (most recent call last):
+      ...
+      meshensemble.errors.Interrupted: interrupted at step 40: saved checkpoint 40
     """
 
     exit_code = EXIT_INTERRUPTED

@@ -34,7 +34,11 @@ Example:
   >>> test = me.calibration.apply_temperature(
   ...     me.calibration.ensemble_logits(test_member_probs), t)
   >>> sets = me.calibration.prediction_sets(test, q)                  # bool [N_test, C]
-  >>> me.calibration.coverage(sets, test_labels), me.calibration.set_size(sets)
+  >>> sets.shape, sets.dtype
+  ((16, 10), dtype('bool'))
+  >>> cover, size = me.calibration.coverage(sets, test_labels), me.calibration.set_size(sets)
+  >>> 0 <= cover <= 1 and 1 <= size <= 10   # on an untrained net the sets are wide
+  True
 
 The package's modules: :mod:`~meshensemble.calibration.temperature` (fitting and applying
 ``T``), :mod:`~meshensemble.calibration.conformal` (scores, quantile, sets, coverage),

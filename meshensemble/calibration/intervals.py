@@ -2,8 +2,12 @@
 conformal interval quantile.
 
 Example:
+  >>> val_mean, val_variance = np.zeros(20), np.full(20, 0.25)   # a model's Gaussians
+  >>> val_y = np.linspace(-1.0, 1.0, 20)                          # the held-out targets
   >>> s = fit_variance_scale(val_mean, val_variance, val_y)
-  >>> q = conformal_interval_quantile(val_mean, s * val_variance, val_y, alpha=0.1)
+  >>> s > 1   # residuals wider than the predicted spread 0.5: intervals were too narrow
+  True
+  >>> q = conformal_interval_quantile(val_mean, np.sqrt(s * val_variance), val_y, alpha=0.1)
 """
 
 from __future__ import annotations
@@ -54,8 +58,8 @@ def fit_variance_scale(mean: ArrayLike, variance: ArrayLike, y: ArrayLike) -> fl
         every residual is zero.
 
     Example:
-      >>> out = ens.predict(state, x_val)
-      >>> s = me.calibration.fit_variance_scale(out["mean"], out["variance"], y_val)
+      >>> me.calibration.fit_variance_scale([0.0, 0.0], [1.0, 1.0], [2.0, -2.0])
+      4.0
     """
     m, v, t = _regression_arrays(("mean", "variance", "y"), mean, variance, y)
     s = float(np.mean((t - m) ** 2 / v))
@@ -90,7 +94,11 @@ def conformal_interval_quantile(
         non-positive ``std``.
 
     Example:
+      >>> mu_cal, sd_cal, y_cal = np.zeros(19), np.ones(19), np.arange(19.0) / 10
       >>> q = me.calibration.conformal_interval_quantile(mu_cal, sd_cal, y_cal, alpha=0.1)
+      >>> round(q, 4)  # the ceil(0.9 * 20) = 18th smallest |y - mu| / sd
+      1.7
+      >>> mu_test, sd_test = np.zeros(3), np.ones(3)
       >>> lo, hi = mu_test - q * sd_test, mu_test + q * sd_test
     """
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:

@@ -8,8 +8,12 @@ threshold on a run's validation split and scores the test set before and after;
 from :mod:`meshensemble.evaluation`.
 
 Example:
-  >>> section, curves = calibrate_ensemble(ens, state, (xv, yv), (xt, yt), alpha=0.1)
+  >>> val, test = (val_images, val_labels), (test_images, test_labels)
+  >>> section, curves = calibrate_ensemble(ens, state, val, test, alpha=0.1)
   >>> print(calibration_line(section))
+  calibration: T=... on 16 validation examples; test NLL ... -> ..., ECE ... -> ...,
+  adaptive ECE ... -> ..., Brier ... -> ...; conformal thr at alpha=0.1: mean set size ...,
+  coverage ...
 """
 
 from __future__ import annotations
@@ -131,7 +135,10 @@ def stream_ensemble_logits(ens: Any, state: Any, images: Any, batch_size: int = 
       float32 numpy ``[N, classes]``.
 
     Example:
-      >>> t = me.calibration.fit_temperature(stream_ensemble_logits(ens, state, xv), yv)
+      >>> stream_ensemble_logits(ens, state, val_images, batch_size=8).shape
+      (16, 10)
+      >>> t = me.calibration.fit_temperature(stream_ensemble_logits(ens, state, val_images),
+      ...                                    val_labels)
     """
     parts: list[np.ndarray] = []
     pooled = lambda x, mask: ensemble_logits(ens.predict_members(state, x))
@@ -185,8 +192,12 @@ def calibrate_ensemble(
       ValueError: bad alpha or method, or too few validation examples for ``alpha``.
 
     Example:
-      >>> section, _ = calibrate_ensemble(ens, state, (xv, yv), (xt, yt), alpha=0.1)
-      >>> section["temperature"], section["conformal"]["coverage"]
+      >>> val, test = (val_images, val_labels), (test_images, test_labels)
+      >>> section, _ = calibrate_ensemble(ens, state, val, test, alpha=0.1)
+      >>> sorted(section)
+      ['after', 'before', 'conformal', 'num_validation', 'temperature', ...]
+      >>> 0 <= section["conformal"]["coverage"] <= 1
+      True
     """
     (xv, yv), (xt, yt) = validation, test
     yv, yt = np.asarray(yv, np.int32), np.asarray(yt, np.int32)

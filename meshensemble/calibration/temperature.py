@@ -5,6 +5,8 @@ Example:
   >>> logits = ensemble_logits(val_member_probs)      # [N, C]
   >>> t = fit_temperature(logits, val_labels)
   >>> calibrated = apply_temperature(logits, t)
+  >>> logits.shape, calibrated.shape
+  ((16, 10), (16, 10))
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def ensemble_logits(member_probs: ArrayLike) -> jax.Array:
 
     Example:
       >>> z = ensemble_logits(np.array([[[0.9, 0.1]], [[0.5, 0.5]]]))
-      >>> np.round(np.exp(np.asarray(z)), 4).tolist()
-      [[0.7, 0.3]]
+      >>> np.round(np.exp(np.asarray(z)), 4)
+      array([[0.7, 0.3]], dtype=float32)
     """
     return _ensemble_logits_core(calibmath.check_rows(member_probs, 3, "member_probs", True))
 
@@ -70,8 +72,8 @@ def apply_temperature(logits: ArrayLike, temperature: ArrayLike) -> jax.Array:
       ValueError: if ``temperature`` has a shape other than those.
 
     Example:
-      >>> np.round(np.asarray(apply_temperature([[2.0, 0.0]], 2.0)), 4).tolist()
-      [[0.7311, 0.2689]]
+      >>> np.round(np.asarray(apply_temperature([[2.0, 0.0]], 2.0)), 4)
+      array([[0.7311, 0.2689]], dtype=float32)
     """
     logits = statmath.as_float(calibmath.check_rows(logits, None, "logits", False))
     return _apply_core(logits, temperature_array(temperature, logits))
@@ -100,8 +102,8 @@ def apply_temperature_to_probs(probs: ArrayLike, temperature: ArrayLike) -> jax.
       ValueError: if ``temperature`` has a shape other than those.
 
     Example:
-      >>> np.round(np.asarray(apply_temperature_to_probs([[0.8, 0.2]], 0.5)), 4).tolist()
-      [[0.9412, 0.0588]]
+      >>> np.round(np.asarray(apply_temperature_to_probs([[0.8, 0.2]], 0.5)), 4)
+      array([[0.9412, 0.0588]], dtype=float32)
     """
     probs = statmath.as_float(calibmath.check_rows(probs, None, "probs", True))
     return _apply_core(statmath.clipped_log(probs), temperature_array(temperature, probs))
@@ -155,7 +157,11 @@ def fit_temperature(
     Example:
       >>> t = fit_temperature(val_logits, val_labels)
       >>> calibrated = apply_temperature(test_logits, t)
-      >>> ts = fit_temperature(member_logits, val_labels, per_member=True)  # [members]
+      >>> type(t), calibrated.shape
+      (<class 'float'>, (16, 10))
+      >>> member_logits_val = jnp.log(val_member_probs)                 # [members, N, C]
+      >>> fit_temperature(member_logits_val, val_labels, per_member=True).shape
+      (2,)
     """
     logits = calibmath.check_rows(logits, 3 if per_member else 2, "logits", False)
     member_logits = logits if per_member else logits[None]

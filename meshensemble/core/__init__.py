@@ -21,7 +21,8 @@ training, calibration, evaluation and the CLI build on it.
 
 Example:
   >>> from meshensemble.core import mesh
-  >>> mesh.make_mesh(ensemble=2, data=1).shape
+  >>> dict(mesh.make_mesh(ensemble=2, data=1).shape)
+  {'ensemble': 2, 'data': 1}
 """
 
 from meshensemble.core import ensemble as ensemble

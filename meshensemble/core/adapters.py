@@ -440,8 +440,13 @@ def as_model(model: Any) -> Model:
 
     Example:
       >>> m = me.as_model(me.models.CNN())
-      >>> m = me.as_model(me.NNXModel(lambda rngs: MyNNXNet(rngs=rngs)))
+      >>> from flax import nnx
+      >>> m = me.as_model(me.NNXModel(lambda rngs: nnx.Linear(784, 10, rngs=rngs)))
+      >>> init_fn = lambda key, x: {"w": jax.random.normal(key, (x.shape[-1], 10))}
+      >>> apply_fn = lambda params, x: x @ params["w"]
       >>> m = me.as_model((init_fn, apply_fn))
+      >>> type(m).__name__
+      'FunctionModel'
     """
     if isinstance(model, nn.Module):
         return LinenModel(model)

@@ -109,13 +109,14 @@ class Ensemble:
         or values that are not finite numbers; an unknown ``key_impl``.
 
     Example:
-      >>> mesh = me.make_mesh(ensemble=4, data=2)
-      >>> ens = me.Ensemble(me.models.CNN(), optax.sgd(0.1, 0.9), num_members=8, mesh=mesh)
+      >>> mesh = me.make_mesh(ensemble=2, data=1)  # e.g. ensemble=4, data=2 on 8 devices
+      >>> ens = me.Ensemble(me.models.MLP((8,)), optax.sgd(0.1), num_members=2, mesh=mesh,
+      ...                   input_transform=me.data.normalize)  # me.models.CNN() for MNIST
       >>> state = ens.init(jax.random.key(0), images[:1])
       >>> state, metrics = ens.train_step(state, images, labels)
       >>> probs = ens.predict(state, images)  # [N, 10]
       >>> tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1, momentum=0.9)
-      >>> lrs = me.Ensemble(me.models.CNN(), tx, 4, mesh=me.make_mesh(ensemble=4, data=2),
+      >>> lrs = me.Ensemble(me.models.MLP((8,)), tx, 4, mesh=me.make_mesh(ensemble=4, data=2),
       ...     hyperparams={"learning_rate": [0.01, 0.03, 0.1, 0.3]})
       >>> # metrics["loss"] is per member: compare the rates
     """
@@ -220,7 +221,7 @@ class Ensemble:
           ValueError: members are sharded and the ensemble was made without ``sample``.
 
         Example:
-          >>> ens.build("mine", make, (ens.state_spec, me.BATCH), ens.state_spec)
+          >>> spec = ens.state_spec  # P("ensemble"): members not sharded, one spec for all
         """
         if self._sharded and self.sample is None:
             raise ValueError(
@@ -244,9 +245,10 @@ class Ensemble:
           :class:`EnsembleState` of ``PartitionSpec`` s.
 
         Example:
-          >>> fsdp = me.Ensemble(me.models.MLP(), tx, 2, me.make_mesh(2, 4), shard_members=True)
+          >>> fsdp = me.Ensemble(me.models.MLP(), optax.sgd(0.1), 2, me.make_mesh(2, 4),
+          ...                    shard_members=True)
           >>> fsdp.state_specs(images[:1]).params["Dense_0"]["kernel"]  # [2, 784, 128]
-          PartitionSpec('ensemble', 'data')
+          P('ensemble', 'data')
         """
         if not self._sharded:
             return MEMBERS
@@ -298,8 +300,8 @@ class Ensemble:
           on the ``shard_map`` backend.
 
         Example:
-          >>> chunk = ens.build(("chunk", 8), lambda cfg: functools.partial(
-          ...     me.core.steps.train_chunk, cfg, 8, 128), specs, out_specs, donate_argnums=(0,))
+          >>> count = ens.build("count", lambda cfg: lambda state, x: state.step + x.shape[0],
+          ...                   (ens.state_spec, me.core.mesh.BATCH), P("ensemble"))
         """
         return self._fn(
             ("user", name, self._layout_key(sample)),
@@ -420,7 +422,7 @@ class Ensemble:
         Example:
           >>> state, metrics = ens.train_step(state, images, labels)
           >>> metrics["loss"].shape
-          (8,)
+          (2,)
         """
         inputs.check_state(state, self.num_members)
         images, labels = inputs.as_array(images, "images"), inputs.as_array(labels, "labels")
@@ -467,9 +469,9 @@ class Ensemble:
             not positive, not finite, or neither a scalar nor ``[members]``.
 
         Example:
-          >>> ens.predict_members(state, images).shape  # (8, N, 10)
-          >>> ens.predict_members(state, images, temperature=[1.2] * 8)  # per member
-          >>> ens.predict_members(state, images, logits=True)  # [8, N, 10] logits
+          >>> p = ens.predict_members(state, images)  # [members, N, 10]
+          >>> t = ens.predict_members(state, images, temperature=[1.2, 1.5])  # per member
+          >>> z = ens.predict_members(state, images, logits=True)  # [members, N, 10] logits
         """
         if self.regression:
             return regression.predict(self, state, images, True, temperature, logits)
@@ -504,8 +506,8 @@ class Ensemble:
             not positive, not finite, or neither a scalar nor ``[members]``.
 
         Example:
-          >>> ens.predict(state, images).argmax(-1)  # the ensemble's classes, [N]
-          >>> ens.predict(state, images, temperature=1.3)  # calibrated probabilities
+          >>> classes = ens.predict(state, images).argmax(-1)  # the ensemble's classes, [N]
+          >>> calibrated = ens.predict(state, images, temperature=1.3)  # probabilities
         """
         if self.regression:
             return regression.predict(self, state, images, False, temperature)
@@ -581,7 +583,7 @@ class Ensemble:
             range.
 
         Example:
-          >>> ens.evaluate(state, test_images, test_labels)["accuracy"]
+          >>> accuracy = ens.evaluate(state, test_images, test_labels)["accuracy"]
         """
         if self.regression:
             return regression.evaluate(self, state, images, labels, batch_size)
@@ -608,7 +610,7 @@ class Ensemble:
           arguments' shapes compiles it in a thread before the first evaluation.
 
         Example:
-          >>> ens.eval_fn().compile_ahead(state_shapes, x_shape, y_shape, mask_shape)
+          >>> started = ens.eval_fn().compile_ahead(state, images, labels, np.ones(32, bool))
         """
         return self._fn(
             ("evaluate", num_bins, self._layout_key(sample)),
@@ -655,7 +657,7 @@ class Ensemble:
 
         Example:
           >>> images = ens.place(images)                     # the same in every process
-          >>> images = ens.place(my_rows, local=True)        # each process its own rows
+          >>> images = ens.place(images, local=True)  # each process its own rows (1: all)
         """
         spec = MEMBER_BATCH if per_member else BATCH
         if local:

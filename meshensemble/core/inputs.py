@@ -245,8 +245,10 @@ def optimizer_mismatch(state: Any, optimizer: Any) -> str | None:
       structures agree (or cannot be compared).
 
     Example:
-      >>> optimizer_mismatch(sgd_state, optax.adam(1e-3))
-      "state's optimizer state (TraceState, EmptyState) is not ..."
+      >>> optimizer_mismatch(state, optax.sgd(0.1)) is None   # the namespace's state: SGD
+      True
+      >>> print(optimizer_mismatch(state, optax.adam(1e-3)))
+      state's optimizer state (...) is not ...
     """
     if not isinstance(state, EnsembleState):
         return None

@@ -154,7 +154,10 @@ def augment_key(key: jax.Array, step: jax.Array) -> jax.Array:
       ``fold_in(fold_in(key, AUGMENT_SALT), step)``.
 
     Example:
-      >>> augment_key(jax.random.key(0), 3)
+      >>> k = augment_key(jax.random.key(0), 3)
+      >>> k.shape, jax.random.key_data(k).tolist() == jax.random.key_data(
+      ...     augment_key(jax.random.key(0), 3)).tolist()   # the same key and step: the same key
+      ((), True)
     """
     return jax.random.fold_in(jax.random.fold_in(key, AUGMENT_SALT), step)
 
@@ -184,7 +187,10 @@ def augment_batch(
       ``[b, H, W, C]`` augmented images.
 
     Example:
+      >>> from meshensemble.data.augment import make_augment
       >>> x = augment_batch(make_augment("shift", 2), jax.random.key(0), 0, images)
+      >>> x.shape, x.dtype
+      ((32, 28, 28, 1), dtype('uint8'))
     """
     b = images.shape[0]
     keys = jax.random.split(augment_key(key, step), b if total is None else total)

@@ -257,7 +257,7 @@ def member_sharding(mesh: Mesh) -> NamedSharding:
 
     Example:
       >>> me.member_sharding(me.make_mesh()).spec
-      PartitionSpec('ensemble',)
+      P('ensemble',)
     """
     return NamedSharding(mesh, MEMBERS)
 
@@ -275,7 +275,7 @@ def batch_sharding(mesh: Mesh, per_member: bool = False) -> NamedSharding:
 
     Example:
       >>> me.batch_sharding(me.make_mesh()).spec
-      PartitionSpec('data',)
+      P('data',)
     """
     return NamedSharding(mesh, MEMBER_BATCH if per_member else BATCH)
 
@@ -291,7 +291,7 @@ def replicated_sharding(mesh: Mesh) -> NamedSharding:
 
     Example:
       >>> me.replicated_sharding(me.make_mesh()).spec
-      PartitionSpec()
+      P()
     """
     return NamedSharding(mesh, REPLICATED)
 
@@ -307,8 +307,14 @@ def varying_axes(x: jax.Array) -> frozenset[str]:
       value replicated over every axis.
 
     Example:
-      >>> varying_axes(x)  # inside shard_map, x sharded over data
-      frozenset({'data'})
+      >>> seen, rows = [], me.make_mesh(ensemble=1, data=2)
+      >>> f = jax.shard_map(lambda x: seen.append(varying_axes(x)) or x, mesh=rows,
+      ...                   in_specs=P("data"), out_specs=P("data"))
+      >>> _ = f(jax.device_put(jnp.zeros(4), me.batch_sharding(rows)))  # x split over data
+      >>> seen
+      [frozenset({'data'})]
+      >>> varying_axes(jnp.zeros(4))   # outside
+      frozenset()
     """
     t = jax.typeof(x)
     manual = getattr(t, "manual_axis_type", None)  # JAX >= 0.10

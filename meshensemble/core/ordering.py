@@ -42,7 +42,10 @@ def ordered_after(done: PyTree, updates: PyTree) -> PyTree:
       ``updates`` with the same values (floating leaves ``u + 0.0``).
 
     Example:
-      >>> updates = ordered_after((grads, probs), updates)
+      >>> grads, probs = {"w": jnp.ones(3)}, jnp.full((2,), 0.5)
+      >>> updates = ordered_after((grads, probs), {"w": -0.1 * grads["w"]})
+      >>> updates["w"]   # the same values, computed after grads and probs
+      Array([-0.1, -0.1, -0.1], dtype=float32)
     """
     leaves = [v for v in jax.tree.leaves(done) if v.size]
     zeros: dict[frozenset, jax.Array | None] = {}

@@ -131,7 +131,7 @@ def param_spec(
 
     Example:
       >>> param_spec((64, 4, 16), me.make_mesh(2, 2, model=2), True, ("embed", "heads", "kv"))
-      PartitionSpec('ensemble', 'data', 'model')
+      P('ensemble', 'data', 'model')
     """
     dims: list[str | None] = [None] * len(shape)
     table = dict(rules)
@@ -173,7 +173,10 @@ def state_specs(
       An :class:`EnsembleState` with a ``PartitionSpec`` per leaf.
 
     Example:
-      >>> specs = state_specs(jax.eval_shape(lambda: ens.init(key, x)), ens.mesh, True)
+      >>> shapes = jax.eval_shape(lambda: ens.init(key, images[:1]))
+      >>> specs = state_specs(shapes, me.make_mesh(ensemble=2, data=4), True)
+      >>> specs.params["Dense_0"]["kernel"]   # [members, 784, 8]: FSDP over data
+      P('ensemble', 'data')
     """
     by_path: dict[tuple[Any, ...], tuple[tuple[int, ...], P]] = {}
 
@@ -245,7 +248,7 @@ def manual_spec(spec: Any) -> Any:
 
     Example:
       >>> manual_spec(P("ensemble", "data", "model"))
-      PartitionSpec('ensemble', 'data', None)
+      P('ensemble', 'data', None)
     """
     is_spec = lambda s: isinstance(s, P)
     strip = lambda s: P(*(_without_model(a) for a in s))
@@ -275,6 +278,8 @@ def state_shardings(specs: Any, mesh: Mesh, like: PyTree = None) -> PyTree:
 
     Example:
       >>> state = jax.device_put(state, state_shardings(ens.state_spec, ens.mesh, state))
+      >>> jax.tree.leaves(state.params)[0].sharding.spec
+      P('ensemble',)
     """
     if isinstance(specs, P):
         if like is None:
@@ -296,7 +301,11 @@ def abstract_layout(specs: Any, mesh: Mesh, shapes: PyTree) -> PyTree:
       orbax restores (and reshards) a checkpoint of any layout into it.
 
     Example:
-      >>> target = abstract_layout(ens.state_spec, ens.mesh, jax.eval_shape(init))
+      >>> target = abstract_layout(ens.state_spec, ens.mesh,
+      ...                          jax.eval_shape(lambda: ens.init(key, images[:1])))
+      >>> leaf = jax.tree.leaves(target.params)[0]
+      >>> type(leaf).__name__, leaf.shape, leaf.sharding.spec
+      ('ShapeDtypeStruct', (2, 8), P('ensemble',))
     """
     placed = state_shardings(specs, mesh, shapes)
     return jax.tree.map(
@@ -315,7 +324,8 @@ def state_bytes_per_device(state: PyTree, device: Any = None) -> int:
       The bytes of the shards on ``device``.
 
     Example:
-      >>> state_bytes_per_device(state)  # FSDP over data=4: about a quarter of before
+      >>> state_bytes_per_device(state)  # 1 member of the 2 per device, fp32
+      25492
     """
     leaves = [v for v in jax.tree.leaves(state) if isinstance(v, jax.Array)]
     if not leaves:
@@ -356,7 +366,12 @@ def init_layout(
       An :class:`EnsembleState` of ``PartitionSpec`` s.
 
     Example:
-      >>> specs = init_layout(init, images[:1], mesh, me.as_model(net), True)
+      >>> from meshensemble.core.state import init_members
+      >>> net = me.as_model(me.models.MLP((8,)))
+      >>> init = init_members(net, optax.sgd(0.1), 2, None, {}, typed=False)
+      >>> specs = init_layout(init, images[:1], me.make_mesh(ensemble=2, data=4), net, True)
+      >>> specs.params["Dense_0"]["kernel"]   # FSDP: the 784 rows split over data
+      P('ensemble', 'data')
     """
     shapes = jax.eval_shape(init, jax.random.PRNGKey(0), sample)
     names = None
@@ -376,8 +391,10 @@ def model_split_count(specs: Any) -> tuple[int, int]:
       ``(split, total)`` over the ``params`` leaves (``(0, 0)`` for a single spec).
 
     Example:
-      >>> model_split_count(ens.state_specs(images[:1]))  # a ViT on model=2
-      (24, 68)
+      >>> vit = me.Ensemble(me.models.ViT(), optax.sgd(0.1), 2,
+      ...                   me.make_mesh(ensemble=2, data=1, model=2), sample=images[:1])
+      >>> model_split_count(vit.state_specs(images[:1]))  # a ViT on model=2
+      (36, 68)
     """
     if isinstance(specs, P):
         return 0, 0
@@ -401,8 +418,13 @@ def model_axis_note(ens: Any, state: EnsembleState, sample: Any) -> str | None:
       dimensions (or ``model=1``).
 
     Example:
-      >>> model_axis_note(ens, state, images[:1])  # a ViT on model=3
-      'warning: mesh model=3 splits 0 of 68 parameter leaves ...'
+      >>> vit = me.Ensemble(me.models.ViT(), optax.sgd(0.1), 2,
+      ...                   me.make_mesh(ensemble=2, data=1, model=3), sample=images[:1])
+      >>> shapes = jax.eval_shape(lambda: vit.init(key, images[:1]))
+      >>> print(model_axis_note(vit, shapes, images[:1]))  # a ViT on model=3
+      warning: mesh model=3 splits 0 of 68 parameter leaves (widths named for 'model': 4, 128):
+      every weight is copied on the 3 devices of each member's model group; use a model size
+      that divides them (model=2 or 4) or model=1
     """
     m = int(ens.mesh.shape.get(MODEL, 1))
     if m <= 1:

@@ -29,7 +29,8 @@ class EnsembleState:
 
     Example:
       >>> state = ens.init(key, images[:1])
-      >>> state.params["Dense_0"]["kernel"].shape  # (members, 3136, 256)
+      >>> state.params["Dense_0"]["kernel"].shape  # (members, 784, 8): the tiny MLP
+      (2, 784, 8)
     """
 
     step: jax.Array
@@ -71,7 +72,10 @@ def init_members(
       ``init(key, sample) -> EnsembleState`` with leaves ``[M, ...]``.
 
     Example:
+      >>> net, tx = me.models.MLP((8,)), optax.sgd(0.1)
       >>> init = jax.jit(init_members(me.as_model(net), tx, 8, None, {}, typed=True))
+      >>> jax.eval_shape(init, key, np.zeros((1, 28, 28, 1))).params["Dense_0"]["kernel"].shape
+      (8, 784, 8)
     """
     transform = input_transform or (lambda x: x)
 

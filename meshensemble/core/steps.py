@@ -106,7 +106,12 @@ def reduce_over(cfg: StepConfig, reduce: Callable[..., Any], x: PyTree, axis: st
       ``x`` reduced over ``axis``, same shapes.
 
     Example:
-      >>> reduce_over(cfg, lax.pmean, loss, DATA)
+      >>> from meshensemble.core.mesh import DATA
+      >>> cfg, rows = ens.step_config(), me.make_mesh(ensemble=1, data=2)
+      >>> f = jax.shard_map(lambda loss: reduce_over(cfg, lax.pmean, loss, DATA), mesh=rows,
+      ...                   in_specs=P(DATA), out_specs=P())
+      >>> f(jax.device_put(jnp.array([1.0, 3.0]), me.batch_sharding(rows)))  # the mean
+      Array([2.], dtype=float32)
     """
     if cfg.grad_mode != "vma" and lax.axis_size(axis) == 1:
         return x

@@ -12,9 +12,13 @@ output are held at a time, so memory stays bounded whatever the dataset's size.
 :func:`batch_size_for` rounds a requested batch size to what the mesh can split.
 
 Example:
+  >>> probs = np.zeros((len(images), 10), np.float32)          # the host's result
   >>> def sink(start, out):
   ...     probs[start : start + len(out["probs"])] = out["probs"]
-  >>> stream(lambda x, mask: {"probs": ens.predict(state, x)}, images, 1000, 2, sink)
+  >>> stream(lambda x, mask: {"probs": ens.predict(state, x)}, images, 12, 1, sink)
+  32
+  >>> np.allclose(probs, ens.predict(state, images), atol=1e-6)  # 3 batches, the last padded
+  True
 """
 
 from __future__ import annotations
@@ -130,7 +134,12 @@ def stream(
       ValueError: no examples, or a bad batch size or ``in_flight``.
 
     Example:
-      >>> n = stream(lambda x, m: ens.predict(state, x), images, 1000, ens.data_size, sink)
+      >>> parts = []
+      >>> sink = lambda start, probs: parts.append((start, probs.shape))
+      >>> stream(lambda x, m: ens.predict(state, x), images, 12, ens.data_size, sink)
+      32
+      >>> parts   # the last batch was padded to 12 rows and unpadded to 8
+      [(0, (12, 10)), (12, (12, 10)), (24, (8, 10))]
     """
     n = len(images)
     if n == 0:

@@ -47,7 +47,8 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
       ``[B]`` losses.
 
     Example:
-      >>> me.softmax_cross_entropy(jnp.zeros((2, 10)), jnp.array([1, 2]))  # [2.3026, 2.3026]
+      >>> me.softmax_cross_entropy(jnp.zeros((2, 10)), jnp.array([1, 2]))  # log 10 each
+      Array([2.3025851, 2.3025851], dtype=float32)
     """
     return optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, logits.shape[-1]))
 
@@ -61,7 +62,10 @@ class Classification:
     of the members' softmax (``pmean`` over ``ensemble``).
 
     Example:
-      >>> ens = me.Ensemble(model, tx, 8, mesh, task=me.tasks.Classification())
+      >>> model, tx = me.models.MLP((8,)), optax.sgd(0.1)
+      >>> ens = me.Ensemble(model, tx, 2, mesh, task=me.tasks.Classification())
+      >>> ens.task.kind
+      'classification'
     """
 
     kind: ClassVar[str] = "classification"
@@ -107,9 +111,12 @@ class Regression:
         positive finite float, or shift/scale do not have ``T`` finite values (scale > 0).
 
     Example:
-      >>> ens = me.Ensemble(me.models.MLP(features=(50, 2)), optax.adam(1e-2), 8, mesh,
-      ...                   task=me.tasks.Regression(targets=1))
-      >>> out = ens.predict(state, x)  # {"mean", "variance", "aleatoric", "epistemic"}: [N, 1]
+      >>> net = me.models.MLP(features=(50,), num_classes=2)   # outputs [B, 2 * targets]
+      >>> reg = me.Ensemble(net, optax.adam(1e-2), 2, mesh, task=me.tasks.Regression(targets=1))
+      >>> x = np.linspace(-1, 1, 8, dtype=np.float32)[:, None]        # [N, features]
+      >>> out = reg.predict(reg.init(key, x[:1]), x)
+      >>> {k: v.shape for k, v in out.items()}   # mean, variance and its two parts: [N, 1]
+      {'aleatoric': (8, 1), 'epistemic': (8, 1), 'mean': (8, 1), 'variance': (8, 1)}
     """
 
     targets: int

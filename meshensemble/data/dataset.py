@@ -59,7 +59,7 @@ class Dataset:
       DataError: if ``source`` is unknown or an array is malformed.
 
     Example:
-      >>> ds = synthetic(num_train=20, num_test=10)
+      >>> ds = me.data.synthetic(num_train=20, num_test=10)
       >>> ds.train_images.shape, ds.num_classes, ds.image_shape
       ((20, 28, 28, 1), 10, (28, 28, 1))
     """

@@ -16,8 +16,8 @@ arrayrecord --data-dir DIR``). :func:`load_tfds_stream` opens TFDS's prepared da
 way (``--source tfds --input stream``).
 
 Example:
-  >>> write_array_record_dataset("/data/mnist_ar", me.data.load_npz("mnist.npz"), shards=4)
-  >>> ds = load_array_record_dataset("/data/mnist_ar")
+  >>> paths = write_array_record_dataset("mnist_ar", me.data.synthetic(256, 64), shards=2)
+  >>> ds = load_array_record_dataset("mnist_ar")
   >>> ds.train_images[:2].shape, is_lazy(ds)
   ((2, 28, 28, 1), True)
 """
@@ -70,8 +70,10 @@ class IndexedSource:
       indices: int ``[M]`` positions in ``source``.
 
     Example:
+      >>> src = me.data.stream.ArraySource(images, labels)
       >>> view = IndexedSource(src, np.array([5, 2, 9]))
-      >>> view.read(np.array([0]))[1]   # src's label of example 5
+      >>> view.read(np.array([0]))[1] == labels[[5]]   # src's label of example 5
+      array([ True])
     """
 
     def __init__(self, source: Any, indices: np.ndarray):
@@ -94,7 +96,10 @@ class IndexedSource:
           ``(images, labels)``: uint8 ``S + [28, 28, 1]`` and int32 ``S``.
 
         Example:
-          >>> IndexedSource(src, np.array([5, 2])).read(np.array([1]))   # src's example 2
+          >>> src = me.data.stream.ArraySource(images, labels)
+          >>> x, y = IndexedSource(src, np.array([5, 2])).read(np.array([1]))  # src's example 2
+          >>> bool((x == images[[2]]).all() and (y == labels[[2]]).all())
+          True
         """
         return self.source.read(self.indices[np.asarray(indices)])
 
@@ -113,9 +118,10 @@ class SourceImages:
       DataError: from ``np.asarray(x)``: a whole load of the split is refused.
 
     Example:
-      >>> x = SourceImages(ArrayRecordSource("/data/train.array_record"))
+      >>> path = me.data.stream.write_array_record("train.array_record", images, labels)[0]
+      >>> x = SourceImages(ArrayRecordSource(path))
       >>> x[:4].shape, len(x)
-      ((4, 28, 28, 1), 60000)
+      ((4, 28, 28, 1), 32)
     """
 
     lazy = True
@@ -167,6 +173,7 @@ class SourceImages:
           A :class:`SourceImages` of ``M`` examples over an :class:`IndexedSource`.
 
         Example:
+          >>> x = SourceImages(me.data.stream.ArraySource(images, labels))
           >>> x.subset(np.array([9, 4]))[0].shape   # example 9, read now
           (28, 28, 1)
         """
@@ -233,7 +240,8 @@ def content_id(images: Any) -> str | None:
       which comes from no file).
 
     Example:
-      >>> content_id(load_array_record_dataset("/data/mnist_ar").train_images)[:9]
+      >>> paths = write_array_record_dataset("mnist_ar", me.data.synthetic(256, 64), shards=2)
+      >>> content_id(load_array_record_dataset("mnist_ar").train_images)[:9]
       'manifest:'
     """
     source, views = getattr(images, "source", None), []
@@ -274,8 +282,9 @@ def write_array_record_dataset(
         written then).
 
     Example:
-      >>> write_array_record_dataset("/data/mnist_ar", me.data.load_npz("mnist.npz"), shards=4)
-      ['/data/mnist_ar/train.array_record-00000-of-00004', ..., '/data/mnist_ar/manifest.json']
+      >>> paths = write_array_record_dataset("mnist_ar", me.data.synthetic(256, 64), shards=2)
+      >>> [os.path.basename(p) for p in paths]   # 256 examples are too few for 2 shards
+      ['train.array_record', 'test.array_record', 'labels.npz', 'manifest.json']
     """
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise DataError(f"write_array_record_dataset: shards={shards!r}; pass an integer >= 1")
@@ -392,9 +401,10 @@ def load_array_record_dataset(directory: str | os.PathLike, name: str = "mnist")
         missing, ``labels.npz`` is malformed, or the files disagree with the labels.
 
     Example:
-      >>> ds = load_array_record_dataset("/data/mnist_ar")
+      >>> paths = write_array_record_dataset("mnist_ar", me.data.synthetic(256, 64), shards=2)
+      >>> ds = load_array_record_dataset("mnist_ar")
       >>> ds.num_train, is_lazy(ds)
-      (60000, True)
+      (256, True)
     """
     check_name(name)
     directory = os.fspath(directory)

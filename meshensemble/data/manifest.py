@@ -11,8 +11,12 @@ remembers the files it verified (by size, mtime and inode), so nobody rehashes t
 at every start: each host hashes each file it reads once, until the file changes.
 
 Example:
-  >>> write_manifest("/data/mnist_ar", ["train.array_record", "test.array_record"], counts)
-  >>> check_manifest("/data/mnist_ar", read_manifest("/data/mnist_ar"))
+  >>> import os
+  >>> os.makedirs("mnist_ar")
+  >>> paths = me.data.stream.write_array_record("mnist_ar/test.array_record", images, labels)
+  >>> write_manifest("mnist_ar", ["test.array_record"], {"test.array_record": len(images)})
+  'mnist_ar/manifest.json'
+  >>> check_manifest("mnist_ar", read_manifest("mnist_ar"))   # None: every file is there
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ def file_digest(path: str | os.PathLike) -> str:
       64 hex digits.
 
     Example:
-      >>> len(file_digest("/data/mnist_ar/labels.npz"))
+      >>> np.savez("labels.npz", labels=labels)
+      >>> len(file_digest("labels.npz"))
       64
     """
     digest = hashlib.sha256()
@@ -70,8 +75,11 @@ def write_manifest(
       The manifest's path.
 
     Example:
-      >>> write_manifest("/data/mnist_ar", ["test.array_record"], {"test.array_record": 10000})
-      '/data/mnist_ar/manifest.json'
+      >>> import os
+      >>> os.makedirs("mnist_ar")
+      >>> paths = me.data.stream.write_array_record("mnist_ar/test.array_record", images, labels)
+      >>> write_manifest("mnist_ar", ["test.array_record"], {"test.array_record": len(images)})
+      'mnist_ar/manifest.json'
     """
     directory, records = os.fspath(directory), dict(records or {})
     files = {}
@@ -105,7 +113,9 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
       DataError: the manifest exists but is unreadable or malformed (one line, the fix).
 
     Example:
-      >>> sorted(read_manifest("/data/mnist_ar")["files"])[:1]
+      >>> ds = me.data.synthetic(256, 64)
+      >>> paths = me.data.write_array_record_dataset("mnist_ar", ds)
+      >>> sorted(read_manifest("mnist_ar")["files"])[:1]
       ['labels.npz']
     """
     path = os.path.join(os.fspath(directory), MANIFEST_FILE)
@@ -145,7 +155,14 @@ def check_manifest(
       DataError: one line naming the first missing, resized or unlisted file and the fix.
 
     Example:
-      >>> check_manifest("/data/mnist_ar", read_manifest("/data/mnist_ar"))
+      >>> ds = me.data.synthetic(256, 64)
+      >>> paths = me.data.write_array_record_dataset("mnist_ar", ds)
+      >>> check_manifest("mnist_ar", read_manifest("mnist_ar"))   # None: all there
+      >>> os.remove(paths[0])
+      >>> check_manifest("mnist_ar", read_manifest("mnist_ar"))
+      Traceback (most recent call last):
+      ...
+      meshensemble.errors.DataError: ...
     """
     directory, files = os.fspath(directory), manifest["files"]
     for name, entry in sorted(files.items()):
@@ -177,7 +194,10 @@ def manifest_fingerprint(manifest: Mapping[str, Any], names: Sequence[str]) -> s
       64 hex digits.
 
     Example:
-      >>> manifest_fingerprint(read_manifest(d), ["train.array_record"])[:4]
+      >>> ds = me.data.synthetic(256, 64)
+      >>> paths = me.data.write_array_record_dataset("mnist_ar", ds)
+      >>> len(manifest_fingerprint(read_manifest("mnist_ar"), ["train.array_record"]))
+      64
     """
     digest = hashlib.sha256()
     for name in names:
@@ -199,8 +219,8 @@ def verify_cache_path() -> str | None:
       A path, or None.
 
     Example:
-      >>> verify_cache_path()
-      '/home/me/.cache/meshensemble/verified-files.json'
+      >>> verify_cache_path()   # ~/.cache/..., or $MESHENSEMBLE_VERIFY_CACHE when set
+      '.../verified-files.json'
     """
     value = os.environ.get(VERIFY_CACHE_ENV)
     if value is not None:
@@ -227,8 +247,10 @@ class FileVerifier:
       cache: the cache file; default :func:`verify_cache_path` (None: no cache).
 
     Example:
-      >>> v = FileVerifier({"/data/a.array_record": "ab12..."})
-      >>> v.verify("/data/a.array_record")   # hashes it now; later calls are free
+      >>> np.savez("a.npz", labels=labels)
+      >>> v = FileVerifier({"a.npz": file_digest("a.npz")}, cache="verified.json")
+      >>> v.verify("a.npz")   # hashes it now; later calls are free
+      >>> v.verify("a.npz")
     """
 
     def __init__(self, digests: Mapping[str, str], cache: str | None | bool = True):
@@ -318,8 +340,9 @@ def cached_digest(path: str | os.PathLike, cache: str | None | bool = True) -> s
       64 hex digits (:func:`file_digest`).
 
     Example:
-      >>> cached_digest("/data/mnist/3.0.1/mnist-train.array_record-00000-of-00001")[:4]
-      '9f3c'
+      >>> np.savez("a.npz", labels=labels)
+      >>> cached_digest("a.npz", cache="verified.json") == file_digest("a.npz")
+      True
     """
     path = os.path.abspath(os.fspath(path))
     cache = verify_cache_path() if cache is True else cache or None

@@ -34,8 +34,8 @@ def save_npz(dataset: Dataset, path: str | os.PathLike[str]) -> str:
       The path written, as a string.
 
     Example:
-      >>> me.data.save_npz(me.data.synthetic(), "/tmp/tiny.npz")
-      '/tmp/tiny.npz'
+      >>> me.data.save_npz(me.data.synthetic(), "tiny.npz")
+      'tiny.npz'
     """
     np.savez(
         path,

@@ -121,7 +121,9 @@ def diabetes(seed: int = 0, test_fraction: float = 0.2) -> RegressionData:
       DataError: scikit-learn is not installed, or ``test_fraction`` not in ``(0, 1)``.
 
     Example:
-      >>> data = me.data.diabetes(seed=0)
+      >>> data = me.data.diabetes(seed=0)   # scikit-learn's copy, no network
+      >>> data.x_train.shape[1], data.y_train.shape[1]
+      (10, 1)
     """
     if not 0 < test_fraction < 1:
         raise DataError(f"diabetes: test_fraction={test_fraction!r} must be in (0, 1)")
@@ -152,7 +154,12 @@ def load_regression_npz(path: str | os.PathLike) -> RegressionData:
       DataError: a missing file or key, a bad shape or dtype, NaN or inf.
 
     Example:
+      >>> rng = np.random.default_rng(0)
+      >>> x, y = rng.normal(size=(12, 3)).astype(np.float32), rng.normal(size=(12, 1))
+      >>> np.savez("house.npz", x_train=x[:8], y_train=y[:8], x_test=x[8:], y_test=y[8:])
       >>> data = me.data.load_regression_npz("house.npz")
+      >>> data.x_train.shape, data.y_test.shape
+      ((8, 3), (4, 1))
     """
     name = os.fspath(path)
     if not os.path.isfile(name):
@@ -178,6 +185,8 @@ def standardizer(data: RegressionData) -> dict[str, list[float]]:
     Example:
       >>> stats = standardizer(me.data.toy1d())
       >>> task = me.tasks.Regression(1, target_shift=stats["y_mean"], target_scale=stats["y_std"])
+      >>> sorted(stats)
+      ['x_mean', 'x_std', 'y_mean', 'y_std']
     """
     std = lambda a: np.where(a.std(0) > 0, a.std(0), 1.0)
     return {

@@ -65,6 +65,7 @@ class ValidationSplit:
           count of each class).
 
         Example:
+          >>> split = split_validation(me.data.synthetic(200, 20), 50, seed=0)
           >>> split.record()["count"]
           50
         """
@@ -124,6 +125,7 @@ def validation_indices(labels: Any, count: int, seed: int = 0, classes: int = 10
       int64 ``[count]`` sorted indices (no image is read: a lazy split stays unread).
 
     Example:
+      >>> ds = me.data.synthetic(200, 20)
       >>> validation_indices(ds.train_labels, 50, seed=0).shape
       (50,)
     """
@@ -163,7 +165,8 @@ def split_validation(
         examples than one batch (one line with the largest allowed value).
 
     Example:
-      >>> split = split_validation(ds, 5000, seed=0, batch_size=128)
+      >>> ds = me.data.synthetic(200, 20)
+      >>> split = split_validation(ds, 50, seed=0, batch_size=32)
       >>> split.train.num_train + split.count == ds.num_train
       True
     """

@@ -19,10 +19,15 @@ state (:meth:`StreamIterator.get_state`) is a small JSON dict saved in the run's
 checkpoint. :func:`choose_input` decides ``--input auto``.
 
 Example:
+  >>> ds = me.data.synthetic(256, 16)
   >>> src = ArraySource(ds.train_images, ds.train_labels)
-  >>> it = StreamIterator(src, order_fn, batch=128, steps_per_epoch=468,
-  ...                     block=local_block(mesh, 128, members=8))
+  >>> order_fn = lambda epoch: np.random.default_rng(epoch).permutation([np.arange(256)] * 2,
+  ...                                                                axis=1)  # per member
+  >>> it = StreamIterator(src, order_fn, batch=128, steps_per_epoch=2,
+  ...                     block=local_block(mesh, 128, members=2))
   >>> images, labels = it.next_batch(epoch=1, step=0)   # this process's rows
+  >>> images.shape, labels.shape                        # [members, batch, ...]
+  ((2, 128, 28, 28, 1), (2, 128))
 """
 
 from __future__ import annotations
@@ -74,8 +79,11 @@ class ArraySource:
       labels: int ``[N]``.
 
     Example:
+      >>> ds = me.data.synthetic(64, 16)
       >>> src = ArraySource(ds.train_images, ds.train_labels)
       >>> x, y = src.read(np.array([3, 1]))
+      >>> x.shape, y.tolist() == ds.train_labels[[3, 1]].tolist()
+      ((2, 28, 28, 1), True)
     """
 
     def __init__(self, images: np.ndarray, labels: np.ndarray):
@@ -147,7 +155,10 @@ class ArrayRecordSource(_RecordSource):
         from its manifest (one line naming the file and the fix).
 
     Example:
-      >>> src = ArrayRecordSource(write_array_record("/data/train.array_record", x, y))
+      >>> x, y = images, labels                   # uint8 [32, 28, 28, 1], [32]
+      >>> src = ArrayRecordSource(write_array_record("train.array_record", x, y))
+      >>> len(src), src.read(np.array([0, 5]))[1].tolist() == y[[0, 5]].tolist()
+      (32, True)
     """
 
     def __init__(
@@ -234,7 +245,8 @@ class TfdsSource(_RecordSource):
       records: the TFDS data source of one split.
 
     Example:
-      >>> src = TfdsSource(tfds.data_source("mnist", split="train"))
+      >>> import tensorflow_datasets as tfds  # doctest: +SKIP
+      >>> src = TfdsSource(tfds.data_source("mnist", split="train"))  # doctest: +SKIP
     """
 
     def __init__(self, records: Any):
@@ -268,7 +280,9 @@ def write_array_record(
       DataError: images that are not 28x28 uint8, or labels outside ``0..255``.
 
     Example:
-      >>> paths = write_array_record("/data/mnist_train.array_record", x, y, shards=4)
+      >>> paths = write_array_record("mnist_train.array_record", images, labels, shards=4)
+      >>> [p.rsplit("/", 1)[-1] for p in paths][:2]
+      ['mnist_train.array_record-00000-of-00004', 'mnist_train.array_record-00001-of-00004']
     """
     from array_record.python.array_record_module import ArrayRecordWriter
 
@@ -348,7 +362,9 @@ def local_block(mesh: Mesh, batch: int, members: int | None = None, devices: Any
         device order interleaves processes); use :func:`meshensemble.make_mesh`.
 
     Example:
-      >>> local_block(me.make_mesh(1, 8), 128)   # 2 processes x 4 devices: half the rows
+      >>> local_block(me.make_mesh(1, 8), 128)   # one process: every row
+      Block(rows=(0, 128), members=None)
+      >>> local_block(me.make_mesh(1, 8), 128)   # process 0 of 2 x 4 devices  # doctest: +SKIP
       Block(rows=(0, 64), members=None)
     """
     shape = (batch,) if members is None else (members, batch)
@@ -395,7 +411,9 @@ class StreamIterator:
       prefetch: steps read ahead.
 
     Example:
-      >>> it = StreamIterator(src, order_fn, 128, 468, local_block(mesh, 128))
+      >>> ds = me.data.synthetic(256, 16)
+      >>> src, order_fn = ArraySource(ds.train_images, ds.train_labels), np.random.permutation
+      >>> it = StreamIterator(src, lambda epoch: order_fn(256), 128, 2, local_block(mesh, 128))
       >>> x, y = it.next_batch(1, 0)
       >>> it.get_state()
       {'epoch': 1, 'step': 1}

@@ -170,7 +170,11 @@ def reliability_from_bins(bins: Mapping[str, Any], num_bins: int) -> dict[str, n
       ``[num_bins]`` and ``bin_edges`` ``[num_bins + 1]``.
 
     Example:
-      >>> reliability_from_bins(calibration_bins(probs, labels), 15)["accuracy"]
+      >>> bins = {"count": [0, 2], "confidence_sum": [0.0, 1.5], "correct_sum": [0.0, 1.0]}
+      >>> reliability_from_bins(bins, 2)["accuracy"]      # bin 0 is empty
+      array([nan, 0.5])
+      >>> reliability_from_bins(calibration_bins(probs, labels), 15)["accuracy"].shape
+      (15,)
     """
     count = np.asarray(bins["count"], np.float64)
     nonempty = count > 0

@@ -346,6 +346,7 @@ def resolve_conv(impl: str) -> str:
 
     Example:
       >>> me.conv.resolve_conv("auto")  # 'im2col' on a CPU-only machine
+      'im2col'
     """
     if impl not in CONV_CHOICES:
         raise ValueError(f"conv={impl!r} is unknown; choose one of {', '.join(CONV_CHOICES)}")

@@ -25,7 +25,7 @@ Example:
   >>> model = me.models.ViT()                    # MNIST [B, 28, 28, 1] -> [B, 10]
   >>> names = me.models.param_logical_axes(model, images[:1])
   >>> names["encoder_0"]["mlp"]["up"]["kernel"]
-  PartitionSpec('embed', 'mlp')
+  P('embed', 'mlp')
 """
 
 from __future__ import annotations
@@ -86,7 +86,11 @@ class Attention(_Annotated):
       logical_axes: annotate the parameters (``nn.LogicallyPartitioned`` boxes).
 
     Example:
-      >>> y = Attention(num_heads=4).apply(variables, x)  # x, y: [B, N, hidden]
+      >>> x = jnp.zeros((2, 49, 64))                       # [B, N, hidden]
+      >>> variables = jax.eval_shape(Attention(num_heads=4).init, key, x)  # shapes only
+      >>> y = jax.eval_shape(Attention(num_heads=4).apply, variables, x)  # x, y: [B, N, hidden]
+      >>> y.shape
+      (2, 49, 64)
     """
 
     num_heads: int
@@ -139,7 +143,12 @@ class MlpBlock(_Annotated):
       logical_axes: annotate the parameters.
 
     Example:
-      >>> y = MlpBlock(128).apply(variables, x, train=False)  # x, y: [B, N, hidden]
+      >>> x = jnp.zeros((2, 49, 64))
+      >>> block = MlpBlock(128)
+      >>> variables = jax.eval_shape(lambda: block.init(key, x, train=False))  # shapes only
+      >>> y = jax.eval_shape(lambda v: block.apply(v, x, train=False), variables)
+      >>> y.shape   # x, y: [B, N, hidden]
+      (2, 49, 64)
     """
 
     mlp_dim: int
@@ -173,7 +182,12 @@ class EncoderBlock(_Annotated):
       logical_axes: annotate the parameters.
 
     Example:
-      >>> y = EncoderBlock(4, 128).apply(variables, x, train=False)  # [B, N, hidden]
+      >>> x = jnp.zeros((2, 49, 64))
+      >>> block = EncoderBlock(4, 128)
+      >>> variables = jax.eval_shape(lambda: block.init(key, x, train=False))  # shapes only
+      >>> y = jax.eval_shape(lambda v: block.apply(v, x, train=False), variables)  # [B, N, hidden]
+      >>> y.shape
+      (2, 49, 64)
     """
 
     num_heads: int
@@ -233,8 +247,11 @@ class ViT(_Annotated):
 
     Example:
       >>> model = me.models.ViT()
-      >>> variables = model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
-      >>> logits = model.apply(variables, images, train=False)  # [B, 10] float32
+      >>> x = me.data.normalize(images[:2])
+      >>> variables = jax.eval_shape(model.init, key, x)   # shapes; model.init(key, x): arrays
+      >>> logits = jax.eval_shape(lambda v: model.apply(v, x, train=False), variables)
+      >>> logits.shape, logits.dtype                       # [B, 10] float32
+      ((2, 10), dtype('float32'))
       >>> cifar = me.models.ViT(hidden=128, num_layers=6, pool="mean", dtype=jnp.bfloat16)
     """
 
@@ -326,7 +343,7 @@ def param_logical_axes(model: nn.Module, sample: Any) -> PyTree:
     Example:
       >>> specs = param_logical_axes(ViT(), jnp.zeros((1, 28, 28, 1)))
       >>> specs["head"]["kernel"]
-      PartitionSpec('embed', 'classes')
+      P('embed', 'classes')
     """
     kwargs = {"train": False} if "train" in _call_parameters(model) else {}
     shape = jax.ShapeDtypeStruct(jnp.shape(sample), jnp.result_type(sample))

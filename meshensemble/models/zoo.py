@@ -34,7 +34,10 @@ class CNN(nn.Module):
         example), ``"im2col"`` or ``"canonical"``.
 
     Example:
-      >>> logits = me.models.CNN().apply(params, images)  # images [B, 28, 28, 1] -> [B, 10]
+      >>> x = me.data.normalize(images[:2])                # [B, 28, 28, 1] float32
+      >>> params = jax.eval_shape(me.models.CNN().init, key, x)   # shapes; CNN().init(key, x)
+      >>> jax.eval_shape(me.models.CNN().apply, params, x).shape  # CNN().apply(params, x)
+      (2, 10)
       >>> plain = me.models.CNN(conv="xla")  # the Flax example's computation, same params
     """
 
@@ -69,7 +72,11 @@ class MLP(nn.Module):
         mesh, as the zoo's ResNet does.
 
     Example:
-      >>> logits = me.models.MLP((128,)).apply(params, images, train=False)  # [B, 10]
+      >>> x = me.data.normalize(images[:2])
+      >>> params = jax.eval_shape(me.models.MLP((128,)).init, key, x)  # shapes only
+      >>> logits = jax.eval_shape(lambda p: me.models.MLP((128,)).apply(p, x, train=False), params)
+      >>> logits.shape  # [B, 10]
+      (2, 10)
     """
 
     features: Sequence[int] = (128,)
@@ -103,7 +110,10 @@ class HowtoCNN(CNN):
       num_classes: number of outputs.
 
     Example:
-      >>> params = me.models.HowtoCNN().init(key, images[:1])["params"]  # as CNN's
+      >>> x = me.data.normalize(images[:1])
+      >>> params = jax.eval_shape(me.models.HowtoCNN().init, key, x)["params"]  # shapes only
+      >>> sorted(params) == sorted(jax.eval_shape(me.models.CNN().init, key, x)["params"])
+      True
     """
 
 
@@ -124,7 +134,10 @@ def batch_axis(axis_name: str | None = DATA) -> str | None:
       whose manual axes are all of size 1 free of collectives, which XLA refuses there).
 
     Example:
-      >>> nn.BatchNorm(use_running_average=not train, axis_name=me.models.batch_axis())
+      >>> train = False
+      >>> bn = nn.BatchNorm(use_running_average=not train, axis_name=me.models.batch_axis())
+      >>> me.models.batch_axis() is None   # outside a mesh step: no axis to average over
+      True
     """
     if axis_name is None:
         return None
@@ -149,7 +162,12 @@ class ResidualBlock(nn.Module):
         averaged over it (see :func:`batch_axis`).
 
     Example:
-      >>> y = ResidualBlock(16, (2, 2)).apply(variables, x, train=False)  # [B, H/2, W/2, 16]
+      >>> x = jnp.zeros((1, 8, 8, 16))
+      >>> block = ResidualBlock(16, (2, 2))
+      >>> variables = jax.eval_shape(lambda: block.init(key, x, train=False))  # shapes only
+      >>> y = jax.eval_shape(lambda v: block.apply(v, x, train=False), variables)
+      >>> y.shape   # [B, H/2, W/2, 16]
+      (1, 4, 4, 16)
     """
 
     features: int
@@ -205,8 +223,11 @@ class ResNet(nn.Module):
 
     Example:
       >>> model = me.models.ResNet(stage_sizes=(2, 2, 2), num_filters=16)
-      >>> variables = model.init(key, jnp.zeros((1, 32, 32, 3)))
-      >>> logits = model.apply(variables, images, train=False)  # [B, 10]
+      >>> x = jnp.zeros((2, 32, 32, 3))                               # CIFAR-10's shapes
+      >>> variables = jax.eval_shape(model.init, key, x)   # shapes; model.init(key, x): arrays
+      >>> logits = jax.eval_shape(lambda v: model.apply(v, x, train=False), variables)
+      >>> logits.shape                                     # [B, 10]
+      (2, 10)
     """
 
     stage_sizes: Sequence[int] = (1, 1, 1)

@@ -43,7 +43,8 @@ def log_density(mean: jax.Array, variance: jax.Array, y: jax.Array) -> jax.Array
     """``log N(y; mean, variance)`` elementwise (shapes broadcast).
 
     Example:
-      >>> log_density(jnp.zeros(1), jnp.ones(1), jnp.zeros(1))  # [-0.9189]
+      >>> log_density(jnp.zeros(1), jnp.ones(1), jnp.zeros(1))  # -log(2 pi) / 2
+      Array([-0.9189385], dtype=float32)
     """
     return -0.5 * (LOG_2PI + jnp.log(variance) + (y - mean) ** 2 / variance)
 

@@ -4,8 +4,11 @@ The arithmetic that :meth:`meshensemble.Ensemble.predict` (``temperature=``) and
 run's predictor apply; fitting ``T`` is :mod:`meshensemble.calibration.temperature`.
 
 Example:
-  >>> t = check_temperature(1.5, num_members=8)
-  >>> mean_members(tempered(member_probs, jnp.asarray(t)))      # [N, classes]
+  >>> t = check_temperature(1.5, num_members=2)
+  >>> member_probs.shape                                        # [members, N, classes]
+  (2, 32, 10)
+  >>> mean_members(tempered(member_probs, jnp.asarray(t))).shape  # [N, classes]
+  (32, 10)
 """
 
 from __future__ import annotations
@@ -67,7 +70,10 @@ def tempered(probs: jax.Array, t: jax.Array) -> jax.Array:
       The tempered probabilities, the shape of ``probs``.
 
     Example:
-      >>> tempered(member_probs, jnp.float32(1.5))
+      >>> np.round(np.asarray(tempered(jnp.array([[0.8, 0.2]]), jnp.float32(2.0))), 4)
+      array([[0.6667, 0.3333]], dtype=float32)
+      >>> tempered(member_probs, jnp.float32(1.5)).shape
+      (2, 32, 10)
     """
     t = t[:, None, None] if t.ndim == 1 else t
     logits = statmath.clipped_log(probs)
@@ -86,7 +92,10 @@ def divided(logits: jax.Array, t: jax.Array) -> jax.Array:
       ``logits / T``, the shape of ``logits``.
 
     Example:
-      >>> divided(member_logits, jnp.float32(2.0))
+      >>> divided(jnp.array([[[2.0, -1.0]]]), jnp.float32(2.0))
+      Array([[[ 1. , -0.5]]], dtype=float32)
+      >>> divided(member_logits, jnp.array([1.0, 2.0])).shape  # one T per member
+      (2, 32, 10)
     """
     t = t[:, None, None] if t.ndim == 1 else t
     return logits / t.astype(logits.dtype)
@@ -103,6 +112,9 @@ def mean_members(probs: jax.Array) -> jax.Array:
       ``[N, classes]``.
 
     Example:
-      >>> mean_members(tempered(member_probs, t))
+      >>> mean_members(jnp.array([[[0.9, 0.1]], [[0.5, 0.5]]]))
+      Array([[0.7, 0.3]], dtype=float32)
+      >>> mean_members(tempered(member_probs, jnp.float32(1.5))).shape
+      (32, 10)
     """
     return jnp.mean(probs, axis=0)

@@ -11,7 +11,10 @@
 
 Example:
   >>> from meshensemble.runtime import compilation
-  >>> compilation.enable_compilation_cache("/tmp/jax-cache")
+  >>> compilation.enable_compilation_cache("/tmp/jax-cache")  # doctest: +SKIP
+  '/tmp/jax-cache'
+
+(Skipped in the tests: it points the whole process's compilation cache elsewhere.)
 """
 
 from meshensemble.runtime import autotune as autotune

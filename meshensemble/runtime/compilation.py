@@ -38,8 +38,8 @@ def default_cache_dir() -> str:
       An absolute path (not created here).
 
     Example:
-      >>> me.runtime.compilation.default_cache_dir()
-      '/home/me/.cache/meshensemble/jax'
+      >>> me.runtime.compilation.default_cache_dir()   # ~/.cache/..., or $MESHENSEMBLE_...
+      '.../jax'
     """
     if os.environ.get(ENV_CACHE_DIR):
         return os.path.abspath(os.path.expanduser(os.environ[ENV_CACHE_DIR]))
@@ -63,7 +63,11 @@ def enable_compilation_cache(path: str | None = None) -> str | None:
       compiles as usual; the cache is an optimisation, never a reason to fail).
 
     Example:
-      >>> me.runtime.compilation.enable_compilation_cache()   # before the first compilation
+      >>> me.runtime.compilation.enable_compilation_cache()   # doctest: +SKIP
+      '/home/me/.cache/meshensemble/jax'
+
+    (Skipped in the tests: it would point the test process's cache elsewhere. Call it
+    before the first compilation.)
     """
     path = os.path.abspath(os.path.expanduser(path)) if path else default_cache_dir()
     try:
@@ -110,7 +114,8 @@ class CompileLog:
     Example:
       >>> with me.runtime.compilation.CompileLog() as log:
       ...     state = ens.init(key, images[:1])
-      >>> log.summary()["programs"], log.summary()["seconds"]
+      >>> sorted(log.summary())[:4]
+      ['by_program', 'cache_hits', 'cache_misses', 'programs']
     """
 
     _lock = threading.Lock()
@@ -166,8 +171,11 @@ class CompileLog:
         own.
 
         Example:
-          >>> with CompileLog.tuning():
-          ...     choice = autotune.choose(key, candidates, path)
+          >>> x = jnp.ones(5)
+          >>> with CompileLog() as log, CompileLog.tuning():   # e.g. around autotune.choose
+          ...     _ = jax.jit(lambda x: x * 3)(x)
+          >>> [p.purpose for p in log.programs]
+          ['tuning']
         """
         previous, CompileLog._purpose = CompileLog._purpose, "tuning"
         try:
@@ -186,8 +194,11 @@ class CompileLog:
           candidates the auto-tuner compiled (0 when it read its choice or measured nothing).
 
         Example:
-          >>> log.summary()["by_program"][0]
-          {'name': 'jit(train_chunk)', 'seconds': 3.9, 'cache': 'miss'}
+          >>> x = jnp.ones(6)
+          >>> with CompileLog() as log:
+          ...     _ = jax.jit(lambda x: x * 5)(x)
+          >>> log.summary()["by_program"][0]      # e.g. jit(train_chunk) in a run
+          {'name': 'jit(<lambda>)', 'seconds': ..., 'cache': ...}
         """
         own = [p for p in self.programs if p.purpose == "run"]
         tuned = [p for p in self.programs if p.purpose == "tuning"]
@@ -213,7 +224,11 @@ class CompileLog:
           The line.
 
         Example:
+          >>> x = jnp.ones(7)
+          >>> with CompileLog() as log:
+          ...     _ = jax.jit(lambda x: x * 7)(x)
           >>> print(log.line())
+          compiled 1 programs in ...s (persistent cache: ... hits, ... misses); jit(<lambda>) ...s
         """
         s = self.summary()
         top = ", ".join(f"{p['name']} {p['seconds']:.1f}s" for p in s["by_program"][:3])

@@ -11,9 +11,12 @@ other call (or a compilation that failed) goes to the wrapped callable, which co
 at its first call as usual. The results are the same either way: it is the same program.
 
 Example:
-  >>> fn = AheadOfTime(ens.build(...))
-  >>> fn.compile_ahead(state_shapes, x_shape, y_shape)   # returns at once
-  >>> fn(state, x, y)                                    # waits for the compile, calls it
+  >>> fn = AheadOfTime(jax.jit(lambda x, y: x @ y))     # e.g. ens.build(...)'s programs
+  >>> x, y = jnp.ones((2, 3)), jnp.ones((3, 4))
+  >>> fn.compile_ahead(x, y)                           # returns at once
+  True
+  >>> fn(x, y).shape                                   # waits for the compile, calls it
+  (2, 4)
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ def start_compiling(compile_fn: Callable[[], Any]) -> concurrent.futures.Future:
       A future of the compiled program (its exception when compiling failed).
 
     Example:
+      >>> fn, args = jax.jit(lambda x: 2 * x), (jnp.ones(3),)
       >>> future = start_compiling(lambda: fn.lower(*args).compile())
+      >>> future.result()(*args)
+      Array([2., 2., 2.], dtype=float32)
     """
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="meshensemble-aot")
     future = pool.submit(compile_fn)
@@ -74,9 +80,13 @@ class AheadOfTime:
         (the ``shard_map`` backend's programs have one, ``pmap``'s do not).
 
     Example:
-      >>> fn = AheadOfTime(ens.build(...))
+      >>> fn = AheadOfTime(jax.jit(lambda x: x.sum()))
+      >>> shapes = (jax.ShapeDtypeStruct((4,), jnp.float32),)   # or the arrays themselves
       >>> fn.compile_ahead(*shapes)
-      >>> out = fn(*args)
+      True
+      >>> out = fn(jnp.arange(4.0))     # the same signature: the program compiled ahead
+      >>> out
+      Array(6., dtype=float32)
     """
 
     def __init__(self, fn: Callable[..., Any]):

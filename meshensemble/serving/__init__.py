@@ -14,8 +14,9 @@
   ``meshensemble export`` (``jax.export``, symbolic batch, cpu/cuda/tpu).
 
 Example:
-  >>> predictor = me.load_predictor("runs/mnist")
-  >>> me.serving.export_ensemble(predictor, "exported")
+  >>> predictor = me.load_predictor("runs/mnist")  # a trained run  # doctest: +SKIP
+  >>> me.serving.export_ensemble(predictor, "exported")["members"]
+  2
 """
 
 from meshensemble.serving import export as export

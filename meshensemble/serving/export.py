@@ -15,7 +15,9 @@ prediction sets without this library::
     probs = np.asarray(exp.call(images)["probs"])
 
 Example:
-  >>> export_ensemble(me.load_predictor("runs/mnist"), "exported/")
+  >>> export_ensemble(me.load_predictor("runs/mnist"), "exported/")  # doctest: +SKIP
+  >>> sorted(export_ensemble(predictor, "exported/"))[:3]   # the namespace's predictor
+  ['artifact', 'checkpoint_step', 'classes']
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def prediction_function(predictor: Predictor) -> Callable[[jax.Array], dict[str,
     Example:
       >>> fn = prediction_function(predictor)
       >>> fn(images)["probs"].shape
+      (32, 10)
     """
     cfg = dataclasses.replace(predictor.ensemble.step_config(), gather_axes=None, augment=None)
     state = predictor.state
@@ -195,7 +198,7 @@ def export_ensemble(
       meshensemble.training.OutputError: a file could not be written.
 
     Example:
-      >>> meta = export_ensemble(me.load_predictor("runs/mnist"), "exported")
+      >>> meta = export_ensemble(predictor, "exported")   # e.g. me.load_predictor("runs/mnist")
       >>> meta["platforms"]
       ['cpu', 'cuda', 'tpu']
     """

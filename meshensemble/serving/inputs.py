@@ -7,9 +7,15 @@ in memory. Nothing is resized or converted behind the user's back: another shape
 or image mode is refused in one line naming the file and the fix.
 
 Example:
-  >>> images = open_images("new_digits/", (28, 28, 1), np.uint8)
-  >>> len(images), images.names[:2], images[0:2].shape
-  (12, ['a.png', 'b.png'], (2, 28, 28, 1))
+  >>> from PIL import Image
+  >>> os.makedirs("new_digits")
+  >>> for name, pixels in zip(["a.png", "b.png", "c.png"], images[:3, :, :, 0]):
+  ...     Image.fromarray(pixels).save(os.path.join("new_digits", name))
+  >>> folder = open_images("new_digits/", (28, 28, 1), np.uint8)
+  >>> len(folder), folder.names[:2], folder[0:2].shape
+  (3, ['a.png', 'b.png'], (2, 28, 28, 1))
+  >>> bool((folder[0:3] == images[:3]).all())   # PNG is lossless
+  True
 """
 
 from __future__ import annotations
@@ -81,6 +87,7 @@ def open_images(path: str, shape: Sequence[int], dtype: Any) -> Images:
         an image, another shape, dtype or image mode (one line naming it and the fix).
 
     Example:
+      >>> np.save("x.npy", images)
       >>> open_images("x.npy", (28, 28, 1), np.uint8)[0:4].shape
       (4, 28, 28, 1)
     """
@@ -183,7 +190,9 @@ def open_features(path: str, features: int) -> np.ndarray:
       ValueError: a missing or unreadable file, another suffix, shape or dtype (one line).
 
     Example:
+      >>> np.save("new.npy", np.zeros((5, 10), np.float32))
       >>> open_features("new.npy", 10).shape
+      (5, 10)
     """
     if not os.path.isfile(path):
         raise ValueError(f"--input {path}: no such file; give a .npy or .npz of [N, {features}]")

@@ -8,7 +8,11 @@ file.
 
 Example:
   >>> check_out_file("preds.csv")
+  '.csv'
+  >>> names = [f"digit_{i}.png" for i in range(len(images))]
   >>> write_predictions("preds.csv", predictor.outputs(images), names)
+  >>> open("preds.csv").readline().strip()
+  'name,label,confidence,entropy,mutual_information'
 """
 
 from __future__ import annotations
@@ -73,7 +77,10 @@ def atomic_write(path: str, data: bytes | Callable[[Any], Any]) -> None:
       meshensemble.training.OutputError: one line naming the file (disk full, permissions).
 
     Example:
+      >>> os.makedirs("out")
       >>> atomic_write("out/x.json", b"{}")
+      >>> open("out/x.json").read(), os.listdir("out")   # no temporary file left
+      ('{}', ['x.json'])
     """
     folder = os.path.dirname(os.path.abspath(path))
     with writing(path):
@@ -118,6 +125,8 @@ def write_predictions(
 
     Example:
       >>> write_predictions("preds.npz", predictor.outputs(images))
+      >>> sorted(np.load("preds.npz"))
+      ['confidence', 'entropy', 'label', 'mutual_information', 'probs']
     """
     if path.lower().endswith(".csv"):
         rows = _write_regression_csv if "mean" in out else _write_csv

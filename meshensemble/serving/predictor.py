@@ -9,9 +9,14 @@ streaming engine (:func:`meshensemble.core.streaming.stream`: padded, masked bat
 bounded number in flight); ``meshensemble predict`` and every method here use it.
 
 Example:
-  >>> predictor = me.load_predictor("runs/mnist")
+  >>> predictor = me.load_predictor("runs/mnist")  # a trained run  # doctest: +SKIP
   >>> probs = predictor.predict(images)            # [N, 10], calibrated when the run is
-  >>> sets = predictor.prediction_sets(images)     # [N, 10] bool, at the run's alpha
+  >>> probs.shape
+  (32, 10)
+  >>> sets = predictor.prediction_sets(images)     # [N, 10] bool; uncalibrated: refused
+  Traceback (most recent call last):
+  ...
+  ValueError: ...
 """
 
 from __future__ import annotations
@@ -85,7 +90,12 @@ def read_calibration(workdir: str, step: int) -> tuple[Calibration | None, str]:
       ValueError: ``evaluation.json`` exists but its calibration section is corrupt.
 
     Example:
-      >>> cal, why = read_calibration("runs/mnist", 938)
+      >>> cal, why = read_calibration("runs/mnist", 938)   # no evaluation.json there
+      >>> cal is None
+      True
+      >>> print(why)
+      run runs/mnist is not calibrated (no evaluation.json); run `meshensemble evaluate
+      --workdir runs/mnist --calibrate` first
     """
     path = os.path.join(workdir, EVALUATION_FILE)
     fix = f"run `meshensemble evaluate --workdir {workdir} --calibrate` first"
@@ -231,6 +241,9 @@ class Predictor:
         Example:
           >>> out = predictor.outputs(images, members=True)
           >>> out["probs"].shape, out["member_probs"].shape
+          ((32, 10), (2, 32, 10))
+          >>> sorted(out)
+          ['confidence', 'entropy', 'label', 'member_probs', 'mutual_information', 'probs']
         """
         images = as_images(images, self.image_shape, self.image_dtype)
         cal = self.check_sets() if sets else (self.calibration if sets is None else None)
@@ -296,7 +309,8 @@ class Predictor:
           ValueError: images of another shape or dtype, or none.
 
         Example:
-          >>> predictor.predict(images).argmax(-1)
+          >>> predictor.predict(images).argmax(-1).shape   # the classes, [N]
+          (32,)
         """
         return self.outputs(images, temperature=temperature, sets=False)["probs"]
 
@@ -307,7 +321,8 @@ class Predictor:
           ValueError: images of another shape or dtype, or none.
 
         Example:
-          >>> predictor.predict_members(images).shape  # (8, N, 10)
+          >>> predictor.predict_members(images).shape  # (members, N, 10)
+          (2, 32, 10)
         """
         return self.outputs(images, members=True, sets=False)["member_probs"]
 
@@ -319,6 +334,7 @@ class Predictor:
 
         Example:
           >>> predictor.uncertainty(images)["mutual_information"].shape  # (N,)
+          (32,)
         """
         out = self.outputs(images, sets=False)
         return {k: out[k] for k in UNCERTAINTY_KEYS}
@@ -334,7 +350,11 @@ class Predictor:
             --calibrate``), or bad images.
 
         Example:
-          >>> predictor.prediction_sets(images).sum(-1)  # set sizes, [N]
+          >>> cal = Calibration(temperature=1.0, threshold=0.9, method="thr", alpha=0.1, step=20)
+          >>> calibrated = me.Predictor(ens, state, step=20, workdir="run", calibration=cal,
+          ...                           num_classes=10)
+          >>> calibrated.prediction_sets(images).sum(-1).shape  # set sizes, [N]
+          (32,)
         """
         return self.outputs(images, sets=True)["prediction_set"]
 
@@ -345,7 +365,8 @@ def predictor_mesh(mesh: Any, members: int) -> Mesh:
     None (or ``""``) takes every device with ``ensemble = gcd(members, devices)``.
 
     Example:
-      >>> predictor_mesh("ensemble=4,data=2", 8).shape
+      >>> dict(predictor_mesh("ensemble=4,data=2", 8).shape)
+      {'ensemble': 4, 'data': 2}
     """
     if isinstance(mesh, Mesh):
         return mesh
@@ -393,8 +414,9 @@ def load_predictor(
         fit the run's config.
 
     Example:
-      >>> predictor = me.load_predictor("runs/mnist", mesh="ensemble=8,data=1")
+      >>> predictor = me.load_predictor("runs/mnist", mesh="ensemble=8,data=1")  # doctest: +SKIP
       >>> predictor.predict(images).shape
+      (32, 10)
     """
     cfg = load_run_config(workdir)
     if cfg.task == "regression":  # features [N, F] -> Gaussian mixture moments, intervals

@@ -10,6 +10,8 @@ a saved tree with it and raises :class:`CheckpointError` in one line naming both
 Example:
   >>> me.save_inference("runs/mnist/inference", state, temperature=1.31)
   >>> state = me.load_inference("runs/mnist/inference", ens, images[:1])
+  >>> state.num_members, np.asarray(state.step).tolist()  # the parameters; a fresh step count
+  (2, [0, 0])
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ def abstract_state(ens: Any, sample: Any) -> EnsembleState:
 
     Example:
       >>> target = abstract_state(ens, images[:1])
+      >>> jax.tree.leaves(target.params)[0].sharding.spec   # laid out as ens lays them
+      P('ensemble',)
     """
     shapes = jax.eval_shape(lambda: ens.init(jax.random.PRNGKey(0), sample))
     return abstract_layout(ens.state_specs(sample), ens.mesh, shapes)  # as ens lays them out
@@ -92,7 +96,9 @@ def check_structure(path: str, target: Any, what: str, fix: str | None = None) -
         when they differ; orbax's own error when the metadata cannot be read.
 
     Example:
-      >>> check_structure("runs/x/checkpoints/469/state", abstract_state(ens, x[:1]), "ckpt")
+      >>> me.save_inference("bundle", state)
+      >>> saved = {"params": state.params, "model_state": state.model_state}
+      >>> check_structure(os.path.abspath("bundle"), saved, "bundle")   # None: they agree
     """
     with ocp.StandardCheckpointer() as reader:
         meta = reader.metadata(path)
@@ -141,10 +147,13 @@ def extract_members(
       ValueError: an index out of range.
 
     Example:
-      >>> params = me.extract_members(state, 3)
-      >>> logits = me.models.CNN().apply({"params": params}, images)
-      >>> params, extra = me.extract_members(state, 3, with_model_state=True)
-      >>> logits = me.models.ResNet().apply({"params": params, **extra}, images, train=False)
+      >>> params = me.extract_members(state, 1)          # the namespace's MLP members
+      >>> logits = me.models.MLP((8,)).apply({"params": params}, me.data.normalize(images))
+      >>> logits.shape
+      (32, 10)
+      >>> params, extra = me.extract_members(state, [0, 1], with_model_state=True)
+      >>> params["Dense_0"]["kernel"].shape, extra       # [members, ...]; no BatchNorm here
+      ((2, 784, 8), {})
     """
     m = state.num_members
     idx = [members] if isinstance(members, int | np.integer) else list(members)
@@ -203,7 +212,11 @@ def load_inference(path: str, ens: Any, sample: Any, *, with_temperature: bool =
       CheckpointError: ``ens`` does not fit what was saved (model, member count).
 
     Example:
-      >>> state, t = me.load_inference("runs/mnist/inference", ens, x[:1], with_temperature=True)
+      >>> me.save_inference("runs/mnist/inference", state, temperature=1.31)
+      >>> state, t = me.load_inference("runs/mnist/inference", ens, images[:1],
+      ...                              with_temperature=True)
+      >>> t
+      1.31
     """
     target = abstract_state(ens, sample)
     sub = {"params": target.params, "model_state": target.model_state}

@@ -11,8 +11,11 @@ every checkpoint and evaluation it also checks the state itself, so a NaN/inf pa
 never saved.
 
 Example:
-  >>> guard = NonFiniteGuard(ens, "reinit", init_key, images[:1])
-  >>> state = guard.check(state, metrics, step, print)
+  >>> guard = NonFiniteGuard(ens, "reinit", key, images[:1])
+  >>> metrics = {"loss": jnp.array([[0.5, jnp.nan]])}   # a chunk's [rows, members]: 1 diverged
+  >>> state = guard.check(state, metrics, 20, print)    # looked at by the next call
+  >>> state = guard.flush(state, print)
+  non-finite loss in member(s) [1] at step 21: re-initialising them
 """
 
 from __future__ import annotations
@@ -50,11 +53,14 @@ class StopSignal:
         when another process received it, or None.
 
     Example:
-      >>> stop = StopSignal.install()
+      >>> stop, step = StopSignal.install(), 0
       >>> try:
-      ...     while not stop.requested(step): ...
+      ...     while not stop.requested(step) and step < 3:   # a run's loop
+      ...         step += 1
       ... finally:
       ...     stop.uninstall()
+      >>> step   # no signal came
+      3
     """
 
     def __init__(self) -> None:
@@ -139,7 +145,10 @@ def select_members(mask: jax.Array, fresh: Any, old: Any) -> Any:
       The merged tree, sharded as ``old``.
 
     Example:
-      >>> state = select_members(np.array([True, False]), ens.init(key, x), state)
+      >>> fresh = ens.init(key, images[:1])                 # step 0
+      >>> mixed = select_members(np.array([True, False]), fresh, state)   # state: step 20
+      >>> np.asarray(mixed.step).tolist()
+      [0, 20]
     """
     pick = lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
     return jax.tree.map(pick, fresh, old)
@@ -166,9 +175,12 @@ class NonFiniteGuard:
       max_reinits: re-initialisations allowed per member (default :data:`MAX_REINITS`).
 
     Example:
-      >>> guard = NonFiniteGuard(ens, "reinit", init_key, images[:1])
-      >>> state = guard.check(state, metrics, step, print)   # after each chunk
+      >>> guard = NonFiniteGuard(ens, "reinit", key, images[:1])
+      >>> metrics = {"loss": jnp.ones((4, 2))}               # a chunk of 4 steps, 2 members
+      >>> state = guard.check(state, metrics, 20, print)   # after each chunk
       >>> state = guard.flush(state, print)                  # before saving or evaluating
+      >>> guard.flush(state, print) is state                 # nothing bad: the same state
+      True
     """
 
     def __init__(

@@ -11,7 +11,15 @@ first difference, before anything in the workdir changes; :func:`load_run_data` 
 data, or a one-line refusal naming the split.
 
 Example:
-  >>> check_same_run("runs/mnist", saved, run_fields(cfg))
+  >>> from meshensemble.training.outputs import RunWriter
+  >>> ds, cfg = me.data.load_sample(), me.TrainConfig(source="sample")
+  >>> RunWriter("runs/mnist").write_config(cfg, {"data_identity": data_identity(ds, None)})
+  >>> saved = read_saved_config("runs/mnist")
+  >>> check_same_run("runs/mnist", saved, run_fields(cfg))   # None: the same run
+  >>> check_same_run("runs/mnist", saved, run_fields(me.TrainConfig(seed=1)))
+  Traceback (most recent call last):
+  ...
+  ValueError: workdir runs/mnist holds a run with seed=0, this run has seed=1; ...
 """
 
 from __future__ import annotations
@@ -80,7 +88,7 @@ def run_fields(cfg: TrainConfig) -> dict[str, Any]:
 
     Example:
       >>> sorted(run_fields(TrainConfig()))[:3]
-      ['batch_size', 'dataset', 'learning_rate']
+      ['augment', 'batch_size', 'bootstrap']
     """
     out = {name: getattr(cfg, name) for name in RUN_FIELDS}
     if cfg.schedule == "constant":
@@ -113,6 +121,7 @@ def split_fingerprint(images: Any, labels: Any) -> str:
       The fingerprint; two fingerprints of different kinds are not comparable.
 
     Example:
+      >>> ds = me.data.synthetic(64, 16)
       >>> split_fingerprint(ds.test_images, ds.test_labels)[:6]
       'bytes:'
     """
@@ -142,8 +151,8 @@ def data_fingerprint(dataset: data_lib.Dataset) -> str:
       16 hex digits of a SHA-256 over :func:`split_fingerprint` of both splits.
 
     Example:
-      >>> data_fingerprint(me.data.synthetic(64, 16))
-      '3f...'
+      >>> len(data_fingerprint(me.data.synthetic(64, 16)))   # 16 hex digits
+      16
     """
     parts = (
         split_fingerprint(dataset.train_images, dataset.train_labels),
@@ -165,8 +174,10 @@ def sampled_fingerprint(dataset: data_lib.Dataset) -> str:
       :data:`FINGERPRINT_SAMPLES` evenly strided images of each split.
 
     Example:
-      >>> sampled_fingerprint(me.data.synthetic(64, 16))
-      '9c...'
+      >>> a = sampled_fingerprint(me.data.synthetic(64, 16))
+      >>> a == sampled_fingerprint(me.data.synthetic(64, 16, seed=0)), a == sampled_fingerprint(
+      ...     me.data.synthetic(64, 16, seed=1))
+      (True, False)
     """
     digest = hashlib.sha256()
     for images, labels in (
@@ -252,6 +263,8 @@ def differing_splits(held: dict[str, Any], data: dict[str, Any]) -> list[str]:
       Names from :data:`SPLITS`, in that order.
 
     Example:
+      >>> saved_identity = data_identity(me.data.synthetic(64, 16), None)
+      >>> other = me.data.synthetic(64, 16, seed=1)
       >>> differing_splits(saved_identity, data_identity(other, None))
       ['train', 'test']
     """
@@ -286,7 +299,8 @@ def agree_data(identity: dict[str, Any], note: str | None = None) -> None:
         --data-dir (and the same file contents) on every host``.
 
     Example:
-      >>> agree_data(data_identity(dataset, cfg.data_file), dataset.note)
+      >>> dataset = me.data.synthetic(64, 16)
+      >>> agree_data(data_identity(dataset, None), dataset.note)   # one process: agrees
     """
     agree(
         "the data",
@@ -310,6 +324,9 @@ def read_saved_config(workdir: str) -> dict[str, Any] | None:
       ValueError: the file exists but is not a JSON object (one line naming it).
 
     Example:
+      >>> from meshensemble.training.outputs import RunWriter
+      >>> ds, cfg = me.data.load_sample(), me.TrainConfig(source="sample")
+      >>> RunWriter("runs/mnist").write_config(cfg, {"data_identity": data_identity(ds, None)})
       >>> read_saved_config("runs/mnist")["seed"]
       0
     """
@@ -360,6 +377,9 @@ def check_same_run(
         seed=0, or pass --overwrite (or overwrite=True), or use another workdir``.
 
     Example:
+      >>> from meshensemble.training.outputs import RunWriter
+      >>> ds, cfg = me.data.load_sample(), me.TrainConfig(source="sample")
+      >>> RunWriter("runs/mnist").write_config(cfg, {"data_identity": data_identity(ds, None)})
       >>> check_same_run("runs/mnist", read_saved_config("runs/mnist"), run_fields(cfg))
     """
     for name, value in fields.items():
@@ -409,8 +429,11 @@ def recorded_identity(saved: dict[str, Any] | None) -> dict[str, Any] | None:
       The recorded identity (any format), or None when the run recorded none.
 
     Example:
+      >>> from meshensemble.training.outputs import RunWriter
+      >>> ds, cfg = me.data.load_sample(), me.TrainConfig(source="sample")
+      >>> RunWriter("runs/mnist").write_config(cfg, {"data_identity": data_identity(ds, None)})
       >>> recorded_identity(read_saved_config("runs/mnist"))["source"]
-      'npz'
+      'sample'
     """
     resolved = (saved or {}).get("resolved")
     held = resolved.get("data_identity") if isinstance(resolved, dict) else None
@@ -448,7 +471,12 @@ def load_run_data(
         saying to pass the data), or the loader's one-line errors (a missing file...).
 
     Example:
-      >>> ds = load_run_data("runs/mnist", load_run_config("runs/mnist"))
+      >>> from meshensemble.training.outputs import RunWriter
+      >>> ds, cfg = me.data.load_sample(), me.TrainConfig(source="sample")
+      >>> RunWriter("runs/mnist").write_config(cfg, {"data_identity": data_identity(ds, None)})
+      >>> again = load_run_data("runs/mnist", me.evaluation.load_run_config("runs/mnist"))
+      >>> again.num_train == ds.num_train
+      True
     """
     held = recorded_identity(read_saved_config(workdir)) or {}
     flags = any(v is not None for v in (source, data_file, data_dir))
@@ -491,7 +519,10 @@ def check_run_data(
         data: ...``.
 
     Example:
-      >>> check_run_data("runs/mnist", cfg, dataset)
+      >>> from meshensemble.training.outputs import RunWriter
+      >>> ds, cfg = me.data.load_sample(), me.TrainConfig(source="sample")
+      >>> RunWriter("runs/mnist").write_config(cfg, {"data_identity": data_identity(ds, None)})
+      >>> check_run_data("runs/mnist", cfg, ds)              # None: the run's data
     """
     held = recorded_identity(read_saved_config(workdir))
     if held is None:

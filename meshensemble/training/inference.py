@@ -9,6 +9,7 @@ temperature None, i.e. the uncalibrated prediction. The file holds
 ``meshensemble evaluate --calibrate`` fits), or a list, one per member.
 
 Example:
+  >>> os.makedirs("runs/mnist/inference")
   >>> write_temperature("runs/mnist/inference", 1.31)
   >>> read_temperature("runs/mnist/inference")
   1.31
@@ -69,7 +70,10 @@ def write_temperature(path: str, temperature: Any) -> None:
       OSError: the file cannot be written.
 
     Example:
+      >>> os.makedirs("runs/mnist/inference")
       >>> write_temperature("runs/mnist/inference", [1.1, 1.2])
+      >>> read_temperature("runs/mnist/inference")
+      array([1.1, 1.2])
     """
     value = check_temperature(temperature)
     if jax.process_index() != 0:
@@ -98,6 +102,10 @@ def read_temperature(path: str) -> float | np.ndarray | None:
       ValueError: the file is corrupt (one line naming it).
 
     Example:
+      >>> os.makedirs("runs/mnist/inference")
+      >>> read_temperature("runs/mnist/inference") is None   # nothing written yet
+      True
+      >>> write_temperature("runs/mnist/inference", 1.31)
       >>> read_temperature("runs/mnist/inference")
       1.31
     """

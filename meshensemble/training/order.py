@@ -11,7 +11,9 @@ mesh and after a resume:
   ``1 - 1/e ~ 63%`` of the examples are in a member's bag, some of them several times.
 
 Example:
-  >>> order = epoch_order(jax.random.key(0), 1, 60000, members=8, bootstrap=True)  # [8, N]
+  >>> order = epoch_order(jax.random.key(0), 1, 600, members=8, bootstrap=True)  # [8, N]
+  >>> order.shape
+  (8, 600)
 """
 
 from __future__ import annotations

@@ -6,9 +6,12 @@ file. :class:`Progress` shows the live loss; :func:`epoch_line` and :func:`final
 format the records.
 
 Example:
-  >>> check_writable("runs/mnist")
+  >>> check_writable("runs/mnist")            # None: the folder can be made
   >>> writer = RunWriter("runs/mnist")
-  >>> writer.write_metrics(record)
+  >>> writer.write_metrics({"step": 469, "epoch": 1, "test_ensemble_nll": float("nan")})
+  >>> line = open("runs/mnist/metrics.jsonl").readline()   # strict JSON: NaN is null
+  >>> json.loads(line)["test_ensemble_nll"], json.loads(line)["nonfinite"]
+  (None, {'test_ensemble_nll': 'NaN'})
 """
 
 from __future__ import annotations
@@ -137,8 +140,11 @@ def writing(path: str, after: str = "") -> Iterator[None]:
       OutputError: ``could not write PATH: REASON; ...``.
 
     Example:
-      >>> with writing("runs/mnist/evaluation.json"):
+      >>> with writing("runs/mnist/evaluation.json"):   # no such folder: one clear error
       ...     open("runs/mnist/evaluation.json", "w").write("{}")
+      Traceback (most recent call last):
+      ...
+      meshensemble.training.outputs.OutputError: could not write runs/mnist/evaluation.json: ...
     """
     try:
         yield
@@ -164,7 +170,7 @@ def check_writable(workdir: str, what: str = "pass a writable --workdir") -> Non
       ValueError: ``workdir W is not writable (REASON); FIX``.
 
     Example:
-      >>> check_writable("runs/mnist")
+      >>> check_writable("runs/mnist")   # None: it can be made here
     """
     target = os.path.abspath(workdir)
     while not os.path.exists(target):
@@ -198,8 +204,11 @@ def replacing(path: str) -> Iterator[Any]:
       The open temporary file.
 
     Example:
+      >>> os.makedirs("runs/mnist")
       >>> with replacing("runs/mnist/config.json") as f:
-      ...     json.dump(cfg, f)
+      ...     json.dump({"epochs": 1}, f)
+      >>> os.listdir("runs/mnist")         # written whole, then renamed into place
+      ['config.json']
     """
     tmp = f"{path}.tmp"
     try:
@@ -215,7 +224,10 @@ def clear_run(workdir: str) -> None:
     """Deletes a run's outputs from ``workdir`` (for ``overwrite``); other files stay.
 
     Example:
+      >>> os.makedirs("runs/mnist/checkpoints/469")
       >>> clear_run("runs/mnist")
+      >>> os.listdir("runs/mnist")
+      []
     """
     for name in (CHECKPOINT_DIR, TENSORBOARD_DIR):
         shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
@@ -243,8 +255,16 @@ def unfinished_run(workdir: str, fresh: bool, enabled: bool = True) -> Iterator[
       enabled: False in processes other than 0 (they write nothing).
 
     Example:
+      >>> def train_the_run():
+      ...     RunWriter("runs/mnist").write_metrics({"step": 0})
+      ...     raise RuntimeError("out of memory")
       >>> with unfinished_run("runs/mnist", fresh=True):
       ...     train_the_run()  # fails before its first checkpoint: no config.json is left
+      Traceback (most recent call last):
+      ...
+      RuntimeError: out of memory
+      >>> os.path.exists("runs/mnist")   # the folder it made is gone
+      False
     """
     created = not os.path.exists(workdir)
     try:
@@ -272,7 +292,10 @@ class RunWriter:
       ValueError: ``tensorboard`` without ``tensorboardX`` installed.
 
     Example:
-      >>> writer = RunWriter("runs/mnist", keep_until=469)
+      >>> first = RunWriter("runs/mnist")
+      >>> for step in (469, 938):
+      ...     first.write_metrics({"step": step})
+      >>> writer = RunWriter("runs/mnist", keep_until=469)   # resumed from checkpoint 469
       >>> writer.history[-1]["step"]
       469
     """
@@ -404,7 +427,17 @@ def final_table(r: dict[str, Any]) -> str:
       The table as one string.
 
     Example:
-      >>> print(final_table(result.history[-1]))
+      >>> r = {f"test_member_{k}": [0.9, 0.8] for k in ("accuracy", "nll", "brier", "ece")}
+      >>> r |= {f"test_{w}_{k}": 0.5 for w in ("mean_member", "ensemble")
+      ...       for k in ("accuracy", "nll", "brier", "ece")}
+      >>> print(final_table(r))    # e.g. final_table(result.history[-1])
+                  accuracy      nll    brier      ece
+      -----------------------------------------------
+        member 0    90.00%   0.9000   0.9000   0.9000
+        member 1    80.00%   0.8000   0.8000   0.8000
+      -----------------------------------------------
+            mean    50.00%   0.5000   0.5000   0.5000
+        ensemble    50.00%   0.5000   0.5000   0.5000
     """
     head = f"{'':>10} {'accuracy':>9} {'nll':>8} {'brier':>8} {'ece':>8}"
     rows = [head, "-" * len(head)]
@@ -430,6 +463,7 @@ class Progress:
     Example:
       >>> progress = Progress(print, enabled=True)
       >>> progress.start(epoch=1, epochs=10, total=469)
+      >>> metrics = {"loss": jnp.array([2.3, 2.2])}
       >>> progress.update(1, metrics); progress.close()
     """
 

@@ -17,9 +17,13 @@ the same caps and runs the same calls.
 Example:
   >>> pacer = Pacer(k=469, stop_within=10.0)
   >>> n = pacer.count(469)           # 1: nothing measured yet
+  >>> n
+  1
   >>> t = pacer.start()
-  >>> state, metrics = feeder.run(state, epoch, first, n)
-  >>> pacer.observe(n, metrics["loss"], t)
+  >>> state, metrics = ens.train_step(state, images, labels)   # the loop: feeder.run(...)
+  >>> pacer.observe(n, metrics["loss"], t)    # the first call is not timed (it compiles)
+  >>> pacer.cap
+  1
 """
 
 from __future__ import annotations
