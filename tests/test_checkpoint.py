@@ -945,3 +945,14 @@ def test_resume_refuses_data_with_every_odd_image_inverted_naming_the_split(tmp_
     saved = {"resolved": {"data_identity": held, "data": "synthetic"}}
     with pytest.raises(ValueError, match=r"\(the train and validation data differ\)"):
         identity.check_same_run(str(tmp_path), saved, {}, identity.data_identity(odd, None, 100))
+
+
+def test_a_missing_checkpoint_folder_has_no_digest(tmp_path):
+    """The SHA-256 of nothing must not pass for a missing checkpoint's checksum."""
+    from meshensemble.training.checkpoint import checkpoint_digest
+
+    with pytest.raises(FileNotFoundError, match="no checkpoint folder"):
+        checkpoint_digest(str(tmp_path / "469"))
+    (tmp_path / "469").mkdir()
+    (tmp_path / "469" / "a").write_bytes(b"x")
+    assert len(checkpoint_digest(str(tmp_path / "469"))) == 64

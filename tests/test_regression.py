@@ -531,3 +531,20 @@ def test_a_regression_run_failing_before_its_first_checkpoint_leaves_nothing(tmp
     argv = ["train", "--task", "regression", "--source", "toy1d", "--members", "2"]
     assert cli.main([*argv, "--mesh", "ensemble=2,data=1", "--workdir", str(workdir)]) == 1
     assert not workdir.exists()
+
+
+@pytest.mark.parametrize("width", [1, 10])
+def test_a_model_of_the_wrong_output_width_is_refused_in_one_line(width):
+    """Regression(targets=1) needs 2 outputs (mean, scale); 10 once gave [N, 5] silently."""
+    mesh = me.make_mesh(ensemble=2, data=1)
+    ens = me.Ensemble(
+        me.models.MLP((8,), num_classes=width), optax.adam(1e-2), 2, mesh,
+        task=me.tasks.Regression(targets=1),
+    )  # fmt: skip
+    x = np.zeros((4, 3), np.float32)
+    state = ens.init(jax.random.key(0), x[:1])
+    with pytest.raises(ValueError, match=r"needs 2 \* targets = 2") as err:
+        ens.predict(state, x)
+    assert "\n" not in str(err.value).strip()
+    with pytest.raises(ValueError, match=r"outputs 10 values|outputs 1 values"):
+        ens.train_step(state, x, np.zeros(4, np.float32))

@@ -153,7 +153,16 @@ class Regression:
 
         Returns:
           ``(mean [..., T], variance [..., T])``.
+
+        Raises:
+          ValueError: ``outputs`` is not ``2T`` wide (the model's output width is wrong).
         """
+        if outputs.shape[-1] != 2 * self.targets:  # static: raised while tracing
+            raise ValueError(
+                f"the model outputs {outputs.shape[-1]} values per example, but "
+                f"Regression(targets={self.targets}) needs 2 * targets = {2 * self.targets} "
+                f"(the means, then the scales); give the model {2 * self.targets} outputs"
+            )
         mean, variance = gaussian.moments(outputs.astype(jnp.float32), self.min_variance)
         row = lambda v: jnp.asarray(v, jnp.float32).reshape((1,) * (mean.ndim - 1) + (-1,))
         if self.target_scale is not None:

@@ -130,9 +130,15 @@ def checkpoint_digest(path: str) -> str:
     Returns:
       The hex digest.
 
+    Raises:
+      FileNotFoundError: ``path`` is not a folder (a missing checkpoint has no digest;
+        the SHA-256 of nothing would look like one).
+
     Example:
       >>> checkpoint_digest("runs/mnist/checkpoints/469")
     """
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no checkpoint folder {path}")
     digest = hashlib.sha256()
     for root, dirs, files in os.walk(path):
         dirs.sort()
