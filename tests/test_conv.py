@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import flax.linen as nn
@@ -28,10 +29,12 @@ def test_reformulations_match_lax_values_and_gradients(impl, kernel):
     x = jax.random.normal(jax.random.key(0), (2, 6, 7, 3))
     k = jax.random.normal(jax.random.key(1), (*kernel, 3, 4))
     loss = lambda f: lambda x, k: jnp.sum(f(x, k) ** 2)
-    f = conv_lib.CONV_IMPLS[impl]
-    np.testing.assert_allclose(f(x, k), _xla(x, k), atol=1e-4)
-    want = jax.grad(loss(_xla), argnums=(0, 1))(x, k)
-    for g, w in zip(jax.grad(loss(f), argnums=(0, 1))(x, k), want):
+    # one jitted program per side: run op by op, the grads cost ~10x the time in dispatch
+    both = lambda f: jax.jit(lambda x, k: (f(x, k), jax.grad(loss(f), argnums=(0, 1))(x, k)))
+    got, got_grads = both(conv_lib.CONV_IMPLS[impl])(x, k)
+    want, want_grads = both(_xla)(x, k)
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    for g, w in zip(got_grads, want_grads):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-3)
 
 
@@ -130,18 +133,23 @@ def test_gemm_grad_matches_xla_single_and_vmapped(strides, padding, kernel):
     mine = lambda x, k: conv_lib.conv_gemm_grad(x, k, strides, padding)
     x = jax.random.normal(jax.random.key(0), (2, 9, 8, 3))
     k = jax.random.normal(jax.random.key(1), (*kernel, 3, 4))
-    np.testing.assert_allclose(mine(x, k), ref(x, k), rtol=1e-5, atol=1e-5)
-    grads = lambda f: jax.grad(_sin_loss(f), argnums=(0, 1))
-    for got, want in zip(grads(mine)(x, k), grads(ref)(x, k)):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     members = jax.random.normal(jax.random.key(3), (3, *kernel, 3, 4))
     own_x = jax.random.normal(jax.random.key(2), (3, 2, 9, 8, 3))
-    for xs, x_axis in ((own_x, 0), (x, None)):  # members' own inputs, one shared input
-        vm = lambda f, a=x_axis: jax.vmap(grads(f), in_axes=(a, 0))
-        for got, want in zip(vm(mine)(xs, members), vm(ref)(xs, members)):
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-        fwd = lambda f, a=x_axis: jax.vmap(f, in_axes=(a, 0))
-        np.testing.assert_allclose(fwd(mine)(xs, members), fwd(ref)(xs, members), atol=1e-5)
+    grads = lambda f: jax.grad(_sin_loss(f), argnums=(0, 1))
+
+    @functools.partial(jax.jit, static_argnums=0)  # one program per side, not op by op
+    def outputs(f, x, k, members, own_x):
+        """Values and gradients: single, vmapped over members' own inputs, one shared input."""
+        out = {"value": f(x, k), "grads": grads(f)(x, k)}
+        for name, xs, a in (("own", own_x, 0), ("shared", x, None)):
+            out[f"{name} grads"] = jax.vmap(grads(f), in_axes=(a, 0))(xs, members)
+            out[f"{name} value"] = jax.vmap(f, in_axes=(a, 0))(xs, members)
+        return out
+
+    got, want = (outputs(f, x, k, members, own_x) for f in (mine, ref))
+    for name in want:
+        for g, w in zip(jax.tree.leaves(got[name]), jax.tree.leaves(want[name])):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 @pytest.mark.parametrize("shared", [False, True])

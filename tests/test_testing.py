@@ -309,7 +309,9 @@ def trained(mesh, steps: int = 2):
 
 def test_assert_mesh_invariant_passes_on_training_and_fails_on_a_mesh_dependent_fn():
     need_devices(8)
-    shapes = [(4, 1), {"ensemble": 2, "data": 2}, (1, 4), (4, 2)]
+    # the helper on two meshes (a tuple and a dict); the library's own invariance over
+    # more shapes is test_ensemble's test_mesh_shapes_give_the_same_members
+    shapes = [(4, 1), {"ensemble": 2, "data": 2}]
     params, loss, probs = testing.assert_mesh_invariant(trained, shapes, rtol=0, atol=1e-5)
     assert isinstance(loss, np.ndarray) and loss.shape == (M,) and probs.shape == (len(X), 10)
 
