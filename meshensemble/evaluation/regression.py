@@ -95,7 +95,8 @@ def _resolved(workdir: str) -> dict[str, Any]:
 
 
 def check_checkpoint(workdir: str, step: int | None) -> None:
-    """Fails before any work when the run has no checkpoint, or not ``step``.
+    """Fails before any work when the run has no checkpoint, or not ``step`` (a run of
+    either task: classification's ``evaluate_run`` calls it too).
 
     Raises:
       FileNotFoundError: one line listing the available steps.
@@ -109,7 +110,8 @@ def check_checkpoint(workdir: str, step: int | None) -> None:
         )
     if step is not None and step not in steps:
         raise FileNotFoundError(
-            f"no checkpoint {step} in {folder}; available steps: {', '.join(map(str, steps))}"
+            f"no checkpoint {step} in {folder}; available steps: "
+            f"{', '.join(map(str, sorted(steps)))}"
         )
 
 

@@ -50,10 +50,9 @@ from meshensemble.core import streaming
 from meshensemble.core.mesh import REPLICATED, make_mesh, parse_mesh
 from meshensemble.data.split import split_validation
 from meshensemble.evaluation.regression import EVALUATION_FILE as EVALUATION_FILE
-from meshensemble.evaluation.regression import evaluate_regression
+from meshensemble.evaluation.regression import check_checkpoint, evaluate_regression
 from meshensemble.training import CONFIG_FILE, TrainConfig, build_ensemble, final_table
 from meshensemble.training.checkpoint import (
-    CHECKPOINT_DIR,
     list_checkpoints,
     restore_checkpoint,
 )
@@ -315,22 +314,6 @@ def _mesh_shape(mesh: Any, members: int) -> dict[str, int]:
     return {k: int(v) for k, v in dict(mesh).items()}
 
 
-def _checkpoint_steps(workdir: str, step: int | None) -> None:
-    """Fails early (before loading data) when the run has no checkpoint or not ``step``."""
-    folder = os.path.join(workdir, CHECKPOINT_DIR)
-    steps = list_checkpoints(workdir)  # a listing: nothing in the run is opened for writing
-    if not steps:
-        raise FileNotFoundError(
-            f"no checkpoint in {folder}; train the run with checkpoints (without "
-            "--no-checkpoint) before evaluating it"
-        )
-    if step is not None and step not in steps:
-        raise FileNotFoundError(
-            f"no checkpoint {step} in {folder}; available steps: "
-            f"{', '.join(map(str, sorted(steps)))}"
-        )
-
-
 def _restore_read_only(
     workdir: str, ens: Any, sample: Any, checkpoint: int | None, say: Callable[[str], Any]
 ) -> tuple[Any, int]:
@@ -457,7 +440,7 @@ def evaluate_run(
     names = _check_arguments(cfg, ood, ood_file, batch_size, num_bins, checkpoint)
     if calibrate:
         check_calibrate(workdir, cfg, alpha, conformal, note=lambda m: say(f"note: {m}"))
-    _checkpoint_steps(workdir, checkpoint)
+    check_checkpoint(workdir, checkpoint)  # before loading data: a listing, nothing opened
 
     shape = _mesh_shape(mesh, cfg.members)
     device_mesh = (
