@@ -100,6 +100,7 @@ COVERED = [
     "meshensemble.core.derive",
     "meshensemble.core.ensemble",
     "meshensemble.core.evaluating",
+    "meshensemble.core.forward",
     "meshensemble.core.inputs",
     "meshensemble.core.members",
     "meshensemble.core.ordering",

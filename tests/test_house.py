@@ -213,3 +213,58 @@ def test_ood_scoring_and_calibration_logits_stream_through_the_one_engine(monkey
     counts = np.asarray(out["ensemble"]["count"])
     acc = np.asarray(out["ensemble"]["accuracy"])
     assert np.isclose(np.nansum(acc * counts), right.sum())  # each label with its image
+
+
+def test_evaluate_streams_through_the_one_engine_and_sums_every_batch(monkeypatch):
+    """``Ensemble.evaluate`` is a :func:`~meshensemble.core.streaming.stream` call too.
+
+    11 examples in batches of 4 (the last padded and masked): the streamed metrics equal
+    the metrics of the whole set at once, so no batch is lost, doubled or mislabelled.
+    """
+    from meshensemble.core import streaming
+
+    ens = me.Ensemble(me.models.MLP((16,)), TX, 2, me.make_mesh(ensemble=2, data=1))
+    state = ens.init(jax.random.key(0), IMAGES[:1])
+    x = np.concatenate([IMAGES, IMAGES[:3]])
+    y = np.concatenate([LABELS, (LABELS[:3] + 1) % 10])  # the repeats with other labels
+    calls = []
+    real = streaming.stream
+    monkeypatch.setattr(streaming, "stream", lambda *a, **k: calls.append(1) or real(*a, **k))
+    streamed = ens.evaluate(state, x, y, batch_size=4)
+    assert len(calls) == 1
+    whole = me.metrics.ensemble_metrics(np.asarray(ens.predict_members(state, x)), y)
+    for key in ("accuracy", "nll", "brier", "ece", "mutual_information", "disagreement"):
+        np.testing.assert_allclose(streamed[key], float(whole[key]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(streamed["member_nll"], whole["member_nll"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape, backend", [((2, 2), "shard_map"), ((4, 1), "pmap")])
+def test_ood_scores_reduced_on_the_mesh_match_the_whole_array_scores(shape, backend):
+    """:func:`meshensemble.core.steps.ood_stats`: members pooled by ``pmean``, bins by ``psum``.
+
+    4 members, 2 per device on a 2x2 mesh (members and examples both split) and one per
+    device under pmap: every ensemble score, every member's own score and both sets of
+    bin sums equal what the metrics compute from the whole ``[members, N, classes]``.
+    """
+    need_devices(4)
+    from meshensemble.evaluation import run as evaluation_run
+
+    ens = me.Ensemble(me.models.MLP((16,)), TX, 4, me.make_mesh(*shape), backend=backend)
+    state = ens.init(jax.random.key(1), IMAGES[:1])
+    x, y = np.concatenate([IMAGES, IMAGES[:2]]), np.concatenate([LABELS, LABELS[:2]])
+    out = evaluation_run.stream_scores(ens, state, x, y, batch_size=4, num_bins=5)
+    z = np.asarray(ens.predict_members(state, x, logits=True))
+    for kind in me.evaluation.OOD_SCORE_KINDS:
+        want = np.asarray(me.metrics.ood_score_from_logits(z, kind))
+        np.testing.assert_allclose(out["scores"][kind], want, rtol=1e-5, atol=1e-6)
+    for kind in me.evaluation.MEMBER_OOD_KINDS:
+        want = np.stack([me.metrics.ood_score_from_logits(z[m][None], kind) for m in range(4)])
+        np.testing.assert_allclose(out["member_scores"][kind], want, rtol=1e-5, atol=1e-6)
+    p = np.asarray(jax.nn.softmax(z))
+    ens_bins = me.metrics.calibration_bins(p.mean(0), y, num_bins=5)
+    np.testing.assert_allclose(out["ensemble"]["count"], ens_bins["count"])
+    member_counts = sum(np.asarray(me.metrics.calibration_bins(pm, y, 5)["count"]) for pm in p)
+    np.testing.assert_allclose(out["mean_member"]["count"], member_counts)
+    right = sum((pm.argmax(-1) == y).sum() for pm in p)
+    pooled = np.nansum(out["mean_member"]["accuracy"] * out["mean_member"]["count"])
+    assert np.isclose(pooled, right)

@@ -6,7 +6,9 @@
   and lower rooms; nothing outside ``cli`` imports ``cli``.
 * No import cycle among the package's modules.
 * No module uses another module's ``_private`` names.
-* No module is over 700 lines.
+* No module is over 700 lines, no function over 60 lines of code.
+* Collectives (``lax.pmean``, ``psum``, ``all_gather`` ...) appear only in
+  ``meshensemble/core/steps.py`` (and the bench's copy of the Flax HOWTO's pmap step).
 * Every name in ``meshensemble.__all__`` resolves, and the public face imports.
 """
 
@@ -192,6 +194,83 @@ def test_no_module_uses_another_modules_private_names():
 def test_modules_stay_small(module):
     lines = len(MODULES[module].read_text().splitlines())
     assert lines <= MAX_LINES, f"{module} has {lines} lines; split it by concern"
+
+
+MAX_FUNCTION_LINES = 60
+"""The most lines of code in one function, its docstring not counted (issue #27)."""
+COLLECTIVES = frozenset(
+    {"pmean", "psum", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute", "all_to_all"}
+)
+"""``jax.lax`` functions that move data between devices."""
+COLLECTIVES_HOME = "meshensemble.core.steps"
+"""The one module whose per-device functions call collectives."""
+OTHER_COLLECTIVES = {
+    "meshensemble.bench.cases": "the Flax HOWTO's pmap step, copied as the bench's baseline",
+}
+"""Modules allowed a collective of their own, with the reason."""
+
+
+def code_lines(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of ``fn`` from its first statement after the docstring to its end."""
+    body = fn.body
+    has_doc = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+    first = body[1] if has_doc and len(body) > 1 else body[0]
+    return fn.end_lineno - first.lineno + 1
+
+
+def long_functions(source: str, limit: int) -> list[str]:
+    """``name (lines)`` of every function or method in ``source`` with more than ``limit``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            n = code_lines(node)
+            if n > limit:
+                found.append(f"{node.name} ({n} lines, line {node.lineno})")
+    return found
+
+
+def collective_calls(source: str) -> list[str]:
+    """``lax.<collective>`` (however ``lax`` is reached) named anywhere in ``source``."""
+    tree = ast.parse(source)
+    found = [
+        f"{node.attr} (line {node.lineno})"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr in COLLECTIVES
+    ]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("lax"):
+            found += [f"{a.name} (imported)" for a in node.names if a.name in COLLECTIVES]
+    return found
+
+
+def test_no_function_is_long():
+    bad = [
+        f"{module}: {f}"
+        for module, path in MODULES.items()
+        for f in long_functions(path.read_text(), MAX_FUNCTION_LINES)
+    ]
+    assert not bad, "split these by step (setup, loop, outputs):\n" + "\n".join(bad)
+
+
+def test_collectives_live_in_the_steps_only():
+    bad = [
+        f"{module}: {c}"
+        for module, path in MODULES.items()
+        if module != COLLECTIVES_HOME and module not in OTHER_COLLECTIVES
+        for c in collective_calls(path.read_text())
+    ]
+    assert not bad, "move these into meshensemble/core/steps.py:\n" + "\n".join(bad)
+    assert collective_calls(MODULES[COLLECTIVES_HOME].read_text())
+    for module in OTHER_COLLECTIVES:
+        assert collective_calls(MODULES[module].read_text()), f"{module} needs no exception"
+
+
+def test_the_checks_find_a_long_function_and_a_collective():
+    body = "\n".join(f"    x{i} = {i}" for i in range(61))
+    assert long_functions(f'def f():\n    """Doc."""\n{body}\n', 60) == ["f (61 lines, line 1)"]
+    assert long_functions(f"def f():\n{body[: body.rindex(chr(10))]}\n", 60) == []
+    source = "from jax import lax\nfrom jax.lax import psum\ny = lax.pmean(x, 'data')\n"
+    assert collective_calls(source) == ["pmean (line 3)", "psum (imported)"]
 
 
 def test_the_public_face_resolves_every_name():

@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from meshensemble.core import (
     derive,
@@ -22,6 +21,7 @@ from meshensemble.core import (
     regression,
     sharding,
     steps,
+    streaming,
     tasks,
 )
 from meshensemble.core.adapters import as_model
@@ -31,7 +31,6 @@ from meshensemble.core.members import default_strategy as default_strategy
 from meshensemble.core.mesh import (
     BATCH,
     DATA,
-    ENSEMBLE,
     MEMBER_BATCH,
     MEMBERS,
     MODEL,
@@ -526,7 +525,7 @@ class Ensemble:
         inputs.check_state(state, self.num_members)
         images = inputs.as_array(images, "images")
         n = inputs.num_examples(images)
-        padded = inputs.pad(images, self.data_size)
+        padded = streaming.pad(images, self.data_size)
         per_device = steps.member_probs if members else steps.ensemble_probs
         per_device = steps.member_logits if logits else per_device
         row = derive.row(images) if self._sharded else None
@@ -538,14 +537,7 @@ class Ensemble:
                 MEMBER_BATCH if members else BATCH,
             ),
         )
-        out = self._dispatched(fn(state, padded))
-        if out.shape[-2] == n:
-            return out
-        # Drop the padding: the result is no longer divisible over `data`, so keep it
-        # whole on every device (members stay split over `ensemble`).
-        spec = P(ENSEMBLE) if members else P()
-        out = put(out, self.mesh, spec)
-        return out[:, :n] if members else out[:n]
+        return streaming.unpad_on_mesh(self._dispatched(fn(state, padded)), n, self.mesh, members)
 
     @inputs.explains_errors
     def evaluate(

@@ -1,7 +1,9 @@
-"""The host loop of :meth:`meshensemble.Ensemble.evaluate`: padded, masked batches in, sums out.
+"""What :meth:`meshensemble.Ensemble.evaluate` adds to the per-batch program: checks and sums.
 
 The per-batch program (``Ensemble.eval_fn``, :func:`meshensemble.core.steps.eval_stats`)
-reduces each batch on the mesh; this loop feeds it and adds the batches' sums on the host.
+reduces each batch on the mesh; the host streaming engine
+(:func:`meshensemble.core.streaming.stream`) feeds it padded, masked batches, and the
+batches' sums are added here on the host.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from meshensemble.core import inputs
-from meshensemble.core.mesh import BATCH, MEMBERS, REPLICATED
+from meshensemble.core import inputs, steps, streaming
+from meshensemble.core.mesh import BATCH, DATA, ENSEMBLE, MEMBERS, REPLICATED
+from meshensemble.numerics import statmath
 from meshensemble.numerics import sums as sums_lib
-from meshensemble.runtime.distributed import fetch
 
 
 def evaluate_batches(
@@ -51,23 +53,24 @@ def evaluate_batches(
       >>> m["accuracy"] > 0.5, m["nll"] > 0   # python floats; the bars are learnt
       (True, True)
     """
-    n = len(labels)
-    partial_sums, examples = [], []
-    for start in range(0, n, batch):
-        x, y = images[start : start + batch], labels[start : start + batch]
-        k = len(y)
-        mask = np.arange(batch) < k
-        if k < batch:
-            x, y = inputs.pad_to(x, batch), np.concatenate([y, np.zeros(batch - k, y.dtype)])
+    parts: dict[str, list[Any]] = {"sums": [], "examples": []}
+
+    def run(x: np.ndarray, y: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
         sums, per_example = dispatched(fn(state, x, y, mask))
-        partial_sums.append(sums)
-        examples.append(per_example)
-    # The sums are added on the host (no small programs to compile); N floats each
-    # (confidence, correctness, mask) come to the host too, for the adaptive ECE.
-    partial_sums, examples = fetch((partial_sums, examples))
-    total = functools.reduce(lambda a, b: jax.tree.map(np.add, a, b), partial_sums)
+        return {"sums": sums, **per_example}
+
+    def sink(start: int, out: dict[str, Any]) -> None:
+        sums = out.pop("sums")
+        total = parts["sums"]
+        # Added on the host in batch order (no small programs to compile); per example
+        # only the confidence, correctness and mask come back, for the adaptive ECE.
+        total[:] = [sums if not total else jax.tree.map(np.add, total[0], sums)]
+        parts["examples"].append(out)
+
+    streaming.stream(run, (images, labels), batch, batch, sink, axes={"sums": None})
+    examples = parts["examples"]
     joined = {k: np.concatenate([e[k] for e in examples]) for k in sums_lib.EXAMPLE_STAT_KEYS}
-    return sums_lib.finalize_stats(total, num_bins, examples=joined)
+    return sums_lib.finalize_stats(parts["sums"][0], num_bins, examples=joined)
 
 
 def check_eval_set(images: Any, labels: Any) -> tuple[Any, np.ndarray, int]:
@@ -111,3 +114,42 @@ def eval_specs() -> tuple[dict[str, P], dict[str, P]]:
     names = sums_lib.MEMBER_STAT_KEYS + sums_lib.ENSEMBLE_STAT_KEYS
     totals = {k: (MEMBERS if k.startswith("member_") else REPLICATED) for k in names}
     return totals, {k: BATCH for k in sums_lib.EXAMPLE_STAT_KEYS}
+
+
+def ood_fn(ens: Any, num_bins: int, sample: Any) -> Callable[..., Any]:
+    """The program of :func:`meshensemble.core.steps.ood_stats` over ``ens``'s mesh, built once.
+
+    Args:
+      ens: a classification :class:`meshensemble.Ensemble`.
+      num_bins: equal-width confidence bins of the reliability sums.
+      sample: inputs like the batches (their shape fixes a sharded state's layout).
+
+    Returns:
+      ``fn(state, images [b, ...], labels [b], mask [b]) -> dict`` with ``b`` a multiple of
+      the ``data`` axis: ``scores`` ``[kinds, b]``, ``member_scores`` ``[kinds, members,
+      b]`` and the replicated bin sums ``ensemble`` and ``member``.
+
+    Raises:
+      ValueError: ``ens`` is a regression ensemble.
+
+    Example:
+      >>> out = ood_fn(ens, 15, images)(state, images, labels, np.ones(32, bool))
+      >>> out["scores"].shape, out["member_scores"].shape, out["ensemble"]["count"].shape
+      ((5, 32), (4, 2, 32), (15,))
+    """
+    if ens.regression:
+        raise ValueError("OOD scores are for classification ensembles; this one regresses")
+    bins = dict.fromkeys(statmath.OOD_BIN_KEYS, REPLICATED)
+    out_specs = {
+        "scores": P(None, DATA),
+        "member_scores": P(None, ENSEMBLE, DATA),
+        "ensemble": bins,
+        "member": bins,
+    }
+    return ens.build(
+        ("ood", num_bins),
+        lambda cfg: functools.partial(steps.ood_stats, cfg, num_bins),
+        (ens.state_specs(sample), BATCH, BATCH, BATCH),
+        out_specs,
+        sample=sample,
+    )

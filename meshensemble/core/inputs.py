@@ -14,10 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax.errors import ScopeParamShapeError
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from meshensemble.core.backends import put
 from meshensemble.core.mesh import AXES, MODEL
 from meshensemble.core.state import EnsembleState
 from meshensemble.errors import UsageError
@@ -133,25 +130,6 @@ def check_positive_int(name: str, value: Any) -> None:
     """One-line ValueError unless ``value`` is a positive whole number (bools are not)."""
     if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name}={value!r} must be a positive integer, e.g. {name}=1000")
-
-
-def pad(x: Any, multiple: int) -> Any:
-    """Pads the leading axis of ``x`` up to a multiple of ``multiple``."""
-    n = int(np.shape(x)[0])
-    return pad_to(x, n + (-n % multiple))
-
-
-def pad_to(x: Any, size: int) -> Any:
-    """Pads the leading axis of ``x`` to ``size`` rows by repeating row 0."""
-    extra = size - int(np.shape(x)[0])
-    if not extra:
-        return x
-    if isinstance(x, jax.Array):
-        if isinstance(x.sharding, NamedSharding):  # concatenate along a whole axis
-            x = put(x, x.sharding.mesh, P())
-        return jnp.concatenate([x, jnp.repeat(x[:1], extra, axis=0)])
-    x = np.asarray(x)
-    return np.concatenate([x, np.repeat(x[:1], extra, axis=0)])
 
 
 def check_state(state: Any, num_members: int) -> None:

@@ -9,22 +9,15 @@ batches whose sums are finalised by :func:`meshensemble.numerics.gaussian.finali
 
 from __future__ import annotations
 
-import collections
 import functools
 from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import PartitionSpec as P
 
-from meshensemble.core import inputs, steps
-from meshensemble.core.backends import put
-from meshensemble.core.mesh import BATCH, ENSEMBLE, MEMBER_BATCH, REPLICATED
+from meshensemble.core import inputs, steps, streaming
+from meshensemble.core.mesh import BATCH, MEMBER_BATCH, REPLICATED
 from meshensemble.numerics import gaussian
-from meshensemble.runtime.distributed import fetch
-
-MAX_IN_FLIGHT = 2
-"""Evaluation batches dispatched ahead of the host before it waits for the oldest."""
 
 
 def _inputs(ens: Any, state: Any, x: Any) -> tuple[Any, int]:
@@ -70,12 +63,7 @@ def predict(
         spec,
         sample=x,
     )
-    out = fn(state, inputs.pad(x, ens.data_size))
-    if out["mean"].shape[-2] == n:  # the examples' axis of [members, N, T] and [N, T]
-        return out
-    whole = P(ENSEMBLE) if members else P()  # padding dropped: no longer divisible over data
-    trim = lambda v: put(v, ens.mesh, whole)[:, :n] if members else put(v, ens.mesh, whole)[:n]
-    return {k: trim(v) for k, v in out.items()}
+    return streaming.unpad_on_mesh(fn(state, streaming.pad(x, ens.data_size)), n, ens.mesh, members)
 
 
 def evaluate(ens: Any, state: Any, x: Any, y: Any, batch_size: int) -> dict[str, float]:
@@ -110,15 +98,11 @@ def evaluate(ens: Any, state: Any, x: Any, y: Any, batch_size: int) -> dict[str,
         sample=x,
     )
     b = ens.eval_batch_size(batch_size, n)
-    partial_sums, in_flight = [], collections.deque()
-    for start in range(0, n, b):
-        xb, yb = x[start : start + b], y[start : start + b]
-        mask = np.arange(b) < len(yb)
-        sums = fn(state, inputs.pad_to(xb, b), inputs.pad_to(yb, b), mask)
-        partial_sums.append(sums)
-        in_flight.append(sums["count"])
-        while len(in_flight) > MAX_IN_FLIGHT:
-            in_flight.popleft().block_until_ready()
-    fetched = fetch(partial_sums)
-    total = functools.reduce(lambda a, c: jax.tree.map(np.add, a, c), fetched)
-    return gaussian.finalize(total)
+    totals: list[Any] = []  # the batches' sums, added on the host in batch order
+
+    def add(start: int, sums: dict[str, np.ndarray]) -> None:
+        totals[:] = [sums if not totals else jax.tree.map(np.add, totals[0], sums)]
+
+    run = lambda xb, yb, mask: fn(state, xb, yb, mask)
+    streaming.stream(run, (x, y), b, b, add, axes=dict.fromkeys(gaussian.SUM_KEYS))
+    return gaussian.finalize(totals[0])

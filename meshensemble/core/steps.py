@@ -29,14 +29,14 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from meshensemble.core import keys
+from meshensemble.core import forward
 from meshensemble.core.adapters import Model
 from meshensemble.core.members import map_members as map_members
 from meshensemble.core.mesh import DATA, ENSEMBLE
 from meshensemble.core.ordering import ordered_after
 from meshensemble.core.state import EnsembleState
 from meshensemble.core.tasks import softmax_cross_entropy as softmax_cross_entropy
-from meshensemble.numerics import gaussian
+from meshensemble.numerics import gaussian, statmath
 from meshensemble.numerics import sums as sums_lib
 
 PyTree = Any
@@ -118,48 +118,6 @@ def reduce_over(cfg: StepConfig, reduce: Callable[..., Any], x: PyTree, axis: st
     return reduce(x, axis)
 
 
-def _member_key(cfg: StepConfig, raw: jax.Array, step: jax.Array) -> jax.Array:
-    key = _wrap(cfg, raw)
-    return jax.random.fold_in(jax.random.fold_in(key, step), lax.axis_index(DATA))
-
-
-def _wrap(cfg: StepConfig, raw: jax.Array) -> jax.Array:
-    impl = keys.impl_for(raw.shape[-1], cfg.rng_impl)  # from the state given, at trace time
-    return raw if impl is None else jax.random.wrap_key_data(raw, impl=impl)
-
-
-def _augmented(cfg: StepConfig, state: EnsembleState, x: jax.Array) -> jax.Array:
-    """``x`` (this data shard's rows) augmented as part of the global batch."""
-    if cfg.augment is None:
-        return x
-    b = x.shape[0]
-    start, total = lax.axis_index(DATA) * b, b * lax.axis_size(DATA)
-    key = _wrap(cfg, state.rng)
-    return keys.augment_batch(cfg.augment, key, state.step, x, start, total)
-
-
-def _prepare(cfg: StepConfig, images: jax.Array) -> jax.Array:
-    x = images if cfg.input_transform is None else cfg.input_transform(images)
-    return _to_compute(cfg, x)
-
-
-def _to_compute(cfg: StepConfig, tree: PyTree) -> PyTree:
-    """Casts the floating leaves of ``tree`` to ``cfg.compute_dtype`` (when set)."""
-    if cfg.compute_dtype is None:
-        return tree
-    cast = lambda a: a.astype(cfg.compute_dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
-    return jax.tree.map(cast, tree)
-
-
-def _apply(cfg: StepConfig, params, model_state, x, train: bool, rng):
-    """The model in the compute dtype; float32 logits, model state in its own dtypes."""
-    logits, new_model_state = cfg.model.apply(_to_compute(cfg, params), model_state, x, train, rng)
-    if cfg.compute_dtype is not None:
-        logits = logits.astype(jnp.float32)
-        new_model_state = jax.tree.map(lambda n, o: n.astype(o.dtype), new_model_state, model_state)
-    return logits, new_model_state
-
-
 def gather_params(cfg: StepConfig, params: PyTree) -> PyTree:
     """One member's whole parameters from this device's FSDP slices (``all_gather`` over ``data``).
 
@@ -187,12 +145,12 @@ def gather_params(cfg: StepConfig, params: PyTree) -> PyTree:
 
 def _member_step(cfg: StepConfig, state: EnsembleState, x: jax.Array, y: jax.Array):
     """One member's step on its local batch; ``state`` leaves have no member axis."""
-    rng = _member_key(cfg, state.rng, state.step)
-    x = _augmented(cfg, state, x)
+    rng = forward.member_key(cfg, state.rng, state.step)
+    x = forward.augmented(cfg, state, x)
 
     def loss_of(params):
         whole = gather_params(cfg, params)
-        logits, new_model_state = _apply(cfg, whole, state.model_state, x, True, rng)
+        logits, new_model_state = forward.apply_model(cfg, whole, state.model_state, x, True, rng)
         loss = jnp.mean(cfg.loss_fn(logits, y))
         # Under check_vma, the gradient of data-invariant params is summed over `data`
         # by the transposed collectives; differentiating the data-mean gives the mean.
@@ -239,7 +197,7 @@ def train_step(
         return regression_train_step(cfg, state, images, labels)
     per_member = labels.ndim == 2
     axes = (0, 0 if per_member else None, 0 if per_member else None)
-    x = _prepare(cfg, images)
+    x = forward.prepare(cfg, images)
     fn = lambda s, xb, yb: _member_step(cfg, s, xb, yb)
     state, loss, accuracy, probs = map_members(fn, cfg.strategy, axes, state, x, labels)
     metrics = {"loss": loss, "accuracy": accuracy}
@@ -275,10 +233,12 @@ def member_logits(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> j
     Returns:
       ``[m, b, classes]`` float32 logits.
     """
-    x = _prepare(cfg, images)
+    x = forward.prepare(cfg, images)
 
     def one(s: EnsembleState, xb: jax.Array) -> jax.Array:
-        logits, _ = _apply(cfg, gather_params(cfg, s.params), s.model_state, xb, False, s.rng)
+        logits, _ = forward.apply_model(
+            cfg, gather_params(cfg, s.params), s.model_state, xb, False, s.rng
+        )
         return logits.astype(jnp.float32)
 
     return map_members(one, cfg.strategy, (0, None), state, x)
@@ -386,6 +346,54 @@ def eval_stats(
     return reduce_over(cfg, lax.psum, sums, DATA), sums_lib.example_stats(ens, labels, mask)
 
 
+def ood_stats(
+    cfg: StepConfig,
+    num_bins: int,
+    state: EnsembleState,
+    images: jax.Array,
+    labels: jax.Array,
+    mask: jax.Array,
+) -> dict[str, Any]:
+    """Per-example OOD scores and reliability-diagram bin sums of this batch, on the mesh.
+
+    Each device takes :func:`meshensemble.numerics.statmath.logit_summaries` of its local
+    members' logits and ``pmean`` s them over ``ensemble``; the ensemble's scores
+    (:data:`~meshensemble.numerics.statmath.OOD_SCORE_KINDS`) follow from those means, each
+    member's own scores (``MEMBER_OOD_KINDS``) from its logits alone. The bin sums of
+    the ensemble's prediction are ``psum`` -ed over ``data``; the members' are summed over
+    all members too (``psum`` over ``ensemble``: the pooled "mean member" curve).
+
+    Args:
+      cfg, num_bins, state: the static configuration, the bins, the local state.
+      images: ``[b, ...]``; labels ``[b]`` (any integers if none); mask ``[b]`` (0: padding).
+
+    Returns:
+      ``scores`` ``[kinds, b]`` (split over ``data``), ``member_scores`` ``[kinds, m, b]``
+      (members over ``ensemble``), and ``ensemble`` / ``member``: dicts of
+      ``statmath.OOD_BIN_KEYS``, ``[num_bins]`` each (replicated).
+    """
+    z = member_logits(cfg, state, images)
+    pooled = reduce_over(cfg, lax.pmean, statmath.logit_summaries(z), ENSEMBLE)
+    alone = jax.vmap(lambda zm: statmath.logit_summaries(zm[None]))(z)  # [m, b, ...] each
+    w = mask.astype(jnp.float32)
+
+    def bins(probs: jax.Array) -> dict[str, jax.Array]:  # [..., b, C] -> [..., num_bins]
+        ex = statmath.per_example(probs, labels, num_bins)
+        sums = statmath.bin_sums(ex["conf"], ex["correct"], ex["bin"], w, num_bins)
+        return dict(zip(statmath.OOD_BIN_KEYS, sums))
+
+    member_bins = jax.tree.map(lambda v: jnp.sum(v, axis=0), bins(jax.nn.softmax(z, axis=-1)))
+    member_bins = reduce_over(cfg, lax.psum, member_bins, ENSEMBLE)
+    return {
+        "scores": jnp.stack([statmath.ood_score_of(k, pooled) for k in statmath.OOD_SCORE_KINDS]),
+        "member_scores": jnp.stack(
+            [statmath.ood_score_of(k, alone) for k in statmath.MEMBER_OOD_KINDS]
+        ),
+        "ensemble": reduce_over(cfg, lax.psum, bins(pooled["probs"]), DATA),
+        "member": reduce_over(cfg, lax.psum, member_bins, DATA),
+    }
+
+
 def gather_batch(
     images: jax.Array, labels: jax.Array, order: jax.Array, step: jax.Array, batch_size: int
 ) -> tuple[jax.Array, jax.Array]:
@@ -484,12 +492,12 @@ def is_regression(cfg: StepConfig) -> bool:
 
 def _regression_member_step(cfg: StepConfig, state: EnsembleState, x: jax.Array, y: jax.Array):
     """One regression member's step on its local batch (Gaussian NLL, ``cfg.loss_fn``)."""
-    rng = _member_key(cfg, state.rng, state.step)
-    x = _augmented(cfg, state, x)
+    rng = forward.member_key(cfg, state.rng, state.step)
+    x = forward.augmented(cfg, state, x)
 
     def loss_of(params):
         whole = gather_params(cfg, params)
-        out, new_model_state = _apply(cfg, whole, state.model_state, x, True, rng)
+        out, new_model_state = forward.apply_model(cfg, whole, state.model_state, x, True, rng)
         loss = jnp.mean(cfg.loss_fn(out, y))
         objective = lax.pmean(loss, DATA) if cfg.grad_mode == "vma" else loss
         return objective, (loss, out, new_model_state)
@@ -530,7 +538,9 @@ def regression_train_step(
     """
     axes = (0, 0, 0) if y.ndim == 3 else (0, None, None)
     fn = lambda s, xb, yb: _regression_member_step(cfg, s, xb, yb)
-    state, loss, rmse, moments = map_members(fn, cfg.strategy, axes, state, _prepare(cfg, x), y)
+    state, loss, rmse, moments = map_members(
+        fn, cfg.strategy, axes, state, forward.prepare(cfg, x), y
+    )
     metrics = {"loss": loss, "rmse": rmse}
     if y.ndim == 3:  # per-member batches: no ensemble over different examples
         nan = jnp.full((), jnp.nan, jnp.float32)

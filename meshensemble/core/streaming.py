@@ -9,7 +9,9 @@ devices compute the previous ones), then brings each result to the host, drops t
 padding and hands it to a sink. Only one batch of input and ``in_flight`` batches of
 output are held at a time, so memory stays bounded whatever the dataset's size.
 
-:func:`batch_size_for` rounds a requested batch size to what the mesh can split.
+:func:`batch_size_for` rounds a requested batch size to what the mesh can split;
+:func:`pad` and :func:`pad_to` are the one way a batch is padded (the single-call
+predictions pad with them too).
 
 Example:
   >>> probs = np.zeros((len(images), 10), np.float32)          # the host's result
@@ -27,8 +29,14 @@ import collections
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from meshensemble.core.backends import put
+from meshensemble.core.mesh import ENSEMBLE
 from meshensemble.runtime.distributed import fetch
 
 IN_FLIGHT = 2
@@ -60,17 +68,64 @@ def batch_size_for(batch_size: int, n: int, multiple: int) -> int:
     return b + (-b % int(multiple))
 
 
-def pad_rows(x: np.ndarray, b: int) -> np.ndarray:
-    """``x`` ``[k, ...]`` padded to ``[b, ...]`` by repeating its first row (a valid input).
+def pad(x: Any, multiple: int) -> Any:
+    """``x`` ``[k, ...]`` padded to the next multiple of ``multiple`` rows (see :func:`pad_to`).
 
     Example:
-      >>> pad_rows(np.arange(3), 4).tolist()
+      >>> pad(np.arange(5), 4).tolist()
+      [0, 1, 2, 3, 4, 0, 0, 0]
+    """
+    n = int(np.shape(x)[0])
+    return pad_to(x, n + (-n % multiple))
+
+
+def pad_to(x: Any, size: int) -> Any:
+    """``x`` ``[k, ...]`` padded to ``[size, ...]`` by repeating its first row (a valid input).
+
+    A ``jax.Array`` stays on its devices (gathered whole first when it is split over a mesh,
+    so the rows can be joined); anything else becomes numpy.
+
+    Example:
+      >>> pad_to(np.arange(3), 4).tolist()
       [0, 1, 2, 0]
     """
-    k = len(x)
-    if k == b:
+    extra = size - int(np.shape(x)[0])
+    if not extra:
         return x
-    return np.concatenate([x, np.repeat(x[:1], b - k, axis=0)])
+    if isinstance(x, jax.Array):
+        if isinstance(x.sharding, NamedSharding):  # concatenate along a whole axis
+            x = put(x, x.sharding.mesh, P())
+        return jnp.concatenate([x, jnp.repeat(x[:1], extra, axis=0)])
+    x = np.asarray(x)
+    return np.concatenate([x, np.repeat(x[:1], extra, axis=0)])
+
+
+def unpad_on_mesh(out: Any, n: int, mesh: Any, members: bool) -> Any:
+    """A mesh result cut to its first ``n`` examples (the padding of :func:`pad` dropped).
+
+    Args:
+      out: an array or dict of arrays ``[N', ...]`` (``[members, N', ...]`` with
+        ``members``), examples split over ``data``.
+      n: the real examples.
+      mesh: the ensemble's mesh.
+      members: whether the leaves have a leading member axis (split over ``ensemble``).
+
+    Returns:
+      ``out`` as it is when nothing was padded; else each leaf made whole over ``data``
+      (``n`` need not divide it) with members still split over ``ensemble``, then cut.
+
+    Example:
+      >>> unpad_on_mesh(ens.place(np.zeros((4, 3))), 3, ens.mesh, members=False).shape
+      (3, 3)
+    """
+
+    def cut(v: jax.Array) -> jax.Array:
+        if v.shape[int(members)] == n:
+            return v
+        v = put(v, mesh, P(ENSEMBLE) if members else P())
+        return v[:, :n] if members else v[:n]
+
+    return jax.tree.map(cut, out)
 
 
 def unpad(tree: Any, k: int, axes: Mapping[str, int] | None = None) -> Any:
@@ -96,8 +151,14 @@ def unpad(tree: Any, k: int, axes: Mapping[str, int] | None = None) -> Any:
     return {key: cut(v, axes.get(key, 0)) for key, v in tree.items()}
 
 
+def _rows(a: Any, start: int, b: int) -> Any:
+    """Rows ``start:start + b`` of ``a``: a ``jax.Array`` stays on device, the rest is numpy."""
+    x = a[start : start + b]
+    return x if isinstance(x, jax.Array) else np.asarray(x)
+
+
 def stream(
-    fn: Callable[[np.ndarray, np.ndarray], Any],
+    fn: Callable[..., Any],
     images: Any,
     batch_size: int,
     multiple: int,
@@ -111,12 +172,14 @@ def stream(
     """Streams ``images`` through ``fn`` in padded, masked batches; results go to ``sink``.
 
     Args:
-      fn: ``fn(x [b, ...], mask [b] bool) -> result``: dispatches the batch (asynchronously,
-        e.g. a jitted or mesh program) and returns a dict of arrays (or one array) whose
-        batch axis is 0 unless ``axes`` says otherwise. Padding rows repeat the batch's
-        first row; ``mask`` is False there.
+      fn: ``fn(x [b, ...], mask [b] bool) -> result`` (``fn(x, y, ..., mask)`` when
+        ``images`` is a tuple): dispatches the batch (asynchronously, e.g. a jitted or
+        mesh program) and returns a dict of arrays (or one array) whose batch axis is 0
+        unless ``axes`` says otherwise. Padding rows repeat the batch's first row;
+        ``mask`` is False there.
       images: ``[N, ...]``: anything sliceable with ``len``-able rows (numpy, a
-        ``np.memmap``, a lazy reader); only ``images[i:j]`` is read.
+        ``np.memmap``, a lazy reader); only ``images[i:j]`` is read. A tuple of such
+        arrays of one length (e.g. ``(images, labels)``) is read row-aligned, each padded.
       batch_size: examples per call (rounded with :func:`batch_size_for`).
       multiple: the batch size's multiple (the mesh's ``data`` axis).
       sink: ``sink(start, result)`` gets each batch's host result (numpy, padding
@@ -125,13 +188,15 @@ def stream(
         batch was reduced to, e.g. masked sums, passed to ``sink`` whole).
       in_flight: batches dispatched before the oldest is brought back (>= 1).
       progress: called with the number of examples done after each batch.
-      prepare: applied to each batch read from ``images`` (on the host) before padding.
+      prepare: applied to each batch read from ``images`` (its first array, on the host)
+        before padding.
 
     Returns:
       ``N``, the number of examples streamed.
 
     Raises:
-      ValueError: no examples, or a bad batch size or ``in_flight``.
+      ValueError: no examples, arrays of different lengths, or a bad batch size or
+        ``in_flight``.
 
     Example:
       >>> parts = []
@@ -140,10 +205,16 @@ def stream(
       32
       >>> parts   # the last batch was padded to 12 rows and unpadded to 8
       [(0, (12, 10)), (12, (12, 10)), (24, (8, 10))]
+      >>> stream(lambda x, y, m: {"y": y}, (images, labels), 12, 1, lambda s, o: None)
+      32
     """
-    n = len(images)
+    arrays = images if isinstance(images, tuple) else (images,)
+    n = len(arrays[0])
     if n == 0:
         raise ValueError("no examples to stream; give at least one")
+    if any(len(a) != n for a in arrays):
+        lengths = [len(a) for a in arrays]
+        raise ValueError(f"arrays of lengths {lengths} streamed together; give one row each")
     if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
         raise ValueError(f"in_flight={in_flight!r} must be a positive integer")
     b = batch_size_for(batch_size, n, multiple)
@@ -157,11 +228,11 @@ def stream(
                 progress(k)
 
     for start in range(0, n, b):
-        x = np.asarray(images[start : start + b])
+        parts = [_rows(a, start, b) for a in arrays]
         if prepare is not None:
-            x = prepare(x)
-        k = len(x)
-        queue.append((start, k, fn(pad_rows(x, b), np.arange(b) < k)))
+            parts[0] = prepare(parts[0])
+        k = len(parts[0])
+        queue.append((start, k, fn(*(pad_to(x, b) for x in parts), np.arange(b) < k)))
         drain(in_flight)
     drain(0)
     return n

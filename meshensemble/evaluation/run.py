@@ -26,9 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 from meshensemble import data as data_lib
 from meshensemble import metrics
@@ -46,11 +45,12 @@ from meshensemble.calibration.run import (
 from meshensemble.calibration.run import (
     stream_ensemble_logits as stream_ensemble_logits,
 )
-from meshensemble.core import streaming
-from meshensemble.core.mesh import REPLICATED, make_mesh, parse_mesh
+from meshensemble.core import evaluating, inputs, streaming
+from meshensemble.core.mesh import make_mesh, parse_mesh
 from meshensemble.data.split import split_validation
 from meshensemble.evaluation.regression import EVALUATION_FILE as EVALUATION_FILE
 from meshensemble.evaluation.regression import check_checkpoint, evaluate_regression
+from meshensemble.numerics import statmath
 from meshensemble.training import CONFIG_FILE, TrainConfig, build_ensemble, final_table
 from meshensemble.training.checkpoint import (
     list_checkpoints,
@@ -66,19 +66,19 @@ DEFAULT_OOD = ("noise", "inverted")
 """The OOD sets used when none are named (both need no data beyond the test set)."""
 NOISE_SEED = 0
 """Seed of ``np.random.default_rng`` for the ``noise`` OOD set."""
-OOD_SCORE_KINDS = metrics.LOGIT_OOD_KINDS
+OOD_SCORE_KINDS = statmath.OOD_SCORE_KINDS
 """The ensemble's OOD scores: max_prob, entropy, mutual information from the members'
 softmax, and max_logit and energy from their logits (``ens.predict_members(...,
 logits=True)``): each member's max logit / free energy, averaged over members
 (:func:`meshensemble.metrics.ood_score_from_logits`). Not from ``log(mean_m p^m)``: its
 logsumexp is 0 (the energy would be constant) and its max is ``log max_prob``."""
-MEMBER_OOD_KINDS = ("max_prob", "entropy", "max_logit", "energy")
+MEMBER_OOD_KINDS = statmath.MEMBER_OOD_KINDS
 """OOD scores of a single member (its mutual information is 0)."""
 RELIABILITY_PLOT = "reliability_diagram.png"
 OOD_PLOT = "ood_histogram.png"
 HISTOGRAM_SCORE = "entropy"
 """The OOD score drawn in ``ood_histogram.png``."""
-_BIN_KEYS = ("count", "confidence_sum", "correct_sum")
+_BIN_KEYS = statmath.OOD_BIN_KEYS
 
 
 def load_run_config(workdir: str) -> Any:
@@ -188,31 +188,6 @@ def ood_images(
     return ds.test_images
 
 
-@functools.cache
-def _batch_fn(mesh: Mesh, num_bins: int) -> Callable[..., Any]:
-    """Per-batch scores and bin sums from ``[members, b, classes]``, built once per mesh."""
-
-    def fn(member_logits: jax.Array, labels: jax.Array, mask: jax.Array) -> dict[str, Any]:
-        member_probs = jax.nn.softmax(member_logits, axis=-1)
-        score = metrics.ood_score_from_logits
-        scores = jnp.stack([score(member_logits, k) for k in OOD_SCORE_KINDS])
-        # Each member alone, as a single model: [kinds, members, b].
-        alone = lambda z: jnp.stack([score(z[None], k) for k in MEMBER_OOD_KINDS])
-        member_scores = jnp.moveaxis(jax.vmap(alone)(member_logits), 0, 1)
-        ens = metrics.calibration_bins(jnp.mean(member_probs, axis=0), labels, num_bins, mask)
-        # Pooled over members: the sum of every member's bin sums.
-        per_member = jax.vmap(lambda p: metrics.calibration_bins(p, labels, num_bins, mask))
-        mem = per_member(member_probs)
-        return {
-            "scores": scores,
-            "member_scores": member_scores,
-            "ensemble": {k: ens[k] for k in _BIN_KEYS},
-            "member": {k: jnp.sum(mem[k], axis=0) for k in _BIN_KEYS},
-        }
-
-    return jax.jit(fn, out_shardings=NamedSharding(mesh, REPLICATED))
-
-
 def stream_scores(
     ens: Any,
     state: Any,
@@ -224,11 +199,11 @@ def stream_scores(
     """Per-example OOD scores and reliability-diagram sums, computed on the mesh.
 
     Streams over ``images`` in batches of ``batch_size`` (rounded up to a multiple of the
-    ``data`` axis; the last batch is padded and masked). For each batch a jitted function
-    turns the members' logits (``ens.predict_members(..., logits=True)``, ``[members, b,
-    classes]``, sharded over ``ensemble`` and ``data``) and their softmax into ``[kinds, b]``
-    scores and ``[num_bins]`` bin sums on device; only
-    those reach the host.
+    ``data`` axis; the last batch is padded and masked) by the host streaming engine
+    (:func:`meshensemble.core.streaming.stream`). For each batch the mesh program of
+    :func:`meshensemble.core.steps.ood_stats` turns the members' logits into ``[kinds, b]``
+    scores and ``[num_bins]`` bin sums on device (members averaged by ``pmean`` over
+    ``ensemble``); only those reach the host.
 
     Args:
       ens: the :class:`meshensemble.Ensemble`.
@@ -250,7 +225,8 @@ def stream_scores(
       bins (a member with no example in a bin does not drag it to ``nan``).
 
     Raises:
-      ValueError: no images, or labels of another length.
+      ValueError: no images, labels of another length, a state of another ensemble, or
+        a regression ensemble.
 
     Example:
       >>> out = stream_scores(ens, state, test_images, test_labels)
@@ -264,18 +240,12 @@ def stream_scores(
         raise ValueError(
             f"stream_scores: labels of shape {np.shape(labels)} for {n} images; give [N] labels"
         )
-    fn = _batch_fn(ens.mesh, int(num_bins))
+    inputs.check_state(state, ens.num_members)
     y_all = np.zeros(n, np.int32) if labels is None else np.asarray(labels, np.int32)
+    fn = evaluating.ood_fn(ens, int(num_bins), images[:1])
     scores: list[np.ndarray] = []
     member_scores: list[np.ndarray] = []
     sums: dict[str, dict[str, np.ndarray]] = {}
-    read = [0]  # the streaming engine calls in order: the labels follow the images
-
-    def batch(x: np.ndarray, mask: np.ndarray) -> Any:
-        y = streaming.pad_rows(y_all[read[0] : read[0] + int(mask.sum())], len(mask))
-        read[0] += int(mask.sum())
-        z = ens.predict_members(state, x, logits=True)
-        return fn(z, ens.place(y), ens.place(mask.astype(np.float32)))
 
     def sink(start: int, out: Mapping[str, Any]) -> None:
         scores.append(np.asarray(out["scores"], np.float64))
@@ -286,7 +256,8 @@ def stream_scores(
                 acc[key] = acc[key] + np.asarray(out[part][key], np.float64)
 
     axes = {"scores": 1, "member_scores": 2, "ensemble": None, "member": None}
-    streaming.stream(batch, images, batch_size, ens.data_size, sink, axes=axes)
+    run = lambda x, y, mask: fn(state, x, y, mask)
+    streaming.stream(run, (images, y_all), batch_size, ens.data_size, sink, axes=axes)
     all_scores = np.concatenate(scores, axis=1)
     all_members = np.concatenate(member_scores, axis=-1)
     result: dict[str, Any] = {
@@ -431,24 +402,9 @@ def evaluate_run(
             workdir, cfg, checkpoint=checkpoint, mesh=mesh, batch_size=batch_size,
             source=source, data_file=data_file, echo=echo, calibrate=calibrate, alpha=alpha,
         )  # fmt: skip
-    if jax.process_index() == 0:  # before any work: process 0 writes the results there
-        check_writable(
-            workdir,
-            f"{EVALUATION_FILE} and the plots go there: make it writable, or copy the run to "
-            "a writable folder and evaluate the copy",
-        )
     names = _check_arguments(cfg, ood, ood_file, batch_size, num_bins, checkpoint)
-    if calibrate:
-        check_calibrate(workdir, cfg, alpha, conformal, note=lambda m: say(f"note: {m}"))
-    check_checkpoint(workdir, checkpoint)  # before loading data: a listing, nothing opened
-
-    shape = _mesh_shape(mesh, cfg.members)
-    device_mesh = (
-        mesh
-        if isinstance(mesh, Mesh)
-        else make_mesh(shape.get("ensemble"), shape.get("data", 1), shape.get("model"))
-    )
-
+    _check_before_work(workdir, cfg, checkpoint, calibrate, alpha, conformal, say)
+    device_mesh = _device_mesh(mesh, cfg.members)
     if dataset is None:
         dataset = load_run_data(
             workdir, cfg, source=source, data_file=data_file, data_dir=data_dir, log=say
@@ -484,6 +440,35 @@ def evaluate_run(
             write_calibration_plot(workdir, result["calibration"], curves)
     _report(say, workdir, result, step, ens, dataset.num_test, curves is not None)
     return result
+
+
+def _check_before_work(
+    workdir: str,
+    cfg: Any,
+    checkpoint: int | None,
+    calibrate: bool,
+    alpha: float,
+    conformal: str,
+    say: Callable[[str], Any],
+) -> None:
+    """The workdir writable, the calibration arguments, the checkpoint listed: no data read."""
+    if jax.process_index() == 0:  # process 0 writes the results there
+        check_writable(
+            workdir,
+            f"{EVALUATION_FILE} and the plots go there: make it writable, or copy the run to "
+            "a writable folder and evaluate the copy",
+        )
+    if calibrate:
+        check_calibrate(workdir, cfg, alpha, conformal, note=lambda m: say(f"note: {m}"))
+    check_checkpoint(workdir, checkpoint)  # before loading data: a listing, nothing opened
+
+
+def _device_mesh(mesh: str | Mapping[str, int] | Mesh | None, members: int) -> Mesh:
+    """The mesh to evaluate on: ``mesh`` itself, or made from its axis sizes (or the default)."""
+    if isinstance(mesh, Mesh):
+        return mesh
+    shape = _mesh_shape(mesh, members)
+    return make_mesh(shape.get("ensemble"), shape.get("data", 1), shape.get("model"))
 
 
 def _check_regression_arguments(

@@ -16,13 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from meshensemble.metrics.uncertainty import mutual_information
 from meshensemble.numerics import statmath
 
 OOD_KINDS = ("max_prob", "entropy", "mutual_information")
 """The ``kind`` values that :func:`ood_score` accepts."""
 
-LOGIT_OOD_KINDS = (*OOD_KINDS, "max_logit", "energy")
+LOGIT_OOD_KINDS = statmath.OOD_SCORE_KINDS  # (*OOD_KINDS, "max_logit", "energy")
 """The ``kind`` values that :func:`ood_score_from_logits` accepts (every kind of
 :data:`OOD_KINDS`, from the softmax of the logits, and two that need the logits)."""
 
@@ -34,7 +33,7 @@ def ood_score(member_probs: ArrayLike, kind: str = "max_prob") -> jax.Array:
 
     * ``"max_prob"``: ``1 - max_c pbar_ic`` (in ``[0, 1 - 1 / classes]``);
     * ``"entropy"``: ``H(pbar_i)``, the predictive entropy;
-    * ``"mutual_information"``: :func:`mutual_information`.
+    * ``"mutual_information"``: :func:`meshensemble.metrics.mutual_information`.
 
     Args:
       member_probs: `[members, N, classes]` member probabilities (use ``probs[None]`` for a
@@ -58,12 +57,11 @@ def ood_score(member_probs: ArrayLike, kind: str = "max_prob") -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames="kind")
 def _ood_score_core(member_probs: Any, kind: str) -> jax.Array:
+    p = statmath.as_float(member_probs)
+    means = {"probs": jnp.mean(p, axis=0)}
     if kind == "mutual_information":
-        return mutual_information(member_probs)  # traced: its checks run at trace time
-    mean_probs = jnp.mean(statmath.as_float(member_probs), axis=0)
-    if kind == "entropy":
-        return statmath.shannon_entropy(mean_probs)
-    return 1.0 - jnp.max(mean_probs, axis=-1)
+        means["expected_entropy"] = jnp.mean(statmath.shannon_entropy(p), axis=0)
+    return statmath.ood_score_of(kind, means)
 
 
 def ood_score_from_logits(member_logits: ArrayLike, kind: str = "energy") -> jax.Array:
@@ -109,12 +107,7 @@ def ood_score_from_logits(member_logits: ArrayLike, kind: str = "energy") -> jax
 
 @functools.partial(jax.jit, static_argnames="kind")
 def _ood_logits_core(member_logits: Any, kind: str) -> jax.Array:
-    z = statmath.as_float(member_logits)
-    if kind == "max_logit":
-        return 0.0 - jnp.mean(jnp.max(z, axis=-1), axis=0)
-    if kind == "energy":
-        return 0.0 - jnp.mean(jax.nn.logsumexp(z, axis=-1), axis=0)
-    return _ood_score_core(jax.nn.softmax(z, axis=-1), kind=kind)
+    return statmath.ood_score_of(kind, statmath.logit_summaries(member_logits))
 
 
 # --------------------------------------------------------------------------- OOD detection

@@ -204,3 +204,64 @@ def per_example(probs: jax.Array, labels: jax.Array, num_bins: int) -> dict[str,
 def clipped_log(probs: jax.Array) -> jax.Array:
     """``log(max(p, nll_clip(dtype)))`` elementwise: the log the pairwise KL uses (finite)."""
     return jnp.log(jnp.maximum(probs, nll_clip(probs.dtype)))
+
+
+# --------------------------------------------------------------------------- OOD scores
+
+OOD_SCORE_KINDS = ("max_prob", "entropy", "mutual_information", "max_logit", "energy")
+"""The per-example OOD scores :func:`ood_score_of` computes from :func:`logit_summaries`."""
+MEMBER_OOD_KINDS = ("max_prob", "entropy", "max_logit", "energy")
+"""OOD scores of a single member (its mutual information is 0)."""
+OOD_BIN_KEYS = ("count", "confidence_sum", "correct_sum")
+"""The reliability-diagram sums per confidence bin (:func:`bin_sums`' three results)."""
+
+
+def logit_summaries(member_logits: jax.Array) -> dict[str, jax.Array]:
+    """The members' means that every OOD score needs, from ``[members, N, C]`` logits.
+
+    Means over the members axis (0) only, so a device can take them over its local members
+    and ``pmean`` them over ``ensemble`` (:func:`meshensemble.core.steps.ood_stats`).
+
+    Returns:
+      ``probs`` ``[N, C]`` (the mean softmax), ``expected_entropy`` ``[N]`` (the members'
+      mean entropy), ``max_logit`` and ``logsumexp`` ``[N]`` (the members' mean max logit
+      and log-sum-exp).
+
+    Example:
+      >>> s = logit_summaries(jnp.zeros((2, 3, 4)))
+      >>> s["probs"].shape, float(s["expected_entropy"][0]) == float(jnp.log(4.0))
+      ((3, 4), True)
+    """
+    z = as_float(member_logits)
+    p = jax.nn.softmax(z, axis=-1)
+    return {
+        "probs": jnp.mean(p, axis=0),
+        "expected_entropy": jnp.mean(shannon_entropy(p), axis=0),
+        "max_logit": jnp.mean(jnp.max(z, axis=-1), axis=0),
+        "logsumexp": jnp.mean(jax.nn.logsumexp(z, axis=-1), axis=0),
+    }
+
+
+def ood_score_of(kind: str, summaries: dict[str, jax.Array]) -> jax.Array:
+    """One OOD score per example (higher: more OOD) from the members' means.
+
+    ``max_prob``: ``1 - max_c pbar_c``; ``entropy``: ``H(pbar)``; ``mutual_information``:
+    ``max(H(pbar) - E_m H(p_m), 0)``; ``max_logit``: ``-E_m max_c z_c``; ``energy``:
+    ``-E_m logsumexp_c z_c``. ``summaries`` holds ``probs`` (and ``expected_entropy``,
+    ``max_logit``, ``logsumexp`` for the kinds that use them), as
+    :func:`logit_summaries` returns.
+
+    Example:
+      >>> float(ood_score_of("max_prob", {"probs": jnp.array([0.75, 0.25])}))
+      0.25
+    """
+    if kind == "max_logit":
+        return 0.0 - summaries["max_logit"]
+    if kind == "energy":
+        return 0.0 - summaries["logsumexp"]
+    if kind == "max_prob":
+        return 1.0 - jnp.max(summaries["probs"], axis=-1)
+    entropy = shannon_entropy(summaries["probs"])
+    if kind == "entropy":
+        return entropy
+    return jnp.maximum(entropy - summaries["expected_entropy"], 0.0)

@@ -381,6 +381,38 @@ def pairwise_terms(ensemble_probs: Any, votes: Any, log_probs: Any) -> tuple[Any
 _streaming_sums_jit = functools.partial(jax.jit, static_argnames="num_bins")(streaming_sums)
 
 
+def _checked_stats(
+    stats: Mapping[str, Any], num_bins: int, examples: Mapping[str, Any] | None
+) -> tuple[dict[str, np.ndarray], int]:
+    """``stats`` as float64 numpy and the member count, after checking keys and shapes."""
+    keys = (*MEMBER_STAT_KEYS, *ENSEMBLE_STAT_KEYS)
+    missing = [k for k in keys if k not in stats]
+    if missing:
+        raise ValueError(f"`stats` lacks keys {missing}; pass the output of streaming_stats.")
+    s = {k: np.asarray(stats[k], dtype=np.float64) for k in keys}
+    if not float(s["count"]) > 0:
+        raise ValueError(
+            f"`stats['count']` is {float(s['count'])}; at least one example must be masked in."
+        )
+    m = s["member_correct"].shape[0] if s["member_correct"].ndim == 1 else -1
+    want = {
+        **{k: (m,) for k in MEMBER_STAT_KEYS if not k.startswith("member_bin_")},
+        **{k: (m, num_bins) for k in MEMBER_STAT_KEYS if k.startswith("member_bin_")},
+        **{k: (num_bins,) for k in ENSEMBLE_STAT_KEYS if k.startswith("ensemble_bin_")},
+    }
+    for k, shape in want.items():
+        if s[k].shape != shape or m < 1:
+            raise ValueError(
+                f"`stats[{k!r}]` has shape {s[k].shape}, expected {shape} "
+                f"(members={m}, num_bins={num_bins}); check num_bins and the member concat."
+            )
+    if examples is not None:
+        lacking = [k for k in EXAMPLE_STAT_KEYS if k not in examples]
+        if lacking:
+            raise ValueError(f"`examples` lacks keys {lacking}; pass the output of example_stats.")
+    return s, m
+
+
 def finalize_stats(
     stats: Mapping[str, Any],
     num_bins: int = 15,
@@ -436,30 +468,8 @@ def finalize_stats(
       [1.0, 0.5]
     """
     num_bins = check_num_bins(num_bins)
-    keys = (*MEMBER_STAT_KEYS, *ENSEMBLE_STAT_KEYS)
-    missing = [k for k in keys if k not in stats]
-    if missing:
-        raise ValueError(f"`stats` lacks keys {missing}; pass the output of streaming_stats.")
-    s = {k: np.asarray(stats[k], dtype=np.float64) for k in keys}
+    s, m = _checked_stats(stats, num_bins, examples)
     n = float(s["count"])
-    if not n > 0:
-        raise ValueError(f"`stats['count']` is {n}; at least one example must be masked in.")
-    m = s["member_correct"].shape[0] if s["member_correct"].ndim == 1 else -1
-    want = {
-        **{k: (m,) for k in MEMBER_STAT_KEYS if not k.startswith("member_bin_")},
-        **{k: (m, num_bins) for k in MEMBER_STAT_KEYS if k.startswith("member_bin_")},
-        **{k: (num_bins,) for k in ENSEMBLE_STAT_KEYS if k.startswith("ensemble_bin_")},
-    }
-    for k, shape in want.items():
-        if s[k].shape != shape or m < 1:
-            raise ValueError(
-                f"`stats[{k!r}]` has shape {s[k].shape}, expected {shape} "
-                f"(members={m}, num_bins={num_bins}); check num_bins and the member concat."
-            )
-    if examples is not None:
-        lacking = [k for k in EXAMPLE_STAT_KEYS if k not in examples]
-        if lacking:
-            raise ValueError(f"`examples` lacks keys {lacking}; pass the output of example_stats.")
 
     def ece_np(correct: np.ndarray, conf: np.ndarray) -> np.ndarray:
         return np.abs(correct - conf).sum(axis=-1) / n
