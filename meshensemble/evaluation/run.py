@@ -99,7 +99,7 @@ def load_run_config(workdir: str) -> Any:
         (one line naming the file).
 
     Example:
-      >>> load_run_config("runs/mnist").members
+      >>> load_run_config("runs/tiny").members
       4
     """
     if not os.path.isdir(workdir):
@@ -424,9 +424,9 @@ def evaluate_run(
       meshensemble.data.DataError: the test data or an OOD set cannot be loaded.
 
     Example:
-      >>> r = evaluate_run("runs/mnist", mesh="ensemble=4,data=1", ood=["noise"], echo=print)
+      >>> r = evaluate_run("runs/tiny", mesh="ensemble=4,data=1", ood=["noise"], echo=print)
       data: MNIST from ...mnist.npz ...
-      checkpoint 4 of runs/mnist on mesh ensemble=4 x data=1: 32 test examples
+      checkpoint 4 of runs/tiny on mesh ensemble=4 x data=1: 32 test examples
       ...
       >>> r["checkpoint_step"], r["num_test"], r["ood_sets"]
       (4, 32, ['noise'])
@@ -618,7 +618,7 @@ def summary_table(result: Mapping[str, Any]) -> str:
 
     Example:
       >>> import json
-      >>> print(summary_table(json.load(open("runs/mnist/evaluation.json"))))
+      >>> print(summary_table(json.load(open("runs/tiny/evaluation.json"))))
       test uncertainty: entropy ..., expected entropy ..., mutual information ..., disagreement ...
       OOD set      auroc max_prob  auroc entropy ...
       ...
