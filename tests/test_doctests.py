@@ -143,6 +143,18 @@ COVERED = [
     "meshensemble.models.conv",
     "meshensemble.models.vit",
     "meshensemble.models.zoo",
+    "meshensemble.bench",
+    "meshensemble.bench.accuracy",
+    "meshensemble.bench.cases",
+    "meshensemble.bench.config",
+    "meshensemble.bench.flops",
+    "meshensemble.bench.layouts",
+    "meshensemble.bench.report",
+    "meshensemble.bench.stream_case",
+    "meshensemble.bench.suite",
+    "meshensemble.bench.timing",
+    "meshensemble.bench.workloads",
+    "meshensemble.plots",
     "meshensemble.serving",
     "meshensemble.serving.export",
     "meshensemble.serving.inputs",
@@ -164,6 +176,7 @@ COVERED = [
     "meshensemble.training.outputs",
     "meshensemble.training.pacing",
     "meshensemble.training.plan",
+    "meshensemble.testing",
     "meshensemble.training.regression_run",
 ]
 """The modules whose examples run here (a module with no example is listed too: one
@@ -173,23 +186,10 @@ NOT_YET = "not yet made to run (#27 continues): its examples use names no namesp
 OWNED = "not yet: another engineer is editing this module now (its examples are theirs)"
 ENTRY = "a program entry point: importing it runs the command line"
 NOT_COVERED: dict[str, str] = {
-    "meshensemble.bench": NOT_YET + "; runs a benchmark (minutes)",
     "meshensemble.bench.__main__": ENTRY,
-    "meshensemble.bench.accuracy": NOT_YET + "; launches training runs",
-    "meshensemble.bench.cases": NOT_YET + "; runs benchmark cases",
-    "meshensemble.bench.config": NOT_YET,
-    "meshensemble.bench.flops": NOT_YET,
-    "meshensemble.bench.layouts": NOT_YET,
-    "meshensemble.bench.report": NOT_YET + "; runs a benchmark (minutes)",
-    "meshensemble.bench.stream_case": NOT_YET,
-    "meshensemble.bench.suite": NOT_YET + "; runs a benchmark (minutes)",
-    "meshensemble.bench.timing": NOT_YET,
-    "meshensemble.bench.workloads": NOT_YET,
     "meshensemble.cli.__main__": ENTRY,
-    "meshensemble.plots": NOT_YET,
     "meshensemble.runtime.autotune": OWNED,
     "meshensemble.runtime.distributed": NOT_YET + "; launches processes",
-    "meshensemble.testing": NOT_YET,
     "meshensemble.training.feeder": OWNED,
     "meshensemble.training.tuning": OWNED,
 }
@@ -287,6 +287,39 @@ def run_folder() -> pathlib.Path:
     return root
 
 
+@functools.lru_cache(maxsize=1)
+def bench_fixtures() -> dict:
+    """The bench modules' names, built once per worker (see the module docstring)."""
+    from meshensemble import bench
+    from meshensemble.bench import report, timing, workloads
+
+    quiet = lambda line: None  # noqa: E731
+    cfg = bench.resolve(tiny=True, cases="matmul,howto")
+    ctx = workloads.Context(cfg, workloads.load_data(cfg, quiet))
+    cases = bench.plan(cfg, len(jax.devices()), jax.devices()[0].platform, ctx.steps_per_epoch)
+    runners, owner = {}, {}
+    for case in cases:  # one runner per distinct computation, as run_bench does
+        if case.spec not in runners:
+            runners[case.spec] = bench.RUNNERS[case.spec.kind](ctx, case.spec)
+            owner[case.spec] = case.name
+    for spec, runner in runners.items():
+        runner.prepare()
+        if spec.kind != "matmul":
+            ctx.flops_per_example(bench.plain_model(spec.model))
+            ctx.cost_analysis_per_example(bench.plain_model(spec.model))
+    timing.round_robin(runners.values(), cfg.repeats, cfg.warmup)
+    results = report.collect(cfg, ctx, cases, runners, owner)
+    return {
+        "cfg": cfg,
+        "ctx": ctx,
+        "cases": cases,
+        "runners": runners,
+        "owner": owner,
+        "runner": next(iter(runners.values())),
+        "results": results,
+    }
+
+
 def copy_run_files(docstring: str, folder: pathlib.Path) -> None:
     """Copies into ``folder`` each of :data:`RUN_FILES` that ``docstring`` names."""
     named = [name for name in RUN_FILES if name in docstring]
@@ -313,6 +346,8 @@ def run_examples(name: str, folder: pathlib.Path) -> tuple[int, int, str]:
     module = importlib.import_module(name)
     shared = fixtures()
     globs = {**vars(module), **shared}
+    if name.startswith("meshensemble.bench"):
+        globs.update(bench_fixtures())
     tests = doctest.DocTestFinder(exclude_empty=True).find(module, name, globs=globs)
     runner = doctest.DocTestRunner(optionflags=FLAGS)
     out = io.StringIO()
@@ -322,7 +357,9 @@ def run_examples(name: str, folder: pathlib.Path) -> tuple[int, int, str]:
         os.makedirs(test.globs["tmp"])
         os.chdir(test.globs["tmp"])
         copy_run_files(test.docstring or "", pathlib.Path(test.globs["tmp"]))
+        import time as _t; _t0 = _t.perf_counter()
         runner.run(test, out=out.write, clear_globs=True)
+        print(f"TIMING {_t.perf_counter() - _t0:6.2f} {test.name}", file=sys.__stderr__)
     return runner.failures, runner.tries, out.getvalue()
 
 
