@@ -357,9 +357,7 @@ def run_examples(name: str, folder: pathlib.Path) -> tuple[int, int, str]:
         os.makedirs(test.globs["tmp"])
         os.chdir(test.globs["tmp"])
         copy_run_files(test.docstring or "", pathlib.Path(test.globs["tmp"]))
-        import time as _t; _t0 = _t.perf_counter()
         runner.run(test, out=out.write, clear_globs=True)
-        print(f"TIMING {_t.perf_counter() - _t0:6.2f} {test.name}", file=sys.__stderr__)
     return runner.failures, runner.tries, out.getvalue()
 
 

@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
 
     Example:
       >>> from meshensemble.cli import build_parser
-      >>> run(build_parser().parse_args(["bench", "--tiny", "--cases", "matmul", "--out", "b.json"]))
+      >>> argv = ["bench", "--tiny", "--cases", "matmul", "--out", "b.json"]
+      >>> run(build_parser().parse_args(argv))
       case ...
       0
     """

@@ -53,7 +53,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
       >>> parser = Parser(prog="meshensemble")
       >>> add_parser(parser.add_subparsers()).prog
       'meshensemble predict'
-      >>> parser.parse_args(["predict", "--workdir", "runs/tiny", "--input", "new.npy", "--out", "p.npz"]).input
+      >>> argv = ["predict", "--workdir", "runs/tiny", "--input", "new.npy", "--out", "p.npz"]
+      >>> parser.parse_args(argv).input
       'new.npy'
     """
     p = sub.add_parser(

@@ -213,7 +213,8 @@ class RegressionPredictor:
           >>> x = np.linspace(-4, 4, 5, dtype=np.float32)[:, None]  # features [N, F]
           >>> out = predictor.outputs(x, members=True)
           >>> sorted(out)
-          ['aleatoric', 'epistemic', 'lower', 'mean', 'member_mean', 'member_variance', 'upper', 'variance']
+          ['aleatoric', 'epistemic', 'lower', 'mean', 'member_mean', 'member_variance',
+           'upper', 'variance']
           >>> out["member_mean"].shape  # (M, N, T)
           (4, 5, 1)
         """

@@ -11,7 +11,8 @@ Example:
   ...                      data_file="mnist.npz", workdir="runs/r")
   >>> result = me.training.train(cfg, echo=lambda line: None)   # no printed lines
   >>> sorted(os.listdir("runs/r"))
-  ['checkpoints', 'compile.json', 'config.json', 'learning_curves.png', 'members.png', 'metrics.jsonl']
+  ['checkpoints', 'compile.json', 'config.json', 'learning_curves.png', 'members.png',
+   'metrics.jsonl']
 """
 
 from __future__ import annotations
