@@ -170,6 +170,7 @@ COVERED = [
     "meshensemble.training",
     "meshensemble.training.checkpoint",
     "meshensemble.training.config",
+    "meshensemble.training.feeder",
     "meshensemble.training.guards",
     "meshensemble.training.identity",
     "meshensemble.training.inference",
@@ -180,6 +181,7 @@ COVERED = [
     "meshensemble.training.plan",
     "meshensemble.testing",
     "meshensemble.training.regression_run",
+    "meshensemble.training.tuning",
 ]
 """The modules whose examples run here (a module with no example is listed too: one
 written later runs from then on)."""
@@ -190,8 +192,6 @@ ENTRY = "a program entry point: importing it runs the command line"
 NOT_COVERED: dict[str, str] = {
     "meshensemble.bench.__main__": ENTRY,
     "meshensemble.cli.__main__": ENTRY,
-    "meshensemble.training.feeder": OWNED,
-    "meshensemble.training.tuning": OWNED,
 }
 """The modules whose examples do not run here, each with the reason; a new module must be
 added to this or to ``COVERED`` (``test_every_module_is_listed``)."""
