@@ -34,10 +34,27 @@ way ``python -m doctest`` sees the module, except the names below, which win):
   num_classes=10)``, an uncalibrated predictor of that ensemble (no run folder behind it);
 - the working directory is a fresh temporary folder per docstring (``tmp``: its path),
   so an example that writes a file writes it there (and the host's cache of verified files,
-  ``MESHENSEMBLE_VERIFY_CACHE``, is a file in it).
+  ``MESHENSEMBLE_VERIFY_CACHE``, is a file in it);
+- in that folder, a copy of each of these that the docstring names (:func:`run_folder`,
+  built through the public API once per worker, the first time a docstring names one):
+  ``mnist.npz``, a Keras-layout npz of ``me.data.synthetic(96, 32, seed=0)`` with every
+  4th training label wrong (so a held-out split has errors to calibrate on);
+  ``runs/tiny``, a classification run on it (4 ``mlp`` members on the default
+  ``ensemble=4 x data=2`` mesh, batch 32, ``validation=32``, 2 epochs: checkpoints 2 and
+  4) and ``runs/toy``, a regression run on the 1-D toy (4 members, batch 8,
+  ``validation=10``, 2 epochs: last checkpoint 2), both then evaluated with
+  ``calibrate=True`` (``evaluation.json``, the temperature, the interval calibration);
+- in the docstrings of ``meshensemble.bench.*`` also (:func:`bench_fixtures`, once per
+  worker): ``cfg``, ``resolve(tiny=True, cases="matmul,howto")``; ``ctx``, its
+  ``Context``; ``cases``, its plan on this process's devices; ``runners`` and ``owner``,
+  one prepared and timed runner per distinct spec and its first case (as ``run_bench``
+  makes them); ``runner``, the first of them; ``results``, ``collect``'s results of them.
 
-The whole run is budgeted at ~30 s of worker time: the fixtures are built once per worker
-and the examples use the tiny MLP ensemble above, not the CNNs of a real run.
+An example line that truly cannot run in a test (a GPU, a multi-host launch, real
+processes, the network, minutes of work, a file only a user has) is marked
+``# doctest: +SKIP``; a run folder or data that can be built cheaply is built here instead.
+The fixtures are built once per worker and the examples use tiny MLP ensembles, not the
+CNNs of a real run.
 """
 
 from __future__ import annotations
@@ -186,8 +203,6 @@ COVERED = [
 """The modules whose examples run here (a module with no example is listed too: one
 written later runs from then on)."""
 
-NOT_YET = "not yet made to run (#27 continues): its examples use names no namespace defines"
-OWNED = "not yet: another engineer is editing this module now (its examples are theirs)"
 ENTRY = "a program entry point: importing it runs the command line"
 NOT_COVERED: dict[str, str] = {
     "meshensemble.bench.__main__": ENTRY,

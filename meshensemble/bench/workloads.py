@@ -50,8 +50,8 @@ class TinyConvNet(nn.Module):
 
     Example:
       >>> model = TinyConvNet(impl="im2col")
-      >>> params = model.init(key, images[:1])
-      >>> model.apply(params, images).shape  # [B, 10]
+      >>> params = jax.eval_shape(model.init, key, images[:1])   # shapes only: nothing runs
+      >>> jax.eval_shape(model.apply, params, images).shape  # [B, 10]
       (32, 10)
     """
 
