@@ -35,8 +35,9 @@ way ``python -m doctest`` sees the module, except the names below, which win):
 - the working directory is a fresh temporary folder per docstring (``tmp``: its path),
   so an example that writes a file writes it there (and the host's cache of verified files,
   ``MESHENSEMBLE_VERIFY_CACHE``, is a file in it);
-- in that folder, a copy of each of these that the docstring names (:func:`run_folder`,
-  built through the public API once per worker, the first time a docstring names one):
+- in that folder, a copy of each of these that the docstring names (:func:`npz_folder`,
+  :func:`run_folder`: built through the public API once per worker, the first time a
+  docstring names one):
   ``mnist.npz``, a Keras-layout npz of ``me.data.synthetic(96, 32, seed=0)`` with every
   4th training label wrong (so a held-out split has errors to calibrate on);
   ``runs/tiny``, a classification run on it (4 ``mlp`` members on the default
@@ -265,16 +266,10 @@ RUN_FILES = ("mnist.npz", "runs/tiny", "runs/toy")
 
 
 @functools.lru_cache(maxsize=1)
-def run_folder() -> pathlib.Path:
-    """A folder with ``mnist.npz``, ``runs/tiny`` and ``runs/toy``, built once per worker.
-
-    Built only when a docstring names one of them (see the module docstring), through the
-    public API as a user would: a tiny classification run on a synthetic npz and a tiny
-    regression run on the 1-D toy, both trained, then evaluated with ``--calibrate``.
-    """
+def npz_folder() -> pathlib.Path:
+    """A folder with ``mnist.npz`` (see the module docstring), written once per worker."""
     root = pathlib.Path(tempfile.mkdtemp(prefix="meshensemble-doctest-runs-"))
     atexit.register(shutil.rmtree, root, True)
-    quiet = lambda line: None  # noqa: E731
     ds = me.data.synthetic(96, 32, seed=0)
     noisy = np.where(np.arange(96) % 4 == 0, (ds.train_labels + 1) % 10, ds.train_labels)
     npz = str(root / "mnist.npz")  # Keras's layout; every 4th training label is wrong
@@ -282,6 +277,20 @@ def run_folder() -> pathlib.Path:
         npz, x_train=ds.train_images[..., 0], y_train=noisy.astype(np.uint8),
         x_test=ds.test_images[..., 0], y_test=ds.test_labels.astype(np.uint8),
     )  # fmt: skip
+    return root
+
+
+@functools.lru_cache(maxsize=1)
+def run_folder() -> pathlib.Path:
+    """:func:`npz_folder` with ``runs/tiny`` and ``runs/toy`` too, built once per worker.
+
+    Built only when a docstring names one of the runs (see the module docstring), through
+    the public API as a user would: a tiny classification run on ``mnist.npz`` and a tiny
+    regression run on the 1-D toy, both trained, then evaluated with ``calibrate=True``.
+    """
+    root = npz_folder()
+    quiet = lambda line: None  # noqa: E731
+    npz = str(root / "mnist.npz")
     common = dict(members=4, epochs=2, quiet=True)
     me.training.train(
         me.TrainConfig(
@@ -340,7 +349,7 @@ def copy_run_files(docstring: str, folder: pathlib.Path) -> None:
     named = [name for name in RUN_FILES if name in docstring]
     if not named:
         return
-    root = run_folder()
+    root = npz_folder() if named == ["mnist.npz"] else run_folder()
     for name in named:
         if (root / name).is_dir():
             shutil.copytree(root / name, folder / name)
@@ -421,6 +430,32 @@ def test_a_broken_example_fails(tmp_path, monkeypatch):
     failed, attempted, report = run_examples(module.__name__, tmp_path)
     assert (failed, attempted) == (2, 3), report
     assert "Expected:\n    3" in report and "NameError" in report, report
+
+
+def test_a_docstring_gets_its_own_copy_of_what_it_names(tmp_path, monkeypatch):
+    """A docstring naming ``mnist.npz`` finds it in its folder; what it does there stays."""
+    module = types.ModuleType("meshensemble_doctest_files")
+    module.__doc__ = """Names nothing: an empty folder.
+
+    >>> os.listdir(".")
+    []
+    """
+    exec("import os\ndef first(): pass\ndef second(): pass", module.__dict__)
+    module.first.__doc__ = """Reads and removes its copy of mnist.npz.
+
+    >>> sorted(np.load("mnist.npz"))
+    ['x_test', 'x_train', 'y_test', 'y_train']
+    >>> os.remove("mnist.npz")
+    """
+    module.second.__doc__ = """Has its own mnist.npz, whatever the first one did.
+
+    >>> os.path.getsize("mnist.npz") > 0
+    True
+    """
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.chdir(tmp_path)
+    failed, attempted, report = run_examples(module.__name__, tmp_path)
+    assert (failed, attempted) == (0, 4), report
 
 
 @pytest.mark.parametrize("name", COVERED)
