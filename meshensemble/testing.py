@@ -399,10 +399,7 @@ def assert_members_match_single_model_training(
       AssertionError: a member differs; the message names the member and the leaf path.
 
     Example:
-      >>> ens = me.Ensemble(me.models.MLP((8,)), optax.adam(1e-3), 2,
-      ...                   me.make_mesh(ensemble=2, data=2))
-      >>> images, labels = learnable_dataset(32)
-      >>> key = jax.random.key(0)
+      >>> key = jax.random.key(0)   # `ens`: 2 MLP members on an ensemble=2 mesh
       >>> trained = assert_members_match_single_model_training(ens, key, images, labels, steps=2)
       >>> trained.step.tolist()   # each member took the same steps as its single model
       [2, 2]
@@ -466,10 +463,10 @@ def assert_mesh_invariant(
       AssertionError: a result differs; the message names both mesh shapes and the leaf.
 
     Example:
-      >>> x, y = learnable_dataset(32)
       >>> def train(mesh):
-      ...     ens = me.Ensemble(me.models.MLP((8,)), optax.sgd(0.1), 2, mesh)
-      ...     state, _ = ens.train_step(ens.init(jax.random.key(0), x[:1]), x, y)
+      ...     ens = me.Ensemble(me.models.MLP((8,)), optax.sgd(0.1), 2, mesh,
+      ...                       input_transform=me.data.normalize)
+      ...     state, _ = ens.train_step(ens.init(jax.random.key(0), images[:1]), images, labels)
       ...     return state.params
       >>> params = assert_mesh_invariant(train, [(2, 1), (1, 2)])   # (ensemble, data)
     """
