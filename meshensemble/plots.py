@@ -19,6 +19,7 @@ def pyplot() -> Any:
     Example:
       >>> plt = pyplot()
       >>> fig, ax = plt.subplots()
+      >>> plt.close(fig)
     """
     import matplotlib
 
@@ -36,7 +37,9 @@ def learning_curves(history: list[dict[str, Any]], path: str) -> None:
       path: the PNG to write.
 
     Example:
-      >>> learning_curves(result.history, "runs/mnist/learning_curves.png")
+      >>> import json
+      >>> history = [json.loads(line) for line in open("runs/tiny/metrics.jsonl")]
+      >>> learning_curves(history, "learning_curves.png")   # a trained run's records
     """
     plt = pyplot()
     steps = [r["step"] for r in history]
@@ -69,7 +72,9 @@ def member_vs_ensemble(record: dict[str, Any], path: str) -> None:
       path: the PNG to write.
 
     Example:
-      >>> member_vs_ensemble(result.history[-1], "runs/mnist/members.png")
+      >>> import json
+      >>> history = [json.loads(line) for line in open("runs/tiny/metrics.jsonl")]
+      >>> member_vs_ensemble(history[-1], "members.png")
     """
     plt = pyplot()
     acc = list(record["test_member_accuracy"]) + [record["test_ensemble_accuracy"]]
@@ -105,7 +110,7 @@ def reliability_diagram(
 
     Example:
       >>> d = me.metrics.reliability_diagram_data(probs, labels)
-      >>> reliability_diagram({"ensemble": d}, "runs/mnist/reliability_diagram.png")
+      >>> reliability_diagram({"ensemble": d}, "reliability_diagram.png")
     """
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(
@@ -150,7 +155,10 @@ def ood_histogram(
       bins: number of bins.
 
     Example:
-      >>> ood_histogram(s_test, {"noise": s_noise}, "runs/mnist/ood_histogram.png")
+      >>> noise = np.random.default_rng(0).integers(0, 256, images.shape, np.uint8)
+      >>> s_test = me.metrics.entropy(probs)                            # [N]
+      >>> s_noise = me.metrics.entropy(ens.predict(state, noise))       # [N_ood]
+      >>> ood_histogram(s_test, {"noise": s_noise}, "ood_histogram.png", score="entropy")
     """
     plt = pyplot()
     sets = {"in-distribution (test)": np.asarray(in_scores, float)}
@@ -185,7 +193,11 @@ def calibration_summary(
       title: what the set sizes are of, e.g. ``"thr, alpha=0.1"``.
 
     Example:
-      >>> calibration_summary({"before": d0, "after": d1}, [0, 9800, 200], "calibration.png")
+      >>> d0 = me.metrics.reliability_diagram_data(probs, labels)
+      >>> tempered = jax.nn.softmax(jnp.log(probs) / 0.5)   # sharper: temperature 0.5
+      >>> d1 = me.metrics.reliability_diagram_data(tempered, labels)
+      >>> sizes = [0, 20, 12] + [0] * 8                        # [classes + 1] set sizes
+      >>> calibration_summary({"before": d0, "after": d1}, sizes, "calibration.png")
     """
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
@@ -227,6 +239,12 @@ def regression_figure(
       path: the PNG to write.
 
     Example:
+      >>> predictor, toy = me.load_predictor("runs/toy"), me.data.toy1d()
+      >>> g = np.linspace(-4, 4, 50, dtype=np.float32)
+      >>> out = predictor.predict(g[:, None])
+      >>> members = predictor.predict_members(g[:, None])
+      >>> sd = np.sqrt(out["variance"][:, 0])
+      >>> x, y = toy.x_train[:, 0], toy.y_train[:, 0]
       >>> regression_figure(g, out["mean"][:, 0], sd, members["mean"][..., 0], x, y, "r.png")
     """
     plt = pyplot()

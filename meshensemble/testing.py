@@ -87,6 +87,7 @@ def need_devices(n: int) -> None:
       >>> def test_two_by_four():
       ...     need_devices(8)
       ...     mesh = me.make_mesh(ensemble=2, data=4)
+      >>> test_two_by_four()   # 8 devices here: runs (with fewer, pytest skips it)
     """
     have = jax.device_count()
     if have < n:
@@ -129,6 +130,7 @@ def assert_trees_close(
         leaf's path (e.g. ``params/Dense_0/kernel``).
 
     Example:
+      >>> reference_params = jax.tree.map(np.asarray, state.params)   # e.g. a saved copy
       >>> assert_trees_close(state.params, reference_params, atol=1e-5)
     """
     _close(actual, expected, rtol, atol, "trees differ")
@@ -264,6 +266,8 @@ def member_stream_keys(key: jax.Array, num_members: int) -> jax.Array:
 
     Example:
       >>> keys = member_stream_keys(jax.random.key(0), 4)  # keys[i]: member i's stream
+      >>> keys.shape
+      (4,)
     """
     return jax.vmap(lambda k: jax.random.fold_in(k, STREAM_FOLD))(
         jax.random.split(key, num_members)
@@ -306,7 +310,11 @@ def single_model_train_step(
     Example:
       >>> step = single_model_train_step(ens.model, ens.optimizer, data_shards=2)
       >>> params, model_state = ens.model.init(jax.random.key(1), images[:1])
+      >>> rng = member_stream_keys(jax.random.key(0), 2)[0]   # member 0's stream
       >>> out = step(params, model_state, ens.optimizer.init(params), images, labels, rng, 0)
+      >>> params, model_state, opt_state, loss = out
+      >>> loss.shape
+      ()
     """
     model = as_model(model)
     loss_fn = loss_fn or softmax_cross_entropy
@@ -391,9 +399,10 @@ def assert_members_match_single_model_training(
       AssertionError: a member differs; the message names the member and the leaf path.
 
     Example:
-      >>> ens = me.Ensemble(MyNet(), optax.adam(1e-3), 4, me.make_mesh(ensemble=2, data=4))
-      >>> images, labels = learnable_dataset(32)
-      >>> assert_members_match_single_model_training(ens, jax.random.key(0), images, labels)
+      >>> key = jax.random.key(0)   # `ens`: 2 MLP members on an ensemble=2 mesh
+      >>> trained = assert_members_match_single_model_training(ens, key, images, labels, steps=2)
+      >>> trained.step.tolist()   # each member took the same steps as its single model
+      [2, 2]
     """
     if ens.compute_dtype is not None:
         raise ValueError(
@@ -455,10 +464,11 @@ def assert_mesh_invariant(
 
     Example:
       >>> def train(mesh):
-      ...     ens = me.Ensemble(MyNet(), optax.sgd(0.1), 8, mesh)
-      ...     state, _ = ens.train_step(ens.init(jax.random.key(0), x[:1]), x, y)
+      ...     ens = me.Ensemble(me.models.MLP((8,)), optax.sgd(0.1), 2, mesh,
+      ...                       input_transform=me.data.normalize)
+      ...     state, _ = ens.train_step(ens.init(jax.random.key(0), images[:1]), images, labels)
       ...     return state.params
-      >>> assert_mesh_invariant(train, [(8, 1), (4, 2), (2, 4)])
+      >>> params = assert_mesh_invariant(train, [(2, 1), (1, 2)])   # (ensemble, data)
     """
     shapes = list(mesh_shapes)
     if not shapes:

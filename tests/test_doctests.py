@@ -34,14 +34,33 @@ way ``python -m doctest`` sees the module, except the names below, which win):
   num_classes=10)``, an uncalibrated predictor of that ensemble (no run folder behind it);
 - the working directory is a fresh temporary folder per docstring (``tmp``: its path),
   so an example that writes a file writes it there (and the host's cache of verified files,
-  ``MESHENSEMBLE_VERIFY_CACHE``, is a file in it).
+  ``MESHENSEMBLE_VERIFY_CACHE``, is a file in it);
+- in that folder, a copy of each of these that the docstring names (:func:`npz_folder`,
+  :func:`run_folder`: built through the public API once per worker, the first time a
+  docstring names one):
+  ``mnist.npz``, a Keras-layout npz of ``me.data.synthetic(96, 32, seed=0)`` with every
+  4th training label wrong (so a held-out split has errors to calibrate on);
+  ``runs/tiny``, a classification run on it (4 ``mlp`` members on the default
+  ``ensemble=4 x data=2`` mesh, batch 32, ``validation=32``, 2 epochs: checkpoints 2 and
+  4) and ``runs/toy``, a regression run on the 1-D toy (4 members, batch 8,
+  ``validation=10``, 2 epochs: last checkpoint 2), both then evaluated with
+  ``calibrate=True`` (``evaluation.json``, the temperature, the interval calibration);
+- in the docstrings of ``meshensemble.bench.*`` also (:func:`bench_fixtures`, once per
+  worker): ``cfg``, ``resolve(tiny=True, cases="matmul,howto")``; ``ctx``, its
+  ``Context``; ``cases``, its plan on this process's devices; ``runners`` and ``owner``,
+  one prepared and timed runner per distinct spec and its first case (as ``run_bench``
+  makes them); ``runner``, the first of them; ``results``, ``collect``'s results of them.
 
-The whole run is budgeted at ~30 s of worker time: the fixtures are built once per worker
-and the examples use the tiny MLP ensemble above, not the CNNs of a real run.
+An example line that truly cannot run in a test (a GPU, a multi-host launch, real
+processes, the network, minutes of work, a file only a user has) is marked
+``# doctest: +SKIP``; a run folder or data that can be built cheaply is built here instead.
+The fixtures are built once per worker and the examples use tiny MLP ensembles, not the
+CNNs of a real run.
 """
 
 from __future__ import annotations
 
+import atexit
 import doctest
 import functools
 import importlib
@@ -49,7 +68,9 @@ import io
 import os
 import pathlib
 import re
+import shutil
 import sys
+import tempfile
 import types
 
 import flax.linen as nn
@@ -87,6 +108,14 @@ COVERED = [
     "meshensemble.calibration.intervals",
     "meshensemble.calibration.run",
     "meshensemble.calibration.temperature",
+    "meshensemble.cli",
+    "meshensemble.cli.bench",
+    "meshensemble.cli.common",
+    "meshensemble.cli.convert",
+    "meshensemble.cli.evaluate",
+    "meshensemble.cli.export",
+    "meshensemble.cli.predict",
+    "meshensemble.cli.train",
     "meshensemble.metrics",
     "meshensemble.metrics.classification",
     "meshensemble.metrics.ood",
@@ -126,70 +155,60 @@ COVERED = [
     "meshensemble.data.synthetic",
     "meshensemble.data.tfds",
     "meshensemble.errors",
+    "meshensemble.evaluation",
+    "meshensemble.evaluation.regression",
+    "meshensemble.evaluation.run",
     "meshensemble.models",
     "meshensemble.models.conv",
     "meshensemble.models.vit",
     "meshensemble.models.zoo",
+    "meshensemble.bench",
+    "meshensemble.bench.accuracy",
+    "meshensemble.bench.cases",
+    "meshensemble.bench.config",
+    "meshensemble.bench.flops",
+    "meshensemble.bench.layouts",
+    "meshensemble.bench.report",
+    "meshensemble.bench.stream_case",
+    "meshensemble.bench.suite",
+    "meshensemble.bench.timing",
+    "meshensemble.bench.workloads",
+    "meshensemble.plots",
     "meshensemble.serving",
     "meshensemble.serving.export",
     "meshensemble.serving.inputs",
     "meshensemble.serving.outputs",
     "meshensemble.serving.predictor",
+    "meshensemble.serving.regression",
     "meshensemble.runtime",
+    "meshensemble.runtime.autotune",
     "meshensemble.runtime.compilation",
+    "meshensemble.runtime.distributed",
     "meshensemble.runtime.precompile",
     "meshensemble.training.bundle",
+    "meshensemble.training",
+    "meshensemble.training.checkpoint",
     "meshensemble.training.config",
+    "meshensemble.training.feeder",
     "meshensemble.training.guards",
     "meshensemble.training.identity",
     "meshensemble.training.inference",
+    "meshensemble.training.loop",
     "meshensemble.training.order",
     "meshensemble.training.outputs",
     "meshensemble.training.pacing",
     "meshensemble.training.plan",
+    "meshensemble.testing",
+    "meshensemble.training.regression_run",
+    "meshensemble.training.tuning",
 ]
 """The modules whose examples run here (a module with no example is listed too: one
 written later runs from then on)."""
 
-NOT_YET = "not yet made to run (#27 continues): its examples use names no namespace defines"
-OWNED = "not yet: another engineer is editing this module now (its examples are theirs)"
 ENTRY = "a program entry point: importing it runs the command line"
 NOT_COVERED: dict[str, str] = {
-    "meshensemble.bench": NOT_YET + "; runs a benchmark (minutes)",
     "meshensemble.bench.__main__": ENTRY,
-    "meshensemble.bench.accuracy": NOT_YET + "; launches training runs",
-    "meshensemble.bench.cases": NOT_YET + "; runs benchmark cases",
-    "meshensemble.bench.config": NOT_YET,
-    "meshensemble.bench.flops": NOT_YET,
-    "meshensemble.bench.layouts": NOT_YET,
-    "meshensemble.bench.report": NOT_YET + "; runs a benchmark (minutes)",
-    "meshensemble.bench.stream_case": NOT_YET,
-    "meshensemble.bench.suite": NOT_YET + "; runs a benchmark (minutes)",
-    "meshensemble.bench.timing": NOT_YET,
-    "meshensemble.bench.workloads": NOT_YET,
-    "meshensemble.cli": NOT_YET + "; its examples train a run (tests/test_cli.py runs the CLI)",
     "meshensemble.cli.__main__": ENTRY,
-    "meshensemble.cli.bench": NOT_YET + "; runs a benchmark",
-    "meshensemble.cli.common": NOT_YET,
-    "meshensemble.cli.convert": NOT_YET + "; needs mnist.npz",
-    "meshensemble.cli.evaluate": NOT_YET + "; needs a trained run folder",
-    "meshensemble.cli.export": NOT_YET + "; needs a trained run folder",
-    "meshensemble.cli.predict": NOT_YET + "; needs a trained run folder",
-    "meshensemble.cli.train": NOT_YET + "; trains a run",
-    "meshensemble.evaluation": NOT_YET + "; needs a trained run folder",
-    "meshensemble.evaluation.regression": NOT_YET + "; needs a trained regression run",
-    "meshensemble.evaluation.run": NOT_YET + "; needs a trained run folder",
-    "meshensemble.plots": NOT_YET,
-    "meshensemble.runtime.autotune": OWNED,
-    "meshensemble.runtime.distributed": NOT_YET + "; launches processes",
-    "meshensemble.serving.regression": NOT_YET + "; needs a regression predictor in the namespace",
-    "meshensemble.testing": NOT_YET,
-    "meshensemble.training": NOT_YET + "; trains a run",
-    "meshensemble.training.checkpoint": NOT_YET,
-    "meshensemble.training.feeder": OWNED,
-    "meshensemble.training.loop": OWNED,
-    "meshensemble.training.regression_run": NOT_YET + "; trains a run",
-    "meshensemble.training.tuning": OWNED,
 }
 """The modules whose examples do not run here, each with the reason; a new module must be
 added to this or to ``COVERED`` (``test_every_module_is_listed``)."""
@@ -243,6 +262,102 @@ def fixtures() -> dict:
     return namespace
 
 
+RUN_FILES = ("mnist.npz", "runs/tiny", "runs/toy")
+"""What :func:`run_folder` holds; a docstring that names one gets its own copy."""
+
+
+@functools.lru_cache(maxsize=1)
+def npz_folder() -> pathlib.Path:
+    """A folder with ``mnist.npz`` (see the module docstring), written once per worker."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix="meshensemble-doctest-runs-"))
+    atexit.register(shutil.rmtree, root, True)
+    ds = me.data.synthetic(96, 32, seed=0)
+    noisy = np.where(np.arange(96) % 4 == 0, (ds.train_labels + 1) % 10, ds.train_labels)
+    npz = str(root / "mnist.npz")  # Keras's layout; every 4th training label is wrong
+    np.savez(
+        npz, x_train=ds.train_images[..., 0], y_train=noisy.astype(np.uint8),
+        x_test=ds.test_images[..., 0], y_test=ds.test_labels.astype(np.uint8),
+    )  # fmt: skip
+    return root
+
+
+@functools.lru_cache(maxsize=1)
+def run_folder() -> pathlib.Path:
+    """:func:`npz_folder` with ``runs/tiny`` and ``runs/toy`` too, built once per worker.
+
+    Built only when a docstring names one of the runs (see the module docstring), through
+    the public API as a user would: a tiny classification run on ``mnist.npz`` and a tiny
+    regression run on the 1-D toy, both trained, then evaluated with ``calibrate=True``.
+    """
+    root = npz_folder()
+    quiet = lambda line: None  # noqa: E731
+    npz = str(root / "mnist.npz")
+    common = dict(members=4, epochs=2, quiet=True)
+    me.training.train(
+        me.TrainConfig(
+            model="mlp", batch_size=32, source="npz", data_file=npz, validation=32,
+            workdir=str(root / "runs/tiny"), **common,
+        ),
+        echo=quiet,
+    )  # fmt: skip
+    me.training.train(
+        me.TrainConfig(
+            task="regression", source="toy1d", batch_size=8, validation=10,
+            workdir=str(root / "runs/toy"), **common,
+        ),
+        echo=quiet,
+    )  # fmt: skip
+    for name in ("tiny", "toy"):
+        me.evaluation.evaluate_run(str(root / "runs" / name), calibrate=True, echo=quiet)
+    return root
+
+
+@functools.lru_cache(maxsize=1)
+def bench_fixtures() -> dict:
+    """The bench modules' names, built once per worker (see the module docstring)."""
+    from meshensemble import bench
+    from meshensemble.bench import report, timing, workloads
+
+    quiet = lambda line: None  # noqa: E731
+    cfg = bench.resolve(tiny=True, cases="matmul,howto")
+    ctx = workloads.Context(cfg, workloads.load_data(cfg, quiet))
+    cases = bench.plan(cfg, len(jax.devices()), jax.devices()[0].platform, ctx.steps_per_epoch)
+    runners, owner = {}, {}
+    for case in cases:  # one runner per distinct computation, as run_bench does
+        if case.spec not in runners:
+            runners[case.spec] = bench.RUNNERS[case.spec.kind](ctx, case.spec)
+            owner[case.spec] = case.name
+    for spec, runner in runners.items():
+        runner.prepare()
+        if spec.kind != "matmul":
+            ctx.flops_per_example(bench.plain_model(spec.model))
+            ctx.cost_analysis_per_example(bench.plain_model(spec.model))
+    timing.round_robin(runners.values(), cfg.repeats, cfg.warmup)
+    results = report.collect(cfg, ctx, cases, runners, owner)
+    return {
+        "cfg": cfg,
+        "ctx": ctx,
+        "cases": cases,
+        "runners": runners,
+        "owner": owner,
+        "runner": next(iter(runners.values())),
+        "results": results,
+    }
+
+
+def copy_run_files(docstring: str, folder: pathlib.Path) -> None:
+    """Copies into ``folder`` each of :data:`RUN_FILES` that ``docstring`` names."""
+    named = [name for name in RUN_FILES if name in docstring]
+    if not named:
+        return
+    root = npz_folder() if named == ["mnist.npz"] else run_folder()
+    for name in named:
+        if (root / name).is_dir():
+            shutil.copytree(root / name, folder / name)
+        else:
+            shutil.copy(root / name, folder / name)
+
+
 def fresh_state(state):
     """A copy of ``state`` on the same shardings (the examples may donate theirs)."""
     return jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
@@ -256,6 +371,8 @@ def run_examples(name: str, folder: pathlib.Path) -> tuple[int, int, str]:
     module = importlib.import_module(name)
     shared = fixtures()
     globs = {**vars(module), **shared}
+    if name.startswith("meshensemble.bench"):
+        globs.update(bench_fixtures())
     tests = doctest.DocTestFinder(exclude_empty=True).find(module, name, globs=globs)
     runner = doctest.DocTestRunner(optionflags=FLAGS)
     out = io.StringIO()
@@ -264,6 +381,7 @@ def run_examples(name: str, folder: pathlib.Path) -> tuple[int, int, str]:
         test.globs["tmp"] = str(folder / test.name)
         os.makedirs(test.globs["tmp"])
         os.chdir(test.globs["tmp"])
+        copy_run_files(test.docstring or "", pathlib.Path(test.globs["tmp"]))
         runner.run(test, out=out.write, clear_globs=True)
     return runner.failures, runner.tries, out.getvalue()
 
@@ -313,6 +431,32 @@ def test_a_broken_example_fails(tmp_path, monkeypatch):
     failed, attempted, report = run_examples(module.__name__, tmp_path)
     assert (failed, attempted) == (2, 3), report
     assert "Expected:\n    3" in report and "NameError" in report, report
+
+
+def test_a_docstring_gets_its_own_copy_of_what_it_names(tmp_path, monkeypatch):
+    """A docstring naming ``mnist.npz`` finds it in its folder; what it does there stays."""
+    module = types.ModuleType("meshensemble_doctest_files")
+    module.__doc__ = """Names nothing: an empty folder.
+
+    >>> os.listdir(".")
+    []
+    """
+    exec("import os\ndef first(): pass\ndef second(): pass", module.__dict__)
+    module.first.__doc__ = """Reads and removes its copy of mnist.npz.
+
+    >>> sorted(np.load("mnist.npz"))
+    ['x_test', 'x_train', 'y_test', 'y_train']
+    >>> os.remove("mnist.npz")
+    """
+    module.second.__doc__ = """Has its own mnist.npz, whatever the first one did.
+
+    >>> os.path.getsize("mnist.npz") > 0
+    True
+    """
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.chdir(tmp_path)
+    failed, attempted, report = run_examples(module.__name__, tmp_path)
+    assert (failed, attempted) == (0, 4), report
 
 
 @pytest.mark.parametrize("name", COVERED)

@@ -86,7 +86,9 @@ Example:
   $ meshensemble bench --tiny --out /tmp/bench.json  # CI: a tiny configuration, < 60 s
   $ meshensemble bench --tiny --cases howto,backends
   >>> from meshensemble import bench
-  >>> results = bench.run_bench(bench.resolve(tiny=True, cases="backends"))
+  >>> results = bench.run_bench(bench.resolve(tiny=True, cases="matmul"))  # progress: stderr
+  >>> sorted(results["cases"])
+  ['matmul_bf16', 'matmul_fp32']
 """
 
 from __future__ import annotations
@@ -181,8 +183,11 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dic
         the devices.
 
     Example:
-      >>> results = run_bench(resolve(tiny=True))
-      >>> results["ratios"]["shard_map_over_pmap"]
+      >>> results = run_bench(resolve(tiny=True, cases="matmul"), say=lambda line: None)
+      >>> results["ratios"]["bf16_matmul_over_fp32_matmul"] > 0
+      True
+      >>> results["ratios"]["shard_map_over_pmap"] is None   # its cases did not run
+      True
     """
     say = say or (lambda s: print(s, file=sys.stderr, flush=True))
     _check_layouts(cfg)

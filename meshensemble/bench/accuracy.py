@@ -84,7 +84,9 @@ def train_config(cfg: BenchConfig, data_file: str, dataset: str, workdir: str) -
       checkpoints, quiet.
 
     Example:
-      >>> TrainConfig(**train_config(cfg, "mnist.npz", "mnist", "/tmp/run"))
+      >>> run = TrainConfig(**train_config(cfg, "mnist.npz", "mnist", "runs/tta"))
+      >>> run.model, run.members, run.epochs, run.checkpoint
+      ('mlp', 4, 2, False)
     """
     return {
         "dataset": dataset,
@@ -110,7 +112,9 @@ def write_npz(dataset: data.Dataset, path: str) -> None:
       path: the file.
 
     Example:
-      >>> write_npz(data.load_sample(), "/tmp/sample.npz")
+      >>> write_npz(data.synthetic(64, 16), "sample.npz")
+      >>> sorted(np.load("sample.npz"))
+      ['x_test', 'x_train', 'y_test', 'y_train']
     """
     np.savez(
         path,
@@ -139,7 +143,7 @@ def time_to_accuracy(
       compile seconds over cold; None when either is missing).
 
     Example:
-      >>> time_to_accuracy(resolve(tiny=True), load_data(cfg, print), print)["cold"]
+      >>> time_to_accuracy(cfg, load_data(cfg, print), print)["cold"]  # doctest: +SKIP
     """
     root = tempfile.mkdtemp(prefix="meshensemble-bench-tta-")
     try:
@@ -185,7 +189,7 @@ def launch(fields: Mapping[str, Any], target: float, cache_dir: str) -> dict[str
       exit code and the last lines of its stderr) when it failed.
 
     Example:
-      >>> launch(train_config(cfg, "mnist.npz", "mnist", "/tmp/w"), 0.99, "/tmp/cache")
+      >>> launch(train_config(cfg, "mnist.npz", "mnist", "w"), 0.99, "cache")  # doctest: +SKIP
     """
     args = {
         # the run's own cache folder, whatever $JAX_COMPILATION_CACHE_DIR says
@@ -236,7 +240,14 @@ def summarise(report: Mapping[str, Any], launched: float, ended: float) -> dict[
       ``device_count``, ``cache_enabled``.
 
     Example:
-      >>> summarise(report, launched, ended)["time_to_accuracy_s"]
+      >>> report = {"stamps": [0.5, 1.5, 2.0, 2.5], "train_start": 3.0, "reached": True,
+      ...     "reached_at": 9.0, "epochs": [{"epoch": 1, "step": 32, "accuracy": 0.6,
+      ...     "seconds": 6.0}], "platform": "cpu", "device_kind": "cpu", "device_count": 8,
+      ...     "cache_dir": None, "compile": {"seconds": 2.0, "programs": 5, "cache_hits": 0,
+      ...     "cache_misses": 5, "by_program": {}, "tuning": {"programs": 0, "seconds": 0.0}}}
+      >>> run = summarise(report, launched=0.0, ended=10.0)
+      >>> run["time_to_accuracy_s"], run["process_start"]["total_s"], run["setup_s"]
+      (9.0, 2.5, 0.5)
     """
     t0, t_jax, t_dev, t_me = report["stamps"]
     t_train = report["train_start"]
@@ -285,7 +296,8 @@ def describe(run: Mapping[str, Any]) -> str:
       7 programs, cache 0 hits / 7 misses)"``.
 
     Example:
-      >>> describe(results["time_to_accuracy"]["cold"])
+      >>> describe({"error": "Traceback ...\\nValueError: bad data", "returncode": 1})
+      "failed (exit 1): ['ValueError: bad data']"
     """
     if "error" in run:
         return f"failed (exit {run.get('returncode')}): {run['error'].splitlines()[-1:]}"
@@ -321,8 +333,8 @@ def run_child(args: Mapping[str, Any], stamps: list[float]) -> None:
       stamps: ``time.time()`` at the child's start, after ``import jax``, after
         ``jax.devices()``, after ``import meshensemble``.
 
-    Example:
-      >>> run_child(args, [t0, t1, t2, t3])  # in the child, see CHILD_CODE
+    Example (in the child process, see ``CHILD_CODE``):
+      >>> run_child(args, [t0, t1, t2, t3])  # doctest: +SKIP
     """
     cache = enable_compilation_cache(args["cache_dir"])
     cfg = TrainConfig(**args["train"])

@@ -39,7 +39,9 @@ def program_memory(compiled: Any) -> int | None:
       where the backend reports none.
 
     Example:
-      >>> program_memory(jax.jit(f).lower(x).compile())
+      >>> x = jnp.ones(1024, jnp.float32)
+      >>> program_memory(jax.jit(jnp.sin).lower(x).compile())  # 4 KiB in, 4 KiB out
+      8192
     """
     try:
         m = compiled.memory_analysis()
@@ -66,7 +68,8 @@ def device_memory(devices: Sequence[jax.Device]) -> int | None:
       The bytes, or None where no device reports them (e.g. CPU).
 
     Example:
-      >>> device_memory(jax.devices()[:1])
+      >>> device_memory(jax.devices()[:1]) is None   # CPU devices report no peak
+      True
     """
     peaks = []
     for d in devices:
@@ -93,7 +96,10 @@ class Runner:
       flops_per_call: FLOPs of one call (the matmuls only, ``2 * n**3``).
 
     Example:
+      >>> spec = Spec("matmul", "256")
       >>> runner = RUNNERS[spec.kind](ctx, spec); runner.prepare(); runner.run()
+      >>> runner.compile_s > 0, runner.flops_per_call
+      (True, 33554432.0)
     """
 
     needs_first_call = True
@@ -244,6 +250,8 @@ def make_ensemble(ctx: Context, spec: Spec) -> Ensemble:
 
     Example:
       >>> ens = make_ensemble(ctx, Spec("ensemble", "mlp32", members=4))
+      >>> ens.num_members, dict(ens.mesh.shape)
+      (4, {'ensemble': 1, 'data': 1})
     """
     mesh = make_mesh(spec.ensemble, spec.data, devices=jax.devices()[: spec.devices])
     return Ensemble(

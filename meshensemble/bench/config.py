@@ -95,7 +95,9 @@ class BenchConfig:
       accuracy_epochs: the most epochs ``time_to_accuracy`` trains before giving up.
 
     Example:
-      >>> BenchConfig(members=4, cases=("backends",))
+      >>> cfg = BenchConfig(members=4, cases=("backends",))
+      >>> cfg.members, cfg.batch_size, cfg.tiny
+      (4, 128, False)
     """
 
     members: int = dataclasses.field(default=8, metadata=_flag("ensemble size (default 8)"))
@@ -208,7 +210,7 @@ def known_cases() -> tuple[str, ...]:
 
     Example:
       >>> known_cases()[:2]
-      ('matmul', 'howto')
+      ('matmul_fp32', 'matmul_bf16')
     """
     return tuple(c for cases in GROUPS.values() for c in cases)
 
@@ -319,7 +321,9 @@ class Spec:
         for ``"matmul"``: the operands' dtype).
 
     Example:
-      >>> Spec("ensemble", "mlp32", members=4, strategy="vmap")
+      >>> spec = Spec("ensemble", "mlp32", members=4, strategy="vmap")
+      >>> spec == Spec("ensemble", "mlp32", members=4, strategy="vmap")   # timed once
+      True
     """
 
     kind: str
@@ -345,7 +349,9 @@ class Case:
       description: one line for the table.
 
     Example:
-      >>> Case("matmul_fp32", "matmul", Spec("matmul", "256"), "float32 matmul 256")
+      >>> case = Case("matmul_fp32", "matmul", Spec("matmul", "256"), "float32 matmul 256")
+      >>> case.spec.kind, case.spec.model
+      ('matmul', '256')
     """
 
     name: str

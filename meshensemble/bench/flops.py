@@ -92,7 +92,9 @@ def jaxpr_flops(jaxpr: Any) -> dict[str, float]:
       ``{"dot_general": f, "conv_general_dilated": f, "total": f}``.
 
     Example:
+      >>> a, b = jnp.ones((2, 3)), jnp.ones((3, 4))
       >>> jaxpr_flops(jax.make_jaxpr(jnp.matmul)(a, b))["total"]
+      48.0
     """
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
     out = dict.fromkeys(COUNTED, 0.0)
@@ -144,6 +146,9 @@ def train_flops(loss: Callable[..., Any], params: Any, *batch: Any) -> dict[str,
       See :func:`jaxpr_flops` (for the whole batch; divide by ``B`` for one example).
 
     Example:
-      >>> train_flops(loss, params, images, labels)["total"] / len(images)
+      >>> from meshensemble.bench.workloads import make_model, member_loss
+      >>> params = ctx.member_params("mlp32", 0)           # MLP((32,)) on 28 x 28 images
+      >>> train_flops(member_loss(make_model("mlp32")), params, images, labels)["total"] / 32
+      102272.0
     """
     return count_flops(jax.value_and_grad(loss), params, *batch)

@@ -13,8 +13,11 @@ Run it with :func:`measure_layouts` (``docs/sharding.md`` shows the numbers on t
 8-fake-device CPU VM); :func:`format_layouts` prints the table.
 
 Example:
-  >>> rows = measure_layouts(me.models.ViT(), members=8)
+  >>> two = [(2, 2, 1, False), (2, 2, 1, True)]   # 2 members on ensemble=2 x data=2, FSDP off/on
+  >>> rows = measure_layouts(me.models.MLP((8,)), two, members=2, steps=1)
   >>> print(format_layouts(rows))
+  layout state/device x less compile s step ms
+  ...
 """
 
 from __future__ import annotations
@@ -99,7 +102,9 @@ def measure_layout(
         / ``batch_size``.
 
     Example:
-      >>> measure_layout(me.models.ViT(), (2, 2, 2, True))["state_bytes"]
+      >>> row = measure_layout(me.models.MLP((8,)), (2, 2, 1, True), members=2, steps=1)
+      >>> row["layout"], row["state_bytes"]   # bytes of the state on one device
+      ('2x2x1 fsdp', 38236)
     """
     e, d, p, shard = layout
     mesh = make_mesh(e, d, p if p > 1 else None, devices=jax.devices()[: e * d * p])
@@ -147,7 +152,10 @@ def measure_layouts(
       One row per layout.
 
     Example:
-      >>> rows = measure_layouts(me.models.CNN(), steps=3)
+      >>> two = [(2, 2, 1, False), (2, 2, 1, True)]
+      >>> rows = measure_layouts(me.models.MLP((8,)), two, members=2, steps=1)
+      >>> [r["layout"] for r in rows]
+      ['2x2x1', '2x2x1 fsdp']
     """
     return [measure_layout(model, layout, **kwargs) for layout in layouts]
 
@@ -162,7 +170,11 @@ def format_layouts(rows: Sequence[dict[str, Any]]) -> str:
       The table, one line per layout.
 
     Example:
+      >>> rows = [{"layout": "2x2x1", "state_bytes": 4096, "compile_s": 0.5, "step_s": 0.002,
+      ...          "step_iqr_s": 0.0001, "loss": 2.3}]
       >>> print(format_layouts(rows))
+      layout         state/device  x less  compile s   step ms
+      2x2x1                 4,096    1.00       0.50       2.0
     """
     base = rows[0]["state_bytes"] if rows else 1
     lines = [f"{'layout':<12} {'state/device':>14} {'x less':>7} {'compile s':>10} {'step ms':>9}"]

@@ -27,8 +27,11 @@ class StreamSteps(Runner):
       spec: the case (``kind="stream"``; ``k`` steps per call).
 
     Example:
-      >>> runner = StreamSteps(ctx, Spec("stream", "cnn-im2col", members=8, k=8))
+      >>> from meshensemble.bench import Spec
+      >>> runner = StreamSteps(ctx, Spec("stream", "mlp32", members=2, devices=2, ensemble=2, k=2))
       >>> runner.prepare(); runner.run()
+      >>> runner.compile_s > 0
+      True
     """
 
     def build(self) -> None:

@@ -198,7 +198,9 @@ def accelerator_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
       None when not measured).
 
     Example:
-      >>> [r["passed"] for r in accelerator_rows(results)]
+      >>> rows = accelerator_rows(results)
+      >>> sorted(rows[0])
+      ['name', 'note', 'passed', 'shown', 'target', 'threshold', 'value']
     """
     cfg = results["meta"]["config"]
     big = max(cfg["members_per_device"] or (SUITE_MEMBERS,))
@@ -242,7 +244,8 @@ def format_markdown(results: Mapping[str, Any], rows: list[dict[str, Any]]) -> s
       Markdown text.
 
     Example:
-      >>> print(format_markdown(results, accelerator_rows(results)))
+      >>> print(format_markdown(results, accelerator_rows(results)).splitlines()[0])
+      Measured ... on 8 x cpu (cpu), jax ...; model mlp32, batch 32, data: ...
     """
     m = results["meta"]
     head = (
@@ -271,7 +274,8 @@ def write_suite(results: dict[str, Any], out_dir: str) -> tuple[str, str]:
       The two paths.
 
     Example:
-      >>> write_suite(run_bench(resolve(suite="accelerator", tiny=True)), "/tmp/acc")
+      >>> write_suite(results, "acc")   # results of run_bench(resolve(suite="accelerator"))
+      ('acc/accelerator.json', 'acc/accelerator.md')
     """
     rows = accelerator_rows(results)
     os.makedirs(out_dir, exist_ok=True)

@@ -35,7 +35,8 @@ def timed(fn: Callable[[], Any]) -> float:
       The wall-clock seconds.
 
     Example:
-      >>> timed(runner.prepare)
+      >>> timed(runner.run) > 0   # one call of a prepared runner
+      True
     """
     t = time.perf_counter()
     fn()
@@ -63,8 +64,9 @@ def round_robin(
       say: called with ``(round, repeats)`` after each timed round.
 
     Example:
-      >>> round_robin(runners.values(), repeats=5, warmup=1)
-      >>> stats(runner.samples)["median"]
+      >>> round_robin(runners.values(), repeats=2, warmup=1)
+      >>> stats(runner.samples)["median"] > 0
+      True
     """
     runners = list(runners)
     for _ in range(warmup):
@@ -107,8 +109,8 @@ def loadavg() -> list[float] | None:
       The three averages, or None where the platform has none.
 
     Example:
-      >>> loadavg()
-      [0.52, 0.61, 0.7]
+      >>> len(loadavg())   # e.g. [0.52, 0.61, 0.7]
+      3
     """
     try:
         return [round(v, 2) for v in os.getloadavg()]

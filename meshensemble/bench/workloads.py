@@ -49,7 +49,10 @@ class TinyConvNet(nn.Module):
       num_classes: outputs.
 
     Example:
-      >>> logits = TinyConvNet(impl="im2col").apply(params, images)  # [B, 10]
+      >>> model = TinyConvNet(impl="im2col")
+      >>> params = jax.eval_shape(model.init, key, images[:1])   # shapes only: nothing runs
+      >>> jax.eval_shape(model.apply, params, images).shape  # [B, 10]
+      (32, 10)
     """
 
     impl: str = "auto"
@@ -81,7 +84,8 @@ def make_model(model_id: str) -> nn.Module:
       ValueError: an unknown id.
 
     Example:
-      >>> make_model("cnn-im2col")
+      >>> make_model("cnn-im2col").conv, make_model("mlp32").features
+      ('im2col', (32,))
     """
     if model_id == "mlp":
         return models.MLP()
@@ -110,6 +114,8 @@ def load_data(cfg: BenchConfig, say: Callable[[str], None]) -> data.Dataset:
 
     Example:
       >>> ds = load_data(BenchConfig(tiny=True), print)
+      >>> ds.num_train   # tiny: the first 1,024 training examples
+      1024
     """
     if cfg.data_file:
         ds = data.load_npz(cfg.data_file)
@@ -143,7 +149,9 @@ def member_loss(module: nn.Module) -> Callable[..., jax.Array]:
       softmax cross-entropy of the normalised images.
 
     Example:
-      >>> member_loss(make_model("mlp32"))(params, images, labels)
+      >>> params = ctx.member_params("mlp32", 0)
+      >>> member_loss(make_model("mlp32"))(params, images, labels).shape
+      ()
     """
 
     def loss(params, images, labels):
@@ -166,6 +174,8 @@ def single_step(module: nn.Module, tx: optax.GradientTransformation) -> Callable
 
     Example:
       >>> step = jax.jit(single_step(make_model("mlp32"), optax.sgd(0.1)))
+      >>> params = ctx.member_params("mlp32", 0)
+      >>> params, opt_state, loss = step(params, optax.sgd(0.1).init(params), images, labels)
     """
 
     loss_fn = member_loss(module)
@@ -188,7 +198,9 @@ def cost_flops(compiled: Any) -> float | None:
       The FLOPs, or None where the backend reports none.
 
     Example:
-      >>> cost_flops(jax.jit(jnp.matmul).lower(a, b).compile())
+      >>> a, b = jnp.ones((2, 3)), jnp.ones((3, 4))
+      >>> cost_flops(jax.jit(jnp.matmul).lower(a, b).compile())   # XLA's count: 2 * 2 * 3 * 4
+      48.0
     """
     try:
         cost = compiled.cost_analysis()
@@ -225,6 +237,8 @@ class Context:
 
     Example:
       >>> ctx = Context(cfg, load_data(cfg, print))
+      >>> ctx.steps_per_epoch, len(ctx.batches[0])   # batches of cfg.batch_size
+      (32, 32)
     """
 
     def __init__(self, cfg: BenchConfig, dataset: data.Dataset):

@@ -14,7 +14,10 @@ appear only with ``--debug`` or ``MESHENSEMBLE_DEBUG=1``.
 
 Example:
   >>> from meshensemble.cli import main
-  >>> main(["train", "--source", "sample", "--epochs", "1", "--workdir", "/tmp/run"])
+  >>> main(["train", "--model", "mlp", "--members", "4", "--epochs", "1", "--batch-size", "32",
+  ...       "--source", "npz", "--data-file", "mnist.npz", "--workdir", "runs/x", "--quiet"])
+  accuracy nll brier ece
+  ...
   0
 """
 
@@ -77,8 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       interrupted (Ctrl-C).
 
     Example:
-      >>> main(["train", "--source", "sample", "--epochs", "1", "--workdir", "/tmp/run"])
-      0
+      >>> main(["train", "--members", "0"])  # one line on stderr, nothing written
+      2
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)

@@ -41,7 +41,10 @@ def add_parser(sub: Any) -> None:
       sub: the ``argparse`` subparsers of the ``meshensemble`` parser.
 
     Example:
+      >>> from meshensemble.cli import Parser
+      >>> parser = Parser(prog="meshensemble")
       >>> add_parser(parser.add_subparsers())
+      >>> parser.parse_args(["bench", "--tiny"]).members  # None: not given
     """
     p = sub.add_parser(
         "bench",
@@ -88,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
       UsageError: a bad flag value (before any device is set up or file written).
 
     Example:
-      >>> run(build_parser().parse_args(["bench", "--tiny", "--out", "/tmp/b.json"]))
+      >>> from meshensemble.cli import build_parser
+      >>> argv = ["bench", "--tiny", "--cases", "matmul", "--out", "b.json"]
+      >>> run(build_parser().parse_args(argv))
+      case ...
       0
     """
     given = {name: getattr(args, name) for name in FLAG_FIELDS if name != "tiny"}

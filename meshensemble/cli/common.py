@@ -8,6 +8,8 @@ with ``--debug`` or ``MESHENSEMBLE_DEBUG=1``.
 Example:
   >>> parser = Parser(prog="meshensemble")
   >>> add_debug_flag(parser)
+  >>> parser.parse_args(["--debug"]).debug
+  True
 """
 
 from __future__ import annotations
@@ -79,7 +81,14 @@ def add_field_flag(
       required: the flag must be given.
 
     Example:
+      >>> parser = Parser(prog="meshensemble train")
       >>> add_field_flag(parser, "mesh")
+      >>> add_field_flag(parser, "checkpoint")   # a bool: --checkpoint/--no-checkpoint
+      >>> args = parser.parse_args(["--mesh", "ensemble=4,data=2", "--no-checkpoint"])
+      >>> args.mesh, args.checkpoint
+      ('ensemble=4,data=2', False)
+      >>> parser.parse_args([]).mesh is None   # left out: told apart from given
+      True
     """
     f = config_field(name)
     hint = typing.get_type_hints(TrainConfig)[name]
@@ -109,7 +118,10 @@ def add_debug_flag(p: argparse.ArgumentParser) -> None:
     """Adds ``--debug`` (tracebacks for errors) unless ``p`` has it already.
 
     Example:
-      >>> add_debug_flag(parser)
+      >>> parser = Parser(prog="meshensemble train")
+      >>> add_debug_flag(parser); add_debug_flag(parser)   # the second adds nothing
+      >>> parser.parse_args([]).debug is None
+      True
     """
     with contextlib.suppress(argparse.ArgumentError):  # already there: keep that one
         p.add_argument(
@@ -196,7 +208,10 @@ def setup_devices(fake_devices: int | None) -> None:
       UsageError: ``fake_devices`` is not positive.
 
     Example:
-      >>> setup_devices(8)
+      >>> setup_devices(None)   # no --fake-devices: the platform is left alone
+      >>> setup_devices(0)
+      Traceback (most recent call last):
+      meshensemble.errors.UsageError: --fake-devices 0 must be a positive integer
     """
     if fake_devices is None:
         return
@@ -211,7 +226,10 @@ def add_fake_devices_flag(p: argparse.ArgumentParser) -> None:
     """Adds ``--fake-devices N``.
 
     Example:
+      >>> parser = Parser(prog="meshensemble bench")
       >>> add_fake_devices_flag(parser)
+      >>> parser.parse_args(["--fake-devices", "8"]).fake_devices
+      8
     """
     p.add_argument(
         "--fake-devices", type=int, metavar="N", help="N simulated CPU devices (CPU platform)"
@@ -225,7 +243,10 @@ def add_distributed_flags(p: argparse.ArgumentParser) -> None:
       p: a subcommand's parser.
 
     Example:
+      >>> parser = Parser(prog="meshensemble train")
       >>> add_distributed_flags(parser)
+      >>> parser.parse_args(["--coordinator", "10.0.0.1:1234"]).coordinator
+      '10.0.0.1:1234'
     """
     add = p.add_argument
     add("--coordinator", metavar="HOST:PORT", help="process 0's coordinator (multi-process)")
@@ -276,7 +297,9 @@ def setup_distributed(args: argparse.Namespace) -> None:
       UsageError: an incomplete or inconsistent set of values.
 
     Example:
-      >>> setup_distributed(args)
+      >>> parser = Parser(prog="meshensemble train")
+      >>> add_distributed_flags(parser)
+      >>> setup_distributed(parser.parse_args([]))   # no coordinator: one process, no-op
     """
     from meshensemble.runtime import distributed
 
@@ -304,7 +327,7 @@ def lost_peer(err: BaseException) -> str:
 
     Example:
       >>> lost_peer(RuntimeError("... /job:jax_worker/replica:0/task:1 ..."))
-      'lost contact with process 1 (RuntimeError); ...'
+      'lost contact with process 1 (RuntimeError: ...); the run stopped, resume it ...'
     """
     text = str(err)
     found = sorted({int(m) for m in re.findall(r"task[:_ ]\s*(\d+)", text, re.IGNORECASE)})

@@ -6,7 +6,11 @@ The flags that mean a :class:`~meshensemble.TrainConfig` field (``--workdir``,
 take its type, choices and help from the field's metadata.
 
 Example:
-  >>> main(["evaluate", "--workdir", "runs/mnist", "--ood", "noise"])
+  >>> from meshensemble.cli import main
+  >>> main(["evaluate", "--workdir", "runs/tiny", "--ood", "noise"])
+  data: MNIST from ...mnist.npz ...
+  ...
+  wrote evaluation.json, reliability_diagram.png and ood_histogram.png to runs/tiny
   0
 """
 
@@ -44,7 +48,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
       The subcommand's parser.
 
     Example:
-      >>> add_parser(parser.add_subparsers())
+      >>> from meshensemble.cli import Parser
+      >>> parser = Parser(prog="meshensemble")
+      >>> add_parser(parser.add_subparsers()).prog
+      'meshensemble evaluate'
+      >>> parser.parse_args(["evaluate", "--workdir", "runs/tiny"]).workdir
+      'runs/tiny'
     """
     p = sub.add_parser(
         "evaluate",

@@ -7,8 +7,13 @@ atomically (:func:`meshensemble.serving.outputs.write_predictions`). Every bad v
 refused in one line before anything is written.
 
 Example:
-  >>> main(["predict", "--workdir", "runs/mnist", "--input", "new.npy", "--out", "p.npz"])
+  >>> from meshensemble.cli import main
+  >>> np.save("new.npy", images[:12])   # uint8 [N, 28, 28, 1]
+  >>> main(["predict", "--workdir", "runs/tiny", "--input", "new.npy", "--out", "p.npz"])
+  wrote 12 predictions (probs, label, ...) to p.npz: checkpoint 4 of runs/tiny, ...
   0
+  >>> np.load("p.npz")["probs"].shape
+  (12, 10)
 """
 
 from __future__ import annotations
@@ -44,7 +49,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
       The subcommand's parser.
 
     Example:
-      >>> add_parser(parser.add_subparsers())
+      >>> from meshensemble.cli import Parser
+      >>> parser = Parser(prog="meshensemble")
+      >>> add_parser(parser.add_subparsers()).prog
+      'meshensemble predict'
+      >>> argv = ["predict", "--workdir", "runs/tiny", "--input", "new.npy", "--out", "p.npz"]
+      >>> parser.parse_args(argv).input
+      'new.npy'
     """
     p = sub.add_parser(
         "predict",
@@ -205,8 +216,11 @@ def summary(predictor: Any, out: dict[str, Any], args: argparse.Namespace) -> st
     """The line ``predict`` prints: what was written, from which checkpoint, calibrated or not.
 
     Example:
+      >>> predictor = me.load_predictor("runs/tiny")
+      >>> out = predictor.outputs(images[:12])
+      >>> args = argparse.Namespace(out="p.npz", workdir="runs/tiny", no_temperature=False)
       >>> summary(predictor, out, args)
-      'wrote 12 predictions (probs, label, ...) to p.npz: checkpoint 938, ...'
+      'wrote 12 predictions (probs, label, ...) to p.npz: checkpoint 4 of runs/tiny, ...'
     """
     cal = predictor.calibration
     if cal is None:

@@ -10,7 +10,11 @@ run's ``config.json`` (except ``max_steps``, ``resume`` and ``overwrite``, which
 to one command); :func:`meshensemble.training.train` then refuses a different run.
 
 Example:
-  >>> main(["train", "--source", "sample", "--epochs", "1", "--workdir", "/tmp/run"])
+  >>> from meshensemble.cli import main
+  >>> main(["train", "--model", "mlp", "--members", "4", "--epochs", "1", "--batch-size", "32",
+  ...       "--source", "npz", "--data-file", "mnist.npz", "--workdir", "runs/x", "--quiet"])
+  accuracy nll brier ece
+  ...
   0
 """
 
@@ -55,7 +59,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
       The subcommand's parser.
 
     Example:
-      >>> add_parser(parser.add_subparsers())
+      >>> from meshensemble.cli import Parser
+      >>> parser = Parser(prog="meshensemble")
+      >>> add_parser(parser.add_subparsers()).prog
+      'meshensemble train'
+      >>> parser.parse_args(["train", "--epochs", "2"]).epochs
+      2
     """
     p = sub.add_parser(
         "train",
@@ -108,7 +117,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
       UsageError: an unreadable config file, an unknown key in it, or a bad value.
 
     Example:
+      >>> from meshensemble.cli import build_parser
       >>> cfg = config_from_args(build_parser().parse_args(["train", "--epochs", "1"]))
+      >>> cfg.epochs, cfg.members   # a flag left out keeps the field's default
+      (1, 8)
     """
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     from_file: dict[str, Any] = {}

@@ -8,8 +8,15 @@ OOD sets, scoring on the mesh, the report) and :mod:`~meshensemble.evaluation.re
 is :mod:`meshensemble.calibration.run`.
 
 Example:
-  >>> result = me.evaluation.evaluate_run("runs/mnist")
+  >>> result = me.evaluation.evaluate_run("runs/tiny", ood=["noise"], echo=print)
+  data: MNIST from ...mnist.npz ...
+  checkpoint 4 of runs/tiny on mesh ensemble=4 x data=2: 32 test examples
+  ...
+  wrote evaluation.json, reliability_diagram.png and ood_histogram.png to runs/tiny
   >>> print(me.evaluation.summary_table(result))
+  test uncertainty: entropy ..., expected entropy ..., mutual information ..., disagreement ...
+  OOD set      auroc max_prob  auroc entropy ...
+  ...
 """
 
 from meshensemble.calibration.run import CALIBRATION_PLOT as CALIBRATION_PLOT

@@ -15,7 +15,13 @@
 
 Example:
   >>> result = me.evaluation.evaluate_run("runs/toy", calibrate=True, alpha=0.1)
-  >>> result["test_crps"], result["calibration"]["conformal"]["quantile"]
+  checkpoint 2 of runs/toy on mesh ensemble=4 x data=2: 200 test examples
+  test nll ..., rmse ..., mae ..., crps ..., quantile calibration error ...
+  intervals: 50% coverage ... width ..., 90% coverage ... width ..., 95% coverage ... width ...
+  calibrated on 10 validation scores: variance scale ..., conformal q ...; 90% coverage/width ...
+  wrote evaluation.json to runs/toy
+  >>> result["test_crps"] > 0, result["calibration"]["conformal"]["alpha"]
+  (True, 0.1)
 """
 
 from __future__ import annotations
@@ -139,8 +145,11 @@ def restore_regression(
       meshensemble.CheckpointError: no readable checkpoint.
 
     Example:
+      >>> from meshensemble.evaluation.run import load_run_config
       >>> run = restore_regression("runs/toy", load_run_config("runs/toy"))
-      >>> run.ensemble.predict(run.state, x)["mean"].shape
+      >>> x = np.linspace(-4, 4, 5, dtype=np.float32)[:, None]  # [N, features]
+      >>> run.ensemble.predict(run.state, x)["mean"].shape  # [N, targets]
+      (5, 1)
     """
     check_checkpoint(workdir, checkpoint)
     resolved = _resolved(workdir)
@@ -313,7 +322,14 @@ def evaluate_regression(
       meshensemble.data.DataError: the data differs from the run's.
 
     Example:
-      >>> evaluate_regression("runs/toy", cfg)["test_rmse"]
+      >>> from meshensemble.evaluation.run import load_run_config
+      >>> result = evaluate_regression("runs/toy", load_run_config("runs/toy"), echo=print)
+      checkpoint 2 of runs/toy on mesh ensemble=4 x data=2: 200 test examples
+      test nll ..., rmse ..., mae ..., crps ..., quantile calibration error ...
+      intervals: 50% coverage ... width ..., 90% coverage ... width ..., 95% coverage ... width ...
+      wrote evaluation.json to runs/toy
+      >>> result["task"], result["num_test"], result["test_rmse"] > 0
+      ('regression', 200, True)
     """
     say = print if echo is None else echo
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -353,7 +369,12 @@ def summary_lines(result: dict[str, Any]) -> str:
     """The text summary of :func:`evaluate_regression`'s result (scores, then calibration).
 
     Example:
+      >>> import json
       >>> print(summary_lines(json.load(open("runs/toy/evaluation.json"))))
+      test nll ..., rmse ..., mae ..., crps ..., quantile calibration error ...
+      intervals: 50% coverage ... width ..., 90% coverage ... width ..., 95% coverage ... width ...
+      calibrated on 10 validation scores: variance scale ... (gaussian nll ... -> ...),
+      conformal q ...; 90% coverage/width before .../..., scaled .../..., conformal .../...
     """
     r = result
     rows = [

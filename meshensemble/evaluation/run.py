@@ -99,8 +99,8 @@ def load_run_config(workdir: str) -> Any:
         (one line naming the file).
 
     Example:
-      >>> load_run_config("runs/mnist").members
-      8
+      >>> load_run_config("runs/tiny").members
+      4
     """
     if not os.path.isdir(workdir):
         raise FileNotFoundError(
@@ -162,8 +162,10 @@ def ood_images(
         in TFDS (one line saying how to provide it).
 
     Example:
-      >>> ood_images("inverted", ds.test_images)[0, 0, 0, 0]
-      255
+      >>> bool((ood_images("inverted", images) == 255 - images).all())
+      True
+      >>> ood_images("noise", images).shape
+      (32, 28, 28, 1)
     """
     if name not in OOD_SETS:
         raise ValueError(f"unknown OOD set {name!r}; choose from {', '.join(OOD_SETS)}")
@@ -229,9 +231,11 @@ def stream_scores(
         a regression ensemble.
 
     Example:
-      >>> out = stream_scores(ens, state, test_images, test_labels)
+      >>> out = stream_scores(ens, state, test_images, test_labels, batch_size=8)
       >>> out["scores"]["entropy"].shape, out["ensemble"]["accuracy"].shape
-      ((10000,), (15,))
+      ((16,), (15,))
+      >>> out["member_scores"]["max_prob"].shape  # [members, N]
+      (2, 16)
     """
     n = int(np.shape(images)[0])
     if n == 0:
@@ -391,8 +395,14 @@ def evaluate_run(
       meshensemble.data.DataError: the test data or an OOD set cannot be loaded.
 
     Example:
-      >>> r = evaluate_run("runs/mnist", mesh="ensemble=8,data=1", ood=["noise"])
-      >>> r["test_ensemble_accuracy"], r["ood_noise_auroc_entropy"]
+      >>> r = evaluate_run("runs/tiny", mesh="ensemble=4,data=1", ood=["noise"], echo=print)
+      data: MNIST from ...mnist.npz ...
+      checkpoint 4 of runs/tiny on mesh ensemble=4 x data=1: 32 test examples
+      ...
+      >>> r["checkpoint_step"], r["num_test"], r["ood_sets"]
+      (4, 32, ['noise'])
+      >>> 0 <= r["test_ensemble_accuracy"] <= 1, 0 <= r["ood_noise_auroc_entropy"] <= 1
+      (True, True)
     """
     say = print if echo is None else echo
     cfg = load_run_config(workdir)
@@ -592,7 +602,12 @@ def summary_table(result: Mapping[str, Any]) -> str:
       set with the AUROC and AUPR of every score kind.
 
     Example:
-      >>> print(summary_table(json.load(open("runs/mnist/evaluation.json"))))
+      >>> import json
+      >>> print(summary_table(json.load(open("runs/tiny/evaluation.json"))))
+      test uncertainty: entropy ..., expected entropy ..., mutual information ..., disagreement ...
+      OOD set      auroc max_prob  auroc entropy ...
+      ...
+      inverted ...
     """
     rows = [
         "test uncertainty: entropy {:.4f}, expected entropy {:.4f}, mutual information "

@@ -101,7 +101,7 @@ def choices_path(cache_dir: str) -> str:
       The JSON file's path.
 
     Example:
-      >>> choices_path("/home/me/.cache/meshensemble/jax")
+      >>> choices_path("/home/me/.cache/meshensemble/jax")   # beside the cache folder
       '/home/me/.cache/meshensemble/meshensemble-choices.json'
     """
     return os.path.join(os.path.dirname(os.path.abspath(cache_dir)), CHOICES_FILE)
@@ -171,6 +171,7 @@ def valid_record(record: Any) -> bool:
 
 def _write_choice(path: str, key: str, record: dict[str, Any]) -> bool:
     """Adds one choice to the file atomically; False when it could not be written."""
+    path = os.path.abspath(path)  # a bare file name ("choices.json"): in the working folder
     try:
         choices = read_choices(path)
         choices[key] = record
@@ -213,8 +214,11 @@ def time_candidates(
       ValueError: no candidates, or ``rounds < 1``.
 
     Example:
-      >>> time_candidates({"vmap": lambda: step_v(), "loop": lambda: step_l()})
-      {'vmap': 0.012, 'loop': 0.009}
+      >>> clock = [0.0]   # a fake clock: each "step" below advances it by its seconds
+      >>> def step(seconds):
+      ...     return lambda: clock.__setitem__(0, clock[0] + seconds)
+      >>> time_candidates({"vmap": step(0.5), "loop": step(0.25)}, timer=lambda: clock[0])
+      {'vmap': 0.5, 'loop': 0.25}
     """
     if not candidates or rounds < 1:
         raise ValueError(f"need candidates and rounds >= 1, got {list(candidates)}, {rounds}")
@@ -310,8 +314,14 @@ def measure(
       ValueError: ``default`` is not a candidate, or ``rounds < 1``.
 
     Example:
-      >>> m = measure({"vmap": make_vmap, "loop": make_loop}, "loop", planned_steps=1000)
-      >>> m.winner("loop"), m.spent_s, m.budget_s
+      >>> clock = [0.0]   # a fake clock: each "step" below advances it by its seconds
+      >>> def step(seconds):
+      ...     return lambda: clock.__setitem__(0, clock[0] + seconds)
+      >>> make_vmap, make_loop = lambda: step(0.5), lambda: step(0.25)   # build, then step
+      >>> m = measure({"vmap": make_vmap, "loop": make_loop}, "loop", planned_steps=1000,
+      ...             timer=lambda: clock[0])
+      >>> m.winner("loop"), m.spent_s, m.budget_s   # budget: 10% of 1000 steps x 0.25 s
+      ('loop', 2.0, 25.0)
     """
     if default not in candidates or rounds < 1:
         raise ValueError(f"need the default among {list(candidates)} and rounds >= 1")
@@ -418,8 +428,18 @@ def decide(
       ValueError: no candidates, or a default that is not one of them.
 
     Example:
-      >>> d = decide(key, {"vmap": make_vmap, "loop": make_loop}, path, "loop", 1000)
+      >>> clock = [0.0]   # a fake clock: each "step" below advances it by its seconds
+      >>> def step(seconds):
+      ...     return lambda: clock.__setitem__(0, clock[0] + seconds)
+      >>> make_vmap, make_loop = lambda: step(0.25), lambda: step(0.5)
+      >>> key, path = tuning_key(what="member_strategy", model="MLP()"), "choices.json"
+      >>> d = decide(key, {"vmap": make_vmap, "loop": make_loop}, path, "loop", 1000,
+      ...            timer=lambda: clock[0])
       >>> d.name, d.how, d.reason
+      ('vmap', 'measured', "vmap: 250.0 ms/step against loop 500.0 ms (measured now in 3.0 s,
+      1% of the run's expected 500 s; stored in choices.json)")
+      >>> decide(key, {"vmap": make_vmap, "loop": make_loop}, path, "loop", 1000).how
+      'cached'
     """
     if not candidates:
         raise ValueError("decide needs at least one candidate")
@@ -545,7 +565,16 @@ def choose(
       ValueError: no candidates.
 
     Example:
-      >>> name, why = choose(key, {"vmap": make_vmap, "loop": make_loop}, path)
+      >>> clock = [0.0]   # a fake clock: each "step" below advances it by its seconds
+      >>> def step(seconds):
+      ...     return lambda: clock.__setitem__(0, clock[0] + seconds)
+      >>> make_vmap, make_loop = lambda: step(0.25), lambda: step(0.5)
+      >>> key = tuning_key(what="member_strategy", model="MLP()")
+      >>> candidates = {"vmap": make_vmap, "loop": make_loop}
+      >>> name, why = choose(key, candidates, "choices.json", timer=lambda: clock[0])
+      >>> name, why
+      ('vmap', 'vmap: 250.0 ms/step against loop 500.0 ms (abandoned) (measured now in 2.0 s;
+      stored in choices.json)')
     """
     d = decide(key, candidates, path, default, planned_steps, rounds, timer)
     return d.name, d.reason
@@ -576,8 +605,11 @@ def precision_ratio(
       ``bf16 seconds / fp32 seconds`` (medians); below 1 means bf16 is faster.
 
     Example:
-      >>> precision_ratio(step_fp32, step_bf16)
-      0.62
+      >>> clock = [0.0]   # a fake clock: each "step" below advances it by its seconds
+      >>> def step(seconds):
+      ...     return lambda: clock.__setitem__(0, clock[0] + seconds)
+      >>> precision_ratio(step(0.5), step(0.25), timer=lambda: clock[0])
+      0.5
     """
     seconds = time_candidates({"fp32": fp32, "bf16": bf16}, rounds, timer)
     return seconds["bf16"] / seconds["fp32"]
@@ -616,7 +648,12 @@ def recorded(path: str | None, key: str) -> dict[str, Any]:
       (:func:`valid_record`).
 
     Example:
-      >>> recorded(path, key).get("bf16_ratio")
+      >>> path, key = "choices.json", tuning_key(what="member_strategy", model="MLP()")
+      >>> recorded(path, key)   # nothing recorded yet
+      {}
+      >>> remember(path, key, bf16_ratio=0.62)   # adds only to a recorded choice: nothing
+      >>> recorded(path, key).get("bf16_ratio") is None
+      True
     """
     record = read_choices(path).get(key)
     return record if valid_record(record) else {}
@@ -631,7 +668,12 @@ def remember(path: str | None, key: str, **extra: Any) -> None:
       **extra: JSON-serialisable fields, e.g. ``bf16_ratio=0.62``.
 
     Example:
+      >>> path, key = "choices.json", tuning_key(what="member_strategy", model="MLP()")
+      >>> step = lambda: jnp.ones(4)   # one step of either candidate
+      >>> name, why = choose(key, {"vmap": lambda: step, "loop": lambda: step}, path)
       >>> remember(path, key, bf16_ratio=0.62)
+      >>> recorded(path, key)["bf16_ratio"]
+      0.62
     """
     record = recorded(path, key)
     if path and record:

@@ -14,9 +14,9 @@
   ``meshensemble export`` (``jax.export``, symbolic batch, cpu/cuda/tpu).
 
 Example:
-  >>> predictor = me.load_predictor("runs/mnist")  # a trained run  # doctest: +SKIP
+  >>> predictor = me.load_predictor("runs/tiny")  # a trained run
   >>> me.serving.export_ensemble(predictor, "exported")["members"]
-  2
+  4
 """
 
 from meshensemble.serving import export as export

@@ -15,8 +15,8 @@ prediction sets without this library::
     probs = np.asarray(exp.call(images)["probs"])
 
 Example:
-  >>> export_ensemble(me.load_predictor("runs/mnist"), "exported/")  # doctest: +SKIP
-  >>> sorted(export_ensemble(predictor, "exported/"))[:3]   # the namespace's predictor
+  >>> meta = export_ensemble(me.load_predictor("runs/tiny"), "exported/")
+  >>> sorted(meta)[:3]
   ['artifact', 'checkpoint_step', 'classes']
 """
 

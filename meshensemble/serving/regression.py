@@ -10,9 +10,14 @@ the mesh with the host streaming engine (:func:`meshensemble.core.streaming.stre
 the classification :class:`~meshensemble.serving.predictor.Predictor` does.
 
 Example:
-  >>> predictor = me.load_predictor("runs/toy")
+  >>> predictor = me.load_predictor("runs/toy")  # a calibrated run of the 1-D toy
+  >>> x = np.linspace(-4, 4, 5, dtype=np.float32)[:, None]  # features [N, F]
   >>> out = predictor.predict(x)                # mean, variance, aleatoric, epistemic [N, T]
+  >>> out["mean"].shape, out["epistemic"].dtype
+  ((5, 1), dtype('float32'))
   >>> lower, upper = predictor.intervals(x)     # at the calibrated alpha
+  >>> bool((lower < out["mean"]).all() and (out["mean"] < upper).all())
+  True
 """
 
 from __future__ import annotations
@@ -71,7 +76,11 @@ def read_interval_calibration(workdir: str, step: int) -> tuple[IntervalCalibrat
       ValueError: the calibration section exists but is corrupt.
 
     Example:
-      >>> cal, why = read_interval_calibration("runs/toy", 40)
+      >>> cal, why = read_interval_calibration("runs/toy", 2)  # evaluated at step 2
+      >>> cal.alpha, cal.step, why
+      (0.1, 2, '')
+      >>> read_interval_calibration("runs/toy", 1)[0] is None  # another checkpoint's
+      True
     """
     path = os.path.join(workdir, EVALUATION_FILE)
     fix = f"run `meshensemble evaluate --workdir {workdir} --calibrate` first"
@@ -200,7 +209,14 @@ class RegressionPredictor:
             uncalibrated run.
 
         Example:
-          >>> predictor.outputs(x, members=True)["member_mean"].shape  # (M, N, T)
+          >>> predictor = me.load_predictor("runs/toy")  # a calibrated run of the 1-D toy
+          >>> x = np.linspace(-4, 4, 5, dtype=np.float32)[:, None]  # features [N, F]
+          >>> out = predictor.outputs(x, members=True)
+          >>> sorted(out)
+          ['aleatoric', 'epistemic', 'lower', 'mean', 'member_mean', 'member_variance',
+           'upper', 'variance']
+          >>> out["member_mean"].shape  # (M, N, T)
+          (4, 5, 1)
         """
         x = as_features(x, self.num_features)
         cal = (
@@ -256,7 +272,10 @@ class RegressionPredictor:
         calibrated scale when the run is calibrated and ``scale``.
 
         Example:
+          >>> predictor = me.load_predictor("runs/toy")  # a calibrated run of the 1-D toy
+          >>> x = np.linspace(-4, 4, 5, dtype=np.float32)[:, None]  # features [N, F]
           >>> predictor.predict(x)["mean"].shape  # (N, T)
+          (5, 1)
         """
         out = self.outputs(x, scale=scale, intervals=False)
         return {k: out[k] for k in MOMENT_KEYS}
@@ -265,7 +284,10 @@ class RegressionPredictor:
         """Each member's Gaussian: ``mean``, ``variance`` ``[members, N, T]`` (never scaled).
 
         Example:
+          >>> predictor = me.load_predictor("runs/toy")  # a calibrated run of the 1-D toy
+          >>> x = np.linspace(-4, 4, 5, dtype=np.float32)[:, None]  # features [N, F]
           >>> predictor.predict_members(x)["mean"].shape  # (M, N, T)
+          (4, 5, 1)
         """
         out = self.outputs(x, members=True, scale=False, intervals=False)
         return {"mean": out["member_mean"], "variance": out["member_variance"]}
@@ -274,7 +296,10 @@ class RegressionPredictor:
         """Per-example ``variance``, ``aleatoric`` and ``epistemic`` ``[N, T]`` (scaled).
 
         Example:
+          >>> predictor = me.load_predictor("runs/toy")  # a calibrated run of the 1-D toy
+          >>> x = np.linspace(-4, 4, 5, dtype=np.float32)[:, None]  # features [N, F]
           >>> predictor.uncertainty(x)["epistemic"].shape  # (N, T)
+          (5, 1)
         """
         out = self.predict(x)
         return {k: out[k] for k in MOMENT_KEYS[1:]}
@@ -286,7 +311,11 @@ class RegressionPredictor:
           ValueError: the run is not calibrated (run ``meshensemble evaluate --calibrate``).
 
         Example:
+          >>> predictor = me.load_predictor("runs/toy")  # a calibrated run of the 1-D toy
+          >>> x = np.linspace(-4, 4, 5, dtype=np.float32)[:, None]  # features [N, F]
           >>> lower, upper = predictor.intervals(x)
+          >>> lower.shape, bool((lower < upper).all())
+          ((5, 1), True)
         """
         out = self.outputs(x, intervals=True)
         return out["lower"], out["upper"]
@@ -312,7 +341,9 @@ def load_regression_predictor(
       meshensemble.CheckpointError: no readable checkpoint.
 
     Example:
+      >>> from meshensemble.evaluation.run import load_run_config
       >>> load_regression_predictor("runs/toy", load_run_config("runs/toy")).num_targets
+      1
     """
     streaming.batch_size_for(batch_size, 1, 1)
     run = restore_regression(workdir, cfg, mesh, checkpoint, echo or log.warning)
@@ -339,7 +370,13 @@ def regression_prediction_function(
       the run is calibrated (the members' never).
 
     Example:
-      >>> regression_prediction_function(predictor)(x)["mean"].shape
+      >>> predictor = me.load_predictor("runs/toy")  # a calibrated run of the 1-D toy
+      >>> x = np.linspace(-4, 4, 5, dtype=np.float32)[:, None]  # features [N, F]
+      >>> fn = regression_prediction_function(predictor)
+      >>> fn(x)["mean"].shape, fn(x)["member_variance"].shape
+      ((5, 1), (4, 5, 1))
+      >>> bool(np.allclose(fn(x)["mean"], predictor.predict(x)["mean"], atol=1e-4))
+      True
     """
     cfg = dataclasses.replace(predictor.ensemble.step_config(), gather_axes=None, augment=None)
     host = fetch(predictor.state.replace(opt_state=None))
@@ -371,6 +408,7 @@ def regression_metadata(predictor: RegressionPredictor) -> dict[str, Any]:
       (``quantile``, ``alpha``; None when uncalibrated).
 
     Example:
+      >>> predictor = me.load_predictor("runs/toy")  # a calibrated run of the 1-D toy
       >>> regression_metadata(predictor)["input"]["shape"]
       ['batch', 1]
     """
@@ -400,7 +438,12 @@ def intervals_from(mean: Any, variance: Any, meta: Mapping[str, Any]) -> tuple[A
       ValueError: the export is of an uncalibrated run.
 
     Example:
+      >>> predictor = me.load_predictor("runs/toy")  # a calibrated run of the 1-D toy
+      >>> x = np.linspace(-4, 4, 5, dtype=np.float32)[:, None]  # features [N, F]
+      >>> out, meta = predictor.predict(x), regression_metadata(predictor)  # as exported
       >>> lower, upper = intervals_from(out["mean"], out["variance"], meta)
+      >>> bool(np.allclose(lower, predictor.intervals(x)[0], atol=1e-3))
+      True
     """
     conformal = meta.get("conformal")
     if not conformal:

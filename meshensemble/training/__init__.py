@@ -12,7 +12,13 @@ state's structure checks and the inference bundle),
 :mod:`~meshensemble.training.regression_run` (``--task regression``).
 
 Example:
-  >>> result = me.training.train(me.TrainConfig(epochs=1, workdir="runs/x"))
+  >>> cfg = me.TrainConfig(model="mlp", members=4, epochs=1, batch_size=32, source="npz",
+  ...                      data_file="mnist.npz", workdir="runs/x", quiet=True)
+  >>> result = me.training.train(cfg)   # quiet: only the final table
+  accuracy nll brier ece
+  ...
+  >>> result.history[-1]["step"], result.ensemble.num_members
+  (3, 4)
 """
 
 from meshensemble.training import checkpoint as checkpoint

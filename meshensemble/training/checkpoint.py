@@ -21,8 +21,7 @@ used. A checkpoint deleted while it is read (another job's ``--keep`` clean-up) 
 apart from a damaged one. Other failures raise :class:`CheckpointError`.
 
 The state's structure checks and the inference bundle (:func:`extract_members`,
-:func:`save_inference`, :func:`load_inference`) live in :mod:`meshensemble.training.bundle`
-and are importable from here too.
+:func:`save_inference`, :func:`load_inference`) are :mod:`meshensemble.training.bundle`'s.
 """
 
 from __future__ import annotations
@@ -59,9 +58,8 @@ CHECKPOINT_DIR = "checkpoints"
 CHECKSUMS = "checksums.json"
 """File in the checkpoint folder with the SHA-256 of each finished checkpoint."""
 CHECKSUMS_COPY = "checksums.copy.json"
-"""A second copy of :data:`CHECKSUMS` (written after it, each atomically): read when
-``checksums.json`` is missing or damaged, so a lost file never lets a damaged checkpoint
-through as merely "unverified"."""
+"""A second copy of :data:`CHECKSUMS`, read when that one is missing or damaged (a lost
+file never lets a damaged checkpoint through as merely "unverified")."""
 WATCH_INTERVAL = 0.02
 """Seconds between a checksum watcher's looks for a finished save."""
 DAMAGED_DIR = "checkpoints_damaged"
@@ -82,7 +80,7 @@ def checkpoint_manager(workdir: str, keep: int = 3, create: bool = True) -> ocp.
       dict with the loop's position).
 
     Example:
-      >>> mngr = me.checkpoint_manager("runs/mnist")
+      >>> mngr = me.checkpoint_manager("runs/demo")
     """
     path = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create)
@@ -105,7 +103,8 @@ def save_checkpoint(
       ValueError: ``loop`` holds a NaN/inf float (strict JSON has none), one line.
 
     Example:
-      >>> me.save_checkpoint(mngr, 100, state, {"epoch": 1, "step": 100})
+      >>> mngr = me.checkpoint_manager("runs/demo")
+      >>> me.save_checkpoint(mngr, 20, state, {"epoch": 1, "step": 20}); mngr.wait_until_finished()
     """
     try:
         json.dumps(loop, allow_nan=False)
@@ -135,7 +134,7 @@ def checkpoint_digest(path: str) -> str:
         the SHA-256 of nothing would look like one).
 
     Example:
-      >>> checkpoint_digest("runs/mnist/checkpoints/469")
+      >>> digest = checkpoint_digest("runs/tiny/checkpoints/4")  # 64 hex digits
     """
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no checkpoint folder {path}")
@@ -165,8 +164,8 @@ class Checkpointer:
       echo: where one-line reports go.
 
     Example:
-      >>> ckpt = Checkpointer("runs/mnist")
-      >>> ckpt.save(100, state, {"epoch": 1, "step": 100})
+      >>> ckpt = Checkpointer("runs/demo")
+      >>> ckpt.save(20, state, {"epoch": 1, "step": 20})
       >>> ckpt.close()
     """
 
@@ -330,8 +329,8 @@ def read_checksums(directory: str) -> dict[str, str]:
       ``{step: sha256}``.
 
     Example:
-      >>> read_checksums("runs/mnist/checkpoints")
-      {'469': '3f2a...'}
+      >>> read_checksums("runs/tiny/checkpoints")
+      {'2': '...', '4': '...'}
     """
     try:
         return load_checksums(directory)[0]
@@ -356,7 +355,7 @@ def load_checksums(directory: str, checkpoints: int = 0) -> tuple[dict[str, str]
         unverified silently.
 
     Example:
-      >>> sums, note = load_checksums("runs/mnist/checkpoints", 2)
+      >>> sums, note = load_checksums("runs/tiny/checkpoints", 2)  # note: None, both files read
     """
     path, copy = os.path.join(directory, CHECKSUMS), os.path.join(directory, CHECKSUMS_COPY)
     problems = []
@@ -388,7 +387,7 @@ def write_checksums(directory: str, sums: dict[str, str]) -> None:
       sums: ``{step: sha256}``.
 
     Example:
-      >>> write_checksums("runs/mnist/checkpoints", {"469": "3f2a..."})
+      >>> write_checksums("runs/tiny/checkpoints", read_checksums("runs/tiny/checkpoints"))
     """
     for name in (CHECKSUMS, CHECKSUMS_COPY):
         _atomic_json(os.path.join(directory, name), sums)
@@ -482,8 +481,8 @@ def list_checkpoints(workdir: str) -> list[int]:
     """Steps of the finished checkpoints in ``workdir/checkpoints``, oldest first.
 
     Example:
-      >>> list_checkpoints("runs/mnist")
-      [469, 938]
+      >>> list_checkpoints("runs/tiny")
+      [2, 4]
     """
     path = os.path.join(workdir, CHECKPOINT_DIR)
     if not os.path.isdir(path):
@@ -534,7 +533,8 @@ def restore_checkpoint(
         I/O), which stops here instead of falling back to an older checkpoint.
 
     Example:
-      >>> state, loop, step = me.restore_checkpoint("runs/mnist", ens, images[:1])
+      >>> ckpt = Checkpointer("runs/demo"); ckpt.save(20, state, {"step": 20}); ckpt.close()
+      >>> restored, loop, step = me.restore_checkpoint("runs/demo", ens, images[:1])  # step 20
     """
     say = echo or log.warning
     steps = list_checkpoints(workdir)

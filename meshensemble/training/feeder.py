@@ -20,8 +20,11 @@ examples of that epoch's order are left out (each epoch draws a new order, so ev
 example is used over a run).
 
 Example:
-  >>> feeder = Feeder(ens, dataset, cfg, order_key, k=8, steps_per_epoch=468)
-  >>> state, metrics = feeder.run(state, epoch=1, first=0, n=8)
+  >>> ds, cfg = me.data.synthetic(64, 32, seed=0), me.TrainConfig(members=2, batch_size=32)
+  >>> feeder = Feeder(ens, ds, cfg, jax.random.key(1), k=2, steps_per_epoch=2)
+  >>> state, metrics = feeder.run(state, epoch=1, first=0, n=2)   # epoch 1's 2 steps
+  >>> metrics["loss"].shape   # [steps, members]
+  (2, 2)
 """
 
 from __future__ import annotations
@@ -90,8 +93,11 @@ class Feeder:
         streaming).
 
     Example:
-      >>> feeder = Feeder(ens, dataset, cfg, order_key, 8, 468)
-      >>> compiled = feeder.chunk(8).lower(state, feeder.images, feeder.labels,
+      >>> ds, cfg = me.data.synthetic(64, 32, seed=0), me.TrainConfig(members=2, batch_size=32)
+      >>> feeder = Feeder(ens, ds, cfg, jax.random.key(1), k=2, steps_per_epoch=2)
+      >>> feeder.input, feeder.images.shape   # the training set, on every device
+      ('device', (64, 28, 28, 1))
+      >>> compiled = feeder.chunk(2).lower(state, feeder.images, feeder.labels,
       ...                                  feeder.order(1), jnp.int32(0)).compile()
     """
 
@@ -164,7 +170,13 @@ class Feeder:
           ValueError: ``ens`` is on another mesh.
 
         Example:
-          >>> other = feeder.for_ensemble(build_ensemble(cfg_vmap, mesh, n, sample))
+          >>> ds, cfg = me.data.synthetic(64, 32, seed=0), me.TrainConfig(members=2, batch_size=32)
+          >>> feeder = Feeder(ens, ds, cfg, jax.random.key(1), k=2, steps_per_epoch=2)
+          >>> vmap = me.Ensemble(me.models.MLP((8,)), optax.sgd(0.1), 2, mesh,
+          ...                    input_transform=me.data.normalize, member_strategy="vmap")
+          >>> other = feeder.for_ensemble(vmap)
+          >>> other.images is feeder.images   # the same on-device training set
+          True
         """
         if ens.mesh != self.ens.mesh:
             raise ValueError(
@@ -253,8 +265,12 @@ class Feeder:
           ValueError: the feeder streams host batches (no on-device data).
 
         Example:
+          >>> ds, cfg = me.data.synthetic(64, 32, seed=0), me.TrainConfig(members=2, batch_size=32)
+          >>> feeder = Feeder(ens, ds, cfg, jax.random.key(1), k=2, steps_per_epoch=2)
           >>> state, metrics = feeder.paced()(state, feeder.images, feeder.labels,
-          ...                                 feeder.order(1), np.int32(0), np.int32(3))
+          ...                                 feeder.order(1), np.int32(0), np.int32(1))
+          >>> metrics["loss"].shape   # [k, members]: the last `count` rows are the steps run
+          (2, 2)
         """
         if self.streaming:
             raise ValueError("a streaming Feeder has no on-device chunk; use run()")
@@ -285,8 +301,13 @@ class Feeder:
           chunk has already run).
 
         Example:
-          >>> feeder.compile_ahead(lambda: ens.init(key, images[:1]))
+          >>> ds, cfg = me.data.synthetic(64, 32, seed=0), me.TrainConfig(members=2, batch_size=32)
+          >>> feeder = Feeder(ens, ds, cfg, jax.random.key(1), k=2, steps_per_epoch=2)
+          >>> feeder.compile_ahead(lambda: ens.init(key, images[:1]))   # started
+          True
           >>> state = ens.init(key, images[:1])   # both compile at once
+          >>> feeder.compile_ahead(lambda: ens.init(key, images[:1]))   # never twice
+          False
         """
         if self._ahead is not None or self._ran:  # compiled (or compiling) already
             return False
@@ -313,8 +334,10 @@ class Feeder:
           it failed to compile; :meth:`run` then compiles it at its first call).
 
         Example:
-          >>> feeder.compile_ahead(init); state = init(); feeder.wait_compiled()
-          True
+          >>> ds, cfg = me.data.synthetic(64, 32, seed=0), me.TrainConfig(members=2, batch_size=32)
+          >>> feeder = Feeder(ens, ds, cfg, jax.random.key(1), k=2, steps_per_epoch=2)
+          >>> feeder.wait_compiled()   # nothing was started
+          False
         """
         if self._ahead is None:
             return False
@@ -342,7 +365,11 @@ class Feeder:
           Whether the compilation was started (not on ``pmap``, nor across processes).
 
         Example:
-          >>> feeder.compile_eval_ahead(init, ds.test_images, ds.test_labels, 1000)
+          >>> ds, cfg = me.data.synthetic(64, 32, seed=0), me.TrainConfig(members=2, batch_size=32)
+          >>> feeder = Feeder(ens, ds, cfg, jax.random.key(1), k=2, steps_per_epoch=2)
+          >>> init = lambda: ens.init(key, images[:1])
+          >>> feeder.compile_eval_ahead(init, ds.test_images, ds.test_labels, 16)
+          True
         """
         n = len(labels)
         if n == 0 or jax.process_count() > 1:
@@ -425,7 +452,7 @@ def check_lazy_input(cfg: TrainConfig, dataset: data_lib.Dataset) -> None:
       meshensemble.data.DataError: one line naming the fix (``--input stream`` or ``auto``).
 
     Example:
-      >>> check_lazy_input(me.TrainConfig(input="auto"), dataset)
+      >>> check_lazy_input(me.TrainConfig(input="auto"), me.data.synthetic())  # in memory: fine
     """
     if data_lib.is_lazy(dataset) and cfg.input == "device" and not cfg.streaming:
         raise data_lib.DataError(
@@ -453,7 +480,7 @@ def resolve_input(
 
     Example:
       >>> resolve_input(me.TrainConfig(input="auto"), 60_000, mesh)
-      ('device', 'input: device (the 60,000 training examples take 44.9 MiB per device, ...)')
+      ('device', 'input: device (--input auto: the 60,000 training examples take 45.1 MiB ...)')
     """
     if cfg.streaming or cfg.input == "stream":
         how = "--streaming, deprecated" if cfg.streaming else "--input stream"

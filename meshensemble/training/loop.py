@@ -7,7 +7,12 @@ compiled call from on-device data, or host batches); the position in the run is 
 :class:`LoopPosition`, saved with every checkpoint.
 
 Example:
-  >>> result = me.training.train(me.TrainConfig(epochs=1, source="sample", workdir="/tmp/r"))
+  >>> cfg = me.TrainConfig(model="mlp", members=4, epochs=1, batch_size=32, source="npz",
+  ...                      data_file="mnist.npz", workdir="runs/r")
+  >>> result = me.training.train(cfg, echo=lambda line: None)   # no printed lines
+  >>> sorted(os.listdir("runs/r"))
+  ['checkpoints', 'compile.json', 'config.json', 'learning_curves.png', 'members.png',
+   'metrics.jsonl']
 """
 
 from __future__ import annotations
@@ -221,9 +226,13 @@ def train(
       meshensemble.training.outputs.OutputError: an output file could not be written.
 
     Example:
-      >>> cfg = me.TrainConfig(epochs=1, source="sample", workdir="/tmp/run")
+      >>> cfg = me.TrainConfig(model="mlp", members=4, epochs=1, batch_size=32, source="npz",
+      ...                      data_file="mnist.npz", workdir="runs/run", quiet=True)
       >>> result = me.training.train(cfg)
-      >>> result.history[-1]["test_ensemble_accuracy"]
+      accuracy nll brier ece
+      ...
+      >>> 0 <= result.history[-1]["test_ensemble_accuracy"] <= 1
+      True
     """
     cfg.validate()
     if cfg.task == "regression":  # the Gaussian regression run (--task regression)
@@ -256,8 +265,9 @@ def use_compilation_cache(cfg: TrainConfig) -> str | None:
       then compiles as usual).
 
     Example:
-      >>> use_compilation_cache(me.TrainConfig())
-      '/home/me/.cache/meshensemble/jax'
+      >>> from meshensemble.runtime.compilation import default_cache_dir
+      >>> use_compilation_cache(me.TrainConfig()) == default_cache_dir()  # the default
+      True
     """
     before = (jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir)
     path = None
@@ -290,6 +300,9 @@ def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
 
     Example:
       >>> init_key, order_key = run_keys(0)
+      >>> bool((jax.random.key_data(init_key) == jax.random.key_data(
+      ...     jax.random.split(jax.random.key(0))[0])).all())
+      True
     """
     if -(2**31) <= seed < 2**31:
         return _split_seed(np.int32(seed))

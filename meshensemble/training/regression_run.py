@@ -148,6 +148,8 @@ def regression_identity(
       held out); ``meshensemble evaluate`` compares it split by split.
 
     Example:
+      >>> cfg = me.TrainConfig(task="regression", source="toy1d")
+      >>> d = load_regression(cfg)
       >>> regression_identity(d, d, None, cfg)["splits"]["test"][:7]
       'sha256:'
     """
@@ -329,8 +331,11 @@ def train_regression(
         :class:`meshensemble.training.NonFiniteError` when a member's loss is NaN/inf.
 
     Example:
-      >>> me.training.train(me.TrainConfig(task="regression", source="toy1d", epochs=200,
-      ...                   optimizer="adam", learning_rate=0.02, workdir="/tmp/toy"))
+      >>> cfg = me.TrainConfig(task="regression", source="toy1d", members=4, epochs=2,
+      ...                      batch_size=8, validation=10, workdir="runs/toy1d")
+      >>> result = me.training.train(cfg, echo=lambda line: None)   # no printed lines
+      >>> type(result).__name__, result.history[-1]["step"]
+      ('RegressionResult', 2)
     """
     t0, main = time.perf_counter(), jax.process_index() == 0
     say = echo or (print if main and not cfg.quiet else (lambda s: None))

@@ -42,8 +42,10 @@ Every candidate steps its own state (initialised again by the run, or copied by
 bitwise the same members as a run pinned to its choice.
 
 Example:
-  >>> choice = resolve_choices(cfg, mesh, dataset, init_key, cache_dir=None)
-  >>> choice.member_strategy, choice.conv, choice.reason
+  >>> cfg = me.TrainConfig(model="mlp", members=2, batch_size=32)   # 1 member per device
+  >>> choice = resolve_choices(cfg, mesh, me.data.synthetic(64, 32), key, cache_dir=None)
+  >>> choice.member_strategy, choice.conv, choice.how   # nothing to measure: the default
+  ('loop', None, 'default')
 """
 
 from __future__ import annotations
@@ -143,6 +145,9 @@ def copy_state(state: EnsembleState) -> EnsembleState:
 
     Example:
       >>> mine = copy_state(state)   # train on `mine`; `state` stays usable
+      >>> mine, _ = ens.train_step(mine, images, labels)
+      >>> (mine.step - state.step).tolist()   # [members]: `mine` took one more step
+      [1, 1]
     """
     return _copy(state)
 
@@ -169,7 +174,9 @@ def step_candidate(
       ``fn()``: one ``train_step`` of the copy (which it keeps), returning the metrics.
 
     Example:
-      >>> fn = step_candidate(ens, state, images[:128], labels[:128]); fn()
+      >>> fn = step_candidate(ens, state, images[:32], labels[:32])
+      >>> fn()["loss"].shape   # one step's metrics: [members]
+      (2,)
     """
     own = [copy_state(state) if copy else state]
     x = ens.place(images)
@@ -204,7 +211,11 @@ def chunk_candidate(feeder: Feeder, init: Callable[[], EnsembleState]) -> Callab
       ValueError: the feeder streams host batches (timing it would read the stream).
 
     Example:
-      >>> fn = chunk_candidate(feeder, lambda: ens.init(init_key, images[:1])); fn()
+      >>> ds, cfg = me.data.synthetic(64, 32, seed=0), me.TrainConfig(members=2, batch_size=32)
+      >>> feeder = me.training.Feeder(ens, ds, cfg, jax.random.key(1), k=1, steps_per_epoch=2)
+      >>> fn = chunk_candidate(feeder, lambda: ens.init(key, images[:1]))
+      >>> fn()["loss"].shape   # [1, members]
+      (1, 2)
     """
     if feeder.streaming:
         raise ValueError("a streaming Feeder reads its batches once; time step_candidate instead")
@@ -242,6 +253,7 @@ def planned_steps(cfg: TrainConfig, dataset: data_lib.Dataset) -> int:
       The number of steps (what the tuner's budget is a share of).
 
     Example:
+      >>> dataset = me.data.synthetic(num_train=4000, num_test=10)
       >>> planned_steps(TrainConfig(epochs=5, batch_size=128), dataset)  # 4,000 examples
       155
     """
@@ -293,8 +305,9 @@ def resolve_choices(
       A :class:`Choice`.
 
     Example:
-      >>> resolve_choices(cfg, mesh, dataset, init_key, None).line()
-      'member strategy: loop, conv: im2col (loop/im2col: 310.0 ms/step against ...)'
+      >>> cfg = me.TrainConfig(model="mlp", members=2, batch_size=32)
+      >>> resolve_choices(cfg, mesh, me.data.synthetic(64, 32), key, None).line()
+      'member strategy: loop (one member per device: vmap and loop are the same program (cpu))'
     """
     platform = mesh.devices.flat[0].platform
     strategy_open, conv_open = open_settings(cfg)
