@@ -384,6 +384,25 @@ def test_measuring_never_consumes_the_given_state(tmp_path):
     state, _ = ens.train_step(state, DATA.train_images[:32], DATA.train_labels[:32])
 
 
+def compiles_started(monkeypatch) -> list:
+    """The futures of every ahead-of-time compilation a run starts (recorded, not changed)."""
+    from meshensemble.runtime import precompile
+
+    futures: list = []
+    real = precompile.start_compiling
+    monkeypatch.setattr(
+        precompile, "start_compiling", lambda fn: futures.append(real(fn)) or futures[-1]
+    )
+    return futures
+
+
+def assert_compiled_cleanly(futures: list) -> None:
+    """At least one compilation was started and none failed (a failure falls back silently)."""
+    assert futures, "nothing was compiled ahead of time"
+    for future in futures:
+        assert future.exception() is None, repr(future.exception())
+
+
 def test_the_chunk_compiled_ahead_of_time_gives_the_same_members(tmp_path, monkeypatch):
     need_devices(8)
     started: list[bool] = []
@@ -391,10 +410,12 @@ def test_the_chunk_compiled_ahead_of_time_gives_the_same_members(tmp_path, monke
     monkeypatch.setattr(
         Feeder, "compile_ahead", lambda self, init: started.append(original(self, init))
     )
+    futures = compiles_started(monkeypatch)
     kw = dict(max_steps=4, chunk_steps=2, member_strategy="loop", shuffle="per-member")
     with CompileLog() as log:
         ahead = train(tiny(tmp_path, "ahead", **kw), DATA)
     assert started == [True]
+    assert_compiled_cleanly(futures)  # a program compiled ahead, not a silent fallback
     assert [p.name for p in log.programs].count("jit(train_chunk)") == 1  # used, not redone
     monkeypatch.setattr(loop, "AHEAD_OF_TIME", False)
     lazy = train(tiny(tmp_path, "lazy", **kw), DATA)
@@ -416,11 +437,13 @@ def test_the_evaluation_compiled_ahead_once_and_summed_on_the_host(tmp_path, mon
     monkeypatch.setattr(
         Feeder, "compile_eval_ahead", lambda self, *a: started.append(original(self, *a))
     )
+    futures = compiles_started(monkeypatch)
     kw = dict(max_steps=4, chunk_steps=2, member_strategy="vmap", eval_batch_size=16)
     with CompileLog() as log:
         ahead = train(tiny(tmp_path, "ahead", **kw), DATA)  # 40 test examples: 16 + 16 + 8
     names = [p.name for p in log.programs]
     assert started == [True] and names.count("jit(eval_stats)") == 1, names
+    assert_compiled_cleanly(futures)
     assert set(names) <= RUN_PROGRAMS, names  # the partial sums are added with numpy
     monkeypatch.setattr(loop, "AHEAD_OF_TIME", False)
     lazy = train(tiny(tmp_path, "lazy", **kw), DATA)

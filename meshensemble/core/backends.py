@@ -34,9 +34,12 @@ def put(x: Any, mesh: Mesh, spec: P) -> jax.Array:
     """Places ``x`` on ``mesh`` as ``spec`` says, without copying what is already there.
 
     Every process passes the same global value (numpy or ``jax.Array``); a
-    ``jax.Array`` already laid out as ``spec`` is returned as is.
+    ``jax.Array`` already laid out as ``spec`` is returned as is. A
+    ``jax.ShapeDtypeStruct`` (lowering ahead of time) gets the sharding, nothing placed.
     """
     sharding = NamedSharding(mesh, spec)
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
     if isinstance(x, jax.Array):
         if _same_layout(x.sharding, sharding):
             return x

@@ -53,6 +53,7 @@ from meshensemble.core.mesh import (
 from meshensemble.core.sharding import state_shardings
 from meshensemble.core.state import EnsembleState
 from meshensemble.data import stream as stream_lib
+from meshensemble.runtime import precompile
 from meshensemble.runtime.distributed import fetch
 from meshensemble.training import order as order_lib
 from meshensemble.training.config import TrainConfig
@@ -321,9 +322,7 @@ class Feeder:
         )
         args = (shapes, self.images, self.labels, order, np.int32(0))
         args += (np.int32(1),) if self.dynamic else ()
-        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="meshensemble-aot")
-        self._ahead = pool.submit(lambda: chunk.lower(*args).compile())
-        pool.shutdown(wait=False)
+        self._ahead = precompile.start_compiling(lambda: chunk.lower(*args).compile())
         return True
 
     def wait_compiled(self) -> bool:
