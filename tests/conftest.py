@@ -18,6 +18,16 @@ from meshensemble.runtime import compilation
 from meshensemble.testing import need_devices as need_devices  # the test modules import it here
 from meshensemble.testing import set_fake_cpu_devices
 
+# XLA:CPU compiles the tests' programs at LLVM's -O0 (--xla_backend_optimization_level=0):
+# compiling is most of the suite's time (the programs run for milliseconds), and -O0 halves
+# it. XLA's HLO passes are the same at every level (the optimized HLO the tests read, e.g.
+# its copies and all-reduces, is identical), convolutions and matrix products call the same
+# library kernels, and float results agree to the last bits the tests' tolerances allow;
+# the runs a test compares bitwise are compiled alike. The processes the tests start
+# inherit the flag. XLA_FLAGS naming another level (e.g. =3, XLA's default) keeps that one.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+    os.environ["XLA_FLAGS"] = flags.strip()
 set_fake_cpu_devices(8)  # JAX_PLATFORMS=cpu and jax_num_cpu_devices, before any computation
 jax.config.update("jax_numpy_rank_promotion", "raise")
 # One persistent compilation cache per test run, shared by all its processes: the process
