@@ -70,12 +70,13 @@ def test_auto_cnn_traces_no_convolution_on_cpu():
 def test_cnn_conv_choice_keeps_parameters_and_outputs():
     x = jax.random.uniform(jax.random.key(3), (4, 28, 28, 1))
     shapes = lambda m: jax.eval_shape(lambda k: m.init(k, x[:1]), jax.random.key(0))
-    params = CNN(conv="xla").init(jax.random.key(0), x[:1])
-    want = CNN(conv="xla").apply(params, x)
+    params = jax.jit(CNN(conv="xla").init)(jax.random.key(0), x[:1])
+    want = jax.jit(CNN(conv="xla").apply)(params, x)  # one program each, not op by op
     for impl in conv_lib.CONV_CHOICES:
         model = CNN(conv=impl)
         assert shapes(model) == shapes(CNN(conv="xla")), impl  # checkpoints carry over
-        np.testing.assert_allclose(model.apply(params, x), want, atol=2e-4, err_msg=impl)
+        got = jax.jit(model.apply)(params, x)
+        np.testing.assert_allclose(got, want, atol=2e-4, err_msg=impl)
 
 
 def test_unknown_conv_is_one_line_error():
