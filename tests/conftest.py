@@ -18,16 +18,6 @@ from meshensemble.runtime import compilation
 from meshensemble.testing import need_devices as need_devices  # the test modules import it here
 from meshensemble.testing import set_fake_cpu_devices
 
-# XLA:CPU compiles the tests' programs at LLVM's -O0 (--xla_backend_optimization_level=0):
-# compiling is most of the suite's time (the programs run for milliseconds), and -O0 halves
-# it. XLA's HLO passes are the same at every level (the optimized HLO the tests read, e.g.
-# its copies and all-reduces, is identical), convolutions and matrix products call the same
-# library kernels, and float results agree to the last bits the tests' tolerances allow;
-# the runs a test compares bitwise are compiled alike. The processes the tests start
-# inherit the flag. XLA_FLAGS naming another level (e.g. =3, XLA's default) keeps that one.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    flags = os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
-    os.environ["XLA_FLAGS"] = flags.strip()
 set_fake_cpu_devices(8)  # JAX_PLATFORMS=cpu and jax_num_cpu_devices, before any computation
 jax.config.update("jax_numpy_rank_promotion", "raise")
 # One persistent compilation cache per test run, shared by all its processes: the process
@@ -59,6 +49,30 @@ os.environ[compilation.ENV_CACHE_DIR] = _CACHE
 compilation.enable_compilation_cache(_CACHE)
 # Random numbers: JAX's default mode (partitionable threefry), the one users' code, the CLI
 # and the library all run in; nothing here changes it.
+
+
+def pytest_configure(config):
+    """The default set (``-m 'not slow'``) compiles its programs at LLVM's -O0.
+
+    Compiling is most of that set's time (its programs are small and run for milliseconds),
+    and XLA:CPU's ``--xla_backend_optimization_level=0`` halves it: XLA's HLO passes are the
+    same at every level (the optimized HLO the tests read, its copies and all-reduces, is
+    identical), convolutions and matrix products call the same library kernels, and float
+    results agree to the last bits the tests' tolerances allow; the runs a test compares
+    bitwise are compiled alike, and the processes the tests start inherit the flag. Runs
+    that select the ``slow`` tests (whole runs of big models, where the elementwise code's
+    speed counts: the CNN's step ran 2.2x slower at -O0) keep XLA's default, and so does
+    an ``XLA_FLAGS`` that names a level. Set before JAX starts its backend (the first
+    computation, at collection), in pytest and in each xdist worker.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    markexpr = " ".join(str(config.getoption("markexpr", "") or "").split())
+    if "not slow" not in markexpr or "xla_backend_optimization_level" in flags:
+        return
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():  # else the flag would not apply here
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
