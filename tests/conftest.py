@@ -51,6 +51,73 @@ compilation.enable_compilation_cache(_CACHE)
 # and the library all run in; nothing here changes it.
 
 
+def pytest_configure(config):
+    """The default set (``-m 'not slow'``) compiles its programs at LLVM's -O0.
+
+    Compiling is most of that set's time (its programs are small and run for milliseconds),
+    and XLA:CPU's ``--xla_backend_optimization_level=0`` halves it: XLA's HLO passes are the
+    same at every level (the optimized HLO the tests read, its copies and all-reduces, is
+    identical), convolutions and matrix products call the same library kernels, and float
+    results agree to the last bits the tests' tolerances allow; the runs a test compares
+    bitwise are compiled alike, and the processes the tests start inherit the flag. Runs
+    that select the ``slow`` tests (whole runs of big models, where the elementwise code's
+    speed counts: the CNN's step ran 2.2x slower at -O0) keep XLA's default, and so does
+    an ``XLA_FLAGS`` that names a level. Set before JAX starts its backend (the first
+    computation, at collection), in pytest and in each xdist worker.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    markexpr = " ".join(str(config.getoption("markexpr", "") or "").split())
+    if "not slow" not in markexpr or "xla_backend_optimization_level" in flags:
+        return
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():  # else the flag would not apply here
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def figures_built_not_rendered(request, monkeypatch):
+    """The package's figures are built but not rendered, except in tests marked ``plots``.
+
+    Every run a test starts draws its PNGs (``learning_curves.png``, ``members.png``, the
+    evaluation's plots); rendering them (``tight_layout`` and ``savefig``: ~90% of the
+    plotting time, ~0.5 s a run on 2 cores) is the same work every time. Here every line of
+    ``meshensemble/plots.py`` still runs on the test's data (figures, axes, lines, bars,
+    limits, legends), and each file is written where the plot goes (a PNG signature, so a
+    folder in the way or an unwritable workdir fails as it would), but no pixel is drawn.
+    The tests marked ``plots`` (the run's PNGs and a failed plot in test_train, the
+    evaluation's in test_evaluate, the regression figure) and the docstring examples draw
+    the real figures.
+    """
+    if request.node.get_closest_marker("plots") or request.node.path.name == "test_doctests.py":
+        return
+    from meshensemble import plots
+
+    real = plots.pyplot
+
+    def pyplot():
+        plt = real()
+        from matplotlib.figure import Figure
+
+        monkeypatch.setattr(Figure, "tight_layout", lambda self, *args, **kwargs: None)
+        monkeypatch.setattr(Figure, "savefig", _png_signature)
+        return plt
+
+    monkeypatch.setattr(plots, "pyplot", pyplot)
+
+
+def _png_signature(fig, fname, *args, **kwargs) -> None:
+    """``Figure.savefig`` without rendering: writes a PNG signature where the file goes."""
+    if hasattr(fname, "write"):
+        fname.write(PNG_SIGNATURE)
+    else:
+        with open(fname, "wb") as f:
+            f.write(PNG_SIGNATURE)
+
+
 def shared_compile_cache(folder) -> str:
     """``folder/jax``, a compilation cache folder whose programs are the test run's shared ones.
 

@@ -61,7 +61,7 @@ def test_auto_is_im2col_on_cpu_and_gpu_and_xla_on_tpu():
 
 def test_auto_cnn_traces_no_convolution_on_cpu():
     x = jnp.zeros((2, 28, 28, 1))
-    params = CNN().init(jax.random.key(0), x)
+    params = jax.eval_shape(CNN().init, jax.random.key(0), x)  # traced, never computed
     for impl, convs in (("auto", 0), ("im2col", 0), ("xla", 2)):
         jaxpr = str(jax.make_jaxpr(CNN(conv=impl).apply)(params, x))
         assert jaxpr.count("conv_general_dilated") == convs, impl
@@ -70,12 +70,13 @@ def test_auto_cnn_traces_no_convolution_on_cpu():
 def test_cnn_conv_choice_keeps_parameters_and_outputs():
     x = jax.random.uniform(jax.random.key(3), (4, 28, 28, 1))
     shapes = lambda m: jax.eval_shape(lambda k: m.init(k, x[:1]), jax.random.key(0))
-    params = CNN(conv="xla").init(jax.random.key(0), x[:1])
-    want = CNN(conv="xla").apply(params, x)
+    params = jax.jit(CNN(conv="xla").init)(jax.random.key(0), x[:1])
+    want = jax.jit(CNN(conv="xla").apply)(params, x)  # one program each, not op by op
     for impl in conv_lib.CONV_CHOICES:
         model = CNN(conv=impl)
         assert shapes(model) == shapes(CNN(conv="xla")), impl  # checkpoints carry over
-        np.testing.assert_allclose(model.apply(params, x), want, atol=2e-4, err_msg=impl)
+        got = jax.jit(model.apply)(params, x)
+        np.testing.assert_allclose(got, want, atol=2e-4, err_msg=impl)
 
 
 def test_unknown_conv_is_one_line_error():
@@ -85,9 +86,11 @@ def test_unknown_conv_is_one_line_error():
         CNN(conv="fft").init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
 
 
-@pytest.mark.parametrize("strategy", ["loop", "vmap"])
-def test_canonical_and_im2col_train_on_the_mesh_like_xla(strategy):
-    """Under shard_map (check_vma: the custom VJP's cotangents) on a 4 x 2 mesh."""
+def test_canonical_and_im2col_train_on_the_mesh_like_xla():
+    """Under shard_map (check_vma: the custom VJP's cotangents) on a 4 x 2 mesh, one member
+    per device: "loop" and "vmap" compute one member alike (``map_members``), so one
+    strategy; several members per device, both strategies, in the gemm_grad test below."""
+    strategy = "loop"
     mesh = me.make_mesh(ensemble=4, data=2, devices=jax.devices()[:8])
     x = jax.random.uniform(jax.random.key(0), (8, 8, 8, 1))
     y = jnp.arange(8) % 10

@@ -74,10 +74,11 @@ def _run(mesh_shape, backend, steps, model, strategy, key, m, axis_types):
     return ens, state, tuple(history)
 
 
-def per_member_reference(steps=5, model=None):
-    """The anchor: each member trained alone with a jitted single-model step."""
+def per_member_reference(steps=5, model=None, m=M, xs=None, ys=None):
+    """The anchor: each of ``m`` members trained alone with a jitted single-model step, on
+    (X, Y), or member ``i`` on its own batch ``(xs[i], ys[i])``."""
     model = model or Tiny()
-    keys = jax.random.split(jax.random.PRNGKey(0), M)
+    keys = jax.random.split(jax.random.PRNGKey(0), m)
 
     @jax.jit
     def step(p, o, x, y):
@@ -90,19 +91,26 @@ def per_member_reference(steps=5, model=None):
         return optax.apply_updates(p, u), o, value
 
     params, losses = [], []
-    for k in keys:
+    for i, k in enumerate(keys):
         p = model.init(k, X[:1])["params"]
         o = TX.init(p)
+        x, y = (X, Y) if xs is None else (xs[i], ys[i])
         for _ in range(steps):
-            p, o, value = step(p, o, X, Y)
+            p, o, value = step(p, o, x, y)
         params.append(p)
         losses.append(value)
     return jax.tree.map(lambda *a: np.stack(a), *params), np.array(losses)
 
 
+FEW = 2
+"""Members of the runs whose every device holds all members (ensemble=1): a loop of 2 is
+the same code as a loop of 8 at a quarter of its unrolled program."""
+
+
 @pytest.fixture(scope="module")
 def reference():
-    return per_member_reference()
+    """The per-member anchors of ``M`` and of ``FEW`` members (``{m: (params, losses)}``)."""
+    return {m: per_member_reference(m=m) for m in (M, FEW)}
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +124,12 @@ def baseline():
     [((8, 1), "shard_map"), ((8, 1), "pmap"), ((1, 8), "shard_map"), ((1, 8), "pmap")],
 )
 def test_parity_with_per_member_loop(mesh_shape, backend, reference):
+    """One member per device (8 of them), and all members on every device (a loop of FEW)
+    with the batch split 8 ways, under both backends."""
     need_devices(8)
-    _, state, history = run(mesh_shape, backend)
-    ref_params, ref_loss = reference
+    m = M if mesh_shape[0] > 1 else FEW
+    _, state, history = run(mesh_shape, backend, m=m)
+    ref_params, ref_loss = reference[m]
     chex.assert_trees_all_close(jax.device_get(state.params), ref_params, atol=1e-5, rtol=0)
     np.testing.assert_allclose(history[-1]["loss"], ref_loss, atol=1e-5)
 
@@ -126,29 +137,22 @@ def test_parity_with_per_member_loop(mesh_shape, backend, reference):
 @pytest.mark.parametrize("mesh_shape", [(1, 8)])
 def test_shard_map_equals_pmap_metrics(mesh_shape):
     need_devices(8)
-    _, s1, h1 = run(mesh_shape, "shard_map")
-    _, s2, h2 = run(mesh_shape, "pmap")
+    _, s1, h1 = run(mesh_shape, "shard_map", m=FEW)  # test_parity_with_per_member_loop's runs
+    _, s2, h2 = run(mesh_shape, "pmap", m=FEW)
     chex.assert_trees_all_close(h1, h2, atol=1e-5, rtol=0)
     chex.assert_trees_all_close(jax.device_get(s1), jax.device_get(s2), atol=1e-5, rtol=0)
 
 
 def test_mesh_shapes_give_the_same_members():
+    """Members split over devices and members x data split (8 members); all members on
+    every device with the batch split 8 ways and all on one device, the full batch in one
+    piece (FEW members in a loop: the data-parallel gradient equals the one-device one).
+    (2, 4) is (4, 2)'s path again, and (2, 1) (a device subset) is checked against (8, 1)
+    by test_vmap_and_loop_strategies_agree; each compiled its own programs for no new case."""
     need_devices(8)
-    # members split over devices, members and data split, all on one device (several
-    # members a device in a loop). (2, 4) is (4, 2)'s path again, and (2, 1) (a device
-    # subset) runs (1, 1)'s loop on fewer members: the subset is checked against (8, 1)
-    # by test_vmap_and_loop_strategies_agree; each compiled its own programs for no new case
-    shapes = [(8, 1), (4, 2), (1, 1)]
-    trained = lambda mesh: run((mesh.shape["ensemble"], mesh.shape["data"]))[1:]  # state, history
-    testing.assert_mesh_invariant(trained, shapes, rtol=0, atol=1e-5)
-
-
-def test_data_parallel_equals_one_device_on_the_full_batch():
-    need_devices(8)
-    _, s8, h8 = run((1, 8), m=1)
-    _, s1, h1 = run((1, 1), m=1)
-    chex.assert_trees_all_close(jax.device_get(s8.params), jax.device_get(s1.params), atol=1e-5)
-    chex.assert_trees_all_close(h8, h1, atol=1e-5)
+    for m, shapes in ((M, [(8, 1), (4, 2)]), (FEW, [(1, 8), (1, 1)])):
+        trained = lambda mesh, m=m: run((mesh.shape["ensemble"], mesh.shape["data"]), m=m)[1:]
+        testing.assert_mesh_invariant(trained, shapes, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("axis_types", ["explicit", "auto"])
@@ -246,10 +250,8 @@ def test_dropout_batchnorm_train_and_keep_parity_between_backends():
     chex.assert_shape(stats, (M, 16))
     assert np.abs(stats).max() > 0  # running statistics were updated
     assert np.abs(stats[0] - stats[1]).max() > 0  # per member
-    # dropout draws a different mask per member: same params, different step results
-    _, s_b, h_b = run((4, 2), model="dropout_bn", steps=3)  # masks may differ across layouts
-    chex.assert_tree_all_finite(s_b)
-    assert np.all(np.asarray(h_b[-1]["loss"]) < np.asarray(h_b[0]["loss"]) + 0.5)
+    # members x data (4, 2): the masks, statistics and gradients of every member equal a
+    # single model's, shard by shard, in test_dropout_batchnorm_members_match_single_model_training
 
 
 # ------------------------------------------------------------------ dropout keys
@@ -288,15 +290,8 @@ def test_per_member_batches():
     xs, ys = X[perms], Y[perms]
     state, metrics = ens.train_step(state, xs, ys)
     assert np.isnan(metrics["ensemble_accuracy"])
-    # member i equals that member trained alone on its own batch
-    ref_params, ref_loss = [], []
-    single = me.Ensemble(Tiny(), TX, M, me.make_mesh(ensemble=1, devices=jax.devices()[:1]))
-    s1 = single.init(jax.random.PRNGKey(0), X[:1])
-    for i in range(M):
-        s1b, m1 = single.train_step(jax.tree.map(jnp.copy, s1), xs[i], ys[i])
-        ref_params.append(jax.tree.map(lambda v, i=i: np.asarray(v)[i], s1b.params))
-        ref_loss.append(np.asarray(m1["loss"])[i])
-    stacked = jax.tree.map(lambda *a: np.stack(a), *ref_params)
+    # member i equals that member trained alone (a plain jitted Flax step) on its own batch
+    stacked, ref_loss = per_member_reference(steps=1, xs=xs, ys=ys)
     chex.assert_trees_all_close(jax.device_get(state.params), stacked, atol=1e-5)
     np.testing.assert_allclose(metrics["loss"], ref_loss, atol=1e-5)
 
@@ -398,11 +393,12 @@ def test_state_of_another_ensemble_and_bad_key():
         ens.init(jax.random.split(jax.random.PRNGKey(0), 2), X[:1])
 
 
-@pytest.mark.parametrize("backend", ["shard_map", "pmap"])
-def test_mixed_precision_keeps_float32_master_weights(backend):
-    """bf16 compute: the model sees bf16, the state stays float32, the steps track fp32."""
+def test_mixed_precision_keeps_float32_master_weights():
+    """bf16 compute: the model sees bf16, the state stays float32, the steps track fp32.
+    The casts are the step's (core/steps.py), the same under both backends: shard_map on
+    members x data here, pmap's step against shard_map's in test_parity_with_per_member_loop."""
     need_devices(8)
-    mesh = me.make_mesh(ensemble=4, data=2) if backend == "shard_map" else me.make_mesh(4)
+    backend, mesh = "shard_map", me.make_mesh(ensemble=4, data=2)
     seen = []
 
     class Spy(nn.Module):

@@ -93,6 +93,7 @@ def _entropy(p: np.ndarray) -> np.ndarray:
     return -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=-1)
 
 
+@pytest.mark.plots  # the rendered PNGs
 def test_report_keys_files_and_training_names(run) -> None:
     r = run.report
     want = {f"test_ensemble_{k}" for k in ENSEMBLE_KEYS}

@@ -325,6 +325,7 @@ def _cfg(workdir, **kw):
 
 
 @pytest.mark.slow
+@pytest.mark.plots  # the rendered PNGs
 def test_regression_run_writes_standardised_outputs_and_resumes_exactly(tmp_path, monkeypatch):
     whole = me.training.train(_cfg(tmp_path / "a"))
     cut = me.training.train(_cfg(tmp_path / "b", max_steps=3))

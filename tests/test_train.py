@@ -103,6 +103,7 @@ def test_per_member_orders_are_distinct_permutations_drawn_on_device(tmp_path):
     assert shared.order(1).shape == (192,)
 
 
+@pytest.mark.plots  # the rendered PNGs
 def test_outputs_metrics_jsonl_config_and_plots(tmp_path):
     need_devices(8)
     cfg = tiny(tmp_path, "o", epochs=2, checkpoint=True, tensorboard=True)
@@ -459,6 +460,7 @@ def test_unwritable_workdir_is_refused_before_any_work(tmp_path, capsys):
         assert list(ro.iterdir()) == []
 
 
+@pytest.mark.plots  # the rendered PNGs
 def test_a_failed_plot_is_one_line_and_a_rerun_writes_it(tmp_path, npz, capsys):
     need_devices(8)
     workdir = tmp_path / "p"
