@@ -71,7 +71,8 @@ def pytest_configure(config):
         return
     from jax._src import xla_bridge
 
-    if not xla_bridge.backends_are_initialized():  # else the flag would not apply here
+    started = getattr(xla_bridge, "backends_are_initialized", lambda: False)  # older JAX
+    if not started():  # else the flag would not apply here
         os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
 
 
