@@ -126,16 +126,25 @@ def start_pair(npz, workdir, *extra) -> list[subprocess.Popen]:
     cmd += ["--mesh", "ensemble=2,data=2", "--epochs", "500", *extra]
     cmd += ["--workdir", str(workdir), "--quiet", "--heartbeat-timeout", "20"]
     cmd += ["--fake-devices", "2", "--coordinator", f"localhost:{port}", "--num-processes", "2"]
-    return [
-        subprocess.Popen(
-            [*cmd, "--process-id", str(i)],
-            cwd=REPO,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for i in range(2)
-    ]
+    procs = []
+    for i in range(2):
+        # Files, not pipes: nobody reads a pipe while the run goes on, and a process whose
+        # pipe is full blocks in its write, then its peer in the next collective (a hang
+        # seen at load 6, when the runtime logs more).
+        logs = [workdir.parent / f"process{i}.{name}" for name in ("out", "err")]
+        with open(logs[0], "w") as out, open(logs[1], "w") as err:
+            proc = subprocess.Popen(
+                [*cmd, "--process-id", str(i)], cwd=REPO, text=True, stdout=out, stderr=err
+            )
+        proc.logs = logs
+        procs.append(proc)
+    return procs
+
+
+def finished(proc: subprocess.Popen) -> tuple[str, str]:
+    """``(stdout, stderr)`` of a ``start_pair`` process once it ends (a hang guard only)."""
+    proc.wait(timeout=HANG)
+    return proc.logs[0].read_text(), proc.logs[1].read_text()
 
 
 HANG = 600
@@ -154,7 +163,7 @@ def wait_for(condition, procs, what: str) -> None:
     t0 = time.monotonic()
     while not condition():
         if any(p.poll() is not None for p in procs):
-            pytest.fail(f"a process ended before {what}: {procs[0].stderr.read()[-2000:]}")
+            pytest.fail(f"a process ended before {what}: {procs[0].logs[1].read_text()[-2000:]}")
         if time.monotonic() - t0 > HANG:
             pytest.fail(f"no {what} after {HANG}s")
         time.sleep(0.1)
@@ -170,7 +179,7 @@ def test_a_dead_process_makes_the_others_fail_on_their_own(npz, tmp_path):
         procs[1].send_signal(signal.SIGKILL)
         # the survivor leaves by itself (its heartbeat notices the lost peer): only a hang
         # guard here, never a speed bound
-        _, err = procs[0].communicate(timeout=HANG)
+        _, err = finished(procs[0])
     finally:
         for p in procs:
             if p.poll() is None:
@@ -206,7 +215,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(npz, tmp_path, extra)
     try:
         wait_for(lambda: (workdir / "config.json").exists(), procs, "config.json")
         procs[1].send_signal(signal.SIGTERM)  # only one process is told
-        outs = [p.communicate(timeout=HANG) for p in procs]
+        outs = [finished(p) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
