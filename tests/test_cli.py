@@ -66,7 +66,8 @@ def test_docstring_lists_every_field_with_its_help():
         assert f"{name}: {field_help(f)}" in flat, name
 
 
-def test_model_choices_come_from_the_registry(monkeypatch):
+def test_model_choices_come_from_the_registry(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # the default workdir: a run there (the main job's) is resumed
     assert field_choices(config_field("model")) == tuple(me.models.REGISTRY)
     assert "resnet" in me.TrainConfig.__doc__ and "cnn or mlp" not in me.TrainConfig.__doc__
     monkeypatch.setitem(me.models.REGISTRY, "tiny", me.models.MLP)
@@ -74,7 +75,8 @@ def test_model_choices_come_from_the_registry(monkeypatch):
     assert cli_train.config_from_args(args).model == "tiny"
 
 
-def test_existing_flag_spellings_keep_working():
+def test_existing_flag_spellings_keep_working(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # the default workdir: a run there (the main job's) is resumed
     parse = lambda *argv: cli.build_parser().parse_args(["train", *argv])
     args = parse("--no-checkpoint", "--no-resume", "--overwrite", "--streaming", "--tensorboard")
     assert (args.checkpoint, args.resume, args.overwrite) == (False, False, True)

@@ -482,7 +482,10 @@ def test_metrics_from_member_arrays_equal_the_streamed_evaluation():
         me.metrics.regression.mixture_nll(mu[0], var[0], y)
 
 
-def test_regression_defaults_apply_to_flags_not_given_and_given_flags_win():
+def test_regression_defaults_apply_to_flags_not_given_and_given_flags_win(monkeypatch, tmp_path):
+    # In a fresh folder: in the repository, after the README's main job, the default
+    # workdir (runs/mnist) holds a run whose saved settings a new run there inherits.
+    monkeypatch.chdir(tmp_path)
     from meshensemble.cli import build_parser
     from meshensemble.cli.train import config_from_args
 

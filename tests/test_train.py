@@ -205,7 +205,8 @@ def test_cli_trains_through_tfds_mock_data(tmp_path, capsys, mock_tfds):
     assert record["step"] == 4 and len(record["train_loss"]) == 2
 
 
-def test_config_file_and_flags_override(tmp_path):
+def test_config_file_and_flags_override(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default workdir: a run there (the main job's) is resumed
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"members": 2, "epochs": 3, "model": "mlp"}))
     args = cli.build_parser().parse_args(["train", "--config", str(path), "--epochs", "1"])
