@@ -12,7 +12,6 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
@@ -53,24 +52,21 @@ def evaluate_batches(
       >>> m["accuracy"] > 0.5, m["nll"] > 0   # python floats; the bars are learnt
       (True, True)
     """
-    parts: dict[str, list[Any]] = {"sums": [], "examples": []}
+    total, examples = streaming.HostSum(), []
 
     def run(x: np.ndarray, y: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
         sums, per_example = dispatched(fn(state, x, y, mask))
         return {"sums": sums, **per_example}
 
     def sink(start: int, out: dict[str, Any]) -> None:
-        sums = out.pop("sums")
-        total = parts["sums"]
-        # Added on the host in batch order (no small programs to compile); per example
-        # only the confidence, correctness and mask come back, for the adaptive ECE.
-        total[:] = [sums if not total else jax.tree.map(np.add, total[0], sums)]
-        parts["examples"].append(out)
+        # Sums added on the host in batch order (no small programs to compile); per
+        # example only the confidence, correctness and mask come back, for the adaptive ECE.
+        total(start, out.pop("sums"))
+        examples.append(out)
 
     streaming.stream(run, (images, labels), batch, batch, sink, axes={"sums": None})
-    examples = parts["examples"]
     joined = {k: np.concatenate([e[k] for e in examples]) for k in sums_lib.EXAMPLE_STAT_KEYS}
-    return sums_lib.finalize_stats(parts["sums"][0], num_bins, examples=joined)
+    return sums_lib.finalize_stats(total.total, num_bins, examples=joined)
 
 
 def check_eval_set(images: Any, labels: Any) -> tuple[Any, np.ndarray, int]:

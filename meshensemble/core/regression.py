@@ -98,11 +98,7 @@ def evaluate(ens: Any, state: Any, x: Any, y: Any, batch_size: int) -> dict[str,
         sample=x,
     )
     b = ens.eval_batch_size(batch_size, n)
-    totals: list[Any] = []  # the batches' sums, added on the host in batch order
-
-    def add(start: int, sums: dict[str, np.ndarray]) -> None:
-        totals[:] = [sums if not totals else jax.tree.map(np.add, totals[0], sums)]
-
+    total = streaming.HostSum()  # the batches' sums, added on the host in batch order
     run = lambda xb, yb, mask: fn(state, xb, yb, mask)
-    streaming.stream(run, (x, y), b, b, add, axes=dict.fromkeys(gaussian.SUM_KEYS))
-    return gaussian.finalize(totals[0])
+    streaming.stream(run, (x, y), b, b, total, axes=dict.fromkeys(gaussian.SUM_KEYS))
+    return gaussian.finalize(total.total)

@@ -151,6 +151,24 @@ def unpad(tree: Any, k: int, axes: Mapping[str, int] | None = None) -> Any:
     return {key: cut(v, axes.get(key, 0)) for key, v in tree.items()}
 
 
+class HostSum:
+    """A :func:`stream` sink that adds the batches' reduced results on the host, in order.
+
+    Example:
+      >>> add = HostSum()
+      >>> stream(lambda x, m: {"n": m.sum()}, images, 12, 1, add, axes={"n": None})
+      32
+      >>> int(add.total["n"])   # 12 + 12 + 8 real rows
+      32
+    """
+
+    def __init__(self) -> None:
+        self.total: Any = None
+
+    def __call__(self, start: int, sums: Any) -> None:
+        self.total = sums if self.total is None else jax.tree.map(np.add, self.total, sums)
+
+
 def _rows(a: Any, start: int, b: int) -> Any:
     """Rows ``start:start + b`` of ``a``: a ``jax.Array`` stays on device, the rest is numpy."""
     x = a[start : start + b]
