@@ -52,17 +52,26 @@ def test_drop_in_falls_back_to_lax_for_what_it_does_not_cover():
             np.testing.assert_allclose(got, want, atol=1e-4, err_msg=f"{impl} {strides}")
 
 
-def test_auto_is_im2col_on_cpu_and_gpu_and_xla_on_tpu():
-    assert conv_lib.default_conv("cpu") == conv_lib.default_conv("gpu") == "im2col"
+def test_auto_is_canonical_on_cpu_im2col_on_gpu_and_xla_on_tpu():
+    assert conv_lib.default_conv("cpu") == "canonical"
+    assert conv_lib.default_conv("gpu") == "im2col"
     assert conv_lib.default_conv("tpu") == "xla"
     assert conv_lib.resolve_conv("auto") == conv_lib.default_conv(jax.default_backend())
     assert conv_lib.resolve_conv("canonical") == "canonical"
 
 
-def test_auto_cnn_traces_no_convolution_on_cpu():
+def test_auto_cnn_traces_the_canonical_convolution_on_cpu():
     x = jnp.zeros((2, 28, 28, 1))
     params = jax.eval_shape(CNN().init, jax.random.key(0), x)  # traced, never computed
-    for impl, convs in (("auto", 0), ("im2col", 0), ("xla", 2)):
+
+    def grad_jaxpr(impl):
+        loss = lambda p: CNN(conv=impl).apply(p, x).sum()
+        return str(jax.make_jaxpr(jax.grad(loss))(params))
+
+    auto = grad_jaxpr("auto")
+    assert auto == grad_jaxpr("canonical")
+    assert auto != grad_jaxpr("xla") and auto != grad_jaxpr("im2col")
+    for impl, convs in (("im2col", 0), ("xla", 2)):
         jaxpr = str(jax.make_jaxpr(CNN(conv=impl).apply)(params, x))
         assert jaxpr.count("conv_general_dilated") == convs, impl
 

@@ -4,21 +4,21 @@ A stride-1 ``SAME`` 2-D convolution can be computed three ways here, with equal 
 and gradients (up to float rounding):
 
 * ``"xla"``: ``lax.conv_general_dilated``, what ``flax.linen.Conv`` does by default.
-* ``"im2col"``: image patches times the kernel, one matmul. On XLA:CPU this is faster
-  than the convolution, forward and backward (measured by ``meshensemble bench``, see
-  docs/benchmarks.md), and it stays fast inside ``lax.scan`` bodies and under ``vmap``
-  (a batched matmul instead of a grouped convolution); it keeps the patch matrix for the
-  backward pass (about 1.6x the activation memory of the CNN).
+* ``"im2col"``: image patches times the kernel, one matmul. It stays fast inside
+  ``lax.scan`` bodies and under ``vmap`` (a batched matmul instead of a grouped
+  convolution); it keeps the patch matrix for the backward pass (about 1.6x the
+  activation memory of the CNN).
 * ``"canonical"``: XLA's convolution with a backward pass stated as convolutions in the
-  NHWC/HWIO layout XLA:CPU's fast kernels take, so that it is fast inside loop bodies.
+  NHWC/HWIO layout XLA:CPU's fast kernels take, so that it is fast inside loop bodies
+  too (at one step per call it is XLA's program).
 * ``"gemm_grad"``: XLA's convolution forward and for the input gradient, the kernel
   gradient a GEMM (``einsum``) over image patches; under ``vmap`` over members no
   grouped convolution at all (:func:`conv_gemm_grad`). Also covers strides and any
   padding.
 
-``"auto"`` picks per platform at trace time (:func:`default_conv`): ``"im2col"`` on CPU
-and GPU (where vmapped members would otherwise run a grouped convolution), ``"xla"`` on
-TPU.
+``"auto"`` picks per platform at trace time (:func:`default_conv`): ``"canonical"`` on
+CPU, ``"im2col"`` on GPU (where vmapped members would otherwise run a grouped
+convolution), ``"xla"`` on TPU.
 :func:`conv_general_dilated` returns a drop-in for ``lax.conv_general_dilated`` that
 ``flax.linen.Conv`` takes as its ``conv_general_dilated`` attribute, so a model keeps
 its parameters and only the computation changes; :class:`meshensemble.models.CNN` has a
@@ -317,25 +317,30 @@ CONV_CHOICES = ("auto", *CONV_IMPLS)
 def default_conv(platform: str) -> str:
     """The convolution the CNN uses on ``platform`` unless told (or measured) otherwise.
 
-    On CPU ``im2col`` ran 0.7-0.85x the time of XLA's convolution per step (measured by
-    ``meshensemble bench``). On a GPU members are vmapped, and JAX batches XLA's
-    convolution over members into a grouped convolution (``feature_group_count`` =
-    members); ``im2col`` makes them batched matmuls instead, and its compiled 8-member
-    step stays within 1.3x state + activations (both checked on CPU by the tests, not yet
-    timed on a GPU: the auto-tuner times ``xla`` and ``gemm_grad`` against it). TPUs keep
-    XLA's convolution.
+    On CPU (XLA:CPU with JAX 0.10, whose convolutions run in YNNPACK) XLA's convolution
+    is faster than ``im2col``: the 8-member CNN step on one device, batch 128, ran
+    0.86-0.93x the time of ``im2col`` in one ``meshensemble bench`` run and one A/B run
+    (2 cores, 2026-11-26; ``im2col`` was the faster one with earlier jaxlibs).
+    ``canonical`` is that convolution with its backward pass in XLA:CPU's fast layout, so
+    it stays fast inside ``lax.scan`` bodies (``--chunk-steps`` > 1), where XLA's own
+    backward convolutions are not rewritten. On a GPU members are vmapped, and JAX
+    batches XLA's convolution over members into a grouped convolution
+    (``feature_group_count`` = members); ``im2col`` makes them batched matmuls instead,
+    and its compiled 8-member step stays within 1.3x state + activations (both checked
+    on CPU by the tests; the auto-tuner times ``xla`` and ``gemm_grad`` against it).
+    TPUs keep XLA's convolution.
 
     Args:
       platform: ``"cpu"``, ``"gpu"``, ``"tpu"`` ...
 
     Returns:
-      ``"im2col"`` on CPU and GPU, ``"xla"`` elsewhere.
+      ``"canonical"`` on CPU, ``"im2col"`` on GPU, ``"xla"`` elsewhere.
 
     Example:
-      >>> me.conv.default_conv("cpu"), me.conv.default_conv("tpu")
-      ('im2col', 'xla')
+      >>> me.conv.default_conv("cpu"), me.conv.default_conv("gpu"), me.conv.default_conv("tpu")
+      ('canonical', 'im2col', 'xla')
     """
-    return "im2col" if platform in ("cpu", "gpu") else "xla"
+    return {"cpu": "canonical", "gpu": "im2col"}.get(platform, "xla")
 
 
 def resolve_conv(impl: str) -> str:
@@ -345,8 +350,8 @@ def resolve_conv(impl: str) -> str:
       ValueError: ``impl`` is not one of :data:`CONV_CHOICES`.
 
     Example:
-      >>> me.conv.resolve_conv("auto")  # 'im2col' on a CPU-only machine
-      'im2col'
+      >>> me.conv.resolve_conv("auto")  # 'canonical' on a CPU-only machine
+      'canonical'
     """
     if impl not in CONV_CHOICES:
         raise ValueError(f"conv={impl!r} is unknown; choose one of {', '.join(CONV_CHOICES)}")

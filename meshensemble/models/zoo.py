@@ -23,9 +23,9 @@ class CNN(nn.Module):
 
     ``conv`` only changes how the convolutions are computed, never the parameters
     (names, shapes, initialisation) or the values beyond float rounding: ``"auto"``
-    computes them as im2col matmuls on CPU and GPU (faster on CPU; under ``vmap`` over
-    members batched matmuls, never a grouped convolution), with XLA's convolution on
-    TPU; see
+    computes them with XLA's convolution on CPU (``"canonical"``: its backward pass in
+    XLA:CPU's fast layout) and on TPU, and as im2col matmuls on GPU (under ``vmap`` over
+    members batched matmuls, never a grouped convolution); see
     :mod:`meshensemble.models.conv`.
 
     Attributes:

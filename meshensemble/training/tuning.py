@@ -2,8 +2,8 @@
 
 With ``TrainConfig.member_strategy="auto"`` (and ``conv="auto"`` for the CNN models) and
 ``autotune`` on, :func:`resolve_choices` times training steps of the candidates that can
-differ (``vmap``/``loop``, times ``xla``/``im2col``/``gemm_grad`` when the convolution is
-open; at one member per device ``vmap`` and ``loop`` are one program and are not
+differ (``vmap``/``loop``, times the convolutions of :func:`conv_candidates` when the
+convolution is open; at one member per device ``vmap`` and ``loop`` are one program and are not
 compared) on the run's own device, model and batch, with
 :func:`meshensemble.runtime.autotune.decide`: the platform default first, then the others
 while the budget lasts (:data:`~meshensemble.runtime.autotune.TUNING_SHARE`, 10 % of the
@@ -74,7 +74,30 @@ from meshensemble.training.feeder import Feeder, resolve_input
 STRATEGY_CANDIDATES = ("vmap", "loop")
 """Member strategies measured when ``member_strategy="auto"``."""
 CONV_CANDIDATES = ("xla", "im2col", "gemm_grad")
-"""Convolutions measured when ``conv="auto"`` (CNN models only)."""
+"""Convolutions measured when ``conv="auto"`` (CNN models only), besides the platform's
+default (:func:`conv_candidates`)."""
+
+
+def conv_candidates(platform: str) -> tuple[str, ...]:
+    """The convolutions the tuner times on ``platform``: its default first, then the others.
+
+    On CPU the default, ``"canonical"``, is XLA's convolution with its backward pass in
+    XLA:CPU's fast layout; at one step per call it runs the same kernels as ``"xla"``,
+    which is therefore not timed again.
+
+    Args:
+      platform: ``"cpu"``, ``"gpu"``, ``"tpu"`` ...
+
+    Returns:
+      The names, :func:`~meshensemble.models.conv.default_conv` first.
+
+    Example:
+      >>> conv_candidates("cpu"), conv_candidates("gpu")
+      (('canonical', 'im2col', 'gemm_grad'), ('im2col', 'xla', 'gemm_grad'))
+    """
+    first = default_conv(platform)
+    same = {"canonical": "xla"}.get(first)
+    return (first, *(c for c in CONV_CANDIDATES if c not in (first, same)))
 
 BF16_PLATFORMS = ("gpu", "tpu")
 """Platforms where a measuring run also times its choice in bf16 and says whether bf16
@@ -360,7 +383,7 @@ def _measured(
 ) -> Choice:
     """:func:`resolve_choices` once something is left to measure."""
     strategies = STRATEGY_CANDIDATES if strategy_open else (default[0],)
-    convs = CONV_CANDIDATES if conv_open else (default[1],)
+    convs = conv_candidates(_platform(mesh)) if conv_open else (default[1],)
     names = {_name(s, c, strategy_open, conv_open): (s, c) for s in strategies for c in convs}
     default_name = _name(*default, strategy_open, conv_open)
     names = {default_name: names.pop(default_name), **names}  # the default first
