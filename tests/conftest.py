@@ -51,6 +51,26 @@ compilation.enable_compilation_cache(_CACHE)
 # and the library all run in; nothing here changes it.
 
 
+@pytest.fixture(autouse=True)
+def shared_compilation_cache():
+    """After each test, JAX's persistent cache is on and in the test run's folder again.
+
+    A run with ``compile_cache=False`` (``--no-compile-cache``) or its own
+    ``compile_cache_dir`` sets JAX's global options for the whole process
+    (``training.loop.use_compilation_cache``); without this, every later test in the same
+    worker would compile without the shared cache, or into a folder that is removed.
+    """
+    yield
+    if not jax.config.jax_enable_compilation_cache or jax.config.jax_compilation_cache_dir != (
+        _CACHE
+    ):
+        jax.config.update("jax_enable_compilation_cache", True)
+        compilation.enable_compilation_cache(_CACHE)
+        from jax.experimental.compilation_cache import compilation_cache
+
+        compilation_cache.reset_cache()  # JAX reads its options once: make it read them again
+
+
 def pytest_configure(config):
     """The default set (``-m 'not slow'``) compiles its programs at LLVM's -O0.
 

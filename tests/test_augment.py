@@ -35,6 +35,13 @@ def params_of(result):
     return jax.device_get(result.state.params)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 5))
+def augment_batch(fn, key, step, images, start=0, total=None):
+    """``aug.augment_batch`` compiled as one program, as a step runs it (op by op, each of
+    its primitives compiles apart: ~1 s of this module's reference computations)."""
+    return aug.augment_batch(fn, key, step, images, start, total)
+
+
 # ------------------------------------------------------------------ the functions
 def test_shift_translates_with_zero_fill_within_the_bound():
     x = jnp.arange(1, 1 + 8 * 8, dtype=jnp.float32).reshape(8, 8, 1)
@@ -95,12 +102,12 @@ def test_make_augment_names_and_errors():
 def test_augment_batch_rows_do_not_depend_on_the_split():
     x = jnp.asarray(DATA.train_images[:8], jnp.float32)
     key = jax.random.key(3)
-    whole = aug.augment_batch(SHIFT, key, 5, x)
+    whole = augment_batch(SHIFT, key, 5, x)
     assert not np.array_equal(whole, x)  # it changes the batch
-    parts = [aug.augment_batch(SHIFT, key, 5, x[i : i + 2], i, 8) for i in range(0, 8, 2)]
+    parts = [augment_batch(SHIFT, key, 5, x[i : i + 2], i, 8) for i in range(0, 8, 2)]
     np.testing.assert_array_equal(np.concatenate(parts), whole)
-    assert not np.array_equal(aug.augment_batch(SHIFT, key, 6, x), whole)  # a new step
-    assert not np.array_equal(aug.augment_batch(SHIFT, jax.random.key(4), 5, x), whole)
+    assert not np.array_equal(augment_batch(SHIFT, key, 6, x), whole)  # a new step
+    assert not np.array_equal(augment_batch(SHIFT, jax.random.key(4), 5, x), whole)
 
 
 # ------------------------------------------------------------------ in the step
@@ -127,10 +134,10 @@ def test_each_member_and_step_sees_its_own_augmentation():
     rngs = np.asarray(state.rng)
     # what member i's step trains on, reproduced from its key and step
     xs = me.data.normalize(x)
-    seen = [aug.augment_batch(SHIFT, jnp.asarray(rngs[i]), 0, xs) for i in range(4)]
+    seen = [augment_batch(SHIFT, jnp.asarray(rngs[i]), 0, xs) for i in range(4)]
     assert all(not np.array_equal(s, xs) for s in seen)
     assert len({np.asarray(s).tobytes() for s in seen}) == 4
-    step1 = aug.augment_batch(SHIFT, jnp.asarray(rngs[0]), 1, xs)
+    step1 = augment_batch(SHIFT, jnp.asarray(rngs[0]), 1, xs)
     assert not np.array_equal(step1, seen[0])
     # the gradient of the linear model is x^T (softmax - onehot): it reveals the inputs
     state, _ = ens.train_step(state, x, y)
@@ -210,11 +217,11 @@ def test_members_match_single_models_trained_on_their_augmented_batches():
     step = single_model_train_step(ens.model, ens.optimizer, data_shards=2)
     xs = me.data.normalize(x)
     for i, k in enumerate(jax.random.split(key, 4)):
-        params, model_state = ens.model.init(k, xs[:1])
+        params, model_state = jax.jit(ens.model.init)(k, xs[:1])
         opt_state = ens.optimizer.init(params)
         rng = jnp.asarray(rngs[i])
         for s in range(3):
-            xa = aug.augment_batch(SHIFT, rng, s, xs)  # the global batch, then the shards
+            xa = augment_batch(SHIFT, rng, s, xs)  # the global batch, then the shards
             params, model_state, opt_state, _ = step(params, model_state, opt_state, xa, y, rng, s)
         chex.assert_trees_all_close(
             jax.tree.map(lambda v, i=i: v[i], got), params, atol=1e-5, custom_message=f"m{i}"

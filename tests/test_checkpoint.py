@@ -128,11 +128,28 @@ def assert_same_members(a, b, members=4):
         jax.tree.map(np.testing.assert_array_equal, got, want)
 
 
-def test_a_damaged_newest_checkpoint_is_moved_aside_and_the_resumed_run_finishes(tmp_path):
+EVERY_2 = dict(checkpoint_every=2, keep=4, epochs=1)
+"""A run saving checkpoints 2, 4 and 6, which the damage tests break (in copies)."""
+
+
+@pytest.fixture(scope="module")
+def every_2(tmp_path_factory):
+    """``(workdir, result)`` of the :data:`EVERY_2` run, trained once for the module: a test
+    that damages it copies the folder first (:func:`copy_of`)."""
     need_devices(8)
-    workdir = tmp_path / "d"
-    config = cfg(workdir, checkpoint_every=2, keep=4, epochs=1)
-    whole = train(config, dataset=DATA)
+    workdir = tmp_path_factory.mktemp("every_2") / "run"
+    return workdir, train(cfg(workdir, **EVERY_2), dataset=DATA)
+
+
+def copy_of(run: Path, workdir: Path) -> Path:
+    shutil.copytree(run, workdir)
+    return workdir
+
+
+def test_a_damaged_newest_checkpoint_is_moved_aside_and_the_resumed_run_finishes(tmp_path, every_2):
+    workdir = copy_of(every_2[0], tmp_path / "d")
+    config = cfg(workdir, **EVERY_2)
+    whole = every_2[1]  # the uninterrupted run
     assert list_checkpoints(workdir) == [2, 4, 6]
     assert set(read_checksums(str(workdir / "checkpoints"))) == {"2", "4", "6"}
     # bit-flip the newest: orbax would read it silently; the checksum catches it
@@ -157,10 +174,10 @@ def test_a_damaged_newest_checkpoint_is_moved_aside_and_the_resumed_run_finishes
     assert_same_members(final_params(workdir), jax.device_get(whole.state))
 
 
-def test_an_unverified_truncated_checkpoint_is_unreadable_and_the_previous_one_used(tmp_path):
-    need_devices(8)
-    workdir = tmp_path / "t"
-    train(cfg(workdir, checkpoint_every=2, keep=4, epochs=1), dataset=DATA)
+def test_an_unverified_truncated_checkpoint_is_unreadable_and_the_previous_one_used(
+    tmp_path, every_2
+):
+    workdir = copy_of(every_2[0], tmp_path / "t")
     good = final_params(workdir)
     # truncate the newest and drop its checksum: orbax itself must notice
     victim = biggest_file(workdir, 6)

@@ -186,7 +186,7 @@ def test_assert_members_equal_single_models_catches_swapped_and_perturbed_member
 def test_single_model_train_step_is_a_plain_optax_step():
     """One shard: the step is value_and_grad + optax on the model alone."""
     model = Tiny()
-    params = model.init(jax.random.PRNGKey(3), X[:1])["params"]
+    params = jax.jit(model.init)(jax.random.PRNGKey(3), X[:1])["params"]
     step = testing.single_model_train_step(model, TX)
     p, ms, o, loss = step(params, {}, TX.init(params), X, Y, jax.random.PRNGKey(0), 0)
 
@@ -194,7 +194,7 @@ def test_single_model_train_step_is_a_plain_optax_step():
         logits = model.apply({"params": p}, X)
         return optax.softmax_cross_entropy_with_integer_labels(logits, Y).mean()
 
-    value, grads = jax.value_and_grad(loss_of)(params)
+    value, grads = jax.jit(jax.value_and_grad(loss_of))(params)  # one program, not op by op
     updates, _ = TX.update(grads, TX.init(params), params)
     testing.assert_trees_close(p, optax.apply_updates(params, updates), rtol=0, atol=1e-6)
     np.testing.assert_allclose(loss, value, atol=1e-6)

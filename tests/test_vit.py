@@ -25,12 +25,23 @@ def tiny(**kw) -> models.ViT:
     return models.ViT(**{**TINY, **kw})
 
 
+def init(model: models.ViT, x) -> dict:
+    """``model.init(KEY, x)`` compiled as one program (op by op, a ViT's init and apply
+    compile every primitive apart: seconds, for the same numbers)."""
+    return jax.jit(model.init)(KEY, x)
+
+
+def apply(model: models.ViT, variables, x, **kw) -> jax.Array:
+    """``model.apply(variables, x, **kw)`` compiled as one program (``train`` static)."""
+    return jax.jit(model.apply, static_argnames="train")(variables, x, **kw)
+
+
 # ------------------------------------------------------------------ the module alone
 @pytest.mark.parametrize("pool", ["cls", "mean"])
 def test_logits_are_float32_batch_by_classes(pool):
     model = tiny(pool=pool, num_classes=7)
-    variables = model.init(KEY, X[:1])
-    logits = model.apply(variables, X, train=False)
+    variables = init(model, X[:1])
+    logits = apply(model, variables, X, train=False)
     assert logits.shape == (16, 7) and logits.dtype == jnp.float32
     assert np.isfinite(np.asarray(logits)).all()
 
@@ -45,11 +56,11 @@ def test_default_vit_takes_mnist_and_cifar_shapes():
 
 def test_dropout_only_in_training():
     model = tiny(dropout=0.1)
-    variables = model.init(KEY, X[:1])
-    plain = tiny().apply(variables, X)
-    np.testing.assert_array_equal(model.apply(variables, X, train=False), plain)
+    variables = init(model, X[:1])
+    plain = apply(tiny(), variables, X)
+    np.testing.assert_array_equal(apply(model, variables, X, train=False), plain)
     rngs = {"dropout": jax.random.key(1)}
-    assert not np.allclose(model.apply(variables, X, train=True, rngs=rngs), plain, atol=1e-3)
+    assert not np.allclose(apply(model, variables, X, train=True, rngs=rngs), plain, atol=1e-3)
 
 
 def test_bad_patch_size_and_pool_name_the_fix():
@@ -61,7 +72,7 @@ def test_bad_patch_size_and_pool_name_the_fix():
 
 def test_every_parameter_has_logical_names_of_its_rank():
     model = tiny()
-    params = model.init(KEY, X[:1])["params"]
+    params = init(model, X[:1])["params"]
     boxes = jax.tree.leaves(params, is_leaf=lambda v: isinstance(v, nn.LogicallyPartitioned))
     assert boxes and all(isinstance(b, nn.LogicallyPartitioned) for b in boxes)
     specs = models.param_logical_axes(model, X[:1])
@@ -89,16 +100,16 @@ def test_every_parameter_has_logical_names_of_its_rank():
 
 
 def test_without_logical_axes_the_same_plain_parameters():
-    boxed = tiny().init(KEY, X[:1])["params"]
-    plain = tiny(logical_axes=False).init(KEY, X[:1])["params"]
+    boxed = init(tiny(), X[:1])["params"]
+    plain = init(tiny(logical_axes=False), X[:1])["params"]
     assert not any(
         isinstance(v, nn.LogicallyPartitioned)
         for v in jax.tree.leaves(plain, is_leaf=lambda v: isinstance(v, nn.meta.AxisMetadata))
     )
     testing.assert_trees_close(plain, nn.meta.unbox(boxed))
     # apply takes boxed and unboxed parameters alike
-    a = tiny().apply({"params": boxed}, X)
-    b = tiny().apply({"params": nn.meta.unbox(boxed)}, X)
+    a = apply(tiny(), {"params": boxed}, X)
+    b = apply(tiny(), {"params": nn.meta.unbox(boxed)}, X)
     np.testing.assert_array_equal(a, b)
     # a model without annotations: every parameter replicated
     specs = models.param_logical_axes(models.MLP((8,)), X[:1])
@@ -106,9 +117,9 @@ def test_without_logical_axes_the_same_plain_parameters():
 
 
 def test_bf16_compute_gives_float32_logits_close_to_float32():
-    variables = tiny().init(KEY, X[:1])
-    want = tiny().apply(variables, X)
-    got = tiny(dtype=jnp.bfloat16).apply(variables, X)
+    variables = init(tiny(), X[:1])
+    want = apply(tiny(), variables, X)
+    got = apply(tiny(dtype=jnp.bfloat16), variables, X)
     assert got.dtype == jnp.float32
     np.testing.assert_allclose(got, want, atol=0.1)
     assert not np.array_equal(got, want)  # it did compute in bfloat16
@@ -186,8 +197,8 @@ def test_a_mesh_with_only_a_model_axis_trains_the_single_model(shape):
     all-reduces over them); the step skips them and equals one device's step."""
     need_devices(shape[2])
 
-    def run(mesh):
-        ens = me.Ensemble(tiny(), optax.sgd(0.1, 0.9), 1, mesh)
+    def run(mesh):  # one layer: what the model axis splits, at half the compile time
+        ens = me.Ensemble(tiny(num_layers=1), optax.sgd(0.1, 0.9), 1, mesh)
         state, metrics = ens.train_step(ens.init(KEY, X[:1]), X, Y)
         return state, metrics
 
