@@ -71,19 +71,44 @@ def shared_compilation_cache():
         compilation_cache.reset_cache()  # JAX reads its options once: make it read them again
 
 
-def pytest_configure(config):
-    """The default set (``-m 'not slow'``) compiles its programs at LLVM's -O0.
+USER_XLA_FLAGS = "MESHENSEMBLE_TEST_USER_XLA_FLAGS"
+"""The environment variable that keeps ``XLA_FLAGS`` as the user set it, before
+:func:`pytest_configure` added the default set's flags (for a test whose subject is the
+code a user's run compiles: ``user_xla_env``)."""
 
-    Compiling is most of that set's time (its programs are small and run for milliseconds),
-    and XLA:CPU's ``--xla_backend_optimization_level=0`` halves it: XLA's HLO passes are the
+FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+"""What the default set compiles with (:func:`pytest_configure`)."""
+
+
+def _flags_known(flags: str) -> bool:
+    """Whether this jaxlib's XLA accepts ``flags`` (it aborts a process on an unknown one)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+    probe = [sys.executable, "-c", "import jax; jax.devices()"]
+    return subprocess.run(probe, env=env, capture_output=True, timeout=120).returncode == 0
+
+
+def pytest_configure(config):
+    """The default set (``-m 'not slow'``) compiles its programs fast: LLVM's -O0, older emitters.
+
+    Compiling is most of that set's time (its programs are small and run for milliseconds).
+    XLA:CPU's ``--xla_backend_optimization_level=0`` halves it: XLA's HLO passes are the
     same at every level (the optimized HLO the tests read, its copies and all-reduces, is
-    identical), convolutions and matrix products call the same library kernels, and float
-    results agree to the last bits the tests' tolerances allow; the runs a test compares
-    bitwise are compiled alike, and the processes the tests start inherit the flag. Runs
-    that select the ``slow`` tests (whole runs of big models, where the elementwise code's
-    speed counts: the CNN's step ran 2.2x slower at -O0) keep XLA's default, and so does
-    an ``XLA_FLAGS`` that names a level. Set before JAX starts its backend (the first
-    computation, at collection), in pytest and in each xdist worker.
+    identical), convolutions and matrix products call the same library kernels.
+    ``--xla_cpu_use_fusion_emitters=false`` emits the elementwise fusions with XLA's
+    elemental emitter instead of its MLIR fusion emitters: the whole default set took
+    3 min 36 s instead of 5 min 23 s (2 quiet cores, 2026-11-26). Float results agree to
+    the last bits the tests' tolerances allow; the runs a test compares bitwise are
+    compiled alike, and the processes the tests start inherit the flags. A test whose
+    subject is what a user's run computes after hundreds of chaotic steps starts its own
+    process with the user's flags (``user_xla_env``). Runs that select the ``slow`` tests
+    (whole runs of big models, where the elementwise code's speed counts: the CNN's step
+    ran 2.2x slower at -O0) keep XLA's defaults, and so does an ``XLA_FLAGS`` that names a
+    level; a jaxlib that does not know the emitter flag gets -O0 alone. Set before JAX
+    starts its backend (the first computation, at collection), in pytest and in each
+    xdist worker (which inherit the controller's environment).
     """
     flags = os.environ.get("XLA_FLAGS", "")
     markexpr = " ".join(str(config.getoption("markexpr", "") or "").split())
@@ -92,8 +117,19 @@ def pytest_configure(config):
     from jax._src import xla_bridge
 
     started = getattr(xla_bridge, "backends_are_initialized", lambda: False)  # older JAX
-    if not started():  # else the flag would not apply here
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
+    if started():  # else the flags would not apply here
+        return
+    os.environ[USER_XLA_FLAGS] = flags
+    fast = [f for f in FAST_COMPILE_FLAGS if f == FAST_COMPILE_FLAGS[0] or _flags_known(f)]
+    os.environ["XLA_FLAGS"] = " ".join([flags, *fast]).strip()
+
+
+def user_xla_env() -> dict[str, str]:
+    """The environment with ``XLA_FLAGS`` as the user set it (the default set's flags off)."""
+    env = dict(os.environ)
+    if USER_XLA_FLAGS in env:
+        env["XLA_FLAGS"] = env.pop(USER_XLA_FLAGS)
+    return env
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

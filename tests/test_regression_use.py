@@ -116,28 +116,28 @@ def test_predictor_equals_ensemble_predict_and_applies_the_calibration(run, tmp_
     x = run.data.x_test[:37]
     want = me.distributed.fetch(run.ref.ens.predict(run.ref.state, x))
     raw = p.predict(x, scale=False)
-    for k in ("mean", "variance", "aleatoric", "epistemic"):
-        np.testing.assert_allclose(raw[k], want[k], rtol=1e-6, atol=1e-6)
+    for k in ("mean", "variance", "aleatoric", "epistemic"):  # other mesh, other batches:
+        np.testing.assert_allclose(raw[k], want[k], rtol=1e-5, atol=1e-6)  # float rounding
     s, q = (
         run.result["calibration"]["variance_scale"],
         run.result["calibration"]["conformal"]["quantile"],
     )
     out = p.outputs(x.astype(np.float64), members=True)  # cast per batch
-    np.testing.assert_allclose(out["variance"], s * want["variance"], rtol=1e-6)
-    np.testing.assert_allclose(out["epistemic"], s * want["epistemic"], rtol=1e-6)
+    np.testing.assert_allclose(out["variance"], s * want["variance"], rtol=1e-5)
+    np.testing.assert_allclose(out["epistemic"], s * want["epistemic"], rtol=1e-5)
     half = q * np.sqrt(s * want["variance"])
-    np.testing.assert_allclose(out["upper"], want["mean"] + half, rtol=1e-6, atol=1e-4)
-    np.testing.assert_allclose(out["lower"], want["mean"] - half, rtol=1e-6, atol=1e-4)
+    np.testing.assert_allclose(out["upper"], want["mean"] + half, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(out["lower"], want["mean"] - half, rtol=1e-5, atol=1e-4)
     members = me.distributed.fetch(run.ref.ens.predict_members(run.ref.state, x))
-    np.testing.assert_allclose(out["member_mean"], members["mean"], rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(out["member_variance"], members["variance"], rtol=1e-6)
+    np.testing.assert_allclose(out["member_mean"], members["mean"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["member_variance"], members["variance"], rtol=1e-5)
 
     np.save(tmp_path / "x.npy", x)
     argv = ["predict", "--workdir", run.workdir, "--input", str(tmp_path / "x.npy"), "--out"]
     assert cli.main([*argv, str(tmp_path / "p.npz"), "--members", "--quiet"]) == 0
     saved = np.load(tmp_path / "p.npz")
     for k, v in out.items():
-        np.testing.assert_allclose(saved[k], v, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(saved[k], v, rtol=1e-5, atol=1e-6)
     np.savez(tmp_path / "x.npz", x=x)
     assert cli.main([*argv[:4], str(tmp_path / "x.npz"), "--out", str(tmp_path / "p.csv")]) == 0
     rows = list(csv.DictReader((tmp_path / "p.csv").read_text().splitlines()))
