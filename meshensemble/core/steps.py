@@ -463,8 +463,8 @@ def train_chunk(
     """
 
     def body(st: EnsembleState, k: jax.Array):
-        x, y = gather_batch(images, labels, order, first_step + k, batch_size)
-        return train_step(cfg, st, x, y)
+        batch = gather_batch(images, labels, order, first_step + k, batch_size)
+        return train_step(cfg, st, *lax.optimization_barrier(batch))  # as if given the batch
 
     if count is not None:
         shapes = jax.eval_shape(body, state, jnp.zeros((), jnp.int32))[1]
