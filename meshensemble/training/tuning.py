@@ -3,8 +3,8 @@
 With ``TrainConfig.member_strategy="auto"`` (and ``conv="auto"`` for the CNN models) and
 ``autotune`` on, :func:`resolve_choices` times training steps of the candidates that can
 differ (``vmap``/``loop``, times the convolutions of :func:`conv_candidates` when the
-convolution is open; at one member per device ``vmap`` and ``loop`` are one program and are not
-compared) on the run's own device, model and batch, with
+convolution is open; at one member per device ``vmap`` and ``loop`` are one program and
+are not compared) on the run's own device, model and batch, with
 :func:`meshensemble.runtime.autotune.decide`: the platform default first, then the others
 while the budget lasts (:data:`~meshensemble.runtime.autotune.TUNING_SHARE`, 10 % of the
 run's expected training time: :func:`planned_steps` x the default's first step), a
