@@ -232,30 +232,51 @@ def test_bad_task_raises(kw, match):
 
 
 # ------------------------------------------------------------------ the 1-D toy
-def toy_ensemble(shared_init: bool = False, steps: int = 300):
-    """8 MLP members on the paper's toy (standardised); optionally all from member 0's init."""
+TOY_ENSEMBLES = 5
+
+
+def toy_ensembles(shared_init: bool = False, steps: int = 300) -> dict[str, np.ndarray]:
+    """Five 8-member ensembles of ``MLP((50, 50))`` on the paper's toy (data seed 0).
+
+    They train as one ``5 * M``-member Ensemble: the members see the same full batch and
+    never interact, so each block of ``M`` members is an ensemble of its own, with its own
+    initialisations. ``shared_init`` starts every member of a block from the block's first
+    member. Returns each ensemble's mixture sd and members' spread (the sd of their means)
+    at ``x = -6, 0, 6``: ``{"sd": [5, 3], "spread": [5, 3]}``.
+    """
     data = me.data.toy1d(seed=0)
     st = me.data.standardizer(data)
     task = me.tasks.Regression(1, target_shift=st["y_mean"], target_scale=st["y_std"])
     xm, xs = np.float32(st["x_mean"]), np.float32(st["x_std"])
-    model = me.models.MLP((50,), num_classes=2)
     ens = me.Ensemble(
-        model, optax.adam(0.02), M, me.make_mesh(8, 1), task=task,
-        input_transform=lambda x: (x - xm[None]) / xs[None],
+        me.models.MLP((50, 50), num_classes=2), optax.adam(0.02), TOY_ENSEMBLES * M,
+        me.make_mesh(8, 1), task=task, input_transform=lambda x: (x - xm[None]) / xs[None],
     )  # fmt: skip
     state = ens.init(jax.random.key(0), data.x_train[:1])
     if shared_init:
-        first = lambda v, o: jax.device_put(np.repeat(np.asarray(v)[:1], M, 0), o.sharding)
+        first = lambda v, o: jax.device_put(np.repeat(np.asarray(v)[::M], M, 0), o.sharding)
         state = state.replace(params=jax.tree.map(first, state.params, state.params))
     for _ in range(steps):
         state, _ = ens.train_step(state, data.x_train, data.y_train)
-    return me.distributed.fetch(ens.predict(state, np.array([[-6.0], [0.0], [6.0]], np.float32)))
+    x = np.array([[-6.0], [0.0], [6.0]], np.float32)
+    out = me.distributed.fetch(ens.predict_members(state, x))
+    mu, var = (out[k][..., 0].reshape(TOY_ENSEMBLES, M, 3) for k in ("mean", "variance"))
+    mean = mu.mean(1)  # each block's uniform mixture of its members' Gaussians
+    sd = np.sqrt((var + mu**2).mean(1) - mean**2)
+    return {"sd": sd, "spread": mu.std(1)}
 
 
 def _spread_grows_away_from_the_data(out):
-    sd, epi = np.sqrt(out["variance"][:, 0]), np.sqrt(out["epistemic"][:, 0])
-    assert min(sd[0], sd[2]) >= 3 * sd[1], f"mixture sd at x = -6, 0, 6: {sd}"
-    assert min(epi[0], epi[2]) >= 3 * epi[1], f"members' spread at x = -6, 0, 6: {epi}"
+    """The figure's point, as medians over the five ensembles (one ensemble's ratio
+    depends on its initialisations: 2.9x-8.0x for these five at XLA's default flags):
+    the mixture's sd at x = +/-6 is at least 3x its value at x = 0, and the members'
+    spread there, which shared initialisations remove, is at least twice that whole sd
+    at 0 (a median of 2.7x-10x over 32 such sets of five, at two compile settings)."""
+    sd, spread = out["sd"], out["spread"]
+    wide = np.minimum(spread[:, 0], spread[:, 2]) / sd[:, 1]
+    assert np.median(wide) >= 2, f"members' spread at |x| = 6 over the sd at x = 0: {wide}"
+    ratio = np.minimum(sd[:, 0], sd[:, 2]) / sd[:, 1]
+    assert np.median(ratio) >= 3, f"mixture sd at |x| = 6 over x = 0, per ensemble: {ratio}"
 
 
 TOY_SCRIPT = """
@@ -266,16 +287,15 @@ set_fake_cpu_devices(8)
 import numpy as np
 import test_regression as t
 for shared in (False, True):
-    np.savez(f"{sys.argv[2]}/toy_{shared}.npz", **t.toy_ensemble(shared_init=shared))
+    np.savez(f"{sys.argv[2]}/toy_{shared}.npz", **t.toy_ensembles(shared_init=shared))
 """
 
 
 @pytest.fixture(scope="module")
 def toy_outputs(tmp_path_factory) -> dict[bool, dict[str, np.ndarray]]:
-    """``toy_ensemble()``'s predictions, with and without a shared initialisation, computed
-    in a fresh process compiled as a user's run is (the user's ``XLA_FLAGS``, not the
-    default set's fast-compile flags): 300 Adam steps amplify float rounding, and how
-    far the spread grows at |x| = 6 is a property of what users run."""
+    """``toy_ensembles()`` with and without shared initialisations, computed in a fresh
+    process compiled as a user's run is (the user's ``XLA_FLAGS``, not the default set's
+    fast-compile flags): 300 Adam steps amplify float rounding."""
     import subprocess
     import sys
 
@@ -294,8 +314,10 @@ def test_toy_mixture_sd_at_6_is_3x_its_value_at_0(toy_outputs):
 
 
 def test_toy_target_fails_when_members_share_their_initialisation(toy_outputs):
-    with pytest.raises(AssertionError, match="members' spread|mixture sd"):
+    with pytest.raises(AssertionError, match="members' spread"):
         _spread_grows_away_from_the_data(toy_outputs[True])
+    # Each block's members then agree everywhere up to float rounding.
+    assert toy_outputs[True]["spread"].max() < 1e-3 * toy_outputs[False]["spread"].min()
 
 
 # ------------------------------------------------------------------ calibration
