@@ -236,7 +236,7 @@ TOY_ENSEMBLES = 5
 
 
 def toy_ensembles(shared_init: bool = False, steps: int = 300) -> dict[str, np.ndarray]:
-    """Five 8-member ensembles of ``MLP((50, 50))`` on the paper's toy (data seed 0).
+    """Five 8-member ensembles of ``MLP((128,))`` (the CLI's) on the paper's toy (data seed 0).
 
     They train as one ``5 * M``-member Ensemble: the members see the same full batch and
     never interact, so each block of ``M`` members is an ensemble of its own, with its own
@@ -249,7 +249,7 @@ def toy_ensembles(shared_init: bool = False, steps: int = 300) -> dict[str, np.n
     task = me.tasks.Regression(1, target_shift=st["y_mean"], target_scale=st["y_std"])
     xm, xs = np.float32(st["x_mean"]), np.float32(st["x_std"])
     ens = me.Ensemble(
-        me.models.MLP((50, 50), num_classes=2), optax.adam(0.02), TOY_ENSEMBLES * M,
+        me.models.MLP((128,), num_classes=2), optax.adam(0.02), TOY_ENSEMBLES * M,
         me.make_mesh(8, 1), task=task, input_transform=lambda x: (x - xm[None]) / xs[None],
     )  # fmt: skip
     state = ens.init(jax.random.key(0), data.x_train[:1])
@@ -268,13 +268,13 @@ def toy_ensembles(shared_init: bool = False, steps: int = 300) -> dict[str, np.n
 
 def _spread_grows_away_from_the_data(out):
     """The figure's point, as medians over the five ensembles (one ensemble's ratio
-    depends on its initialisations: 2.9x-8.0x for these five at XLA's default flags):
+    depends on its initialisations: 7.8x-10x for these five at XLA's default flags):
     the mixture's sd at x = +/-6 is at least 3x its value at x = 0, and the members'
-    spread there, which shared initialisations remove, is at least twice that whole sd
-    at 0 (a median of 2.7x-10x over 32 such sets of five, at two compile settings)."""
+    spread there, which shared initialisations remove, exceeds that whole sd at 0 (a
+    median of 2.0x-8.6x over 32 such sets of five, at two compile settings)."""
     sd, spread = out["sd"], out["spread"]
     wide = np.minimum(spread[:, 0], spread[:, 2]) / sd[:, 1]
-    assert np.median(wide) >= 2, f"members' spread at |x| = 6 over the sd at x = 0: {wide}"
+    assert np.median(wide) > 1, f"members' spread at |x| = 6 over the sd at x = 0: {wide}"
     ratio = np.minimum(sd[:, 0], sd[:, 2]) / sd[:, 1]
     assert np.median(ratio) >= 3, f"mixture sd at |x| = 6 over x = 0, per ensemble: {ratio}"
 
