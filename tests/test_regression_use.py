@@ -168,6 +168,32 @@ def test_export_equals_predict_for_batches_of_1_and_7(run, tmp_path):
         np.testing.assert_allclose(upper, want["upper"], rtol=1e-5, atol=1e-4)
 
 
+def test_an_fsdp_run_predicts_and_exports_like_any_other(run, tmp_path):
+    """``--shard-members``: the predictor, ``predict`` and ``export`` lay the restored state
+    out as the run did (they failed asking for ``Ensemble(sample=)``)."""
+    workdir = os.fspath(tmp_path / "fsdp")
+    argv = ["train", "--task", "regression", "--source", "npz", "--data-file", run.path,
+            "--members", "4", "--mesh", "ensemble=2,data=4", "--shard-members", "--epochs",
+            "1", "--batch-size", "40", "--no-compile-cache", "--quiet",
+            "--workdir", workdir]  # fmt: skip
+    assert cli.main(argv) == 0
+    p = me.load_predictor(workdir)
+    x = run.data.x_test[:9]
+    want = me.distributed.fetch(p.ensemble.predict(p.state, x))
+    got = p.outputs(x, members=True)
+    for k in ("mean", "variance", "aleatoric", "epistemic"):
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+    np.save(tmp_path / "x.npy", x)
+    argv = ["predict", "--workdir", workdir, "--input", str(tmp_path / "x.npy"), "--out"]
+    assert cli.main([*argv, str(tmp_path / "p.npz"), "--quiet"]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "p.npz")["mean"], want["mean"], rtol=1e-5)
+    out = os.fspath(tmp_path / "exported")
+    assert cli.main(["export", "--workdir", workdir, "--out", out, "--platforms", "cpu"]) == 0
+    exp = jax.export.deserialize(bytearray(pathlib.Path(out, "ensemble.jax").read_bytes()))
+    member_mean = np.asarray(exp.call(x)["member_mean"])
+    np.testing.assert_allclose(member_mean, got["member_mean"], rtol=1e-5, atol=1e-5)
+
+
 def _edit_config(workdir: str, **fields) -> None:
     path = pathlib.Path(workdir, "config.json")
     path.write_text(json.dumps(json.loads(path.read_text()) | fields))

@@ -156,8 +156,10 @@ def restore_regression(
     stats = resolved["standardizer"]
     features, targets = len(stats["x_mean"]), len(stats["y_mean"])
     steps = int(resolved.get("steps_per_epoch") or 1)
-    ens = build_regression_ensemble(cfg, run_mesh(mesh, cfg.members), stats, targets, steps)
     sample = np.zeros((1, features), np.float32)
+    ens = build_regression_ensemble(
+        cfg, run_mesh(mesh, cfg.members), stats, targets, steps, sample
+    )
     state, _, step = restore_checkpoint(
         workdir, ens, sample, checkpoint, echo=echo, move_damaged=False
     )

@@ -181,7 +181,12 @@ def _standardise(mean: np.ndarray, std: np.ndarray) -> Callable[[Any], Any]:
 
 
 def build_regression_ensemble(
-    cfg: TrainConfig, mesh: Mesh, stats: dict[str, list[float]], targets: int, steps: int
+    cfg: TrainConfig,
+    mesh: Mesh,
+    stats: dict[str, list[float]],
+    targets: int,
+    steps: int,
+    sample: Any = None,
 ) -> Ensemble:
     """The regression ensemble of ``cfg``: MLP members on standardised features and targets.
 
@@ -191,6 +196,8 @@ def build_regression_ensemble(
       stats: :func:`meshensemble.data.standardizer` of the training split.
       targets: ``T``.
       steps: steps per epoch (for decaying schedules).
+      sample: a features batch ``[B, F]`` (``Ensemble(sample=)``: the state's layout when
+        members are sharded, ``--shard-members``).
 
     Returns:
       The :class:`meshensemble.Ensemble` with a :class:`meshensemble.tasks.Regression` task.
@@ -209,6 +216,7 @@ def build_regression_ensemble(
         compute_dtype=PRECISIONS[cfg.precision],
         shard_members=cfg.shard_members,
         task=task,
+        sample=sample,
     )
 
 
@@ -345,7 +353,9 @@ def train_regression(
     stats = data_lib.standardizer(train)
     plan = plan_run(cfg, len(train.x_train), jax.device_count())
     resume = _resuming(cfg)
-    ens = build_regression_ensemble(cfg, make_mesh(**plan.mesh), stats, train.targets, plan.steps)
+    ens = build_regression_ensemble(
+        cfg, make_mesh(**plan.mesh), stats, train.targets, plan.steps, train.x_train[:1]
+    )
     init_key = jax.random.split(jax.random.key(cfg.seed))[0]  # the classification run's
     state, step = ens.init(init_key, train.x_train[:1]), 0
     if resume:
