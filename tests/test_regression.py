@@ -506,8 +506,16 @@ def test_the_run_plan_and_epoch_batches_are_pure_and_seeded():
     np.testing.assert_array_equal(rows, run.epoch_batches(cfg, plan, 3, 19))
     per = dataclasses.replace(cfg, shuffle="per-member", members=4)
     assert run.epoch_batches(per, plan, 3, 19).shape == (2, 4, 8)
-    with pytest.raises(ValueError, match="3 training rows cannot fill a batch on a data axis"):
+    with pytest.raises(
+        ValueError,
+        match=r"the batch of all 3 training rows \(batch_size=8\) "
+        r"is not divisible by the mesh's data axis \(4\); use a mesh",
+    ):
         run.plan_run(cfg, 3, 8)
+    # Rounding 30 down to 28 made the run depend on the mesh: refused, the fix named.
+    with pytest.raises(ValueError, match=r"batch_size=30 .* axis \(4\); use --batch-size 28"):
+        run.plan_run(dataclasses.replace(cfg, batch_size=30), 300, 8)
+    assert run.plan_run(dataclasses.replace(cfg, batch_size=30, mesh=None), 300, 8).batch == 30
 
 
 @pytest.mark.parametrize(

@@ -267,8 +267,8 @@ class RegressionPlan:
 
     Attributes:
       mesh: ``{"ensemble": E, "data": D}``.
-      batch: the global batch (``cfg.batch_size``, at most the training rows, rounded
-        down to a multiple of ``D``).
+      batch: the global batch: ``cfg.batch_size``, or all the training rows when they
+        are fewer (a multiple of ``D``, so every mesh trains on the same batches).
       steps: steps per epoch.
       last: the step the run stops at (``epochs * steps``, or ``max_steps`` if sooner).
       every: evaluate (and checkpoint) every this many epochs, and at the end.
@@ -285,7 +285,8 @@ def plan_run(cfg: TrainConfig, num_train: int, devices: int) -> RegressionPlan:
     """The :class:`RegressionPlan` of ``cfg`` on ``num_train`` rows and ``devices`` (pure).
 
     Raises:
-      ValueError: the training rows cannot fill one batch on the ``data`` axis.
+      ValueError: the batch is not a multiple of the mesh's ``data`` axis (rounding it
+        would make the run depend on the mesh).
 
     Example:
       >>> plan_run(me.TrainConfig(task="regression", batch_size=8, epochs=40), 16, 8).steps
@@ -293,11 +294,17 @@ def plan_run(cfg: TrainConfig, num_train: int, devices: int) -> RegressionPlan:
     """
     shape = parse_mesh(cfg.mesh) if cfg.mesh else default_mesh_shape(cfg.members, devices)
     d = int(shape.get("data", 1))
-    batch = min(cfg.batch_size, num_train) // d * d
-    if batch == 0:
+    batch = min(cfg.batch_size, num_train)
+    if batch % d:
+        what = (
+            f"batch_size={batch}"
+            if batch == cfg.batch_size
+            else f"the batch of all {num_train} training rows (batch_size={cfg.batch_size})"
+        )
+        fix = f"--batch-size {batch // d * d}, or " if batch >= d else ""
         raise ValueError(
-            f"{num_train} training rows cannot fill a batch on a data axis of {d}; use a mesh "
-            "with a smaller data axis or more rows"
+            f"{what} is not divisible by the mesh's data axis ({d}); use {fix}a mesh whose "
+            "data axis divides it"
         )
     steps = num_train // batch
     last = cfg.epochs * steps if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * steps)
