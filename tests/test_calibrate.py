@@ -259,6 +259,32 @@ def test_evaluate_calibrate_writes_the_section(run, capsys) -> None:
     )
 
 
+def test_a_plain_evaluate_keeps_the_calibration_of_its_checkpoint(run, capsys) -> None:
+    """``evaluate`` without ``--calibrate`` rewrites evaluation.json: the temperature and
+    conformal threshold fitted for that checkpoint stay (predict applies them); one of
+    another checkpoint goes, with a note."""
+    workdir = _copy(run, "keep")
+    path = os.path.join(workdir, evaluate.EVALUATION_FILE)
+    argv = ["evaluate", "--workdir", workdir, "--mesh", "ensemble=2,data=4"]
+    assert cli.main([*argv, "--calibrate", "--alpha", "0.2"]) == 0
+    with open(path) as f:
+        fitted = json.load(f)
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    assert "kept the calibration of checkpoint" in capsys.readouterr().out
+    with open(path) as f:
+        again = json.load(f)
+    assert again["calibration"] == fitted["calibration"]
+    assert again["checkpoint_step"] == fitted["checkpoint_step"]
+    again["checkpoint_step"] -= 1  # as if it were fitted for another checkpoint
+    with open(path, "w") as f:
+        json.dump(again, f)
+    assert cli.main(argv) == 0
+    assert "note: dropped the calibration of checkpoint" in capsys.readouterr().out
+    with open(path) as f:
+        assert "calibration" not in json.load(f)
+
+
 def test_calibrate_refuses_a_run_without_validation(run, capsys) -> None:
     workdir = _copy(run, "no_validation")
     path = os.path.join(workdir, "config.json")

@@ -194,6 +194,19 @@ def test_an_fsdp_run_predicts_and_exports_like_any_other(run, tmp_path):
     np.testing.assert_allclose(member_mean, got["member_mean"], rtol=1e-5, atol=1e-5)
 
 
+def test_a_plain_evaluate_keeps_the_calibration_predict_applies(run, tmp_path, capsys):
+    workdir = os.fspath(tmp_path / "kept")
+    shutil.copytree(run.workdir, workdir)
+    assert cli.main(["evaluate", "--workdir", workdir, "--mesh", MESH]) == 0
+    assert "kept the calibration of checkpoint" in capsys.readouterr().out
+    result = json.loads(pathlib.Path(workdir, "evaluation.json").read_text())
+    assert result["calibration"] == run.result["calibration"]
+    x = run.data.x_test[:5]
+    out = me.load_predictor(workdir).outputs(x)
+    want = me.load_predictor(run.workdir).outputs(x)
+    np.testing.assert_allclose(out["upper"], want["upper"], rtol=1e-6)
+
+
 def _edit_config(workdir: str, **fields) -> None:
     path = pathlib.Path(workdir, "config.json")
     path.write_text(json.dumps(json.loads(path.read_text()) | fields))

@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import statistics
@@ -54,6 +55,49 @@ from meshensemble.training.regression_run import (
 
 EVALUATION_FILE = "evaluation.json"
 """The file ``meshensemble evaluate`` writes into a run's folder (either task)."""
+
+
+def previous_calibration(
+    workdir: str, step: int, say: Callable[[str], Any]
+) -> dict[str, Any] | None:
+    """The ``calibration`` of the run's ``evaluation.json`` when it is of checkpoint ``step``.
+
+    A plain ``evaluate`` (no ``--calibrate``) rewrites ``evaluation.json``; it carries the
+    calibration an earlier ``evaluate --calibrate`` fitted for the same checkpoint over,
+    so ``predict`` and ``export`` keep applying it. One of another checkpoint is dropped,
+    with a note (it does not belong to these scores).
+
+    Args:
+      workdir: the run's folder; step: the checkpoint just evaluated.
+      say: where the one-line note goes.
+
+    Returns:
+      The kept ``calibration`` dict, or None.
+
+    Example:
+      >>> previous_calibration("runs/toy", 2, print)  # after evaluate --calibrate of step 2
+      kept the calibration of checkpoint 2 from evaluation.json (evaluate --calibrate refits it)
+      {...}
+    """
+    try:
+        with open(os.path.join(workdir, EVALUATION_FILE)) as f:
+            old = json.load(f)
+        cal, old_step = old.get("calibration"), old.get("checkpoint_step")
+    except (OSError, ValueError, AttributeError):
+        return None  # none yet, or unreadable: nothing to carry over
+    if not isinstance(cal, dict):
+        return None
+    if old_step != step:
+        say(
+            f"note: dropped the calibration of checkpoint {old_step} from {EVALUATION_FILE}: "
+            f"it is not of checkpoint {step}; evaluate --calibrate fits one"
+        )
+        return None
+    say(
+        f"kept the calibration of checkpoint {step} from {EVALUATION_FILE} "
+        "(evaluate --calibrate refits it)"
+    )
+    return cal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,9 +201,7 @@ def restore_regression(
     features, targets = len(stats["x_mean"]), len(stats["y_mean"])
     steps = int(resolved.get("steps_per_epoch") or 1)
     sample = np.zeros((1, features), np.float32)
-    ens = build_regression_ensemble(
-        cfg, run_mesh(mesh, cfg.members), stats, targets, steps, sample
-    )
+    ens = build_regression_ensemble(cfg, run_mesh(mesh, cfg.members), stats, targets, steps, sample)
     state, _, step = restore_checkpoint(
         workdir, ens, sample, checkpoint, echo=echo, move_damaged=False
     )
@@ -326,9 +368,11 @@ def evaluate_regression(
     Example:
       >>> from meshensemble.evaluation.run import load_run_config
       >>> result = evaluate_regression("runs/toy", load_run_config("runs/toy"), echo=print)
+      kept the calibration of checkpoint 2 from evaluation.json (evaluate --calibrate refits it)
       checkpoint 2 of runs/toy on mesh ensemble=4 x data=2: 200 test examples
       test nll ..., rmse ..., mae ..., crps ..., quantile calibration error ...
       intervals: 50% coverage ... width ..., 90% coverage ... width ..., 95% coverage ... width ...
+      calibrated on 10 validation scores: variance scale ..., conformal q ...; 90% coverage/width ...
       wrote evaluation.json to runs/toy
       >>> result["task"], result["num_test"], result["test_rmse"] > 0
       ('regression', 200, True)
@@ -352,6 +396,8 @@ def evaluate_regression(
         result["calibration"] = calibrate_regression(
             ens, state, val, (data.x_test, data.y_test), alpha
         )
+    elif (kept := previous_calibration(workdir, run.step, say)) is not None:
+        result["calibration"] = kept
     if jax.process_index() == 0:
         path = os.path.join(workdir, EVALUATION_FILE)
         text = dumps_strict(result, indent=2)

@@ -49,7 +49,11 @@ from meshensemble.core import evaluating, inputs, streaming
 from meshensemble.core.mesh import make_mesh, parse_mesh
 from meshensemble.data.split import split_validation
 from meshensemble.evaluation.regression import EVALUATION_FILE as EVALUATION_FILE
-from meshensemble.evaluation.regression import check_checkpoint, evaluate_regression
+from meshensemble.evaluation.regression import (
+    check_checkpoint,
+    evaluate_regression,
+    previous_calibration,
+)
 from meshensemble.numerics import statmath
 from meshensemble.training import CONFIG_FILE, TrainConfig, build_ensemble, final_table
 from meshensemble.training.checkpoint import (
@@ -443,6 +447,8 @@ def evaluate_run(
         result["calibration"], curves = calibrate_ensemble(
             ens, state, held, test_set, alpha, conformal, batch_size, num_bins
         )
+    elif not calibrate and (kept := previous_calibration(workdir, int(step), say)) is not None:
+        result["calibration"] = kept
 
     if jax.process_index() == 0:
         _write(workdir, result, test, {n: o["scores"] for n, o in ood_scores.items()})
