@@ -199,6 +199,12 @@ def test_two_targets_and_target_units():
 
 
 # ------------------------------------------------------------------ bad input
+def _with(y: np.ndarray, at: tuple[int, ...], value: float) -> np.ndarray:
+    y = y.copy()
+    y[at] = value
+    return y
+
+
 @pytest.mark.parametrize(
     "call, match",
     [
@@ -209,6 +215,8 @@ def test_two_targets_and_target_units():
         (lambda e, s: e.evaluate(s, X[:4], Y), r"x has 4 rows but y has shape"),
         (lambda e, s: e.predict(s, X, temperature=1.5), r"temperature and logits are for cl"),
         (lambda e, s: e.predict_members(s, X, logits=True), r"fit_variance_scale instead"),
+        (lambda e, s: e.train_step(s, X, _with(Y, (3, 0), np.nan)), r"hold nan at index \(3, 0\)"),
+        (lambda e, s: e.evaluate(s, X, _with(Y, (5, 0), np.inf)), r"hold inf at index \(5, 0\);"),
     ],
 )
 def test_bad_targets_raise_one_line(call, match):
@@ -330,6 +338,22 @@ def test_fit_variance_scale_minimises_the_nll():
     best = optimize.minimize_scalar(nll, bounds=(0.1, 20), method="bounded").x
     np.testing.assert_allclose(s, best, rtol=1e-4)
     assert 2.2 < s < 3.6  # about 1.7^2
+
+
+def test_conformal_rank_is_exact_where_float_rounds_up():
+    """(n + 1)(1 - alpha) = 10 * 0.3 is 3.0000000000000004 in floats: the 3rd smallest score,
+    not the 4th; a numpy float alpha is a number like any other."""
+    from meshensemble.calibration._checks import conformal_rank, smallest_alpha
+
+    scores = np.arange(1.0, 10.0)  # |y - 0| / 1 for 9 calibration targets
+    q = me.calibration.conformal_interval_quantile(np.zeros(9), np.ones(9), scores, 0.7)
+    assert q == 3.0
+    assert me.calibration.conformal_interval_quantile(
+        np.zeros(9), np.ones(9), scores, np.float32(0.5)
+    ) == 5.0  # fmt: skip
+    for n in range(1, 3000):  # the hint an error gives is accepted, and close to 1/(n + 1)
+        alpha = float(smallest_alpha(n))
+        assert conformal_rank(n, alpha) <= n < conformal_rank(n, alpha * (1 - 1e-2)), n
 
 
 def test_conformal_intervals_cover_over_20_random_splits():

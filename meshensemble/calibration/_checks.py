@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -97,3 +98,23 @@ def temperature_array(temperature: Any, logits: Any) -> jax.Array:
             "pass the T that fit_temperature returned."
         )
     return t
+
+
+# --------------------------------------------------------------------------- conformal ranks
+
+
+def conformal_rank(n: int, alpha: float) -> int:
+    """``ceil((n + 1)(1 - alpha))``, the split-conformal rank, free of float round-up.
+
+    The small slack keeps ``(n + 1)(1 - alpha)`` = 3.0000000000000004 (``n = 9``,
+    ``alpha = 0.7``, exactly 3) from rounding up to 4, a wider interval than documented.
+    """
+    return math.ceil((n + 1) * (1.0 - alpha) - 1e-9)
+
+
+def smallest_alpha(n: int) -> str:
+    """``1 / (n + 1)``, the smallest alpha ``n`` calibration scores accept, rounded *up* to
+    3 significant digits (text for an error's hint: the value shown is accepted)."""
+    x = 1.0 / (n + 1)
+    unit = 10.0 ** (math.floor(math.log10(x)) - 2)
+    return f"{math.ceil(x / unit - 1e-9) * unit:.3g}"

@@ -28,6 +28,7 @@ from meshensemble.calibration._checks import (
     check_method,
     check_score_kwargs,
     check_sets,
+    conformal_rank,
 )
 from meshensemble.numerics import statmath
 
@@ -172,8 +173,7 @@ def conformal_quantile(
     probs = calibmath.check_rows(probs, 2, "probs", True)
     n, c = probs.shape
     labels = check_labels(labels, n, c)
-    # The small slack keeps (n + 1)(1 - alpha) = 9.000000000000002 from rounding up to 10.
-    k = math.ceil((n + 1) * (1.0 - alpha) - 1e-9)
+    k = conformal_rank(n, alpha)
     if k > n:
         need = math.ceil((1.0 - alpha) / alpha - 1e-9)
         raise ValueError(

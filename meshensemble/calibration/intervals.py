@@ -12,10 +12,10 @@ Example:
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from jax.typing import ArrayLike
+
+from meshensemble.calibration._checks import conformal_rank
 
 
 def _regression_arrays(names: tuple[str, ...], *arrays: ArrayLike) -> list[np.ndarray]:
@@ -101,9 +101,11 @@ def conformal_interval_quantile(
       >>> mu_test, sd_test = np.zeros(3), np.ones(3)
       >>> lo, hi = mu_test - q * sd_test, mu_test + q * sd_test
     """
-    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float | np.floating):
+        raise ValueError(f"alpha={alpha!r} must be a number in (0, 1), e.g. 0.1")
+    if not 0 < alpha < 1:
         raise ValueError(f"alpha={alpha!r} must be in (0, 1), e.g. 0.1 for 90% intervals")
     m, s, t = _regression_arrays(("mean", "std", "y"), mean, std, y)
     scores = np.sort((np.abs(t - m) / s).reshape(-1))
-    k = math.ceil((scores.size + 1) * (1 - alpha))
+    k = conformal_rank(scores.size, float(alpha))
     return float("inf") if k > scores.size else float(scores[k - 1])

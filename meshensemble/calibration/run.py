@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from meshensemble import metrics
-from meshensemble.calibration._checks import METHODS
+from meshensemble.calibration._checks import METHODS, smallest_alpha
 from meshensemble.calibration.conformal import (
     conformal_quantile,
     coverage,
@@ -105,7 +105,7 @@ def check_alpha_for(n: int, alpha: float, what: str) -> None:
         need = math.ceil((1.0 - alpha) / alpha - 1e-9)
         raise ValueError(
             f"alpha={alpha:g} is too small for {what}: split conformal needs n >= "
-            f"1/alpha - 1 = {need}; use --alpha >= {1 / (n + 1):.4g} or train with "
+            f"1/alpha - 1 = {need}; use --alpha >= {smallest_alpha(n)} or train with "
             f"--validation {need} or more"
         )
 

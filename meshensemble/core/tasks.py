@@ -226,12 +226,19 @@ class Regression:
         """``y`` as float ``[..., N, T]`` (``[N]`` becomes ``[N, 1]`` when ``T = 1``).
 
         Raises:
-          ValueError: non-float targets, or a last axis other than ``T``.
+          ValueError: non-float targets, a NaN or inf among host (numpy) targets (one
+            would make every member's loss NaN), or a last axis other than ``T``.
         """
         if not jnp.issubdtype(np.result_type(y), jnp.floating):
             raise ValueError(
                 f"regression targets have dtype {np.result_type(y)}; give float targets "
                 "(e.g. y.astype('float32'))"
+            )
+        if isinstance(y, np.ndarray) and not np.isfinite(y).all():
+            at = tuple(int(i) for i in np.argwhere(~np.isfinite(y))[0])
+            raise ValueError(
+                f"regression targets hold {y[at]} at index {at}; clean the data first (a NaN "
+                "or inf target makes the loss NaN)"
             )
         if np.ndim(y) == 1 and self.targets == 1:
             y = y[:, None]

@@ -40,6 +40,7 @@ from jax.sharding import Mesh
 
 from meshensemble import calibration
 from meshensemble import data as data_lib
+from meshensemble.calibration._checks import conformal_rank, smallest_alpha
 from meshensemble.core.mesh import make_mesh, parse_mesh
 from meshensemble.runtime.distributed import fetch
 from meshensemble.training.checkpoint import CHECKPOINT_DIR, list_checkpoints, restore_checkpoint
@@ -252,7 +253,9 @@ def check_calibrate(workdir: str, cfg: TrainConfig, alpha: Any) -> None:
       ValueError: no validation split, ``alpha`` outside ``(0, 1)``, or ``alpha`` too
         small for the split (``ceil((n + 1)(1 - alpha)) > n`` scores, ``n`` = rows x targets).
     """
-    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float | np.floating):
+        raise ValueError(f"--alpha {alpha!r} must be a number in (0, 1), e.g. 0.1")
+    if not 0 < alpha < 1:
         raise ValueError(f"--alpha {alpha!r} must be in (0, 1), e.g. 0.1 for 90% intervals")
     if not cfg.validation:
         raise ValueError(
@@ -260,10 +263,10 @@ def check_calibrate(workdir: str, cfg: TrainConfig, alpha: Any) -> None:
             "--validation N (e.g. --validation 100)"
         )
     n = cfg.validation * len(_resolved(workdir)["standardizer"]["y_mean"])
-    if math.ceil((n + 1) * (1 - alpha)) > n:
+    if conformal_rank(n, float(alpha)) > n:
         raise ValueError(
             f"--alpha {alpha:g} is too small for the run's {n} validation scores (the conformal "
-            f"quantile would be infinite); use --alpha >= {1 / (n + 1):.3g} or train with a "
+            f"quantile would be infinite); use --alpha >= {smallest_alpha(n)} or train with a "
             "larger --validation"
         )
 
@@ -372,7 +375,7 @@ def evaluate_regression(
       checkpoint 2 of runs/toy on mesh ensemble=4 x data=2: 200 test examples
       test nll ..., rmse ..., mae ..., crps ..., quantile calibration error ...
       intervals: 50% coverage ... width ..., 90% coverage ... width ..., 95% coverage ... width ...
-      calibrated on 10 validation scores: variance scale ..., conformal q ...; 90% coverage/width ...
+      calibrated on 10 validation scores: variance scale ..., conformal q ...; 90% ...
       wrote evaluation.json to runs/toy
       >>> result["task"], result["num_test"], result["test_rmse"] > 0
       ('regression', 200, True)

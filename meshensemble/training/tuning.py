@@ -99,6 +99,7 @@ def conv_candidates(platform: str) -> tuple[str, ...]:
     same = {"canonical": "xla"}.get(first)
     return (first, *(c for c in CONV_CANDIDATES if c not in (first, same)))
 
+
 BF16_PLATFORMS = ("gpu", "tpu")
 """Platforms where a measuring run also times its choice in bf16 and says whether bf16
 would be faster. Not CPU: XLA:CPU has no fast bf16 path (on this project's 2-core VM the
