@@ -157,9 +157,11 @@ def test_the_budget_stops_measuring_part_way():
 def test_the_line_says_whether_the_choice_is_stored(tmp_path):
     clock = FakeClock()
     candidates = {"d": candidate(clock, 0.02, [], "d"), "x": candidate(clock, 0.01, [], "x")}
-    d = autotune.decide("k", candidates, None, "d", timer=clock, pin="--member-strategy d")
-    assert d.stored is None and "cached" not in d.reason
-    assert "not stored" in d.reason and "pin it with --member-strategy d" in d.reason
+    pin = {n: f"--member-strategy {n}" for n in candidates}
+    d = autotune.decide("k", candidates, None, "d", timer=clock, pin=pin)
+    assert d.stored is None and "cached" not in d.reason and d.name == "x"
+    # the flags that reproduce the choice, not the default's
+    assert "not stored" in d.reason and "pin it with --member-strategy x" in d.reason
     blocked = tmp_path / "file"
     blocked.write_text("")  # a folder that cannot be made: not stored either
     d = autotune.decide("k", candidates, str(blocked / "c.json"), "d", timer=clock)

@@ -260,6 +260,11 @@ def test_measured_once_then_read_from_the_choices_file(tmp_path, monkeypatch):
     assert resolve_choices(cfg, mesh, DATA, key, None, {"member_strategy": "loop"}).how == (
         "recorded"
     )
+    monkeypatch.undo()  # no cache folder: measured again, and the line pins the winner
+    ticks = itertools.accumulate(1.0 / (i + 1) for i in itertools.count())
+    unkept = resolve_choices(cfg, mesh, DATA, key, None, timer=lambda: next(ticks), feeder=feeder)
+    assert unkept.member_strategy == "vmap" and "not stored" in unkept.line()
+    assert "pin it with --member-strategy vmap" in unkept.line(), unkept.line()
 
 
 def run_feeder(cfg: TrainConfig, dataset, k: int):

@@ -397,7 +397,7 @@ def decide(
     rounds: int = 3,
     timer: Callable[[], float] = time.perf_counter,
     share: float = TUNING_SHARE,
-    pin: str = "",
+    pin: str | Mapping[str, str] = "",
     reused: bool = False,
 ) -> Decision:
     """The candidate to use: read from ``path`` when measured before, else measured now.
@@ -417,8 +417,9 @@ def decide(
       rounds: timed steps per fully measured candidate.
       timer: the clock (injectable for tests).
       share: the budget's share of the expected training time.
-      pin: how to pin a choice, quoted in the line when nothing is stored or the default
-        is kept, e.g. ``"--member-strategy S --conv C"``.
+      pin: how to pin the choice, quoted in the line when nothing is stored, e.g.
+        ``"--member-strategy S --conv C"``, or per candidate ``{name: flags}`` (the
+        chosen one's is quoted).
       reused: whether the default's programs are the run's own (see :func:`measure`).
 
     Returns:
@@ -474,7 +475,7 @@ def decide(
     return Decision(
         name,
         "default" if m.skipped and name == default else "measured",
-        _describe(name, default, m, stored, pin),
+        _describe(name, default, m, stored, pin.get(name, "") if isinstance(pin, Mapping) else pin),
         m,
         stored,
         notes,

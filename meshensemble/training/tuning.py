@@ -391,10 +391,13 @@ def _measured(
     built = _Candidates(cfg, mesh, dataset, init_key, feeder)
     key = _key(cfg, mesh, dataset, sorted(names), members_per_device)
     path = autotune.choices_path(cache_dir) if cache_dir else None
-    pin = " ".join(
-        ([f"--member-strategy {default[0]}"] if strategy_open else [])
-        + ([f"--conv {default[1]}"] if conv_open else [])
-    )
+    pin = {  # how to pin each candidate, quoted for the one chosen
+        n: " ".join(
+            ([f"--member-strategy {s}"] if strategy_open else [])
+            + ([f"--conv {c}"] if conv_open else [])
+        )
+        for n, (s, c) in names.items()
+    }
     makers = {n: built.maker(*sc, tuning=n != default_name) for n, sc in names.items()}
     decision = autotune.decide(
         key,
