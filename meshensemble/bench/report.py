@@ -37,16 +37,19 @@ TARGETS: dict[str, tuple[str, float]] = {
     "members_per_device_scaling_max": ("<=", 1.0),
     "memory_over_state_activations": ("<=", 1.3),
     "members_per_device_flops_over_bf16_matmul": (">=", 0.25),
-    "time_to_accuracy_cold_compile_s": ("<=", 4.0),
-    "time_to_accuracy_warm_compile_s": ("<=", 2.0),
+    "time_to_accuracy_cold_s": ("<=", 4.0),
+    "time_to_accuracy_warm_s": ("<=", 2.0),
     "time_to_accuracy_programs": ("<=", 8),
     "time_to_accuracy_warm_over_cold_compile": ("<=", 0.2),
 }
 """The issues' targets: ratio name -> (comparison, bound).
 
 The last five are the issue "Accelerator speed"'s, set for one H100: the FLOP/s of the
-most members per device measured (32 by default) against the bf16 matmul's, and the
-compile seconds and programs of ``time_to_accuracy`` (on a CPU they are only reported)."""
+most members per device measured (32 by default) against the bf16 matmul's, and of
+``time_to_accuracy``: the seconds to the target accuracy as the run times itself (from
+the start of ``train()``, compilation included, process start apart), cold and warm, the
+cold run's programs and the warm run's compile time over the cold one's (on a CPU they
+are only reported)."""
 
 
 def collect(
@@ -295,7 +298,9 @@ def accuracy_ratios(tta: Mapping[str, Any] | None) -> dict[str, Any]:
       tta: the :func:`meshensemble.bench.accuracy.time_to_accuracy` results, or None.
 
     Returns:
-      ``time_to_accuracy_cold_s`` / ``_warm_s`` (launch to the epoch on target),
+      ``time_to_accuracy_cold_s`` / ``_warm_s`` (run-timed: from the start of ``train()``
+      to the end of the epoch on target, the issue's measure), ``..._cold_launch_s`` /
+      ``_warm_launch_s`` (from launching the process: process start included),
       ``time_to_accuracy_cold_compile_s`` / ``_warm_compile_s``,
       ``time_to_accuracy_programs`` (the cold run's own programs),
       ``time_to_accuracy_warm_over_cold_compile`` and, reported beside them,
@@ -309,8 +314,10 @@ def accuracy_ratios(tta: Mapping[str, Any] | None) -> dict[str, Any]:
     tta = tta or {}
     cold, warm = tta.get("cold") or {}, tta.get("warm") or {}
     return {
-        "time_to_accuracy_cold_s": cold.get("time_to_accuracy_s"),
-        "time_to_accuracy_warm_s": warm.get("time_to_accuracy_s"),
+        "time_to_accuracy_cold_s": cold.get("train_to_accuracy_s"),
+        "time_to_accuracy_warm_s": warm.get("train_to_accuracy_s"),
+        "time_to_accuracy_cold_launch_s": cold.get("time_to_accuracy_s"),
+        "time_to_accuracy_warm_launch_s": warm.get("time_to_accuracy_s"),
         "time_to_accuracy_cold_compile_s": cold.get("compile_s"),
         "time_to_accuracy_warm_compile_s": warm.get("compile_s"),
         "time_to_accuracy_programs": cold.get("programs"),
