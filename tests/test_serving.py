@@ -245,6 +245,8 @@ def _bad_cases(run):
     for name, arr in (
         ("shape", np.zeros((3, 20, 20), np.uint8)),
         ("dtype", np.zeros((3, 28, 28), np.float32)),
+        ("unit", np.full((3, 28, 28), 0.5, np.float32)),  # divided by 255 already
+        ("float255", np.full((3, 28, 28), 200.0, np.float64)),
     ):
         np.save(root / f"{name}.npy", arr)
     (root / "empty.npy").write_bytes(b"")
@@ -272,6 +274,8 @@ def _bad_cases(run):
         "damaged checkpoint": (str(damaged), x, out, [], 1, "no good checkpoint"),
         "wrong shape": (w, root / "shape.npy", out, [], 2, r"shape \[3, 20, 20\]"),
         "wrong dtype": (w, root / "dtype.npy", out, [], 2, "of dtype float32: the run takes uint8"),
+        "floats in [0, 1]": (w, root / "unit.npy", out, [], 2, r"\(images \* 255\).round\(\)"),
+        "floats 0..255": (w, root / "float255.npy", out, [], 2, r"0..255: convert with images.as"),
         "empty file": (w, root / "empty.npy", out, [], 2, "empty file"),
         "no images": (w, root / "noimages", out, [], 2, "no PNG/JPEG"),
         "non-image file": (w, root / "mixed", out, [], 2, "'notes.txt', not a PNG/JPEG"),
@@ -287,6 +291,8 @@ CASES = [
     "damaged checkpoint",
     "wrong shape",
     "wrong dtype",
+    "floats in [0, 1]",
+    "floats 0..255",
     "empty file",
     "no images",
     "non-image file",

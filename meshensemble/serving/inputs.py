@@ -240,9 +240,19 @@ def _check_array(where: str, rows: np.ndarray, shape: tuple[int, ...], dtype: np
             "(nothing is resized: resize the images first)"
         )
     if rows.dtype != dtype:
+        unit = (
+            np.issubdtype(rows.dtype, np.floating)
+            and np.issubdtype(dtype, np.integer)
+            and rows.size > 0
+            and float(np.nanmax(np.abs(rows))) <= 1.0
+        )
+        fix = (
+            f"pixels in [0, 1]: convert with (images * 255).round().astype(np.{dtype})"
+            if unit
+            else f"pixels 0..255: convert with images.astype(np.{dtype})"
+        )
         raise ValueError(
-            f"{where} of dtype {rows.dtype}: the run takes {dtype} images as it trained "
-            f"on (e.g. pixels 0..255: convert with images.astype(np.{dtype}))"
+            f"{where} of dtype {rows.dtype}: the run takes {dtype} images as it trained on ({fix})"
         )
     if len(rows) == 0:
         raise ValueError(f"{where} holds no images (shape {list(rows.shape)}); give at least one")
