@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import types
@@ -382,6 +383,23 @@ def test_calibrate_on_a_file_with_every_odd_image_inverted_is_refused(pyrun, tmp
     argv = ["evaluate", "--workdir", pyrun, "--calibrate", "--source", "npz", "--data-file", npz]
     _one_line_error(capsys, argv, "the train and validation splits of this data", "differ from run")
     assert _tree(pyrun) == before  # no evaluation.json, nothing rewritten
+
+
+def test_the_run_s_own_data_changed_since_training_is_named_so(run, tmp_path, capsys):
+    """No data flags: the recorded file itself differs; the fix is not 'drop the flags'."""
+    workdir = _copy(run, "changed")
+    ds = data.load_npz(run.npz)
+    changed = data.Dataset("mnist", ds.train_images, ds.train_labels,
+                           255 - ds.test_images, ds.test_labels, "npz", "changed")  # fmt: skip
+    npz = data.save_npz(changed, tmp_path / "changed.npz")
+    path = pathlib.Path(workdir, "config.json")
+    saved = json.loads(path.read_text())
+    saved["resolved"]["data_identity"]["data_file"] = npz  # as if run.npz were rewritten
+    path.write_text(json.dumps(saved))
+    err = _one_line_error(capsys, ["evaluate", "--workdir", workdir], "has changed since")
+    assert "drop --source" not in err
+    argv = ["evaluate", "--workdir", run.workdir, "--data-file", npz]
+    assert "drop --source/--data-file/--data-dir" in _one_line_error(capsys, argv, "differ")
 
 
 def test_a_damaged_newest_checkpoint_is_skipped_in_place_and_named(pyrun, tmp_path, capsys):

@@ -235,8 +235,13 @@ def test_one_line_refusals(run, tmp_path, capsys):
     arrays["y_test"] = arrays["y_test"] + 1
     np.savez(other, **arrays)
     _refused(capsys, ["evaluate", "--workdir", run.plain, "--data-file", str(other)],
-             "the test split(s) of this data")  # fmt: skip
+             "drop --source/--data-file to load what it recorded")  # fmt: skip
     assert not os.path.exists(os.path.join(run.plain, "evaluation.json"))
+    changed = os.fspath(tmp_path / "changed")  # the recorded file itself changed
+    shutil.copytree(run.plain, changed)
+    _edit_config(changed, data_file=str(other))
+    _refused(capsys, ["evaluate", "--workdir", changed], "the test split(s) of this data")
+    _refused(capsys, ["evaluate", "--workdir", changed], "has changed since it was trained")
 
     np.save(tmp_path / "x3.npy", np.zeros((4, 3), np.float32))
     predict = ["predict", "--workdir", run.plain, "--out", str(tmp_path / "p.npz"), "--input"]

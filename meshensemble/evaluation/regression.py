@@ -45,7 +45,7 @@ from meshensemble.core.mesh import make_mesh, parse_mesh
 from meshensemble.runtime.distributed import fetch
 from meshensemble.training.checkpoint import CHECKPOINT_DIR, list_checkpoints, restore_checkpoint
 from meshensemble.training.config import TrainConfig, default_mesh_shape
-from meshensemble.training.identity import read_saved_config
+from meshensemble.training.identity import CHANGED_SINCE_TRAINING, read_saved_config
 from meshensemble.training.outputs import check_writable, dumps_strict, replacing, writing
 from meshensemble.training.regression_run import (
     build_regression_ensemble,
@@ -211,7 +211,7 @@ def restore_regression(
 
 
 def load_regression_data(
-    workdir: str, cfg: TrainConfig, say: Callable[[str], Any] = print
+    workdir: str, cfg: TrainConfig, say: Callable[[str], Any] = print, recorded: bool = False
 ) -> tuple[Any, Any, Any]:
     """The run's data, checked split by split against ``resolved.data_identity``.
 
@@ -219,6 +219,8 @@ def load_regression_data(
       workdir: the run's folder; cfg: its config (source, data file, seed, validation),
         possibly with ``source`` / ``data_file`` overridden.
       say: gets one line when the run recorded no identity (nothing could be checked).
+      recorded: ``cfg``'s data is the run's recorded one (no override): a difference is
+        then data changed since training, which the error says.
 
     Returns:
       ``(data, train, validation)``: the :class:`meshensemble.data.RegressionData`, its
@@ -240,8 +242,13 @@ def load_regression_data(
         raise data_lib.DataError(
             f"the {' and '.join(differ)} split(s) of this data ({data.name}) differ from run "
             f"{workdir}'s ({differ[0]}: {str(held['splits'].get(differ[0]))[:15]} recorded, "
-            f"{str(now.get(differ[0]))[:15]} now); evaluate on the run's data (drop "
-            "--source/--data-file to load what it recorded)"
+            f"{str(now.get(differ[0]))[:15]} now); "
+            + (
+                CHANGED_SINCE_TRAINING
+                if recorded
+                else "evaluate on the run's data (drop "
+                "--source/--data-file to load what it recorded)"
+            )
         )
     return data, train, val
 
@@ -389,7 +396,9 @@ def evaluate_regression(
         check_calibrate(workdir, cfg, alpha)
     check_checkpoint(workdir, checkpoint)
     over = {k: v for k, v in (("source", source), ("data_file", data_file)) if v is not None}
-    data, _, val = load_regression_data(workdir, dataclasses.replace(cfg, **over), say)
+    data, _, val = load_regression_data(
+        workdir, dataclasses.replace(cfg, **over), say, recorded=not over
+    )
     run = restore_regression(workdir, cfg, mesh, checkpoint, say)
     ens, state = run.ensemble, run.state
     ev = ens.evaluate(state, data.x_test, data.y_test, batch_size=batch_size)

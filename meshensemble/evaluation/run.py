@@ -419,11 +419,12 @@ def evaluate_run(
     names = _check_arguments(cfg, ood, ood_file, batch_size, num_bins, checkpoint)
     _check_before_work(workdir, cfg, checkpoint, calibrate, alpha, conformal, say)
     device_mesh = _device_mesh(mesh, cfg.members)
+    recorded = dataset is None and (source, data_file, data_dir) == (None, None, None)
     if dataset is None:
         dataset = load_run_data(
             workdir, cfg, source=source, data_file=data_file, data_dir=data_dir, log=say
         )
-    check_run_data(workdir, cfg, dataset, say)  # the run's data, split by split, or refuse
+    check_run_data(workdir, cfg, dataset, say, recorded)  # the run's data, split by split
     ood_sets = {
         n: ood_images(n, dataset.test_images, ood_file, cfg.data_dir, log=say) for n in names
     }

@@ -500,8 +500,19 @@ def load_run_data(
     )
 
 
+CHANGED_SINCE_TRAINING = (
+    "the data the run recorded has changed since it was trained: restore that data, or "
+    "train a new run on this one"
+)
+"""The fix a refusal names when the run's own recorded data no longer matches it."""
+
+
 def check_run_data(
-    workdir: str, cfg: TrainConfig, dataset: data_lib.Dataset, say: Any = print
+    workdir: str,
+    cfg: TrainConfig,
+    dataset: data_lib.Dataset,
+    say: Any = print,
+    recorded: bool = False,
 ) -> None:
     """Refuses data other than the run's, comparing the fingerprints of every split.
 
@@ -511,6 +522,8 @@ def check_run_data(
       dataset: the data about to be evaluated.
       say: gets one line when the run's identity cannot be fully checked (runs written
         before :data:`IDENTITY_FORMAT` 2, or without an identity).
+      recorded: ``dataset`` was loaded from what the run recorded (no data flags): a
+        difference then means that data changed since training, and the error says so.
 
     Raises:
       meshensemble.data.DataError: one line naming the differing split(s), both
@@ -532,6 +545,8 @@ def check_run_data(
     fix = (
         "pass the data the run was trained on"
         if object_data
+        else CHANGED_SINCE_TRAINING
+        if recorded
         else "evaluate on the run's data (drop --source/--data-file/--data-dir to load what "
         "it recorded)"
     )
