@@ -283,6 +283,7 @@ def _bad_cases(run):
         "out is a folder": (w, x, str(root / "out.npz"), [], 2, "is a folder"),
         "out kind": (w, x, str(root / "out" / "p.txt"), [], 2, r"\.npz or \.csv"),
         "sets uncalibrated": (run.plain, x, out, ["--sets"], 2, "no prediction sets: run"),
+        "members in a csv": (w, x, str(root / "out" / "m.csv"), ["--members"], 2, "FILE.npz"),
     }
 
 
@@ -300,6 +301,7 @@ CASES = [
     "out is a folder",
     "out kind",
     "sets uncalibrated",
+    "members in a csv",
 ]
 
 

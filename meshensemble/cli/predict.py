@@ -79,7 +79,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         ".npz (key x, x_test or features) of features [N, F]",
     )
     add("--out", required=True, metavar="FILE", help="the output: FILE.npz or FILE.csv")
-    add("--members", action="store_true", help="also write member_probs [members, N, classes]")
+    add(
+        "--members",
+        action="store_true",
+        help="also write member_probs [members, N, classes] (regression: member_mean, "
+        "member_variance [members, N, T]); .npz outputs only",
+    )
     add(
         "--no-temperature",
         action="store_true",
@@ -119,6 +124,11 @@ def run(args: argparse.Namespace) -> int:
     """
     setup_devices(args.fake_devices)
     check_out_file(args.out)
+    if args.members and args.out.lower().endswith(".csv"):
+        raise ValueError(
+            f"--members writes every member's arrays [members, N, ...], which {args.out} "
+            "(one row per example) cannot hold; use --out FILE.npz, or drop --members"
+        )
     regression = load_run_config(args.workdir).task == "regression"
     wrong = "--no-temperature" if regression else "--no-variance-scale"
     if args.no_temperature if regression else args.no_variance_scale:
