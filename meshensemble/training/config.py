@@ -125,7 +125,8 @@ class TrainConfig:
     source: str = _field(
         "auto",
         "where the data comes from (see meshensemble.data.load_dataset): auto tries "
-        "data_file, TFDS's prepared data, a TFDS download, then the embedded MNIST sample; "
+        "data_file, TFDS's prepared data, a TFDS download, then the embedded MNIST sample "
+        "(with --task regression: data_file, else the toy1d toy); "
         "arrayrecord reads the files of `meshensemble convert` in data_dir a batch at a time",
         choices=data_lib.SOURCES + REGRESSION_ONLY_SOURCES,
     )
