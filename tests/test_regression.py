@@ -548,6 +548,7 @@ def test_the_run_plan_and_epoch_batches_are_pure_and_seeded():
         ({"bootstrap": True}, r"bootstrap=True is not available with task='regression'"),
         ({"source": "sample"}, r"source='sample' holds images and class labels"),
         ({"task": "classification", "source": "diabetes"}, r"add --task regression"),
+        ({"model": "resnet"}, r"model='resnet' takes images; .* use --model mlp"),
     ],
 )
 def test_regression_config_errors(kw, match):

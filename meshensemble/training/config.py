@@ -379,6 +379,12 @@ def _check_task(cfg: TrainConfig) -> None:
             f"source={source!r} holds images and class labels, not regression data; use "
             "--source npz --data-file PATH, --source toy1d or --source diabetes"
         )
+    if cfg.model not in ("cnn", "mlp"):  # cnn: the classification default, means mlp
+        raise ValueError(
+            f"model={cfg.model!r} takes images; a regression run's members take features "
+            "[N, F]: use --model mlp (the default), or any model from Python with "
+            "me.Ensemble(..., task=me.tasks.Regression(T))"
+        )
     unsupported = {
         "bootstrap": cfg.bootstrap,
         "augment": cfg.augment != "none",
