@@ -44,12 +44,10 @@ TARGETS: dict[str, tuple[str, float]] = {
 }
 """The issues' targets: ratio name -> (comparison, bound).
 
-The last five are the issue "Accelerator speed"'s, set for one H100: the FLOP/s of the
-most members per device measured (32 by default) against the bf16 matmul's, and of
-``time_to_accuracy``: the seconds to the target accuracy as the run times itself (from
-the start of ``train()``, compilation included, process start apart), cold and warm, the
-cold run's programs and the warm run's compile time over the cold one's (on a CPU they
-are only reported)."""
+The last five are the issue "Accelerator speed"'s, for one H100 (on a CPU only
+reported): the FLOP/s of the most members per device against the bf16 matmul's, and
+``time_to_accuracy``'s run-timed seconds (from ``train()``'s start), programs and warm
+over cold compile time."""
 
 
 def collect(
@@ -99,12 +97,11 @@ def collect(
 
 
 FLOPS_NOTE = (
-    "per member-example, forward and backward pass of the plain model (a "
-    "reformulated convolution does the same multiply-adds): 2*M*N*K of every "
-    "dot_general and 2*out*kernel_window*kernel_in_features of every "
-    "conv_general_dilated in the jaxpr of jax.value_and_grad of the loss; "
-    "elementwise ops and the update are not counted. cost_analysis() is a "
-    "cross-check only: it misses custom calls (cuDNN convolutions on a GPU)"
+    "per member-example, forward and backward pass of the plain model (a reformulated "
+    "convolution does the same multiply-adds): 2*M*N*K of every dot_general and "
+    "2*out*kernel_window*kernel_in_features of every conv_general_dilated in the jaxpr of "
+    "jax.value_and_grad of the loss; elementwise ops and the update are not counted. "
+    "cost_analysis() is a cross-check only: it misses custom calls (cuDNN convolutions)"
 )
 """``meta.flops_note`` of the results: what the FLOPs count."""
 
@@ -116,9 +113,9 @@ PEAK_MEMORY_NOTE = (
 """``meta.peak_memory_note`` of the results."""
 
 MEMORY_PER_MEMBER_NOTE = (
-    "the compiled step's memory_analysis() per device divided by the members on "
-    "the device, against one member's parameters + optimizer state + the residuals "
-    "jax.vjp keeps for the backward pass of one batch"
+    "the compiled step's memory_analysis() per device divided by the members on the "
+    "device, against one member's parameters + optimizer state + the residuals jax.vjp "
+    "keeps for the backward pass of one batch"
 )
 """``meta.memory_per_member_note`` of the results."""
 
@@ -298,14 +295,11 @@ def accuracy_ratios(tta: Mapping[str, Any] | None) -> dict[str, Any]:
       tta: the :func:`meshensemble.bench.accuracy.time_to_accuracy` results, or None.
 
     Returns:
-      ``time_to_accuracy_cold_s`` / ``_warm_s`` (run-timed: from the start of ``train()``
-      to the end of the epoch on target, the issue's measure), ``..._cold_launch_s`` /
-      ``_warm_launch_s`` (from launching the process: process start included),
-      ``time_to_accuracy_cold_compile_s`` / ``_warm_compile_s``,
-      ``time_to_accuracy_programs`` (the cold run's own programs),
-      ``time_to_accuracy_warm_over_cold_compile`` and, reported beside them,
-      ``time_to_accuracy_cold_tuning_programs`` / ``_cold_tuning_compile_s`` (what the
-      auto-tuner compiled at its first use, in the cold run); None where not measured.
+      ``time_to_accuracy_`` + ``cold_s`` / ``warm_s`` (run-timed, from ``train()``'s
+      start), ``cold_launch_s`` / ``warm_launch_s`` (from the launch), ``cold_compile_s``
+      / ``warm_compile_s``, ``programs`` (the cold run's own), ``warm_over_cold_compile``
+      and ``cold_tuning_programs`` / ``cold_tuning_compile_s`` (the auto-tuner's first
+      use); None where not measured.
 
     Example:
       >>> accuracy_ratios(None)["time_to_accuracy_programs"] is None   # not run: None
