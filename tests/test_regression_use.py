@@ -228,6 +228,8 @@ def test_one_line_refusals(run, tmp_path, capsys):
     _refused(capsys, [*small[:3], "--conformal", "aps"], "is for classification sets")
     _refused(capsys, [*small[:3], "--ood", "inverted"], "is a regression run: OOD sets")
     assert not os.path.exists(os.path.join(run.plain, "evaluation.json"))
+    _refused(capsys, ["train", "--task", "classification", "--workdir", run.plain],
+             "holds a regression run, which a resumed command continues")  # fmt: skip
 
     other = tmp_path / "other.npz"
     with np.load(run.path) as d:

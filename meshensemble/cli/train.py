@@ -133,6 +133,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if resuming and os.path.exists(saved_path):
         saved = _read_config(saved_path, fields, "workdir config")
         values = {k: v for k, v in saved.items() if k in inherited_fields()}
+        task = saved.get("task", "classification")
+        if given.get("task", task) != task:
+            raise UsageError(
+                f"workdir {given.get('workdir', TrainConfig.workdir)} holds a {task} run, "
+                f"which a resumed command continues; drop --task {given['task']}, or add "
+                "--overwrite or use another workdir"
+            )
     values.update(given)
     values = with_task_defaults(values)  # e.g. regression's optimizer, when not given
     try:
