@@ -313,7 +313,12 @@ def test_convert_writes_the_files_train_reads(tmp_path, capsys):
     npz = me.data.save_npz(me.data.synthetic(64, 16, seed=2), tmp_path / "d.npz")
     out = tmp_path / "ar"
     argv = ["convert", "--data-file", npz, "--out", str(out), "--shards", "3"]
-    assert cli.main(argv) == 0
+    mask = os.umask(0o022)
+    try:
+        assert cli.main(argv) == 0
+    finally:
+        os.umask(mask)
+    assert oct(os.stat(out).st_mode & 0o777) == oct(0o755)  # not mkdtemp's 0700: shared data
     names = sorted(os.listdir(out))
     assert names == ["labels.npz", "manifest.json", "test.array_record", "train.array_record"]
     ds = me.data.load_array_record_dataset(out)

@@ -309,12 +309,20 @@ def write_array_record_dataset(
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
     try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700: a folder others train from
         names = _write_files(tmp, dataset, shard_count(dataset.num_train, shards))
         _swap_in(tmp, directory)
     except BaseException:  # Ctrl-C included: no partial folder is left behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return [os.path.join(directory, n) for n in names]
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it, then restoring it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _write_files(directory: str, dataset: Dataset, shards: int) -> list[str]:
