@@ -517,3 +517,21 @@ def test_a_fresh_run_that_fails_before_its_first_checkpoint_leaves_nothing_behin
     for path, data in before.items():
         if "checkpoints" in path.parts:
             assert after[path] == data, path
+
+
+def test_a_run_resumes_from_another_working_directory(tmp_path, monkeypatch):
+    """config.json holds the data file's absolute path: a relative --data-file given in
+    one folder still names the data when the run is resumed from another."""
+    need_devices(8)
+    monkeypatch.chdir(tmp_path)
+    me.data.save_npz(me.data.synthetic(64, 16, seed=0), tmp_path / "d.npz")
+    common = ["--no-autotune", "--no-compile-cache", "--quiet", "--workdir", str(tmp_path / "r")]
+    argv = ["train", "--model", "mlp", "--members", "2", "--source", "npz", "--data-file",
+            "d.npz", "--batch-size", "32", "--epochs", "1", *common]  # fmt: skip
+    assert cli.main(argv) == 0
+    saved = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert saved["data_file"] == str(tmp_path / "d.npz")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert cli.main(["train", "--epochs", "2", *common]) == 0
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["epochs"] == 2

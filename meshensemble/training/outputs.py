@@ -336,6 +336,9 @@ class RunWriter:
     def write_config(self, cfg: Any, resolved: dict[str, Any]) -> None:
         """Writes ``config.json``: every field of ``cfg`` and the ``resolved`` entry.
 
+        ``data_file`` and ``data_dir`` are written as absolute paths, so a resume from
+        another working directory finds the data.
+
         Args:
           cfg: the run's :class:`~meshensemble.training.TrainConfig`.
           resolved: what the run decided (mesh, chunk steps, data identity...).
@@ -343,7 +346,11 @@ class RunWriter:
         if not self.enabled:
             return
         path = os.path.join(self.workdir, CONFIG_FILE)
-        text = dumps_strict(dataclasses.asdict(cfg) | {"resolved": resolved}, indent=2)
+        fields = dataclasses.asdict(cfg)
+        for name in ("data_file", "data_dir"):
+            if isinstance(fields.get(name), str) and "://" not in fields[name]:
+                fields[name] = os.path.abspath(fields[name])
+        text = dumps_strict(fields | {"resolved": resolved}, indent=2)
         with writing(path), replacing(path) as f:
             f.write(text)
 
