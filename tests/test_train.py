@@ -519,7 +519,7 @@ def test_a_fresh_run_that_fails_before_its_first_checkpoint_leaves_nothing_behin
             assert after[path] == data, path
 
 
-def test_a_run_resumes_from_another_working_directory(tmp_path, monkeypatch):
+def test_a_run_resumes_from_another_working_directory(tmp_path, monkeypatch, capsys):
     """config.json holds the data file's absolute path: a relative --data-file given in
     one folder still names the data when the run is resumed from another."""
     need_devices(8)
@@ -534,4 +534,8 @@ def test_a_run_resumes_from_another_working_directory(tmp_path, monkeypatch):
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert cli.main(["train", "--epochs", "2", *common]) == 0
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["epochs"] == 2
+    # Fewer epochs than the checkpoint holds: refused, config.json left saying 2.
+    assert cli.main(["train", "--epochs", "1", *common]) == 2
+    assert "past the end of an --epochs 1 run (step 2); give --epochs 2" in capsys.readouterr().err
     assert json.loads((tmp_path / "r" / "config.json").read_text())["epochs"] == 2

@@ -368,6 +368,7 @@ def _train(
     restored = None
     if saved is not None:
         restored = restore_checkpoint(cfg.workdir, ens, sample, echo=tell)
+        _check_not_past_the_end(cfg, int(restored[2]), plan.steps_per_epoch)
     if jax.process_count() > 1:  # every process decided before process 0 writes anything
         from jax.experimental import multihost_utils
 
@@ -449,6 +450,17 @@ def _training_data(
         split = split_validation(dataset, cfg.validation, cfg.seed, batch_size=cfg.batch_size)
         dataset, held_out = split.train, split.record()
     return dataset, identity, held_out
+
+
+def _check_not_past_the_end(cfg: TrainConfig, step: int, steps_per_epoch: int) -> None:
+    """Refuses a resume whose ``epochs`` end before the checkpoint (config.json would lie)."""
+    if step > cfg.epochs * steps_per_epoch:
+        need = -(-step // steps_per_epoch)
+        raise ValueError(
+            f"checkpoint {step} in {cfg.workdir} is past the end of an --epochs {cfg.epochs} "
+            f"run (step {cfg.epochs * steps_per_epoch}); give --epochs {need} or more, or "
+            "--overwrite to start over"
+        )
 
 
 def _ensemble_line(cfg: TrainConfig, ens: Ensemble, plan: TrainPlan, platform: str) -> str:
