@@ -539,3 +539,24 @@ def test_a_run_resumes_from_another_working_directory(tmp_path, monkeypatch, cap
     assert cli.main(["train", "--epochs", "1", *common]) == 2
     assert "past the end of an --epochs 1 run (step 2); give --epochs 2" in capsys.readouterr().err
     assert json.loads((tmp_path / "r" / "config.json").read_text())["epochs"] == 2
+
+
+class _ClosedPipe:
+    """A stdout whose reader went away (``train ... | head -1`` after its first line)."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_stdout_does_not_stop_the_run(tmp_path, monkeypatch):
+    need_devices(8)
+    npz = me.data.save_npz(me.data.synthetic(64, 16, seed=0), tmp_path / "d.npz")
+    monkeypatch.setattr("sys.stdout", _ClosedPipe())
+    argv = ["train", "--model", "mlp", "--members", "2", "--source", "npz", "--data-file", npz,
+            "--batch-size", "32", "--epochs", "1", "--no-autotune", "--no-compile-cache",
+            "--workdir", str(tmp_path / "r")]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert me.training.checkpoint.list_checkpoints(str(tmp_path / "r")) == [2]

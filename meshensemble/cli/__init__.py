@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from meshensemble.cli import bench, convert, evaluate, export, predict, train
 from meshensemble.cli.common import (
     Parser,
+    PipeSafeStdout,
     UsageError,
     add_debug_flag,
     debug_requested,
@@ -87,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("absl").setLevel(logging.WARNING)
     silence_absl_noise()
     args = None
+    stdout, sys.stdout = sys.stdout, PipeSafeStdout(sys.stdout)  # `train | head` trains on
     try:
         args = build_parser().parse_args(argv)
         return int(args.run(args) or 0)
@@ -100,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             hard_exit(code, error_line(err))
         print(error_line(err), file=sys.stderr)
         return code
+    finally:
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":

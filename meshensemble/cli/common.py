@@ -183,6 +183,50 @@ ABSL_NOISE = ("Metadata file does not exist",)
 checkpoint saved without its optional ``_CHECKPOINT_METADATA`` file."""
 
 
+class PipeSafeStdout:
+    """``sys.stdout`` for a command whose reader may close early (``train ... | head``).
+
+    The first write or flush that meets a closed pipe points file descriptor 1 at
+    ``os.devnull`` and drops the rest of the output, so the run goes on (and saves)
+    instead of dying of a ``BrokenPipeError``. Everything else is the wrapped stream's.
+
+    Example:
+      >>> import io
+      >>> out = PipeSafeStdout(io.StringIO())
+      >>> out.write("epoch 1")
+      7
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.closed_pipe = False
+
+    def write(self, text: str) -> int:
+        if not self.closed_pipe:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                self._drop()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed_pipe:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._drop()
+
+    def _drop(self) -> None:
+        self.closed_pipe = True
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            null = os.open(os.devnull, os.O_WRONLY)  # the exit's flush must not fail either
+            os.dup2(null, self.stream.fileno())
+            os.close(null)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def _not_noise(record: Any) -> bool:
     return not str(record.getMessage()).startswith(ABSL_NOISE)
 
