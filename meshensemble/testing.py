@@ -197,6 +197,11 @@ def _check_member_leaf(where: str, leaf: Any, mesh: Mesh, spec: P | None) -> Non
         what = "P('ensemble', ...) on its leading (member) axis"
     else:
         what = f"{spec} (the state's spec)"
+    if sharding.mesh.shape_tuple != mesh.shape_tuple:
+        raise AssertionError(
+            f"{where} of shape {leaf.shape} is on another mesh, {dict(sharding.mesh.shape)}, "
+            f"not the given {dict(mesh.shape)}"
+        )
     if not sharding.is_equivalent_to(NamedSharding(mesh, spec), leaf.ndim):
         raise AssertionError(
             f"{where} of shape {leaf.shape} has sharding {sharding}, not NamedSharding(mesh, "

@@ -132,6 +132,9 @@ def test_assert_sharded_over_members_names_the_misplaced_leaf():
     other = me.make_mesh(2, 2, devices=jax.devices()[4:])  # the same shape, other devices
     with pytest.raises(AssertionError, match=r"\.step of shape \(4,\) has sharding"):
         testing.assert_sharded_over_members(state, other)
+    reshaped = me.make_mesh(4, 1)  # another shape: said plainly
+    with pytest.raises(AssertionError, match=r"is on another mesh, \{'ensemble': 2, 'data': 2"):
+        testing.assert_sharded_over_members(state, reshaped)
 
 
 @pytest.mark.parametrize("mesh_shape", [(2, 2), (2, 1, 2)], ids=["fsdp", "fsdp+model"])
