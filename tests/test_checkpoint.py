@@ -777,6 +777,15 @@ BAD = [
 ]
 
 
+def test_a_config_file_s_mesh_of_the_wrong_type_is_one_line(tmp_path, capsys):
+    config = tmp_path / "c.json"
+    config.write_text('{"mesh": 5}')
+    assert main(["train", "--config", str(config), "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: mesh=5 must be a string like 'ensemble=4,data=2' (or None: every device)"
+    assert not (tmp_path / "w").exists()
+
+
 @pytest.mark.parametrize("argv,message", BAD, ids=[m[:30] for _, m in BAD])
 def test_bad_input_table(tmp_path, capsys, argv, message):
     need_devices(8)

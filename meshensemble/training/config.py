@@ -356,6 +356,11 @@ class TrainConfig:
         _number("label_smoothing", self.label_smoothing, "in [0, 1)", lambda v: 0 <= v < 1)
         make_augment(self.augment, self.augment_shift)
         _number("stop_within", self.stop_within, ">= 0 seconds (0: no cap)", lambda v: v >= 0)
+        if self.mesh is not None and not isinstance(self.mesh, str):
+            raise ValueError(
+                f"mesh={self.mesh!r} must be a string like 'ensemble=4,data=2' (or None: every "
+                "device)"
+            )
         if self.mesh:
             parse_mesh(self.mesh)
         _check_task(self)
