@@ -348,3 +348,16 @@ def test_the_layouts_bench_reports_state_bytes_and_step_time():
     assert rows[0]["state_bytes"] / rows[2]["state_bytes"] > 3.5
     assert all(r["step_s"] > 0 and r["compile_s"] > 0 and np.isfinite(r["loss"]) for r in rows)
     assert "2x2x2 fsdp" in bench.format_layouts(rows)
+
+
+def test_a_global_norm_optimizer_on_split_members_is_one_line_and_keeps_the_state():
+    """clip_by_global_norm needs whole members: shard_map's 1,300-character type error
+    becomes one line naming the transform and the fix; nothing is donated."""
+    need_devices(8)
+    tx = optax.chain(optax.clip_by_global_norm(0.05), optax.sgd(0.1))
+    mesh = me.make_mesh(2, 4)
+    ens = me.Ensemble(me.models.MLP((16,)), tx, 2, mesh, shard_members=True, sample=IMAGES[:1])
+    state = ens.init(jax.random.key(0), IMAGES[:1])
+    with pytest.raises(me.errors.UsageError, match=r"shard_members=True\): .*clip_by_global_n"):
+        ens.train_step(state, IMAGES, LABELS)
+    assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(state))

@@ -168,9 +168,11 @@ def explains_errors(method: Callable[..., Any]) -> Callable[..., Any]:
     or images that do not fit the ensemble become one :class:`~meshensemble.errors.UsageError`.
 
     Only the failure path does any work: images whose shape does not fit the parameters
-    (Flax's ``ScopeParamShapeError``), and an optimizer state of another optimizer (an
+    (Flax's ``ScopeParamShapeError``), an optimizer state of another optimizer (an
     ``AttributeError``/``TypeError`` while tracing, e.g. ``'TraceState' object has no
-    attribute 'mu'``: an SGD state given to an Adam ensemble). Other errors pass unchanged.
+    attribute 'mu'``: an SGD state given to an Adam ensemble), and, with split members, a
+    step shard_map's type check refuses (:data:`SPLIT_MEMBERS_UPDATE`). Other errors pass
+    unchanged.
 
     Example:
       >>> @explains_errors
@@ -188,8 +190,22 @@ def explains_errors(method: Callable[..., Any]) -> Callable[..., Any]:
             if line is None:
                 raise
             raise UsageError(line) from None
+        except ValueError as err:  # shard_map's type check of a step on split members
+            text = str(err)
+            if not (self._sharded and text.startswith("shard_map applied") and "vma" in text):
+                raise
+            raise UsageError(SPLIT_MEMBERS_UPDATE) from err
 
     return checked
+
+
+SPLIT_MEMBERS_UPDATE = (
+    "the step does not trace with members split over data (shard_members=True): an "
+    "optimizer transform that combines values across parameters (e.g. "
+    "optax.clip_by_global_norm) cannot run on each device's slices; use per-parameter "
+    "transforms (e.g. optax.clip) or shard_members=False"
+)
+"""The line for a step whose optimizer (or model) needs whole members under FSDP."""
 
 
 def images_mismatch(images: Any, err: Exception) -> str:
