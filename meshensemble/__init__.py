@@ -7,6 +7,9 @@ the mesh axis ``ensemble``; batches are split over ``data``; steps run under
 
 import warnings as _warnings
 
+from meshensemble import startup as startup  # first: holds a Ctrl-C while JAX imports
+
+# isort: split
 from meshensemble import calibration as calibration
 from meshensemble import core as core
 from meshensemble import data as data

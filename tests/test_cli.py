@@ -259,3 +259,37 @@ def test_orbax_metadata_warning_is_silenced_other_absl_lines_are_not(monkeypatch
     finally:
         absl.removeHandler(handler)
     assert seen == ["something else"]
+
+
+@pytest.fixture
+def python_sigint():
+    """SIGINT with Python's own handler for the test, restored after."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield signal
+    signal.signal(signal.SIGINT, before)
+
+
+def test_a_ctrl_c_while_the_command_imports_is_held_then_ends_it(
+    python_sigint, monkeypatch, capsys
+):
+    """The console script holds SIGINT from the package's first import: a Ctrl-C that
+    arrives while JAX imports is recorded (not raised where a gc callback would swallow
+    it), and main() ends with exit 130 and one line before any work."""
+    import os
+
+    signal, startup = python_sigint, me.startup
+    monkeypatch.setattr("sys.argv", ["/usr/local/bin/meshensemble", "train"])
+    startup.hold()
+    assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    os.kill(os.getpid(), signal.SIGINT)  # recorded, not raised
+    assert cli.main(["train", "--members", "0"]) == 130  # before parsing: not exit 2
+    assert (
+        capsys.readouterr().err == "error: interrupted (Ctrl-C) while starting; nothing was done\n"
+    )
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's again
+    assert cli.main(["train", "--members", "0"]) == 2  # nothing held any more
+    monkeypatch.setattr("sys.argv", ["python", "mine.py"])  # a library import: left alone
+    startup.hold()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

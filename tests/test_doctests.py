@@ -155,6 +155,7 @@ COVERED = [
     "meshensemble.data.synthetic",
     "meshensemble.data.tfds",
     "meshensemble.errors",
+    "meshensemble.startup",
     "meshensemble.evaluation",
     "meshensemble.evaluation.regression",
     "meshensemble.evaluation.run",

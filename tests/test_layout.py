@@ -24,6 +24,7 @@ import meshensemble as me
 PACKAGE = pathlib.Path(me.__file__).parent
 RANK = {
     "errors": -1,  # the error types: below every room, imports nothing of the package
+    "startup": 0,  # the console script's Ctrl-C while it imports: the standard library only
     "numerics": 0,  # pure array math the core and the metrics share
     "runtime": 0,  # compilation cache, ahead-of-time programs, auto-tuning, processes
     "core": 1,  # the ensemble on the mesh

@@ -29,6 +29,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from meshensemble import startup
 from meshensemble.cli import bench, convert, evaluate, export, predict, train
 from meshensemble.cli.common import (
     Parser,
@@ -87,6 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)
     silence_absl_noise()
+    if startup.release():  # a Ctrl-C while the command was still importing JAX
+        print("error: interrupted (Ctrl-C) while starting; nothing was done", file=sys.stderr)
+        return 130
     args = None
     stdout, sys.stdout = sys.stdout, PipeSafeStdout(sys.stdout)  # `train | head` trains on
     try:
