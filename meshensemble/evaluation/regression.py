@@ -45,7 +45,7 @@ from meshensemble.core.mesh import make_mesh, parse_mesh
 from meshensemble.runtime.distributed import fetch
 from meshensemble.training.checkpoint import CHECKPOINT_DIR, list_checkpoints, restore_checkpoint
 from meshensemble.training.config import TrainConfig, default_mesh_shape
-from meshensemble.training.identity import CHANGED_SINCE_TRAINING, read_saved_config
+from meshensemble.training.identity import other_data_fix, read_saved_config
 from meshensemble.training.outputs import check_writable, dumps_strict, replacing, writing
 from meshensemble.training.regression_run import (
     build_regression_ensemble,
@@ -243,12 +243,7 @@ def load_regression_data(
             f"the {' and '.join(differ)} split(s) of this data ({data.name}) differ from run "
             f"{workdir}'s ({differ[0]}: {str(held['splits'].get(differ[0]))[:15]} recorded, "
             f"{str(now.get(differ[0]))[:15]} now); "
-            + (
-                CHANGED_SINCE_TRAINING
-                if recorded
-                else "evaluate on the run's data (drop "
-                "--source/--data-file to load what it recorded)"
-            )
+            + other_data_fix(recorded, "--source/--data-file")
         )
     return data, train, val
 

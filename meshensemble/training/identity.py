@@ -500,11 +500,27 @@ def load_run_data(
     )
 
 
-CHANGED_SINCE_TRAINING = (
-    "the data the run recorded has changed since it was trained: restore that data, or "
-    "train a new run on this one"
-)
-"""The fix a refusal names when the run's own recorded data no longer matches it."""
+def other_data_fix(recorded: bool, flags: str = "--source/--data-file/--data-dir") -> str:
+    """The fix a refusal of data other than the run's names.
+
+    Args:
+      recorded: the data was loaded from what the run recorded (no data flags given), so
+        that data changed since training; else the flags named other data.
+      flags: the data flags of the command.
+
+    Returns:
+      One clause for the end of the error line.
+
+    Example:
+      >>> other_data_fix(False, "--data-file")
+      "evaluate on the run's data (drop --data-file to load what it recorded)"
+    """
+    if recorded:
+        return (
+            "the data the run recorded has changed since it was trained: restore that data, "
+            "or train a new run on this one"
+        )
+    return f"evaluate on the run's data (drop {flags} to load what it recorded)"
 
 
 def check_run_data(
@@ -542,14 +558,7 @@ def check_run_data(
         say(f"run {workdir} recorded no data identity: the data could not be checked")
         return
     object_data = held.get("origin") == "object" or held.get("source") == "synthetic"
-    fix = (
-        "pass the data the run was trained on"
-        if object_data
-        else CHANGED_SINCE_TRAINING
-        if recorded
-        else "evaluate on the run's data (drop --source/--data-file/--data-dir to load what "
-        "it recorded)"
-    )
+    fix = "pass the data the run was trained on" if object_data else other_data_fix(recorded)
     if held.get("format") != IDENTITY_FORMAT:
         same = (held.get("num_train"), held.get("num_test"), held.get("fingerprint")) == (
             dataset.num_train,
