@@ -38,10 +38,11 @@ def _data(root: pathlib.Path) -> tuple[str, me.data.RegressionData]:
     return path, me.data.load_regression_npz(path)
 
 
-def _reference(workdir: str, data: me.data.RegressionData, mesh: str):
-    """The run's ensemble and state, rebuilt from the data (not from the run's records)."""
+def _reference(workdir: str, data: me.data.RegressionData, mesh: str, **fields):
+    """The run's ensemble and state, rebuilt from the data (not from the run's records);
+    ``fields`` override its config (e.g. ``shard_members=False``)."""
     saved = json.loads(pathlib.Path(workdir, "config.json").read_text())
-    cfg = me.TrainConfig(**{k: v for k, v in saved.items() if k != "resolved"})
+    cfg = me.TrainConfig(**{k: v for k, v in saved.items() if k != "resolved"} | fields)
     train, val = split_validation(data, cfg.validation, cfg.seed)
     stats = me.data.standardizer(train)
     steps = saved["resolved"]["steps_per_epoch"]
@@ -179,7 +180,8 @@ def test_an_fsdp_run_predicts_and_exports_like_any_other(run, tmp_path):
     assert cli.main(argv) == 0
     p = me.load_predictor(workdir)
     x = run.data.x_test[:9]
-    want = me.distributed.fetch(p.ensemble.predict(p.state, x))
+    whole = _reference(workdir, run.data, MESH, shard_members=False)  # members unsplit
+    want = me.distributed.fetch(whole.ens.predict(whole.state, x))
     got = p.outputs(x, members=True)
     for k in ("mean", "variance", "aleatoric", "epistemic"):
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
