@@ -258,6 +258,7 @@ PUBLIC = [
     "SOURCES",
     "DataError",
     "Dataset",
+    "is_class_ids",
     "load_dataset",
     "load_npz",
     "save_npz",

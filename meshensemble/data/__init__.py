@@ -1,7 +1,11 @@
-"""Image-classification data: MNIST and Fashion-MNIST from an npz file, TFDS, or a sample.
+"""Data for every task: ONE :class:`Dataset` type, its sources, splits and checks.
 
-Every source returns the same thing, a :class:`Dataset` of uint8 images ``[N, 28, 28, 1]``
-and int32 labels ``[N]`` (values ``0..9``). Sources:
+A :class:`Dataset` holds a train and a test split of features of any shape and dtype
+(images ``[N, H, W, C]`` uint8 or float, tabular ``[N, F]`` float) and targets that are
+int class ids ``[N]`` (``num_classes``, ``class_names``) or float ``[N, T]``; the old
+names ``train_images``/``train_labels``/``test_images``/``test_labels`` stay as
+read-only aliases (``RegressionData`` is the same type). The MNIST sources give uint8
+images ``[N, 28, 28, 1]`` and int32 labels ``[N]`` (values ``0..9``):
 
 * ``"npz"``: a local file in the layout of Keras's ``mnist.npz`` (:func:`load_npz`).
 * ``"tfds"``: TFDS's prepared ArrayRecord data, read without TensorFlow through
@@ -22,7 +26,7 @@ a loader needs them.
 The modules, by concern (every name is re-exported here; use ``me.data.<name>``):
 
 * :mod:`meshensemble.data.dataset`: :class:`Dataset`, :class:`DataError`, :func:`validate`,
-  :func:`normalize` and the constants;
+  :func:`is_class_ids`, :func:`normalize` and the constants;
 * :mod:`meshensemble.data.npz`: :func:`load_npz`, :func:`save_npz`;
 * :mod:`meshensemble.data.tfds`: :func:`load_tfds`, the network probe
   (:func:`meshensemble.data.tfds.network_reachable`);
@@ -47,6 +51,7 @@ from meshensemble.data import stream as stream
 from meshensemble.data.auto import load_dataset as load_dataset
 from meshensemble.data.dataset import DataError as DataError
 from meshensemble.data.dataset import Dataset as Dataset
+from meshensemble.data.dataset import is_class_ids as is_class_ids
 from meshensemble.data.dataset import normalize as normalize
 from meshensemble.data.dataset import validate as validate
 from meshensemble.data.lazy import SourceImages as SourceImages
@@ -94,6 +99,7 @@ __all__ = [
     "DataError",
     "ValidationSplit",
     "Dataset",
+    "is_class_ids",
     "SourceImages",
     "diabetes",
     "is_lazy",

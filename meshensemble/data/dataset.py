@@ -1,15 +1,22 @@
 """The data every source returns: :class:`Dataset`, :class:`DataError`, checks, normalisation.
 
-A :class:`Dataset` holds uint8 images ``[N, 28, 28, 1]`` and int32 labels ``[N]`` in
-``[0, NUM_CLASSES)`` per split; :func:`validate` checks and converts one split (every
-loader calls it, so every loader range-checks its labels on the host). The small helpers
-here (:func:`check_name`, :func:`split_counts`, :func:`first_line`) are shared by the
-loaders of this package.
+A :class:`Dataset` is ONE type for every task: features of any shape and dtype per split
+(images ``[N, H, W, C]`` uint8 or float, tabular ``[N, F]`` float) and targets that are
+either int class ids ``[N]`` (with ``num_classes`` and, where the source has them,
+``class_names``) or float ``[N, T]`` (``num_classes`` None). Its checks are generic (the
+same example shape and dtype in both splits, one target per example, no empty split,
+class ids in range, finite floats), each a one-line :class:`DataError` naming the array,
+its shape and the expected one. A name with a known layout (:data:`NAMED_SPECS`: MNIST
+and Fashion-MNIST, 28x28x1 uint8 images of 10 classes) is checked against it by
+:func:`validate`, with the messages MNIST data always had. The small helpers here
+(:func:`check_name`, :func:`split_counts`, :func:`first_line`) are shared by the loaders
+of this package.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -19,99 +26,422 @@ import numpy as np
 from meshensemble.errors import DataError as DataError  # the kind; data.DataError stays
 
 DATASETS = ("mnist", "fashion_mnist")
-"""Dataset names that the loaders accept (TFDS names)."""
+"""Dataset names that the MNIST loaders accept (TFDS names)."""
 NUM_CLASSES = 10
-"""Number of classes of every dataset here; labels are ``0..NUM_CLASSES - 1``."""
+"""Number of classes of MNIST and Fashion-MNIST; labels are ``0..NUM_CLASSES - 1``."""
 IMAGE_SHAPE = (28, 28, 1)
-"""Shape of one image (height, width, channels)."""
+"""Shape of one MNIST / Fashion-MNIST image (height, width, channels)."""
 PRETTY_NAMES = {"mnist": "MNIST", "fashion_mnist": "Fashion-MNIST"}
 """How each of :data:`DATASETS` is written in notes and messages."""
 FULL_SIZES = (60_000, 10_000)
 """``(train, test)`` sizes of the full datasets; notes call such data "full"."""
-
-_DATASET_SOURCES = ("npz", "tfds", "sample", "synthetic", "arrayrecord")
+DATASET_SOURCES = (
+    "npz", "tfds", "sample", "synthetic", "arrayrecord", "folder", "csv", "toy1d", "diabetes",
+    "arrays",
+)  # fmt: skip
+"""Values of :attr:`Dataset.source`: where the data came from (``"arrays"``: arrays a user
+passed from Python)."""
 LAZY_CHECKED = 2
-"""Images of a lazy train split (``train_images.lazy``) a :class:`Dataset` reads to check
-them (the first and the last); its labels are checked in full."""
+"""Examples of a lazy train split (``x_train.lazy``) a :class:`Dataset` reads to check
+them (the first and the last); its targets are checked in full."""
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class Dataset:
-    """Train and test splits of an image-classification dataset, as numpy arrays.
-
-    Construction validates and normalizes the arrays (see :func:`validate`). Instances
-    are frozen; compare datasets by their arrays, not with ``==``.
+@dataclasses.dataclass(frozen=True)
+class NamedSpec:
+    """The layout every dataset of one name has: uint8 images of one shape, its classes.
 
     Attributes:
-      name: the dataset's name, e.g. ``"mnist"``.
-      train_images: uint8 ``[num_train, 28, 28, 1]``, or a lazy array-like that reads
+      image_shape: ``(H, W, C)``.
+      num_classes: the number of classes.
+
+    Example:
+      >>> NAMED_SPECS["mnist"]
+      NamedSpec(image_shape=(28, 28, 1), num_classes=10)
+    """
+
+    image_shape: tuple[int, int, int]
+    num_classes: int
+
+
+NAMED_SPECS = {name: NamedSpec(IMAGE_SHAPE, NUM_CLASSES) for name in (*DATASETS, "synthetic")}
+"""Dataset names with a known layout (MNIST, Fashion-MNIST and the MNIST-shaped bars of
+:func:`~meshensemble.data.synthetic`): a :class:`Dataset` of such a name is checked
+against it by :func:`validate` (the messages MNIST data always had) and gets its number
+of classes."""
+
+_ALIASES = {
+    "train_images": "x_train",
+    "train_labels": "y_train",
+    "test_images": "x_test",
+    "test_labels": "y_test",
+}
+
+
+@dataclasses.dataclass(frozen=True, eq=False, init=False)
+class Dataset:
+    """Train and test splits of any dataset: features and targets as numpy arrays.
+
+    One type for every task and source. Construction checks the arrays (generic checks,
+    or :func:`validate` for a name in :data:`NAMED_SPECS`) and converts class ids to int32
+    and float targets to float32. Instances are frozen; compare datasets by their arrays,
+    not with ``==``. The old names ``train_images``, ``train_labels``, ``test_images``
+    and ``test_labels`` are read-only aliases of the ``x_``/``y_`` fields, and are also
+    accepted as keywords (where given they replace the field, so
+    ``dataclasses.replace(ds, train_labels=y)`` works).
+
+    Attributes:
+      name: the dataset's name, e.g. ``"mnist"``, ``"cifar10"``, ``"wine"``.
+      x_train: features ``[num_train, ...]`` of any numeric dtype (images ``[N, H, W, C]``
+        uint8 or float, tabular ``[N, F]`` float), or a lazy array-like that reads
         examples only when indexed (:class:`meshensemble.data.lazy.SourceImages`: its
-        labels are checked in full, its images by :data:`LAZY_CHECKED` of them).
-      train_labels: int32 ``[num_train]``, values ``0..9``.
-      test_images: uint8 ``[num_test, 28, 28, 1]``.
-      test_labels: int32 ``[num_test]``, values ``0..9``.
-      source: where it came from: ``"npz"``, ``"tfds"``, ``"sample"``, ``"synthetic"`` or
-        ``"arrayrecord"``.
+        targets are checked in full, its examples by :data:`LAZY_CHECKED` of them).
+      y_train: int32 class ids ``[num_train]`` in ``[0, num_classes)``, or float32
+        targets ``[num_train, T]``.
+      x_test: features ``[num_test, ...]``, the same example shape and dtype as x_train.
+      y_test: targets of the same kind (and ``T``) as y_train.
+      source: where it came from, one of :data:`DATASET_SOURCES`.
       note: one line saying where the data came from, e.g.
         ``"full MNIST from /data/mnist.npz (60,000 train / 10,000 test)"``.
+      num_classes: for class ids, the number of classes (default: from
+        :data:`NAMED_SPECS`, else the largest id in either split + 1); None for float
+        targets.
+      class_names: a tuple of ``num_classes`` names, or None.
 
     Raises:
-      DataError: if ``source`` is unknown or an array is malformed.
+      DataError: one line naming the array, its shape and the expected one: an unknown
+        ``source``, a missing array, features of another example shape or dtype than
+        x_train's, a split without examples, a target count that is not one per example,
+        a class id out of range, NaN or inf, or ``num_classes`` / ``class_names`` that do
+        not fit the targets.
 
     Example:
       >>> ds = me.data.synthetic(num_train=20, num_test=10)
-      >>> ds.train_images.shape, ds.num_classes, ds.image_shape
+      >>> ds.x_train.shape, ds.num_classes, ds.input_shape
       ((20, 28, 28, 1), 10, (28, 28, 1))
+      >>> ds.train_images is ds.x_train   # the old name
+      True
+      >>> reg = me.data.Dataset("toy", np.zeros((4, 2)), np.ones((4, 1)),
+      ...                       np.zeros((2, 2)), np.ones((2, 1)), source="arrays")
+      >>> reg.num_classes, reg.num_targets
+      (None, 1)
     """
 
     name: str
-    train_images: np.ndarray = dataclasses.field(repr=False)
-    train_labels: np.ndarray = dataclasses.field(repr=False)
-    test_images: np.ndarray = dataclasses.field(repr=False)
-    test_labels: np.ndarray = dataclasses.field(repr=False)
+    x_train: Any = dataclasses.field(repr=False)
+    y_train: np.ndarray = dataclasses.field(repr=False)
+    x_test: Any = dataclasses.field(repr=False)
+    y_test: np.ndarray = dataclasses.field(repr=False)
     source: str
     note: str
+    num_classes: int | None
+    class_names: tuple[str, ...] | None
 
-    def __post_init__(self) -> None:
-        if self.source not in _DATASET_SOURCES:
+    def __init__(
+        self,
+        name: str = "data",
+        x_train: Any = None,
+        y_train: Any = None,
+        x_test: Any = None,
+        y_test: Any = None,
+        source: str = "arrays",
+        note: str = "",
+        num_classes: int | None = None,
+        class_names: Sequence[str] | None = None,
+        **old_names: Any,
+    ) -> None:
+        arrays = {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}
+        for old, value in old_names.items():
+            if old not in _ALIASES:
+                raise TypeError(f"Dataset() got an unexpected keyword argument {old!r}")
+            if value is not None:
+                arrays[_ALIASES[old]] = value
+        if source not in DATASET_SOURCES:
             raise DataError(
-                f"Dataset {self.name!r}: unknown source {self.source!r} "
-                f"(use one of {', '.join(_DATASET_SOURCES)})"
+                f"Dataset {name!r}: unknown source {source!r} "
+                f"(use one of {', '.join(DATASET_SOURCES)})"
             )
-        where = f"Dataset {self.name!r} ({self.source})"
-        train = _validate_train(self.train_images, self.train_labels, f"{where} train split")
-        test = validate(self.test_images, self.test_labels, f"{where} test split")
-        object.__setattr__(self, "train_images", train[0])
-        object.__setattr__(self, "train_labels", train[1])
-        object.__setattr__(self, "test_images", test[0])
-        object.__setattr__(self, "test_labels", test[1])
-        object.__setattr__(self, "note", _one_line(self.note))
+        where = f"Dataset {name!r} ({source})"
+        checked = _checked(arrays, where, NAMED_SPECS.get(name), num_classes, class_names)
+        object.__setattr__(self, "name", name)
+        for key, value in checked.items():
+            object.__setattr__(self, key, value)
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "note", _one_line(note))
 
     @property
-    def num_classes(self) -> int:
-        """Number of classes (10); labels are ``0..num_classes - 1``."""
-        return NUM_CLASSES
+    def train_images(self) -> Any:
+        """The old name of :attr:`x_train` (read-only)."""
+        return self.x_train
 
     @property
-    def image_shape(self) -> tuple[int, int, int]:
-        """Shape of one image, ``(28, 28, 1)``."""
-        return tuple(self.train_images.shape[1:])  # type: ignore[return-value]
+    def train_labels(self) -> np.ndarray:
+        """The old name of :attr:`y_train` (read-only)."""
+        return self.y_train
+
+    @property
+    def test_images(self) -> Any:
+        """The old name of :attr:`x_test` (read-only)."""
+        return self.x_test
+
+    @property
+    def test_labels(self) -> np.ndarray:
+        """The old name of :attr:`y_test` (read-only)."""
+        return self.y_test
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one example's features, e.g. ``(28, 28, 1)`` or ``(13,)``."""
+        return tuple(self.x_train.shape[1:])
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        """The old name of :attr:`input_shape`."""
+        return self.input_shape
+
+    @property
+    def num_targets(self) -> int | None:
+        """``T`` of float targets ``[N, T]``; None for class ids."""
+        return None if self.num_classes is not None else int(self.y_train.shape[1])
+
+    @property
+    def targets(self) -> int | None:
+        """The old (``RegressionData``) name of :attr:`num_targets`."""
+        return self.num_targets
 
     @property
     def num_train(self) -> int:
         """Number of training examples."""
-        return int(self.train_labels.shape[0])
+        return int(self.y_train.shape[0])
 
     @property
     def num_test(self) -> int:
         """Number of test examples."""
-        return int(self.test_labels.shape[0])
+        return int(self.y_test.shape[0])
+
+
+def is_class_ids(targets: Any) -> bool:
+    """Whether targets are class ids (an integer dtype) rather than float targets.
+
+    Args:
+      targets: ``[N]`` ints or ``[N, T]`` floats (any array-like).
+
+    Returns:
+      True for an integer dtype.
+
+    Example:
+      >>> is_class_ids(np.array([0, 2, 1])), is_class_ids(np.zeros((3, 1)))
+      (True, False)
+    """
+    return bool(np.issubdtype(np.asarray(targets).dtype, np.integer))
+
+
+def _checked(
+    arrays: dict[str, Any],
+    where: str,
+    spec: NamedSpec | None,
+    num_classes: Any,
+    class_names: Any,
+) -> dict[str, Any]:
+    """The four arrays checked and converted, with ``num_classes`` and ``class_names``."""
+    gone = [k for k, v in arrays.items() if v is None]
+    if gone:
+        raise DataError(f"{where}: no {', '.join(gone)}; pass x_train, y_train, x_test, y_test")
+    if spec is not None:
+        if num_classes is not None and num_classes != spec.num_classes:
+            raise DataError(
+                f"{where}: num_classes={num_classes!r}, but this dataset has "
+                f"{spec.num_classes} classes; drop num_classes"
+            )
+        num_classes = spec.num_classes
+        train = _validate_train(arrays["x_train"], arrays["y_train"], f"{where} train split", spec)
+        test = validate(
+            arrays["x_test"], arrays["y_test"], f"{where} test split", *_spec_args(spec)
+        )
+        arrays = {"x_train": train[0], "y_train": train[1], "x_test": test[0], "y_test": test[1]}
+    elif getattr(arrays["x_train"], "lazy", False):
+        _check_lazy_sample(arrays["x_train"], where)
+    out = {k: _features(arrays[k], k, where) for k in ("x_train", "x_test")}
+    out |= {k: _targets(arrays[k], k, where) for k in ("y_train", "y_test")}
+    _check_pairs(out, where)
+    classes = _num_classes(out, num_classes, where)
+    if classes is not None:
+        for k in ("y_train", "y_test"):
+            out[k] = out[k].astype(np.int32, copy=False)
+    out["num_classes"] = classes
+    out["class_names"] = _class_names(class_names, classes, where)
+    return out
+
+
+def _spec_args(spec: NamedSpec) -> tuple[int, tuple[int, int, int]]:
+    """``(num_classes, image_shape)`` of a spec, as :func:`validate` takes them."""
+    return spec.num_classes, spec.image_shape
+
+
+def _shape(a: Any) -> str:
+    """``[N, d1, ...]`` as messages write an expected shape."""
+    return "[" + ", ".join(["N", *(str(d) for d in a.shape[1:])]) + "]"
+
+
+def _features(x: Any, key: str, where: str) -> Any:
+    """Features ``[N, ...]`` of a numeric dtype, finite where float (a lazy split: as is)."""
+    if getattr(x, "lazy", False):
+        return x
+    x = np.asarray(x)
+    if x.ndim < 2:
+        raise DataError(
+            f"{where}: {key} has shape {x.shape}; expected [N, ...] features, one row per "
+            "example (tabular [N, F], images [N, H, W, C])"
+        )
+    if not np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.complexfloating):
+        raise DataError(
+            f"{where}: {key} has dtype {x.dtype} (shape {x.shape}); expected real numbers "
+            "(uint8 or float images, float features)"
+        )
+    _check_finite(x, key, where)
+    return x
+
+
+def _check_lazy_sample(x: Any, where: str) -> None:
+    """Reads :data:`LAZY_CHECKED` examples of a lazy split: their layout is the declared one."""
+    if not len(x):
+        return
+    picked = np.unique(np.linspace(0, len(x) - 1, LAZY_CHECKED).astype(np.int64))
+    sample = np.asarray(x[picked])
+    if sample.shape[1:] != tuple(x.shape[1:]) or sample.dtype != np.dtype(x.dtype):
+        raise DataError(
+            f"{where}: x_train (lazy, shape {tuple(x.shape)} {x.dtype}) reads examples of "
+            f"shape {sample.shape[1:]} {sample.dtype}; expected {_shape(x)} {x.dtype}"
+        )
+    _check_finite(sample, "x_train", where)
+
+
+def _check_finite(a: np.ndarray, key: str, where: str) -> None:
+    """A one-line DataError naming the first example with NaN or inf (floats only)."""
+    if not np.issubdtype(a.dtype, np.floating) or not a.size:
+        return
+    bad = ~np.isfinite(a.reshape(len(a), -1)).all(axis=1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise DataError(
+            f"{where}: {key} (shape {a.shape}) holds NaN or inf in {int(bad.sum())} "
+            f"example(s), the first at index {i}; expected finite values (clean the data)"
+        )
+
+
+def _targets(y: Any, key: str, where: str) -> np.ndarray:
+    """Class ids ``[N]`` (integers) or float targets ``[N, T]`` (float32, finite)."""
+    y = np.asarray(y)
+    if np.issubdtype(y.dtype, np.integer) and not np.issubdtype(y.dtype, np.bool_):
+        if y.ndim != 1:
+            raise DataError(
+                f"{where}: {key} has shape {y.shape}; expected [N] integer class ids "
+                "(or float targets [N, T])"
+            )
+        return y
+    if not np.issubdtype(y.dtype, np.floating):
+        raise DataError(
+            f"{where}: {key} has dtype {y.dtype} (shape {y.shape}); expected integer class "
+            "ids [N] or float targets [N, T]"
+        )
+    if y.ndim != 2:
+        fix = " (reshape float targets [N] to [N, 1]; class ids are integers)"
+        raise DataError(
+            f"{where}: {key} has float dtype and shape {y.shape}; expected float targets "
+            f"[N, T]{fix if y.ndim == 1 else ''}"
+        )
+    _check_finite(y, key, where)
+    return y.astype(np.float32, copy=False)
+
+
+def _check_pairs(out: dict[str, Any], where: str) -> None:
+    """One target per example, no empty split, the same example layout in both splits."""
+    for split in ("train", "test"):
+        x, y = out[f"x_{split}"], out[f"y_{split}"]
+        if len(x) != len(y):
+            raise DataError(
+                f"{where}: x_{split} has {len(x)} examples (shape {tuple(x.shape)}) but "
+                f"y_{split} has {len(y)} (shape {y.shape}); expected one target per example"
+            )
+        if len(x) == 0:
+            raise DataError(
+                f"{where}: x_{split} has no examples (shape {tuple(x.shape)}); expected at "
+                "least one"
+            )
+    a, b = out["x_train"], out["x_test"]
+    if tuple(a.shape[1:]) != tuple(b.shape[1:]) or np.dtype(a.dtype) != np.dtype(b.dtype):
+        raise DataError(
+            f"{where}: x_test has shape {tuple(b.shape)} and dtype {b.dtype}; expected "
+            f"{_shape(a)} {a.dtype}, the example shape and dtype of x_train"
+        )
+    ya, yb = out["y_train"], out["y_test"]
+    if ya.dtype.kind != yb.dtype.kind and "f" in (ya.dtype.kind, yb.dtype.kind):
+        raise DataError(
+            f"{where}: y_test has dtype {yb.dtype} (shape {yb.shape}) but y_train "
+            f"{ya.dtype}; expected the same kind of targets in both splits"
+        )
+    if ya.ndim == 2 and yb.shape[1:] != ya.shape[1:]:
+        raise DataError(
+            f"{where}: y_test has shape {yb.shape}; expected {_shape(ya)}, the targets "
+            "per example of y_train"
+        )
+
+
+def _num_classes(out: dict[str, Any], num_classes: Any, where: str) -> int | None:
+    """The number of classes of class-id targets (checked against them); None for floats."""
+    ys = (out["y_train"], out["y_test"])
+    if not is_class_ids(ys[0]):
+        if num_classes is not None:
+            raise DataError(
+                f"{where}: num_classes={num_classes!r} for float targets of shape "
+                f"{ys[0].shape}; drop num_classes (or pass integer class ids)"
+            )
+        return None
+    if num_classes is None:  # from the data: the largest id + 1 (negative ids refused below)
+        num_classes = max(1, *(int(y.max()) + 1 for y in ys))
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int | np.integer):
+        raise DataError(f"{where}: num_classes={num_classes!r}; pass a positive int")
+    if num_classes < 1:
+        raise DataError(f"{where}: num_classes={num_classes!r}; pass a positive int")
+    for key, y in zip(("y_train", "y_test"), ys, strict=True):
+        bad = np.flatnonzero((y < 0) | (y >= num_classes))
+        if bad.size:
+            i, top = int(bad[0]), int(num_classes) - 1
+            raise DataError(
+                f"{where}: {key} (shape {y.shape}) has class id {y[i]} at index {i}, outside "
+                f"0..{top} ({bad.size} out of range; the ids span {y.min()}..{y.max()}); "
+                f"expected ids in [0, {num_classes}): map them to 0..{top} or pass num_classes"
+            )
+    return int(num_classes)
+
+
+def _class_names(names: Any, classes: int | None, where: str) -> tuple[str, ...] | None:
+    """``names`` as a tuple of ``classes`` strings, or None."""
+    if names is None:
+        return None
+    if isinstance(names, str) or classes is None:
+        raise DataError(
+            f"{where}: class_names={names!r}; pass a sequence of one name per class, only "
+            "with class-id targets"
+        )
+    names = tuple(str(n) for n in names)
+    if len(names) != classes:
+        raise DataError(
+            f"{where}: {len(names)} class_names for {classes} classes; pass one name per "
+            "class, in class-id order"
+        )
+    return names
 
 
 def validate(
-    images: Any, labels: Any, where: str, num_classes: int = NUM_CLASSES
+    images: Any,
+    labels: Any,
+    where: str,
+    num_classes: int = NUM_CLASSES,
+    image_shape: tuple[int, int, int] = IMAGE_SHAPE,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Checks one split and returns it as uint8 images and int32 labels.
+    """Checks one split of uint8 images and class ids; returns uint8 images, int32 labels.
+
+    The check of the MNIST sources (and of any source of uint8 images of one known shape).
 
     Every loader (:func:`~meshensemble.data.load_npz`, :func:`~meshensemble.data.load_tfds`,
     :func:`~meshensemble.data.load_sample`, :func:`~meshensemble.data.synthetic`) and
@@ -120,14 +450,15 @@ def validate(
     zero one-hot row).
 
     Args:
-      images: ``[N, 28, 28]`` or ``[N, 28, 28, 1]`` uint8, or another integer dtype with
-        values in ``0..255`` (converted). Floats are rejected.
+      images: ``[N, H, W, C]`` (or ``[N, H, W]`` when ``C`` is 1) uint8, or another
+        integer dtype with values in ``0..255`` (converted). Floats are rejected.
       labels: ``[N]`` integers in ``[0, num_classes)``.
       where: names the data in error messages, e.g. a file path and its keys.
       num_classes: the number of classes (default :data:`NUM_CLASSES`, 10).
+      image_shape: ``(H, W, C)`` (default :data:`IMAGE_SHAPE`, MNIST's ``(28, 28, 1)``).
 
     Returns:
-      ``(images, labels)``: uint8 ``[N, 28, 28, 1]`` and int32 ``[N]``. Arrays that are
+      ``(images, labels)``: uint8 ``[N, H, W, C]`` and int32 ``[N]``. Arrays that are
       already in that form are returned without a copy.
 
     Raises:
@@ -150,13 +481,15 @@ def validate(
         raise DataError(f"{where}: num_classes={num_classes!r}; pass a positive int")
     images = np.asarray(images)
     labels = np.asarray(labels)
-    h, w, c = IMAGE_SHAPE
-    if images.ndim == 3 and images.shape[1:] == (h, w):
+    h, w, c = image_shape = tuple(image_shape)
+    if c == 1 and images.ndim == 3 and images.shape[1:] == (h, w):
         images = images[..., None]
-    elif images.ndim != 4 or images.shape[1:] != IMAGE_SHAPE:
+    elif images.ndim != 4 or images.shape[1:] != image_shape:
+        grey = f"[N, {h}, {w}] or " if c == 1 else ""
+        kind = "grayscale" if c == 1 else ("RGB" if c == 3 else f"{c}-channel")
         raise DataError(
-            f"{where}: images have shape {images.shape}; expected [N, {h}, {w}] or "
-            f"[N, {h}, {w}, {c}] ({h}x{w} grayscale images)"
+            f"{where}: images have shape {images.shape}; expected {grey}"
+            f"[N, {h}, {w}, {c}] ({h}x{w} {kind} images)"
         )
     if images.dtype != np.uint8:
         if np.issubdtype(images.dtype, np.floating):
@@ -200,20 +533,23 @@ def validate(
     return images, labels.astype(np.int32, copy=False)
 
 
-def _validate_train(images: Any, labels: Any, where: str) -> tuple[Any, np.ndarray]:
+def _validate_train(
+    images: Any, labels: Any, where: str, spec: NamedSpec
+) -> tuple[Any, np.ndarray]:
     """:func:`validate`, or for a lazy split: all labels and a sample of the images."""
+    classes, shape = _spec_args(spec)
     if not getattr(images, "lazy", False):
-        return validate(images, labels, where)
+        return validate(images, labels, where, classes, shape)
     n, labels = len(images), np.asarray(labels)
     if labels.ndim != 1 or len(labels) != n:
         raise DataError(
             f"{where}: labels of shape {labels.shape} for {n} lazy images; expected [N] "
             "integer class ids, one per image"
         )
-    stand_in = np.broadcast_to(np.zeros(IMAGE_SHAPE, np.uint8), (n, *IMAGE_SHAPE))
-    _, labels = validate(stand_in, labels, where)  # every label (no image is read)
+    stand_in = np.broadcast_to(np.zeros(shape, np.uint8), (n, *shape))
+    _, labels = validate(stand_in, labels, where, classes, shape)  # every label, no image read
     picked = np.unique(np.linspace(0, n - 1, LAZY_CHECKED).astype(np.int64))
-    validate(images[picked], labels[picked], where)  # a sample of the images, read
+    validate(images[picked], labels[picked], where, classes, shape)  # a sample, read
     return images, labels
 
 

@@ -1,6 +1,7 @@
 """Regression data: float features ``[N, F]`` and targets ``[N, T]``, three sources, standardising.
 
-Sources, each returning a :class:`RegressionData`:
+Sources, each returning a :class:`~meshensemble.data.Dataset` with float targets ``[N, T]``
+(``RegressionData`` is its old name, kept as an alias):
 
 * :func:`toy1d`: the 1-D toy of Lakshminarayanan et al. (2017), ``y = x^3 + noise``
   with ``x`` uniform in ``[-4, 4]`` and noise ``N(0, 3^2)``, generated from a seed;
@@ -17,42 +18,23 @@ prediction is in the data's own units.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
 import numpy as np
 
-from meshensemble.data.dataset import DataError
+from meshensemble.data.dataset import DataError, Dataset, split_counts
 
 __all__ = ["RegressionData", "diabetes", "load_regression_npz", "standardizer", "toy1d"]
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 
-
-@dataclasses.dataclass(frozen=True)
-class RegressionData:
-    """A regression train/test split.
-
-    Attributes:
-      x_train: ``[N, F]`` float32 features; ``y_train``: ``[N, T]`` float32 targets.
-      x_test: ``[N_test, F]``; ``y_test``: ``[N_test, T]``.
-      name: where it came from.
-    """
-
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    name: str = "regression"
-
-    @property
-    def targets(self) -> int:
-        """``T``, the number of targets."""
-        return int(self.y_train.shape[1])
+RegressionData = Dataset
+"""The old name of regression data: a :class:`~meshensemble.data.Dataset` with float
+features ``[N, F]`` and float targets ``[N, T]`` (``num_classes`` None)."""
 
 
-def _validated(arrays: dict[str, Any], name: str) -> RegressionData:
+def _validated(arrays: dict[str, Any], name: str, source: str, note: str) -> Dataset:
     """``arrays`` as float32 ``[N, F]`` / ``[N, T]``; DataError naming the problem otherwise."""
     out = {}
     for key in KEYS:
@@ -78,7 +60,8 @@ def _validated(arrays: dict[str, Any], name: str) -> RegressionData:
         raise DataError(f"{name}: x_train and x_test have different feature counts")
     if out["y_train"].shape[1] != out["y_test"].shape[1]:
         raise DataError(f"{name}: y_train and y_test have different target counts")
-    return RegressionData(**out, name=name)
+    note = f"{note} ({split_counts(out['y_train'], out['y_test'])})"
+    return Dataset(name, **out, source=source, note=note)
 
 
 def toy1d(seed: int = 0, n_train: int = 20, n_test: int = 200) -> RegressionData:
@@ -104,7 +87,8 @@ def toy1d(seed: int = 0, n_train: int = 20, n_test: int = 200) -> RegressionData
         return x, x**3 + rng.normal(0.0, 3.0, (n, 1))
 
     (xa, ya), (xb, yb) = draw(n_train), draw(n_test)
-    return _validated(dict(x_train=xa, y_train=ya, x_test=xb, y_test=yb), "toy1d")
+    arrays = dict(x_train=xa, y_train=ya, x_test=xb, y_test=yb)
+    return _validated(arrays, "toy1d", "toy1d", f"the 1-D toy y = x^3 + noise, seed {seed}")
 
 
 def diabetes(seed: int = 0, test_fraction: float = 0.2) -> RegressionData:
@@ -115,7 +99,7 @@ def diabetes(seed: int = 0, test_fraction: float = 0.2) -> RegressionData:
       test_fraction: the test share (default 0.2: an 80/20 split).
 
     Returns:
-      A :class:`RegressionData` (353 train, 89 test rows for 0.2).
+      A :class:`RegressionData` (354 train, 88 test rows for 0.2).
 
     Raises:
       DataError: scikit-learn is not installed, or ``test_fraction`` not in ``(0, 1)``.
@@ -138,7 +122,8 @@ def diabetes(seed: int = 0, test_fraction: float = 0.2) -> RegressionData:
     n_test = int(round(test_fraction * len(x)))
     test, train = order[:n_test], order[n_test:]
     arrays = dict(x_train=x[train], y_train=y[train], x_test=x[test], y_test=y[test])
-    return _validated(arrays, "diabetes")
+    note = f"scikit-learn's diabetes data, split by seed {seed}"
+    return _validated(arrays, "diabetes", "diabetes", note)
 
 
 def load_regression_npz(path: str | os.PathLike) -> RegressionData:
@@ -174,7 +159,7 @@ def load_regression_npz(path: str | os.PathLike) -> RegressionData:
         if isinstance(err, DataError):
             raise
         raise DataError(f"{name}: not a readable npz ({err}); save it with numpy.savez") from None
-    return _validated(arrays, name)
+    return _validated(arrays, name, "npz", f"regression data from {name}")
 
 
 def standardizer(data: RegressionData) -> dict[str, list[float]]:

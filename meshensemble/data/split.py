@@ -1,15 +1,16 @@
-"""A validation split held out of the training examples: stratified by class and seeded.
+"""A validation split held out of the training examples: seeded, stratified by class.
 
 :func:`split_validation` picks ``count`` training examples for calibration or early
-stopping, in each class's proportion (largest remainders), at random within each class
-from ``np.random.default_rng([seed, VALIDATION_STREAM])``. The same ``(dataset, count,
-seed)`` always gives the same indices, so a run records only the count, the seed and a
+stopping. For class-id targets it takes each class's proportion (largest remainders), at
+random within each class; for float targets a seeded random subset. Both draw from
+``np.random.default_rng([seed, VALIDATION_STREAM])``. The same ``(dataset, count, seed)``
+always gives the same indices, so a run records only the count, the seed and a
 fingerprint of the indices (:meth:`ValidationSplit.record`), and ``meshensemble evaluate``
 rebuilds the split and checks the fingerprint.
 
 Example:
   >>> split = split_validation(me.data.synthetic(200, 20), 50, seed=0)
-  >>> split.train.num_train, split.labels.shape
+  >>> split.train.num_train, split.y.shape
   (150, (50,))
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from meshensemble.data.dataset import Dataset
+from meshensemble.data.dataset import Dataset, is_class_ids
 
 VALIDATION_STREAM = 0x7A11D
 """Second word of the numpy seed of the split, so that it is independent of other uses of
@@ -34,18 +35,28 @@ class ValidationSplit:
 
     Attributes:
       train: the dataset without the held-out examples (the test split unchanged).
-      images: uint8 ``[count, 28, 28, 1]`` held-out images.
-      labels: int32 ``[count]`` held-out labels.
+      x: ``[count, ...]`` held-out features (the dataset's example shape and dtype).
+      y: ``[count]`` int32 class ids or ``[count, T]`` float32 targets, held out.
       indices: int64 ``[count]`` sorted positions of the held-out examples in the original
         training split.
       seed: the seed the split was drawn with.
     """
 
     train: Dataset
-    images: np.ndarray = dataclasses.field(repr=False)
-    labels: np.ndarray = dataclasses.field(repr=False)
+    x: Any = dataclasses.field(repr=False)
+    y: np.ndarray = dataclasses.field(repr=False)
     indices: np.ndarray = dataclasses.field(repr=False)
     seed: int = 0
+
+    @property
+    def images(self) -> Any:
+        """The old name of :attr:`x`."""
+        return self.x
+
+    @property
+    def labels(self) -> np.ndarray:
+        """The old name of :attr:`y`."""
+        return self.y
 
     @property
     def count(self) -> int:
@@ -61,21 +72,23 @@ class ValidationSplit:
         """What ``config.json`` records of the split (``resolved.validation``).
 
         Returns:
-          ``{"count", "seed", "fingerprint", "per_class"}`` (``per_class``: the held-out
-          count of each class).
+          ``{"count", "seed", "fingerprint"}``, and for class-id targets ``"per_class"``
+          (the held-out count of each class).
 
         Example:
           >>> split = split_validation(me.data.synthetic(200, 20), 50, seed=0)
           >>> split.record()["count"]
           50
         """
-        per_class = np.bincount(self.labels, minlength=self.train.num_classes)
-        return {
+        out: dict[str, Any] = {
             "count": self.count,
             "seed": int(self.seed),
             "fingerprint": self.fingerprint,
-            "per_class": [int(v) for v in per_class],
         }
+        if self.train.num_classes is not None:
+            per_class = np.bincount(self.y, minlength=self.train.num_classes)
+            out["per_class"] = [int(v) for v in per_class]
+        return out
 
 
 def indices_fingerprint(indices: Any) -> str:
@@ -113,24 +126,31 @@ def _per_class_counts(labels: np.ndarray, count: int, classes: int) -> np.ndarra
 
 
 def validation_indices(labels: Any, count: int, seed: int = 0, classes: int = 10) -> np.ndarray:
-    """The sorted positions :func:`split_validation` holds out, from the labels alone.
+    """The sorted positions :func:`split_validation` holds out, from the targets alone.
+
+    Class ids (an integer dtype) are split by class (:func:`split_validation`); float
+    targets give a seeded random subset of the rows.
 
     Args:
-      labels: int ``[N]`` training labels.
+      labels: int ``[N]`` training class ids, or float ``[N, T]`` targets.
       count: examples to hold out, ``0 < count <= N``.
       seed: the run's seed.
-      classes: the number of classes.
+      classes: the number of classes (class ids only).
 
     Returns:
-      int64 ``[count]`` sorted indices (no image is read: a lazy split stays unread).
+      int64 ``[count]`` sorted indices (no features are read: a lazy split stays unread).
 
     Example:
       >>> ds = me.data.synthetic(200, 20)
-      >>> validation_indices(ds.train_labels, 50, seed=0).shape
+      >>> validation_indices(ds.y_train, 50, seed=0).shape
       (50,)
+      >>> validation_indices(np.zeros((20, 1), np.float32), 5, seed=0).tolist()
+      [0, 4, 6, 13, 18]
     """
     labels = np.asarray(labels)
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, VALIDATION_STREAM])
+    if not is_class_ids(labels):
+        return np.sort(rng.permutation(len(labels))[: int(count)].astype(np.int64))
     take = _per_class_counts(labels, int(count), classes)
     picked = [
         rng.choice(np.flatnonzero(labels == c), size=int(k), replace=False)
@@ -142,12 +162,13 @@ def validation_indices(labels: Any, count: int, seed: int = 0, classes: int = 10
 def split_validation(
     dataset: Dataset, count: int, seed: int = 0, *, batch_size: int = 1
 ) -> ValidationSplit:
-    """Holds ``count`` training examples out: stratified by class, seeded.
+    """Holds ``count`` training examples out: stratified by class (class ids), seeded.
 
-    Each class gives ``count * n_c / n`` examples (rounded by largest remainders so the
-    total is exactly ``count``), drawn without replacement from
+    For class ids each class gives ``count * n_c / n`` examples (rounded by largest
+    remainders so the total is exactly ``count``), drawn without replacement from
     ``np.random.default_rng([seed, VALIDATION_STREAM])``, class by class in label order.
-    The remaining examples keep their original order.
+    For float targets the first ``count`` rows of a permutation drawn from the same
+    generator are held out. The remaining examples keep their original order.
 
     Args:
       dataset: the data; only its training split is divided.
@@ -181,19 +202,17 @@ def split_validation(
             f"than one batch (batch_size={batch_size}); use --validation "
             f"{max(n - batch_size, 0)} or less"
         )
-    labels = dataset.train_labels
+    labels = dataset.y_train
     if count == 0:
         empty = np.zeros((0,), np.int64)
-        return ValidationSplit(dataset, dataset.train_images[:0], labels[:0], empty, int(seed))
-    indices = validation_indices(labels, int(count), seed, dataset.num_classes)
+        return ValidationSplit(dataset, dataset.x_train[:0], labels[:0], empty, int(seed))
+    indices = validation_indices(labels, int(count), seed, dataset.num_classes or 0)
     keep = np.ones(n, bool)
     keep[indices] = False
-    images = dataset.train_images  # a lazy split stays lazy (an index-remapped view)
+    x = dataset.x_train  # a lazy split stays lazy (an index-remapped view)
     train = dataclasses.replace(
         dataset,
-        train_images=images.subset(keep) if getattr(images, "lazy", False) else images[keep],
-        train_labels=labels[keep],
+        x_train=x.subset(keep) if getattr(x, "lazy", False) else x[keep],
+        y_train=labels[keep],
     )
-    return ValidationSplit(
-        train, dataset.train_images[indices], labels[indices], indices, int(seed)
-    )
+    return ValidationSplit(train, x[indices], labels[indices], indices, int(seed))

@@ -113,21 +113,32 @@ def split_fingerprint(images: Any, labels: Any) -> str:
     files (``tfds.testing.mock_data``) falls back to ``kind="sample"``: every label and
     :data:`FINGERPRINT_SAMPLES` strided images.
 
+    Class ids are hashed as int32 and the header is ``(shape, dtype, targets' shape)`` (the
+    layout MNIST runs recorded); float targets are hashed as float32 with their dtype in
+    the header too.
+
     Args:
-      images: uint8 ``[N, 28, 28, 1]`` (or a lazy :class:`~meshensemble.data.SourceImages`).
-      labels: int ``[N]``.
+      images: the split's features ``[N, ...]`` of any dtype (or a lazy
+        :class:`~meshensemble.data.SourceImages`).
+      labels: int class ids ``[N]`` or float targets ``[N, T]``.
 
     Returns:
       The fingerprint; two fingerprints of different kinds are not comparable.
 
     Example:
       >>> ds = me.data.synthetic(64, 16)
-      >>> split_fingerprint(ds.test_images, ds.test_labels)[:6]
+      >>> split_fingerprint(ds.x_test, ds.y_test)[:6]
       'bytes:'
     """
     digest = hashlib.sha256()
-    labels = np.ascontiguousarray(labels, np.int32)
-    digest.update(repr((tuple(images.shape), str(images.dtype), labels.shape)).encode())
+    header: tuple[Any, ...] = (tuple(images.shape), str(images.dtype))
+    if data_lib.is_class_ids(labels):
+        labels = np.ascontiguousarray(labels, np.int32)
+        header += (labels.shape,)
+    else:
+        labels = np.ascontiguousarray(labels, np.float32)
+        header += (labels.shape, str(labels.dtype))
+    digest.update(repr(header).encode())
     digest.update(labels)  # the buffers themselves: no copy
     if not getattr(images, "lazy", False):
         digest.update(np.ascontiguousarray(images))
@@ -221,10 +232,10 @@ def data_identity(
       'bytes:'
     """
     from_file = dataset.source == "npz" and data_file is not None
-    images, labels, held = dataset.train_images, dataset.train_labels, None
+    images, labels, held = dataset.x_train, dataset.y_train, None
     train = split_fingerprint(images, labels)
     if isinstance(validation, int) and 0 < validation < dataset.num_train:
-        out = split.validation_indices(labels, validation, seed, dataset.num_classes)
+        out = split.validation_indices(labels, validation, seed, dataset.num_classes or 0)
         keep = np.ones(len(labels), bool)
         keep[out] = False
         lazy = getattr(images, "lazy", False)  # a lazy split: views, no image read
@@ -234,14 +245,14 @@ def data_identity(
     splits = {
         "train": train,
         "validation": held,
-        "test": split_fingerprint(dataset.test_images, dataset.test_labels),
+        "test": split_fingerprint(dataset.x_test, dataset.y_test),
     }
     content = hashlib.sha256(repr(sorted(splits.items())).encode()).hexdigest()[:16]
     return {
         "format": IDENTITY_FORMAT,
         "source": dataset.source,
-        "num_train": len(dataset.train_labels),
-        "num_test": len(dataset.test_labels),
+        "num_train": dataset.num_train,
+        "num_test": dataset.num_test,
         "data_file": os.path.abspath(data_file) if from_file else None,
         "origin": origin,
         "splits": splits,
