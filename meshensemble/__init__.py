@@ -20,9 +20,9 @@ from meshensemble import models as models
 from meshensemble import numerics as numerics
 from meshensemble import runtime as runtime
 from meshensemble import serving as serving
+from meshensemble import tasks as tasks
 from meshensemble import testing as testing
 from meshensemble import training as training
-from meshensemble.core import tasks as tasks
 from meshensemble.core.adapters import FunctionModel as FunctionModel
 from meshensemble.core.adapters import LinenModel as LinenModel
 from meshensemble.core.adapters import Model as Model

@@ -158,10 +158,10 @@ def test_predict_with_temperature(run) -> None:
     ens, state = run.trained.ensemble, run.trained.state
     x = run.ds.test_images[:50]
     base = np.asarray(ens.predict(state, x))
-    # None runs today's program: the per-device ensemble_probs, bitwise
+    # None runs today's program: the per-device ensemble prediction, bitwise
     ref = ens.build(
-        ("test_ref", "ensemble_probs"),
-        lambda c: partial(steps.ensemble_probs, c),
+        ("test_ref", "ensemble_prediction"),
+        lambda c: partial(steps.ensemble_prediction, c),
         (MEMBERS, BATCH),
         BATCH,
     )

@@ -1,9 +1,9 @@
 """The package's layout rules, read from the source (function-level imports included).
 
 * Rooms from low to high: ``errors`` < ``numerics``, ``runtime`` < ``core`` < ``models``,
-  ``metrics``, ``data``, ``plots`` < ``training`` < ``calibration`` < ``evaluation``,
-  ``testing`` < ``serving`` < ``bench`` < ``cli``. A module imports only its own room
-  and lower rooms; nothing outside ``cli`` imports ``cli``.
+  ``metrics``, ``data``, ``plots`` < ``training`` < ``calibration`` < ``tasks``,
+  ``evaluation``, ``testing`` < ``serving`` < ``bench`` < ``cli``. A module imports only
+  its own room and lower rooms; nothing outside ``cli`` imports ``cli``.
 * No import cycle among the package's modules.
 * No module uses another module's ``_private`` names.
 * No module is over 700 lines, no function over 60 lines of code.
@@ -34,6 +34,8 @@ RANK = {
     "plots": 2,
     "training": 3,
     "calibration": 4,  # temperature, conformal sets, and `evaluate --calibrate` on a run
+    "tasks": 5,  # the task implementations (classification, regression): the engine reaches
+    #  them through the protocol and registry of core/tasks.py, never by import
     "evaluation": 5,
     "testing": 5,
     "serving": 6,  # predict / export: reads a run as evaluation does, below bench and cli

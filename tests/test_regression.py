@@ -212,7 +212,10 @@ def _with(y: np.ndarray, at: tuple[int, ...], value: float) -> np.ndarray:
         (lambda e, s: e.train_step(s, X, np.zeros((32, 3), np.float32)), r"do not end in 1 "),
         (lambda e, s: e.train_step(s, X[:31], Y[:31]), r"multiple of the mesh's data axis"),
         (lambda e, s: e.train_step(s, X[:8], Y), r"differ in length"),
-        (lambda e, s: e.evaluate(s, X[:4], Y), r"x has 4 rows but y has shape"),
+        (
+            lambda e, s: e.evaluate(s, X[:4], Y),
+            r"inputs of shape \(4, 3\) and targets of shape \(32, 1\): give one target per",
+        ),
         (lambda e, s: e.predict(s, X, temperature=1.5), r"temperature and logits are for cl"),
         (lambda e, s: e.predict_members(s, X, logits=True), r"fit_variance_scale instead"),
         (lambda e, s: e.train_step(s, X, _with(Y, (3, 0), np.nan)), r"hold nan at index \(3, 0\)"),

@@ -14,8 +14,9 @@ training, calibration, evaluation and the CLI build on it.
 * :mod:`meshensemble.core.ensemble`: ``Ensemble``.
 * :mod:`meshensemble.core.streaming`: a dataset through the mesh in padded, masked
   batches, a bounded number in flight.
-* :mod:`meshensemble.core.tasks`: the task seam (classification, Gaussian regression);
-  :mod:`meshensemble.core.regression` a regression ensemble's predict and evaluate.
+* :mod:`meshensemble.core.tasks`: the task seam: the open ``Task`` protocol the engine
+  asks, the ``Reducer`` it gets, the registry of task names (the implementations are in
+  :mod:`meshensemble.tasks`).
 * :mod:`meshensemble.core.keys`: PRNG implementations of a state, per-example keys of
   an augmentation.
 

@@ -13,17 +13,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from meshensemble.core import (
-    derive,
-    evaluating,
-    inputs,
-    keys,
-    regression,
-    sharding,
-    steps,
-    streaming,
-    tasks,
-)
+from meshensemble.core import derive, evaluating, inputs, keys, sharding, steps, streaming, tasks
 from meshensemble.core.adapters import as_model
 from meshensemble.core.backends import make_backend, put
 from meshensemble.core.members import STRATEGIES as STRATEGIES
@@ -40,7 +30,6 @@ from meshensemble.core.mesh import (
 )
 from meshensemble.core.state import EnsembleState, init_members, member_hyperparams
 from meshensemble.core.steps import StepConfig
-from meshensemble.numerics import temperature as temperature_lib
 from meshensemble.runtime import precompile
 
 MAX_IN_FLIGHT = 2
@@ -58,7 +47,8 @@ class Ensemble:
     over the mesh axis ``ensemble``; batches are copied over ``ensemble`` and split
     over ``data``. Steps run under ``jax.shard_map`` (or ``jax.pmap`` for the legacy
     backend); gradients are averaged over ``data``; the ensemble prediction is the
-    mean of the members' softmax (``lax.pmean`` over ``ensemble``).
+    task's combination of the members' (for classification, the default, the mean of
+    their softmax: ``lax.pmean`` over ``ensemble``).
 
     Args:
       model: a Flax Linen module, an ``(init_fn, apply_fn)`` pair or a
@@ -68,8 +58,8 @@ class Ensemble:
       mesh: a mesh with axes ``("ensemble", "data")``; default ``make_mesh()`` (all
         devices on ``ensemble``).
       backend: ``"shard_map"`` (default) or ``"pmap"`` (legacy; 1-D meshes only).
-      loss_fn: per-example loss ``loss_fn(logits [B, C], labels [B]) -> [B]``; default
-        softmax cross-entropy with integer labels.
+      loss_fn: per-example loss ``loss_fn(outputs [B, W], targets [B, ...]) -> [B]``;
+        default the task's (softmax cross-entropy with integer labels for classification).
       member_strategy: ``"auto"`` (fastest measured for the platform), ``"vmap"`` or
         ``"loop"`` (several members per device; one member per device is always
         vmapped, over an axis of size 1).
@@ -92,9 +82,10 @@ class Ensemble:
         (see :mod:`meshensemble.data.augment`). Default None (none).
       shard_members: FSDP, each member's state split over ``data``; ``axis_rules``: logical
         name -> mesh axis pairs for a ``model`` axis (:mod:`meshensemble.core.sharding`).
-      task: ``me.tasks.Classification()`` (None, the default) or
-        ``me.tasks.Regression(targets=T)``: outputs ``[B, 2T]``, float targets, and
-        predict/evaluate return the Gaussian mixture's dicts (:mod:`meshensemble.core.tasks`).
+      task: a :class:`meshensemble.tasks.Task`: ``me.tasks.Classification()`` (None, the
+        default), ``me.tasks.Regression(targets=T)`` (outputs ``[B, 2T]``, float targets,
+        predict/evaluate return the Gaussian mixture's dicts) or a user's subclass; the
+        steps, predict and evaluate ask it (docs/tasks.md).
       sample: inputs of the model's shape (``images[:1]``): what :attr:`state_spec` lays
         sharded members out for (the steps use their batches'; :meth:`state_specs`).
       key_impl: the state keys' PRNG implementation where their words do not name it
@@ -153,10 +144,7 @@ class Ensemble:
         self.model = as_model(model)
         self.optimizer = optimizer
         self.task = tasks.check_task(task)
-        self.regression = self.task.kind == "regression"
-        self.loss_fn = loss_fn or (
-            self.task.loss if self.regression else steps.softmax_cross_entropy
-        )
+        self.loss_fn = loss_fn or self.task.loss
         self.input_transform = input_transform
         self.hyperparams = member_hyperparams(hyperparams, optimizer, self.num_members)
         self.compute_dtype = inputs.compute_dtype(compute_dtype)
@@ -168,8 +156,8 @@ class Ensemble:
         # Caches of pure functions of their keys (filled on first use, never reassigned):
         self._compiled: dict[Any, Callable[..., Any]] = {}  # programs by name and layout
         self._layouts: dict[Any, EnsembleState] = {}  # state specs by input signature
-        self._classes: dict[Any, int] = {}  # classes by state and input signature
-        self._checked: dict[int, jax.Array] = {}  # the last placed labels found in range
+        self._classes: dict[Any, int] = {}  # output widths by state and input signature
+        self._checked: dict[int, jax.Array] = {}  # the last placed targets found good
         self._in_flight: collections.deque[Any] = collections.deque()
 
     # ------------------------------------------------------------------ building
@@ -342,7 +330,7 @@ class Ensemble:
           >>> compiled = ens.train_step_fn().lower(state, images, labels).compile()
         """
         spec = MEMBER_BATCH if per_member else BATCH
-        metric_specs, specs = self.task.train_metric_specs(), self._specs(sample)
+        metric_specs, specs = tasks.metric_specs(self.task), self._specs(sample)
         return self._fn(
             ("train", per_member, self._layout_key(sample)),
             lambda: self.backend.build(
@@ -425,13 +413,12 @@ class Ensemble:
         """
         inputs.check_state(state, self.num_members)
         images, labels = inputs.as_array(images, "images"), inputs.as_array(labels, "labels")
-        if self.regression:
-            per_member, labels = self.task.check_batch(
-                images, labels, self.num_members, self.data_size
-            )
-        else:
-            per_member = inputs.check_batch(images, labels, self.num_members, self.data_size)
-            self._check_label_range(state, images, labels, per_member)
+        labels = self.task.as_targets(labels)
+        words = self.task.input_word, self.task.target_word
+        per_member = inputs.check_batch(
+            images, labels, self.num_members, self.data_size, self.task.target_ndim, words
+        )
+        self._check_targets(state, images, labels, per_member)
         row = derive.row(images, per_member) if self._sharded else None
         out = self._dispatched(self.train_step_fn(per_member, row)(state, images, labels))
         inputs.consume(state)
@@ -472,13 +459,10 @@ class Ensemble:
           >>> t = ens.predict_members(state, images, temperature=[1.2, 1.5])  # per member
           >>> z = ens.predict_members(state, images, logits=True)  # [members, N, 10] logits
         """
-        if self.regression:
-            return regression.predict(self, state, images, True, temperature, logits)
-        t = temperature_lib.check_temperature(temperature, self.num_members)
-        out = self._predict(state, images, members=True, logits=logits)
-        if t is None:
-            return out
-        return temperature_lib.divided(out, t) if logits else temperature_lib.tempered(out, t)
+        if temperature is None and not logits:
+            return self._predict(state, images, members=True)
+        raw = lambda members, logits: self._predict(state, images, members, logits)
+        return self.task.tempered(raw, temperature, self.num_members, True, logits)
 
     def predict(self, state: EnsembleState, images: Any, temperature: Any = None) -> jax.Array:
         """The ensemble's prediction: the mean of the members' softmax, optionally calibrated.
@@ -508,25 +492,20 @@ class Ensemble:
           >>> classes = ens.predict(state, images).argmax(-1)  # the ensemble's classes, [N]
           >>> calibrated = ens.predict(state, images, temperature=1.3)  # probabilities
         """
-        if self.regression:
-            return regression.predict(self, state, images, False, temperature)
-        t = temperature_lib.check_temperature(temperature, self.num_members)
-        if t is None:
+        if temperature is None:
             return self._predict(state, images, members=False)
-        if t.ndim == 0:
-            return temperature_lib.tempered(self._predict(state, images, members=False), t)
-        members = self._predict(state, images, members=True)
-        return temperature_lib.mean_members(temperature_lib.tempered(members, t))
+        raw = lambda members, logits: self._predict(state, images, members, logits)
+        return self.task.tempered(raw, temperature, self.num_members, False)
 
     @inputs.explains_errors
     def _predict(
         self, state: EnsembleState, images: Any, members: bool, logits: bool = False
-    ) -> jax.Array:
+    ) -> Any:
         inputs.check_state(state, self.num_members)
         images = inputs.as_array(images, "images")
         n = inputs.num_examples(images)
         padded = streaming.pad(images, self.data_size)
-        per_device = steps.member_probs if members else steps.ensemble_probs
+        per_device = steps.member_predictions if members else steps.ensemble_prediction
         per_device = steps.member_logits if logits else per_device
         row = derive.row(images) if self._sharded else None
         fn = self._fn(
@@ -577,16 +556,15 @@ class Ensemble:
         Example:
           >>> accuracy = ens.evaluate(state, test_images, test_labels)["accuracy"]
         """
-        if self.regression:
-            return regression.evaluate(self, state, images, labels, batch_size)
         inputs.check_state(state, self.num_members)
         inputs.check_positive_int("batch_size", batch_size)
         inputs.check_positive_int("num_bins", num_bins)
-        images, labels, n = evaluating.check_eval_set(images, labels)
-        self._check_label_range(state, images, labels, per_member=False)
+        images, labels, n = evaluating.check_eval_set(images, labels, self.task)
+        self._check_targets(state, images, labels, per_member=False)
         fn = self.eval_fn(num_bins, derive.row(images) if self._sharded else None)
         b = self.eval_batch_size(batch_size, n)
-        return evaluating.evaluate_batches(fn, state, images, labels, b, num_bins, self._dispatched)
+        finish = functools.partial(self.task.finalize, num_bins=num_bins)
+        return evaluating.evaluate_batches(fn, state, images, labels, b, finish, self._dispatched)
 
     def eval_fn(self, num_bins: int = 15, sample: Any = None) -> precompile.AheadOfTime:
         """The global function behind :meth:`evaluate` (one batch), built once.
@@ -608,9 +586,11 @@ class Ensemble:
             ("evaluate", num_bins, self._layout_key(sample)),
             lambda: precompile.AheadOfTime(
                 self.backend.build(
-                    functools.partial(steps.eval_stats, self.step_config(sample), num_bins),
+                    functools.partial(
+                        steps.eval_stats, self.step_config(sample), (("num_bins", num_bins),)
+                    ),
                     (self._specs(sample), BATCH, BATCH, BATCH),
-                    evaluating.eval_specs(),
+                    evaluating.EVAL_SPECS,
                 )
             ),
         )
@@ -678,15 +658,15 @@ class Ensemble:
             self._classes[key] = derive.num_classes(self.model, self.input_transform, state, images)
         return self._classes[key]
 
-    def _check_label_range(
+    def _check_targets(
         self, state: EnsembleState, images: Any, labels: Any, per_member: bool
     ) -> None:
-        """ValueError naming the labels' range when one is outside ``[0, classes)``."""
+        """The task's value checks of targets (e.g. labels in range), once per placed array."""
         placed = isinstance(labels, jax.Array)
         if placed and (not labels.is_fully_addressable or self._checked.get(id(labels)) is labels):
             return  # multi-process: checked where each process loads its data
-        classes = self.num_classes(state, derive.row(images, per_member))
-        derive.check_label_range(labels, classes)
-        if placed:  # the same placed labels again: no new check
+        width = lambda: self.num_classes(state, derive.row(images, per_member))
+        self.task.check_targets(labels, width)
+        if placed:  # the same placed targets again: no new check
             self._checked.clear()
             self._checked[id(labels)] = labels

@@ -66,49 +66,56 @@ def as_array(x: Any, what: str) -> Any:
         raise ValueError(f"{what} cannot be made an array ({err}); pass a numpy array") from None
 
 
-def check_batch(images: Any, labels: Any, num_members: int, data_size: int) -> bool:
-    """Checks a training batch's shapes and dtype; returns whether it is per member.
+def check_batch(
+    images: Any,
+    labels: Any,
+    num_members: int,
+    data_size: int,
+    target_ndim: int = 0,
+    words: tuple[str, str] = ("images", "labels"),
+) -> bool:
+    """Checks a training batch's shapes; returns whether it is per member.
 
     Args:
-      images: ``[B, ...]`` or per member ``[members, B, ...]``.
-      labels: ``[B]`` or ``[members, B]`` integers.
+      images: inputs ``[B, ...]`` or per member ``[members, B, ...]``.
+      labels: targets ``[B, *t]`` or ``[members, B, *t]``, ``t`` of ``target_ndim`` axes.
       num_members: the ensemble's size.
       data_size: the mesh's ``data`` axis, which must divide ``B``.
+      target_ndim: the axes of one example's target (0 for a class id).
+      words: what the messages call the inputs and the targets.
 
     Returns:
       True for per-member batches.
 
     Raises:
-      ValueError: one line naming the shapes or dtype and the fix.
+      ValueError: one line naming the shapes and the fix.
 
     Example:
       >>> check_batch(np.zeros((8, 28, 28, 1)), np.zeros(8, int), 4, 2)
       False
     """
-    ishape, lshape = np.shape(images), np.shape(labels)
-    if len(lshape) not in (1, 2):
-        raise ValueError(
-            f"labels of shape {lshape} must be [B] or per-member [members, B] integers"
-        )
-    per_member = len(lshape) == 2
+    (xw, yw), ishape, lshape = words, np.shape(images), np.shape(labels)
+    one = "".join(f", T{i}" if target_ndim > 1 else ", T" for i in range(target_ndim))
+    if len(lshape) not in (target_ndim + 1, target_ndim + 2):
+        raise ValueError(f"{yw} of shape {lshape} must be [B{one}] or per-member [members, B{one}]")
+    per_member = len(lshape) == target_ndim + 2
     if per_member and lshape[0] != num_members:
         raise ValueError(
-            f"per-member labels of shape {lshape} have {lshape[0]} members, the "
-            f"ensemble has {num_members}; give [{num_members}, B] or shared [B]"
+            f"per-member {yw} of shape {lshape} have {lshape[0]} members, the ensemble has "
+            f"{num_members}; give [{num_members}, B{one}] or shared [B{one}]"
         )
-    if tuple(ishape[: len(lshape)]) != tuple(lshape):
+    lead = len(lshape) - target_ndim
+    if tuple(ishape[:lead]) != tuple(lshape[:lead]):
         raise ValueError(
-            f"images of shape {ishape} and labels of shape {lshape} differ in length; "
-            "give one label per image"
+            f"{xw} of shape {ishape} and {yw} of shape {lshape} differ in length; give one "
+            f"{yw.rstrip('s')} per {xw.rstrip('s')}"
         )
-    batch = lshape[-1]
+    batch = lshape[lead - 1]
     if batch == 0 or batch % data_size:
         raise ValueError(
             f"batch size {batch} is not a positive multiple of the mesh's data axis "
             f"({data_size}); use a batch size divisible by {data_size}"
         )
-    if not jnp.issubdtype(np.result_type(labels), jnp.integer):
-        raise ValueError(f"labels have dtype {np.result_type(labels)}; give integer class indices")
     return per_member
 
 

@@ -147,7 +147,8 @@ def unpad(tree: Any, k: int, axes: Mapping[str, int] | None = None) -> Any:
     axes = axes or {}
     if not isinstance(tree, Mapping):
         return tree[:k]
-    cut = lambda v, axis: v if axis is None else np.take(v, np.arange(k), axis=axis)
+    take = lambda axis: lambda v: np.take(v, np.arange(k), axis=axis)
+    cut = lambda v, axis: v if axis is None else jax.tree.map(take(axis), v)
     return {key: cut(v, axes.get(key, 0)) for key, v in tree.items()}
 
 

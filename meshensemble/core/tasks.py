@@ -1,33 +1,52 @@
-"""Tasks: what a member's output means, its loss, and how the members' outputs combine.
+"""The task seam: :class:`Task`, the open protocol the one engine asks about everything it trains.
 
-A task is the one seam between the ensemble on the mesh and what it is trained for. It
-says (1) the per-member, per-example loss, (2) which metrics a train step returns and
-how they are laid out, and (3) how targets are checked at the boundary. How the members'
-outputs combine over the ``ensemble`` axis, and which statistics an evaluation streams,
-is in :mod:`meshensemble.core.steps` (the only home of collectives), chosen by the task's
-``kind``:
+A task says what a member outputs and its loss, which metrics a train step reports, how
+the members' predictions combine, what an evaluation streams and scores, what
+``predict``/``export`` serve, how a run is calibrated, checked and reported. The engine
+(:mod:`meshensemble.core.steps`, :class:`meshensemble.Ensemble`, the training loop,
+evaluation, serving and the command line) asks the task and never branches on which task
+it is. Collectives stay in :mod:`meshensemble.core.steps`: a task's per-device methods get
+a :class:`Reducer` handle (means, sums, maxima over every member of the whole ensemble,
+sums over the batch split, pairs of members) and never call ``lax`` themselves.
 
-* :class:`Classification` (the default): logits ``[B, C]``, softmax cross-entropy on
-  integer labels, the ensemble is the mean of the members' softmax.
-* :class:`Regression`: outputs ``[B, 2T]``, the means and unconstrained scales of ``T``
-  Gaussians, the Gaussian NLL; the ensemble is the uniform mixture of the members'
-  Gaussians (its density is the ``pmean`` of the members' densities over ``ensemble``).
+The implementations live in :mod:`meshensemble.tasks` (``Classification``,
+``Regression``); a user's task is a subclass of :class:`Task` anywhere (docs/tasks.md).
+Tasks are found by name (:func:`register`, :func:`task_class`) or as ``"module:Class"``.
+
+Example:
+  >>> task_names()[:2]
+  ('classification', 'regression')
+  >>> task_class("regression").name
+  'regression'
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, ClassVar
+import abc
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import PartitionSpec
 
-from meshensemble.core.mesh import MEMBERS, REPLICATED
-from meshensemble.numerics import gaussian
+from meshensemble.core.mesh import ENSEMBLE, MEMBERS, REPLICATED
+from meshensemble.runtime.plugins import load_object
 
-__all__ = ["Classification", "Regression", "check_task"]
+__all__ = [
+    "EvalSums",
+    "Reducer",
+    "Task",
+    "check_task",
+    "metric_specs",
+    "register",
+    "softmax_cross_entropy",
+    "task_class",
+    "task_names",
+]
+
+PyTree = Any
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -53,215 +72,398 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, logits.shape[-1]))
 
 
-@dataclasses.dataclass(frozen=True)
-class Classification:
-    """Classification with integer labels (the default task of :class:`meshensemble.Ensemble`).
+class Reducer(Protocol):
+    """What a task's per-device methods reduce with (made by :mod:`meshensemble.core.steps`).
 
-    The model outputs logits ``[B, classes]``; each member's loss is the softmax
-    cross-entropy (or the Ensemble's ``loss_fn``); the ensemble's prediction is the mean
-    of the members' softmax (``pmean`` over ``ensemble``).
-
-    Example:
-      >>> model, tx = me.models.MLP((8,)), optax.sgd(0.1)
-      >>> ens = me.Ensemble(model, tx, 2, mesh, task=me.tasks.Classification())
-      >>> ens.task.kind
-      'classification'
-    """
-
-    kind: ClassVar[str] = "classification"
-
-    def loss(self, logits: jax.Array, labels: jax.Array) -> jax.Array:
-        """Softmax cross-entropy of ``logits [B, C]`` with integer ``labels [B]``: ``[B]``."""
-        return softmax_cross_entropy(logits, labels)
-
-    def train_metric_specs(self) -> dict[str, Any]:
-        """The train step's metrics and their layout (per member or replicated)."""
-        return {
-            "loss": MEMBERS,
-            "accuracy": MEMBERS,
-            "ensemble_accuracy": REPLICATED,
-            "ensemble_nll": REPLICATED,
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class Regression:
-    """Regression with ``targets`` real outputs: each member predicts a Gaussian per target.
-
-    The model outputs ``[B, 2 * targets]``: the means ``mu`` (first ``targets`` columns)
-    and unconstrained scales ``s`` (last ``targets``), with variance
-    ``softplus(s) + min_variance``. With ``target_shift`` / ``target_scale`` (one value per
-    target, e.g. the training targets' mean and standard deviation) the model works in
-    standardised units and every prediction, loss and score is in the targets' own units:
-    mean ``shift + scale * mu``, variance ``scale^2 * (softplus(s) + min_variance)``
-    (the loss then differs from the standardised one by the constant ``mean(log scale)``,
-    so the gradients are the same). Each member's loss is the Gaussian negative
-    log-likelihood averaged over the targets; the ensemble is the uniform mixture of the
-    members' Gaussians (Lakshminarayanan et al., 2017).
+    Inside a step every device sees its local members' values stacked on a leading axis
+    ``[m, ...]`` and its part of the batch; the reducer turns them into the whole
+    ensemble's and the whole batch's (the collectives over ``ensemble`` and ``data``).
+    Every device of an ``ensemble`` group gets the same answer.
 
     Attributes:
-      targets: ``T``, the number of real targets (positive).
-      min_variance: the variance floor in standardised units (default ``1e-6``), which
-        keeps the NLL finite when a member grows overconfident.
-      target_shift: ``T`` floats added to the means, or None (0).
-      target_scale: ``T`` positive floats multiplying the standard deviations, or None (1).
+      members: ``M``, the ensemble's size (a Python int).
+
+    Example:
+      >>> class MeanOnly(me.tasks.Task):        # a task's combine, written with the reducer
+      ...     def combine(self, predictions, reduce):
+      ...         return reduce.mean(predictions)   # [m, b, ...] -> [b, ...], all M members
+    """
+
+    members: int
+
+    def mean(self, x: PyTree) -> PyTree:
+        """The mean over every member of ``x`` (leaves ``[m, ...]``): leaves ``[...]``."""
+
+    def sum(self, x: PyTree) -> PyTree:
+        """The sum over every member of ``x`` (leaves ``[m, ...]``): leaves ``[...]``."""
+
+    def max(self, x: PyTree) -> PyTree:
+        """The maximum over every member of ``x`` (leaves ``[m, ...]``): leaves ``[...]``."""
+
+    def min(self, x: PyTree) -> PyTree:
+        """The minimum over every member of ``x`` (leaves ``[m, ...]``): leaves ``[...]``."""
+
+    def pool(self, x: PyTree) -> PyTree:
+        """The mean over every device of ``x``, a statistic already averaged over the local
+        members (each device holds the same number): the mean over all members."""
+
+    def data_mean(self, x: PyTree) -> PyTree:
+        """The mean of ``x`` over the parts of the batch (the ``data`` axis)."""
+
+    def data_sum(self, x: PyTree) -> PyTree:
+        """The sum of ``x`` over the parts of the batch (the ``data`` axis)."""
+
+    def pairs(self, fn: Callable[[PyTree, PyTree], jax.Array], x: PyTree) -> jax.Array:
+        """``sum_{devices d, e} fn(x_d, x_e)``: every ordered pair of members' local stacks
+        meets once (members passed round the ``ensemble`` ring), summed."""
+
+
+class EvalSums(NamedTuple):
+    """What a task's per-device evaluation returns for one batch, by layout.
+
+    Attributes:
+      totals: sums over the batch, the same on every device (replicated), e.g. ``{"nll":
+        [], "count": []}``; the batches' are added on the host.
+      members: per-member sums, leaves ``[m, ...]`` (split over ``ensemble``), added too.
+      examples: per-example values, leaves ``[b, ...]`` (split over ``data``), concatenated
+        over batches (the padding's rows dropped).
+      member_examples: per-member, per-example values ``[m, b, ...]``, concatenated on axis 1.
+
+    Example:
+      >>> EvalSums({"count": jnp.float32(3)})._fields
+      ('totals', 'members', 'examples', 'member_examples')
+    """
+
+    totals: PyTree
+    members: PyTree = {}
+    examples: PyTree = {}
+    member_examples: PyTree = {}
+
+
+class Task(abc.ABC):
+    """The open protocol of a task: subclass it and fill in what the engine asks.
+
+    Abstract (every task has them): :meth:`output_width`, :meth:`loss`,
+    :meth:`member_predictions`, :meth:`combine`, :meth:`eval_sums`, :meth:`finalize`.
+    Everything else has a default that a task may override:
+    per-member and ensemble train metrics (none), serving outputs (the combined and
+    member predictions), no OOD scores, no calibrator, generic report lines, no figures,
+    the run's setup from data (:meth:`for_data`), its record in ``config.json``
+    (:meth:`record`, :meth:`from_record`), dataset checks and command-line defaults.
+
+    Per-device methods (``member_metrics``, ``member_predictions``, ``combine``,
+    ``ensemble_metrics``, ``eval_sums``, ``serve``) run inside the compiled step on local
+    views: ``outputs`` ``[m, b, ...]`` (the model's float32 outputs, ``m`` local members,
+    ``b`` this device's examples; ``member_metrics`` gets one member's ``[b, ...]``) and
+    reduce with the :class:`Reducer` they are given. A task is a frozen dataclass (hashable:
+    programs are cached by it).
+
+    Attributes:
+      name: the registered name, recorded in ``config.json`` (``--task NAME``).
+      target_ndim: dimensions of one example's target: 0 for a class id, 1 for a row.
+      target_dtype: the dtype targets are placed on the devices with.
+      input_word, target_word: what messages call a batch's inputs and targets.
+      member_metric_names: what :meth:`member_metrics` returns (per member, ``[m]``).
+      ensemble_metric_names: what :meth:`ensemble_metrics` returns; the train step reports
+        them as ``ensemble_<name>`` (scalars; NaN for per-member batches).
+      cli_defaults: ``TrainConfig`` values this task uses where the user gave none.
+
+    Example:
+      >>> isinstance(ens.task, me.tasks.Task), ens.task.name
+      (True, 'classification')
+    """
+
+    name: ClassVar[str] = ""
+    target_ndim: ClassVar[int] = 0
+    target_dtype: ClassVar[Any] = np.int32
+    input_word: ClassVar[str] = "inputs"
+    target_word: ClassVar[str] = "targets"
+    member_metric_names: ClassVar[tuple[str, ...]] = ()
+    ensemble_metric_names: ClassVar[tuple[str, ...]] = ()
+    cli_defaults: ClassVar[Mapping[str, Any]] = {}
+
+    # ------------------------------------------------------------ the member
+    @abc.abstractmethod
+    def output_width(self) -> int:
+        """The width of the model's last output axis this task needs (e.g. the classes)."""
+
+    @abc.abstractmethod
+    def loss(self, outputs: jax.Array, targets: jax.Array) -> jax.Array:
+        """One member's per-example loss: ``outputs [b, W]``, ``targets [b, ...]`` -> ``[b]``."""
+
+    def member_metrics(self, outputs: jax.Array, targets: jax.Array, reduce: Reducer) -> dict:
+        """One member's train metrics on its batch, averaged over ``data`` (``reduce``).
+
+        Args:
+          outputs: ``[b, W]``; targets: ``[b, ...]``; reduce: the mesh's :class:`Reducer`.
+
+        Returns:
+          ``{name: scalar}`` for every name of :attr:`member_metric_names` (default none).
+        """
+        return {}
+
+    # ------------------------------------------------------------ the ensemble
+    @abc.abstractmethod
+    def member_predictions(self, outputs: jax.Array) -> PyTree:
+        """Each member's prediction from its outputs (e.g. its softmax), leaves ``[m, b, ...]``."""
+
+    @abc.abstractmethod
+    def combine(self, predictions: PyTree, reduce: Reducer) -> PyTree:
+        """The ensemble's prediction from the members' (``reduce`` over all): ``[b, ...]``."""
+
+    def ensemble_metrics(self, predictions: PyTree, targets: jax.Array, reduce: Reducer) -> dict:
+        """The ensemble's train metrics on a shared batch (every member saw ``targets``).
+
+        Returns:
+          ``{name: scalar}`` for every name of :attr:`ensemble_metric_names` (default none).
+        """
+        return {}
+
+    # ------------------------------------------------------------ evaluation
+    @abc.abstractmethod
+    def eval_sums(
+        self, outputs: jax.Array, targets: jax.Array, mask: jax.Array, reduce: Reducer, **options
+    ) -> EvalSums:
+        """The sums one batch adds to an evaluation (``mask [b]`` is 0 on padding rows).
+
+        ``options`` are the evaluation's keywords (``num_bins``); ignore the ones you do
+        not use. Returns an :class:`EvalSums`.
+        """
+
+    @abc.abstractmethod
+    def finalize(self, sums: EvalSums, **options) -> dict[str, Any]:
+        """The scores of a whole set from its summed :class:`EvalSums` (host numpy).
+
+        ``sums.examples`` holds every example's values in order (padding dropped).
+        Returns a flat dict of floats and lists (``Ensemble.evaluate``'s result).
+        """
+
+    # ------------------------------------------------------------ serving
+    def serve(self, outputs: jax.Array, reduce: Reducer, members: bool) -> tuple[dict, dict]:
+        """What ``predict`` serves per batch: ``(per_example, per_member)`` dicts.
+
+        ``per_example`` leaves ``[b, ...]`` (the same on every ``ensemble`` device),
+        ``per_member`` leaves ``[m, b, ...]`` (only with ``members``). Default: the
+        combined prediction under ``"prediction"`` and each member's under
+        ``"member_prediction"``.
+        """
+        preds = self.member_predictions(outputs)
+        return {"prediction": self.combine(preds, reduce)}, (
+            {"member_prediction": preds} if members else {}
+        )
+
+    def finish(self, out: dict[str, Any], calibration: Any, **options) -> dict[str, Any]:
+        """The served arrays of a batch on the host, ``calibration`` applied (default: as is)."""
+        return dict(out)
+
+    def output_keys(self, members: bool, calibrated: bool) -> tuple[str, ...]:
+        """The keys ``predict`` writes, in order (default :meth:`serve`'s)."""
+        return ("prediction",) + (("member_prediction",) if members else ())
+
+    def tempered(
+        self,
+        predict: Callable[[bool, bool], Any],
+        temperature: Any,
+        num_members: int,
+        members: bool,
+        logits: bool = False,
+    ) -> Any:
+        """``Ensemble.predict``/``predict_members`` with a ``temperature`` or ``logits=True``.
+
+        Args:
+          predict: ``(members, logits) -> array``: the ensemble's uncalibrated program.
+          temperature: as ``Ensemble.predict`` took it; num_members: ``M``.
+          members: ``predict_members`` (True) or ``predict``; logits: the raw outputs.
+
+        Raises:
+          ValueError: the task has no temperature or logits (the default, one line).
+        """
+        raise ValueError(
+            f"temperature and logits are options of classification ensembles; task "
+            f"{self.name!r} has neither: drop them"
+        )
+
+    def ood_sums(
+        self, outputs: jax.Array, targets: jax.Array, mask: jax.Array, reduce: Reducer, **options
+    ) -> EvalSums:
+        """Per-example OOD scores of a batch (tasks that offer OOD detection; default none)."""
+        raise ValueError(f"task {self.name!r} offers no OOD scores")
+
+    # ------------------------------------------------------------ host checks
+    def as_targets(self, targets: Any) -> Any:
+        """Targets as the steps take them (dtype, shape), checked on the host.
+
+        Args:
+          targets: ``[N, ...]`` or per member ``[members, N, ...]`` (numpy or ``jax.Array``).
+
+        Returns:
+          The targets, e.g. ``[N]`` floats as ``[N, 1]`` (default: as given).
+
+        Raises:
+          ValueError: one line naming the targets' dtype or shape and the fix.
+        """
+        return targets
+
+    def check_targets(self, targets: Any, width: Callable[[], int]) -> None:
+        """Checks the targets' values once their shape is right (default: nothing).
+
+        Args:
+          targets: from :meth:`as_targets`.
+          width: ``() -> int``, the model's output width (computed when called).
+
+        Raises:
+          ValueError: one line naming the bad value (e.g. a label out of range).
+        """
+        return None
+
+    def check_dataset(self, dataset: Any) -> None:
+        """Refuses data this task cannot train on (one line); default: nothing."""
+        return None
+
+    # ------------------------------------------------------------ runs
+    def for_data(self, dataset: Any, options: Mapping[str, Any]) -> Task:
+        """This task set up for a run on ``dataset`` (e.g. statistics of its train split).
+
+        Args:
+          dataset: the run's data after the validation split.
+          options: the run's ``TrainConfig`` fields (as a dict).
+
+        Returns:
+          The task the run trains (default ``self``).
+
+        Raises:
+          ValueError: an option this task does not take (e.g. ``label_smoothing``).
+        """
+        if options.get("label_smoothing"):
+            raise ValueError(
+                f"label_smoothing={options['label_smoothing']!r} is for class labels; task "
+                f"{self.name!r} does not take it: leave --label-smoothing at 0"
+            )
+        return self
+
+    def record(self) -> dict[str, Any]:
+        """What ``config.json`` records of the task (``resolved.task``), for :meth:`from_record`."""
+        return {"name": self.name}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], resolved: Mapping[str, Any]) -> Task:
+        """The task a run recorded (``resolved.task``, or older runs' own entries in
+        ``resolved``); default ``cls()``."""
+        return cls()
+
+    # ------------------------------------------------------------ reports
+    def epoch_line(self, record: Mapping[str, Any], epochs: int, seconds: float) -> str:
+        """The line printed after each evaluation of a run (default: its test scores)."""
+        loss = record.get("train_mean_member_loss", float("nan"))
+        scores = ", ".join(
+            f"{k[5:]} {v:.4f}" for k, v in record.items() if k.startswith("test_") and _num(v)
+        )
+        return f"epoch {record['epoch']}/{epochs} step {record['step']}: loss {loss:.4f}, " + (
+            f"test {scores} | {seconds:.1f}s"
+        )
+
+    def final_table(self, record: Mapping[str, Any]) -> str:
+        """The text printed at the end of a run (default: nothing)."""
+        return ""
+
+    def run_figures(self, history: list[dict[str, Any]], predict: Any, train: Any) -> dict:
+        """Figures a finished run draws: ``{file name: draw(path)}`` (default none).
+
+        Args:
+          history: the run's ``metrics.jsonl`` records.
+          predict: ``(x, members) -> host outputs`` of the trained ensemble (every process
+            calls it; only process 0 draws).
+          train: ``(x_train, y_train)``.
+        """
+        return {}
+
+
+def metric_specs(task: Task, steps: bool = False) -> dict[str, PartitionSpec]:
+    """The layout of a train step's metrics: per member over ``ensemble``, or replicated.
+
+    Args:
+      task: the task (its metric names).
+      steps: the metrics of a chunk, stacked over its steps (``[K, members]``, ``[K]``).
+
+    Returns:
+      ``{"loss", member metrics: split over ensemble; "ensemble_<name>": replicated}``.
+
+    Example:
+      >>> sorted(metric_specs(ens.task))
+      ['accuracy', 'ensemble_accuracy', 'ensemble_nll', 'loss']
+    """
+    member = PartitionSpec(None, ENSEMBLE) if steps else MEMBERS
+    specs = dict.fromkeys(("loss", *task.member_metric_names), member)
+    return specs | {f"ensemble_{k}": REPLICATED for k in task.ensemble_metric_names}
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+_REGISTRY: dict[str, type[Task]] = {}
+
+
+def register(cls: type[Task]) -> type[Task]:
+    """Registers a :class:`Task` subclass under its ``name`` (a class decorator).
 
     Raises:
-      ValueError: ``targets`` is not a positive integer, ``min_variance`` is not a
-        positive finite float, or shift/scale do not have ``T`` finite values (scale > 0).
+      ValueError: no name, or the name taken by another class.
 
     Example:
-      >>> net = me.models.MLP(features=(50,), num_classes=2)   # outputs [B, 2 * targets]
-      >>> reg = me.Ensemble(net, optax.adam(1e-2), 2, mesh, task=me.tasks.Regression(targets=1))
-      >>> x = np.linspace(-1, 1, 8, dtype=np.float32)[:, None]        # [N, features]
-      >>> out = reg.predict(reg.init(key, x[:1]), x)
-      >>> {k: v.shape for k, v in out.items()}   # mean, variance and its two parts: [N, 1]
-      {'aleatoric': (8, 1), 'epistemic': (8, 1), 'mean': (8, 1), 'variance': (8, 1)}
+      >>> @register
+      ... class Counts(me.tasks.Regression):
+      ...     name = "counts_doc"
+      >>> task_class("counts_doc") is Counts
+      True
     """
-
-    targets: int
-    min_variance: float = 1e-6
-    target_shift: tuple[float, ...] | None = None
-    target_scale: tuple[float, ...] | None = None
-    kind: ClassVar[str] = "regression"
-
-    def __post_init__(self) -> None:
-        t = self.targets
-        if not isinstance(t, int | np.integer) or isinstance(t, bool) or t < 1:
-            raise ValueError(f"targets={t!r} must be a positive integer, e.g. targets=1")
-        v = self.min_variance
-        if not isinstance(v, int | float) or not np.isfinite(v) or v <= 0:
-            raise ValueError(f"min_variance={v!r} must be a positive finite float, e.g. 1e-6")
-        for name in ("target_shift", "target_scale"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            arr = np.asarray(value, np.float64).reshape(-1)
-            bad = arr.size != t or not np.all(np.isfinite(arr))
-            if bad or (name == "target_scale" and np.any(arr <= 0)):
-                raise ValueError(
-                    f"{name}={value!r} must be {t} finite values"
-                    f"{' > 0' if name == 'target_scale' else ''}, one per target"
-                )
-            object.__setattr__(self, name, tuple(float(a) for a in arr))
-
-    def moments(self, outputs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Each member's Gaussian from the model's outputs, in the targets' units.
-
-        Args:
-          outputs: ``[..., 2T]`` float outputs.
-
-        Returns:
-          ``(mean [..., T], variance [..., T])``.
-
-        Raises:
-          ValueError: ``outputs`` is not ``2T`` wide (the model's output width is wrong).
-        """
-        if outputs.shape[-1] != 2 * self.targets:  # static: raised while tracing
-            raise ValueError(
-                f"the model outputs {outputs.shape[-1]} values per example, but "
-                f"Regression(targets={self.targets}) needs 2 * targets = {2 * self.targets} "
-                f"(the means, then the scales); give the model {2 * self.targets} outputs"
-            )
-        mean, variance = gaussian.moments(outputs.astype(jnp.float32), self.min_variance)
-        row = lambda v: jnp.asarray(v, jnp.float32).reshape((1,) * (mean.ndim - 1) + (-1,))
-        if self.target_scale is not None:
-            scale = row(self.target_scale)
-            mean, variance = mean * scale, variance * scale**2
-        if self.target_shift is not None:
-            mean = mean + row(self.target_shift)
-        return mean, variance
-
-    def loss(self, outputs: jax.Array, targets: jax.Array) -> jax.Array:
-        """Gaussian NLL per example, averaged over targets: ``outputs [B, 2T]``, ``targets [B, T]``.
-
-        Returns:
-          ``[B]`` losses.
-        """
-        mean, variance = self.moments(outputs)
-        return -jnp.mean(gaussian.log_density(mean, variance, targets.astype(mean.dtype)), -1)
-
-    def train_metric_specs(self) -> dict[str, Any]:
-        """The train step's metrics: per-member ``loss`` (NLL) and ``rmse``, the mixture's."""
-        return {
-            "loss": MEMBERS,
-            "rmse": MEMBERS,
-            "ensemble_nll": REPLICATED,
-            "ensemble_rmse": REPLICATED,
-        }
-
-    def check_batch(self, x: Any, y: Any, num_members: int, data_size: int) -> tuple[bool, Any]:
-        """Checks a training batch; returns ``(per_member, targets as [.., B, T])``.
-
-        Args:
-          x: ``[B, ...]`` or per member ``[members, B, ...]``.
-          y: ``[B, T]`` (or ``[B]`` when ``T = 1``) or per member ``[members, B, T]``.
-          num_members: the ensemble's size.
-          data_size: the mesh's ``data`` axis, which must divide ``B``.
-
-        Raises:
-          ValueError: one line naming the shapes or dtype and the fix.
-        """
-        y = self.as_targets(y, np.shape(x)[0] if np.ndim(x) else 0)
-        per_member = np.ndim(y) == 3
-        if per_member and np.shape(y)[0] != num_members:
-            raise ValueError(
-                f"per-member targets of shape {np.shape(y)} have {np.shape(y)[0]} members, "
-                f"the ensemble has {num_members}; give [{num_members}, B, T] or shared [B, T]"
-            )
-        batch = np.shape(y)[-2]
-        if tuple(np.shape(x)[: np.ndim(y) - 1]) != tuple(np.shape(y)[:-1]):
-            raise ValueError(
-                f"inputs of shape {np.shape(x)} and targets of shape {np.shape(y)} differ in "
-                "length; give one target row per input"
-            )
-        if batch == 0 or batch % data_size:
-            raise ValueError(
-                f"batch size {batch} is not a positive multiple of the mesh's data axis "
-                f"({data_size}); use a batch size divisible by {data_size}"
-            )
-        return per_member, y
-
-    def as_targets(self, y: Any, n: int) -> Any:
-        """``y`` as float ``[..., N, T]`` (``[N]`` becomes ``[N, 1]`` when ``T = 1``).
-
-        Raises:
-          ValueError: non-float targets, a NaN or inf among host (numpy) targets (one
-            would make every member's loss NaN), or a last axis other than ``T``.
-        """
-        if not jnp.issubdtype(np.result_type(y), jnp.floating):
-            raise ValueError(
-                f"regression targets have dtype {np.result_type(y)}; give float targets "
-                "(e.g. y.astype('float32'))"
-            )
-        if isinstance(y, np.ndarray) and not np.isfinite(y).all():
-            at = tuple(int(i) for i in np.argwhere(~np.isfinite(y))[0])
-            raise ValueError(
-                f"regression targets hold {y[at]} at index {at}; clean the data first (a NaN "
-                "or inf target makes the loss NaN)"
-            )
-        if np.ndim(y) == 1 and self.targets == 1:
-            y = y[:, None]
-        if np.ndim(y) not in (2, 3) or np.shape(y)[-1] != self.targets:
-            raise ValueError(
-                f"targets of shape {np.shape(y)} do not end in {self.targets} targets; give "
-                f"[N, {self.targets}]" + (" or [N]" if self.targets == 1 else "")
-            )
-        return y
+    name = getattr(cls, "name", "")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{cls.__name__} has no name; set the class attribute name = '...'")
+    if _REGISTRY.get(name, cls) is not cls:
+        raise ValueError(f"task name {name!r} is taken by {_REGISTRY[name].__qualname__}")
+    _REGISTRY[name] = cls
+    return cls
 
 
-def check_task(task: Any) -> Classification | Regression:
-    """``task``, or :class:`Classification` for None; TypeError for anything else.
+def task_names() -> tuple[str, ...]:
+    """The registered task names, e.g. ``("classification", "regression")``."""
+    return tuple(_REGISTRY)
+
+
+def task_class(spec: str) -> type[Task]:
+    """The task class ``spec`` names: a registered name or ``"module:Class"``.
+
+    Raises:
+      ValueError: an unknown name, a module that does not import, or not a Task subclass.
 
     Example:
-      >>> check_task(None)
-      Classification()
+      >>> task_class("meshensemble.tasks:Regression").name
+      'regression'
+    """
+    if not isinstance(spec, str) or (":" not in spec and spec not in _REGISTRY):
+        raise ValueError(
+            f"task={spec!r} is unknown; choose one of {', '.join(_REGISTRY)} or give a "
+            "Task subclass as module:Class"
+        )
+    cls = _REGISTRY[spec] if spec in _REGISTRY else load_object(spec, "task")
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise ValueError(f"task={spec!r} is {cls!r}, not a subclass of meshensemble.tasks.Task")
+    return cls
+
+
+def check_task(task: Any) -> Task:
+    """``task``, or the default task (classification) for None; TypeError otherwise.
+
+    Example:
+      >>> check_task(None).name
+      'classification'
     """
     if task is None:
-        return Classification()
-    if isinstance(task, Classification | Regression):
+        return task_class("classification")()
+    if isinstance(task, Task):
         return task
     raise TypeError(
-        f"task={task!r} is not a task; pass me.tasks.Classification() or "
-        "me.tasks.Regression(targets=T)"
+        f"task={task!r} is not a task; pass an instance of a meshensemble.tasks.Task "
+        "subclass, e.g. me.tasks.Classification() or me.tasks.Regression(targets=T)"
     )

@@ -256,15 +256,20 @@ def stream_scores(
     sums: dict[str, dict[str, np.ndarray]] = {}
 
     def sink(start: int, out: Mapping[str, Any]) -> None:
-        scores.append(np.asarray(out["scores"], np.float64))
-        member_scores.append(np.asarray(out["member_scores"], np.float64))
+        scores.append(np.asarray(out["scores"], np.float64).T)
+        member_scores.append(np.moveaxis(np.asarray(out["member_scores"], np.float64), -1, 0))
         for part in ("ensemble", "member"):
             acc = sums.setdefault(part, dict.fromkeys(_BIN_KEYS, 0.0))
             for key in _BIN_KEYS:
                 acc[key] = acc[key] + np.asarray(out[part][key], np.float64)
 
-    axes = {"scores": 1, "member_scores": 2, "ensemble": None, "member": None}
-    run = lambda x, y, mask: fn(state, x, y, mask)
+    axes = {"scores": 0, "member_scores": 1, "ensemble": None, "member": None}
+
+    def run(x: Any, y: Any, mask: Any) -> dict[str, Any]:
+        out = fn(state, x, y, mask)
+        return {"scores": out.examples["scores"],
+                "member_scores": out.member_examples["scores"], **out.totals}  # fmt: skip
+
     streaming.stream(run, (images, y_all), batch_size, ens.data_size, sink, axes=axes)
     all_scores = np.concatenate(scores, axis=1)
     all_members = np.concatenate(member_scores, axis=-1)

@@ -37,7 +37,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 from meshensemble import data as data_lib
 from meshensemble.core import steps
@@ -45,26 +45,18 @@ from meshensemble.core.backends import put
 from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.mesh import (
     BATCH,
-    ENSEMBLE,
     MEMBER_BATCH,
     MEMBERS,
     REPLICATED,
 )
 from meshensemble.core.sharding import state_shardings
 from meshensemble.core.state import EnsembleState
+from meshensemble.core.tasks import metric_specs
 from meshensemble.data import stream as stream_lib
 from meshensemble.runtime import precompile
 from meshensemble.runtime.distributed import fetch
 from meshensemble.training import order as order_lib
 from meshensemble.training.config import TrainConfig
-
-CHUNK_METRIC_SPECS = {
-    "loss": PartitionSpec(None, ENSEMBLE),
-    "accuracy": PartitionSpec(None, ENSEMBLE),
-    "ensemble_accuracy": REPLICATED,
-    "ensemble_nll": REPLICATED,
-}
-"""Shardings of a chunk's metrics: per-member ``[K, members]`` split over ``ensemble``."""
 
 
 class Feeder:
@@ -151,7 +143,11 @@ class Feeder:
             )
         else:
             self.images = put(dataset.train_images, ens.mesh, REPLICATED)
-            self.labels = put(dataset.train_labels.astype(np.int32), ens.mesh, REPLICATED)
+            self.labels = put(
+                ens.task.as_targets(np.asarray(dataset.train_labels).astype(ens.task.target_dtype)),
+                ens.mesh,
+                REPLICATED,
+            )
 
     def for_ensemble(self, ens: Ensemble) -> Feeder:
         """A feeder of the same data, order and chunk for another ensemble on the same mesh.
@@ -246,7 +242,7 @@ class Feeder:
             ("chunk", n, self.batch, self._order_spec),
             lambda step_cfg: functools.partial(steps.train_chunk, step_cfg, n, self.batch),
             (self.ens.state_spec, REPLICATED, REPLICATED, self._order_spec, REPLICATED),
-            (self.ens.state_spec, CHUNK_METRIC_SPECS),
+            (self.ens.state_spec, metric_specs(self.ens.task, steps=True)),
             donate_argnums=(0,),
         )
 
@@ -279,7 +275,7 @@ class Feeder:
             ("paced", self.k, self.batch, self._order_spec),
             lambda step_cfg: functools.partial(steps.train_chunk, step_cfg, self.k, self.batch),
             (self.ens.state_spec, REPLICATED, REPLICATED, self._order_spec, REPLICATED, REPLICATED),
-            (self.ens.state_spec, CHUNK_METRIC_SPECS),
+            (self.ens.state_spec, metric_specs(self.ens.task, steps=True)),
             donate_argnums=(0,),
         )
 

@@ -31,7 +31,7 @@ from jax.sharding import Mesh
 from meshensemble import data as data_lib
 from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.mesh import make_mesh, parse_mesh
-from meshensemble.core.tasks import Regression
+from meshensemble.core.tasks import task_class
 from meshensemble.data.regression import RegressionData
 from meshensemble.models import get_model
 from meshensemble.runtime.distributed import fetch
@@ -203,7 +203,9 @@ def build_regression_ensemble(
       The :class:`meshensemble.Ensemble` with a :class:`meshensemble.tasks.Regression` task.
     """
     model = get_model(model_name(cfg)).clone(num_classes=2 * targets)
-    task = Regression(targets, target_shift=stats["y_mean"], target_scale=stats["y_std"])
+    task = task_class("regression")(
+        targets, target_shift=stats["y_mean"], target_scale=stats["y_std"]
+    )
     mean, std = (np.asarray(stats[k], np.float32) for k in ("x_mean", "x_std"))
     return Ensemble(
         model,
