@@ -91,13 +91,16 @@ class ArraySource:
             raise DataError(
                 f"ArraySource: {len(images)} images but {len(labels)} labels; pass one per image"
             )
-        self.images, self.labels = images, np.asarray(labels, np.int32)
+        labels = np.asarray(labels)  # class ids as int32; float targets stay as they are
+        self.images = images
+        self.labels = labels.astype(np.int32) if np.issubdtype(labels.dtype, np.integer) else labels
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        return self.images[i], int(self.labels[i])
+    def __getitem__(self, i: int) -> tuple[np.ndarray, Any]:
+        y = self.labels[i]
+        return self.images[i], int(y) if self.labels.ndim == 1 else y
 
     def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The examples at ``indices`` (any shape ``S``).
@@ -106,7 +109,8 @@ class ArraySource:
           indices: int ``S``.
 
         Returns:
-          ``(images, labels)``: uint8 ``S + [28, 28, 1]`` and int32 ``S``.
+          ``(inputs, targets)``: e.g. uint8 ``S + [28, 28, 1]`` and int32 ``S``, or float
+          ``S + [F]`` and ``S + [T]``.
         """
         return self.images[indices], self.labels[indices]
 

@@ -203,6 +203,42 @@ def open_features(path: str, features: int) -> np.ndarray:
     return as_features(rows, features, f"--input {path}")
 
 
+def as_inputs(x: Any, shape: Sequence[int], dtype: Any) -> Any:
+    """A run's input checked: images of integer pixels (:func:`as_images`), else features.
+
+    Args:
+      x: the inputs ``[N, ...]``.
+      shape: one example's shape in the run; dtype: the run's input dtype.
+
+    Returns:
+      An :class:`Images` (integer pixels) or the ``[N, F]`` array (float features).
+
+    Raises:
+      ValueError: another shape or dtype, or no rows (one line).
+
+    Example:
+      >>> as_inputs(np.zeros((3, 2)), (2,), np.float32).shape
+      (3, 2)
+    """
+    if np.issubdtype(np.dtype(dtype), np.integer) or len(shape) != 1:
+        return as_images(x, shape, dtype)
+    return as_features(x, int(shape[0]))
+
+
+def open_inputs(path: str, shape: Sequence[int], dtype: Any) -> Any:
+    """A run's new inputs from ``path``: :func:`open_images` for images, else
+    :func:`open_features` (float features ``[N, F]``).
+
+    Example:
+      >>> np.save("new.npy", np.zeros((5, 10), np.float32))
+      >>> open_inputs("new.npy", (10,), np.float32).shape
+      (5, 10)
+    """
+    if np.issubdtype(np.dtype(dtype), np.integer) or len(shape) != 1:
+        return open_images(path, shape, dtype)
+    return open_features(path, int(shape[0]))
+
+
 def _load_npy(path: str) -> np.ndarray:
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
