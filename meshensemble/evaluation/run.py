@@ -216,6 +216,11 @@ def evaluate_run(
         check_writable(workdir, f"{EVALUATION_FILE} goes there: make it writable, or copy the run")
     if calibrate:
         check_calibrate(workdir, cfg, task, alpha, conformal, say)
+    elif conformal != "thr":
+        raise ValueError(
+            f"--conformal {conformal} chooses the sets --calibrate fits; add --calibrate, or "
+            "drop --conformal"
+        )
     check_checkpoint(workdir, checkpoint)  # before loading data: a listing, nothing opened
     recorded = dataset is None and (source, data_file, data_dir) == (None, None, None)
     if dataset is None:

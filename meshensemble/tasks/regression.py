@@ -483,10 +483,10 @@ class Regression(Task):
         """The targets' count, mean and standard deviation on the training split (the model
         learns standardised targets; predictions are in the data's units)."""
         super().for_data(dataset, options)  # refuses label smoothing
-        y = np.asarray(dataset.y_train, np.float64).reshape(len(dataset.y_train), -1)
+        y = np.asarray(dataset.y_train).reshape(len(dataset.y_train), -1)  # its own dtype
         std = np.where(y.std(0) > 0, y.std(0), 1.0)
-        return dataclasses.replace(self, targets=y.shape[1], target_shift=tuple(y.mean(0)),
-                                   target_scale=tuple(std))  # fmt: skip
+        return dataclasses.replace(self, targets=y.shape[1], target_shift=tuple(y.mean(0).tolist()),
+                                   target_scale=tuple(std.tolist()))  # fmt: skip
 
     def record(self) -> dict[str, Any]:
         """``name``, ``targets``, ``min_variance``, ``target_shift``, ``target_scale``."""

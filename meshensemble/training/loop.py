@@ -370,15 +370,12 @@ def _finish(
     writer.write_compile(compiled)
     history = writer.history
     dataset = run.data.dataset
-    if run.stop.signal is not None:
+    if run.stopped or run.stop.signal is not None:
         where = "no checkpoint"
         if saved_at is not None and ckpt is not None:
             where = f"saved checkpoint {saved_at} in {ckpt.dir}"
-        tell(
-            f"stopped by {run.stop.signal} at step {pos.step}: {where}; run the same command "
-            "to resume"
-        )
-        signal = run.stop.signal
+        signal = run.stop.signal or "a stop request"
+        tell(f"stopped by {signal} at step {pos.step}: {where}; run the same command to resume")
         return TrainResult(run.ens, state, history, dataset, seconds, True, compiled, signal)
     train = run.data.train
     predict = lambda x: serve_on_host(run.ens, state, x)  # every process takes part
@@ -428,6 +425,7 @@ class _Run:
     log: CompileLog
     plan: TrainPlan
     compile_reported: bool = False
+    stopped: bool = False
     pacer: Pacer = dataclasses.field(default_factory=lambda: Pacer(1, 0.0))
 
     def last_checkpoint(self) -> int | None:
@@ -477,7 +475,7 @@ class _Run:
                     state = guard.flush(state, self.tell, self.last_checkpoint)
                     self.evaluate(state, pos)
                 if epoch_done:  # a split epoch keeps its sum: its record covers it all
-                    pos.loss_sum, pos.loss_count = np.zeros_like(pos.loss_sum), 0
+                    pos.loss_sum, pos.loss_count, pos.pending = np.zeros_like(pos.loss_sum), 0, []
                     progress.close()
                 every = cfg.checkpoint_every
                 due = evaluated or (every and pos.step // every > (pos.step - n) // every)
@@ -489,6 +487,7 @@ class _Run:
                 if epoch_done:
                     pos.epoch, pos.epoch_step = pos.epoch + 1, 0
                 if stopping:
+                    self.stopped = True
                     break
         finally:
             progress.close()

@@ -94,7 +94,7 @@ def input_record(x: Any) -> dict[str, Any]:
     """
     stats = None
     if np.issubdtype(np.dtype(x.dtype), np.floating) and not getattr(x, "lazy", False):
-        flat = np.asarray(x, np.float64).reshape(-1, x.shape[-1])
+        flat = np.asarray(x).reshape(-1, x.shape[-1])  # in the features' own dtype
         std = flat.std(0)
         stats = {"mean": flat.mean(0).tolist(), "std": np.where(std > 0, std, 1.0).tolist()}
     return {"shape": list(x.shape[1:]), "dtype": str(np.dtype(x.dtype)), "stats": stats}
