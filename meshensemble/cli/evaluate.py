@@ -10,7 +10,7 @@ Example:
   >>> main(["evaluate", "--workdir", "runs/tiny", "--ood", "noise"])
   data: MNIST from ...mnist.npz ...
   ...
-  wrote evaluation.json, reliability_diagram.png and ood_histogram.png to runs/tiny
+  wrote evaluation.json, ood_histogram.png and reliability_diagram.png to runs/tiny
   0
 """
 

@@ -363,9 +363,10 @@ class Task(abc.ABC):
         """The exported artifact's outputs from :meth:`serve`'s (jit-able; default both)."""
         return {**per_example, **per_member}
 
-    def export_metadata(self, calibration: Any) -> dict[str, Any]:
-        """The task's entries of ``export.json`` (outputs, calibration); default the names."""
-        return {"task": self.name}
+    def export_metadata(self, calibration: Any, width: int) -> dict[str, Any]:
+        """The task's entries of ``export.json`` (outputs, calibration; ``width``: the
+        model's output width); default none."""
+        return {}
 
     def tempered(
         self,

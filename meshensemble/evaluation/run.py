@@ -74,7 +74,7 @@ def check_calibrate(
     if not cfg.validation:
         raise ValueError(
             f"run {workdir} has no validation split to calibrate on (the test set is never "
-            "used for fitting); train it with --validation N (e.g. --validation 500)"
+            "used for fitting); train with --validation N first (e.g. --validation 500)"
         )
     resolved = (read_saved_config(workdir) or {}).get("resolved") or {}
     if not isinstance(resolved.get("validation"), dict):
@@ -213,7 +213,11 @@ def evaluate_run(
     task = run_task(cfg, resolved)
     ood = task.check_ood(task.default_ood if ood is None else ood, cfg.dataset, ood_file)
     if jax.process_index() == 0:  # process 0 writes the results there
-        check_writable(workdir, f"{EVALUATION_FILE} goes there: make it writable, or copy the run")
+        check_writable(
+            workdir,
+            f"{EVALUATION_FILE} and the figures go there: make it writable, or copy the run to "
+            "a writable folder and evaluate the copy",
+        )
     if calibrate:
         check_calibrate(workdir, cfg, task, alpha, conformal, say)
     elif conformal != "thr":

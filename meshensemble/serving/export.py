@@ -129,7 +129,7 @@ def export_metadata(predictor: Predictor, exported: Any) -> dict[str, Any]:
         "artifact": ARTIFACT_FILE,
         "task": predictor.task.name,
         "input": {"shape": [BATCH_DIM, *predictor.input_shape], "dtype": str(dtype), **pixels},
-        **predictor.task.export_metadata(predictor.calibration),
+        **predictor.task.export_metadata(predictor.calibration, predictor.num_classes),
         "members": predictor.num_members,
         "preprocessing": {"task": predictor.task.record(), "input": predictor.input_record},
         "platforms": list(exported.platforms),

@@ -10,7 +10,8 @@ Example:
   >>> check_out_file("preds.csv")
   '.csv'
   >>> names = [f"digit_{i}.png" for i in range(len(images))]
-  >>> write_predictions("preds.csv", predictor.outputs(images), names)
+  >>> out = predictor.outputs(images)
+  >>> write_predictions("preds.csv", out, names, predictor.task.csv_keys(out))
   >>> open("preds.csv").readline().strip()
   'name,label,confidence,entropy,mutual_information'
 """

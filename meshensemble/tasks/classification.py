@@ -304,7 +304,7 @@ class Classification(Task):
             probs = temperature_lib.tempered(probs, jnp.float32(calibration.temperature))
         return {"probs": probs, "member_probs": per_member["member_probs"]}
 
-    def export_metadata(self, calibration: Any) -> dict[str, Any]:
+    def export_metadata(self, calibration: Any, width: int) -> dict[str, Any]:
         """``outputs``, ``classes``, ``temperature`` and ``conformal`` (None uncalibrated)."""
         scores = inspect.signature(calibration_lib.conformal_scores).parameters
         conformal = None
@@ -317,7 +317,7 @@ class Classification(Task):
                 "probs": ["batch", "classes"],
                 "member_probs": ["members", "batch", "classes"],
             },  # fmt: skip
-            "classes": self.num_classes,
+            "classes": width,
             "temperature": None if calibration is None else calibration.temperature,
             "conformal": conformal,
         }

@@ -61,7 +61,8 @@ def check_ood(names: Any, dataset_name: str, ood_file: Any) -> list[str]:
     unknown = [n for n in names if n not in OOD_SETS]
     if unknown:
         raise ValueError(
-            f"unknown OOD set(s) {', '.join(map(repr, unknown))}; choose from {', '.join(OOD_SETS)}"
+            f"--ood: unknown OOD set(s) {', '.join(map(repr, unknown))}; choose from "
+            f"{', '.join(OOD_SETS)}"
         )
     names = list(dict.fromkeys(names))
     if "fashion_mnist" in names and dataset_name == "fashion_mnist":

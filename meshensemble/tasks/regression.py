@@ -380,7 +380,7 @@ class Regression(Task):
             variance = variance * jnp.float32(calibration.variance_scale)
         return {"mean": per_example["mean"], "variance": variance, **per_member}
 
-    def export_metadata(self, calibration: Any) -> dict[str, Any]:
+    def export_metadata(self, calibration: Any, width: int) -> dict[str, Any]:
         """``outputs``, ``targets``, ``variance_scale`` and ``conformal`` (None uncalibrated)."""
         cal = calibration
         return {

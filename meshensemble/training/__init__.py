@@ -25,6 +25,7 @@ Example:
 from meshensemble.training import checkpoint as checkpoint
 from meshensemble.training import restore as restore
 from meshensemble.training import rundata as rundata
+from meshensemble.training import setup as setup
 from meshensemble.training import tuning as tuning
 from meshensemble.training.config import CONFIG_FILE as CONFIG_FILE
 from meshensemble.training.config import CONV_MODELS as CONV_MODELS
@@ -76,6 +77,7 @@ __all__ = [
     "with_task_defaults",
     "restore",
     "rundata",
+    "setup",
     "run_keys",
     "train",
     "tuning",

@@ -584,8 +584,8 @@ def build_ensemble(
     name = model_name(cfg, sample)
     model = get_model(name)
     width = task.output_width()
-    if width is not None:
-        model = model.clone(num_classes=width)
+    if width is not None and getattr(model, "num_classes", width) != width:
+        model = model.clone(num_classes=width)  # the zoo's models take it from the task
     if name in CONV_MODELS:
         model = model.clone(conv=cfg.conv)
     return Ensemble(

@@ -10,9 +10,10 @@ Example:
   >>> cfg = me.TrainConfig(model="mlp", members=4, epochs=1, batch_size=32, source="npz",
   ...                      data_file="mnist.npz", workdir="runs/r")
   >>> result = me.training.train(cfg, echo=lambda line: None)   # no printed lines
-  >>> sorted(os.listdir("runs/r"))
+  >>> import os
+  >>> sorted(os.listdir("runs/r"))   # outputs.json: the figures, for --overwrite to remove
   ['checkpoints', 'compile.json', 'config.json', 'learning_curves.png', 'members.png',
-   'metrics.jsonl']
+   'metrics.jsonl', 'outputs.json']
 """
 
 from __future__ import annotations
@@ -293,7 +294,9 @@ def _train(
         multihost_utils.sync_global_devices("meshensemble: workdir checked")
     if cfg.overwrite and main:  # only process 0 clears, after every process checked
         clear_run(cfg.workdir)
-    resolved = resolved_record(plan, choice.resolved(), cache_dir, setup.data, ens.task, cfg)
+    resolved = resolved_record(
+        plan, choice.resolved(), cache_dir, setup.data, ens.task, cfg, sample
+    )
     keep_until = None if restored is None else restored[2]
     with unfinished_run(cfg.workdir, fresh=restored is None, enabled=main):
         writer = RunWriter(
@@ -369,7 +372,7 @@ def _finish(
         say(run.log.line())
     writer.write_compile(compiled)
     history = writer.history
-    dataset = run.data.dataset
+    dataset = run.data.train  # the examples trained on (and the test split)
     if run.stopped or run.stop.signal is not None:
         where = "no checkpoint"
         if saved_at is not None and ckpt is not None:

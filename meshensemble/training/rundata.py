@@ -11,6 +11,7 @@ standardise with on device).
 Example:
   >>> cfg = me.TrainConfig(task="regression", source="toy1d", validation=4, batch_size=8)
   >>> data = run_data(cfg, None, None, me.tasks.Regression(), print)
+  data: the 1-D toy y = x^3 + noise, seed 0 (20 train / 200 test)
   >>> data.train.num_train, data.held_out["count"], data.inputs["shape"]
   (16, 4, [1])
 """

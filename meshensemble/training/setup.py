@@ -185,11 +185,12 @@ def prepare(cfg, dataset, saved, task, source, cache_dir, say, tell) -> Setup:
     train = data.train
     task = task.for_data(train, dataclasses.asdict(cfg))  # e.g. regression's target scale
     plan = plan_training(cfg, train.num_train, jax.device_count(), jax.devices()[0].platform)
-    check_inputs(cfg, train)
+    sample = train.x_train[:1]  # read once (a lazy split reads an example)
+    check_inputs(cfg, train, sample)
     run_cfg = dataclasses.replace(cfg, batch_size=plan.batch)  # what the steps use
     mesh = make_mesh(**plan.mesh)
     init_key, order_key = run_keys(cfg.seed)
-    sample, stats, n = train.x_train[:1], data.inputs["stats"], train.num_train
+    stats, n = data.inputs["stats"], train.num_train
     build = lambda c: build_ensemble(  # the run's ensemble for a config: the tuner builds too
         c, mesh, n, sample, task=task, input_stats=stats, steps_per_epoch=plan.steps_per_epoch
     )
@@ -208,7 +209,7 @@ def prepare(cfg, dataset, saved, task, source, cache_dir, say, tell) -> Setup:
     return Setup(data, plan, sample, init_key, feeder_for, choice, ens, restored)
 
 
-def check_inputs(cfg: TrainConfig, train: data_lib.Dataset) -> None:
+def check_inputs(cfg: TrainConfig, train: data_lib.Dataset, sample: Any = None) -> None:
     """Refuses options the inputs cannot take: augmentation or an image model on features.
 
     Raises:
@@ -226,7 +227,7 @@ def check_inputs(cfg: TrainConfig, train: data_lib.Dataset) -> None:
             f"augment={cfg.augment!r} shifts or crops images [N, H, W, C]; these inputs are "
             f"[N, {', '.join(map(str, shape))}]: leave --augment at none"
         )
-    name = model_name(cfg, train.x_train[:1])
+    name = model_name(cfg, train.x_train[:1] if sample is None else sample)
     if name != "mlp" and not images:
         raise ValueError(
             f"model={name!r} takes images [N, H, W, C]; these inputs are "
@@ -241,12 +242,14 @@ def resolved_record(
     data: RunData,
     task: Task,
     cfg: TrainConfig,
+    sample: Any = None,
 ) -> dict[str, Any]:
     """What ``config.json`` records of a run beside its config (``resolved``).
 
     Args:
       plan: the run's plan; choices: the tuner's (``Choice.resolved()``); cache_dir: the
-        compilation cache in use; data: the run's data; task: set up for it; cfg: its config.
+        compilation cache in use; data: the run's data; task: set up for it; cfg: its config;
+        sample: one input row (default read from the data).
 
     Returns:
       The JSON object: mesh, chunk, batch, steps per epoch, evaluations, the tuner's
@@ -267,7 +270,7 @@ def resolved_record(
         "steps_per_epoch": plan.steps_per_epoch,
         "eval_every": plan.eval_every,
         **choices,
-        "model": model_name(cfg, data.train.x_train[:1]),
+        "model": model_name(cfg, data.train.x_train[:1] if sample is None else sample),
         "task": task.record(),
         "input": data.inputs,
         "compile_cache": cache_dir,
