@@ -194,6 +194,7 @@ def prepare(cfg, dataset, saved, task, source, cache_dir, say, tell) -> Setup:
     build = lambda c: build_ensemble(  # the run's ensemble for a config: the tuner builds too
         c, mesh, n, sample, task=task, input_stats=stats, steps_per_epoch=plan.steps_per_epoch
     )
+    check_model(build(run_cfg), init_key, sample, model_name(cfg, sample))
     feeder_for = lambda e: Feeder(  # the run's feeder of an ensemble: the tuner times it
         e, train, run_cfg, order_key, plan.chunk, plan.steps_per_epoch, source=source
     )
@@ -210,7 +211,7 @@ def prepare(cfg, dataset, saved, task, source, cache_dir, say, tell) -> Setup:
 
 
 def check_inputs(cfg: TrainConfig, train: data_lib.Dataset, sample: Any = None) -> None:
-    """Refuses options the inputs cannot take: augmentation or an image model on features.
+    """Refuses options the inputs cannot take: augmentation of features that are no images.
 
     Raises:
       ValueError: one line naming the option, the inputs' shape and the fix.
@@ -221,18 +222,32 @@ def check_inputs(cfg: TrainConfig, train: data_lib.Dataset, sample: Any = None) 
       ...
       ValueError: augment='shift' shifts or crops images [N, H, W, C]; these inputs are [N, 1]: ...
     """
-    shape, images = tuple(train.x_train.shape[1:]), train.x_train.ndim >= 4
+    shape, images = tuple(train.x_train.shape[1:]), len(train.x_train.shape) >= 4
     if cfg.augment != "none" and not images:
         raise ValueError(
             f"augment={cfg.augment!r} shifts or crops images [N, H, W, C]; these inputs are "
             f"[N, {', '.join(map(str, shape))}]: leave --augment at none"
         )
-    name = model_name(cfg, train.x_train[:1] if sample is None else sample)
-    if name != "mlp" and not images:
+
+
+def check_model(ens: Ensemble, key: jax.Array, sample: Any, name: str) -> None:
+    """Refuses a model that cannot take the run's inputs, in one line (traced, not run).
+
+    Raises:
+      ValueError: the model's initialisation fails on ``sample``'s shape.
+
+    Example:
+      >>> check_model(ens, key, images[:1], "mlp")   # None: it takes them
+    """
+    try:
+        jax.eval_shape(ens.init, key, sample)
+    except Exception as err:  # a user's model may raise anything for another shape
+        why, shape = " ".join(str(err).split())[:160], ", ".join(map(str, sample.shape[1:]))
         raise ValueError(
-            f"model={name!r} takes images [N, H, W, C]; these inputs are "
-            f"[N, {', '.join(map(str, shape))}]: use --model mlp"
-        )
+            f"model={name!r} cannot take inputs of shape [N, {shape}] "
+            f"({type(err).__name__}: {why}); use a model for such inputs (e.g. --model mlp for "
+            "features)"
+        ) from None
 
 
 def resolved_record(
