@@ -68,15 +68,15 @@ def test_a_regression_run_steps_in_chunks_paced_checkpoints_and_logs(tmp_path, c
             "requested",
             lambda self, step: asked.append(step) or real_requested(self, step),
         )
-        cfg = config(tmp_path, table(tmp_path / "t.npz"), chunk_steps=5, checkpoint_every=2,
-                     keep=20, stop_within=0, quiet=False)  # fmt: skip
+        cfg = config(tmp_path, table(tmp_path / "t.npz"), chunk_steps=5, checkpoint_every=3,
+                     batch_size=4, keep=20, stop_within=0, quiet=False)  # fmt: skip
         result = me.training.train(cfg)
     out = capsys.readouterr().out
-    steps = 2 * (ROWS // 8)  # 10
+    steps = 2 * (ROWS // 4)  # 20: 2 epochs of 10
     assert result.history[-1]["step"] == steps
     assert max(calls) > 1 and sum(calls) == steps  # K-step calls, cut at checkpoint steps
     assert len(asked) == len(calls) < steps  # the stop signal: once per call, not per step
-    assert ckpt_lib.list_checkpoints(cfg.workdir) == [2, 4, 5, 6, 8, 10]
+    assert ckpt_lib.list_checkpoints(cfg.workdir) == [3, 6, 9, 10, 12, 15, 18, 20]
     compiled = json.loads((tmp_path / "w" / "compile.json").read_text())
     assert "jit(train_chunk)" in [p["name"] for p in compiled["by_program"]]
     resolved = json.loads((tmp_path / "w" / "config.json").read_text())["resolved"]

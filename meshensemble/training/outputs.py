@@ -506,8 +506,8 @@ class Progress:
             epoch, done, total, t0 = self._plain
             if not t0:  # the first chunk includes compilation: rates count from its end
                 t0, self._base = time.perf_counter(), done + n
-            tenth = max(1, total // 10)
-            if (done + n) // tenth > done // tenth and done + n < total:
+            tenth = max(1, total // 10)  # epochs of fewer than 10 steps: their lines only
+            if total >= 10 and (done + n) // tenth > done // tenth and done + n < total:
                 rate = (done + n - self._base) / max(time.perf_counter() - t0, 1e-9)
                 self.say(
                     f"  epoch {epoch}: step {done + n}/{total}, member loss {self._loss()}, "

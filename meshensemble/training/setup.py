@@ -43,8 +43,9 @@ from meshensemble.training.tuning import concrete, resolve_choices
 def with_task(cfg: TrainConfig, task: Task | type[Task] | None) -> tuple[TrainConfig, Task]:
     """``cfg`` naming ``task`` (when given) and the task instance the run starts from.
 
-    A task class registered under its name (and defined in this package) is named by it;
-    any other by ``module:Class``, so a later command imports it again.
+    A task class of this package registered under its name is named by it; any other by
+    ``module:Class`` (a user's registry entry is not there in a later process), so a later
+    command imports it again.
 
     Raises:
       ValueError: ``task`` is not a Task, or an unknown ``cfg.task``.
@@ -60,7 +61,8 @@ def with_task(cfg: TrainConfig, task: Task | type[Task] | None) -> tuple[TrainCo
     if not isinstance(task, Task):
         raise ValueError(f"task={task!r} is not a meshensemble.tasks.Task (instance or class)")
     cls = type(task)
-    named = task.name in task_names() and task_class(task.name) is cls
+    packaged = cls.__module__.startswith("meshensemble.")  # a user's module may not be loaded
+    named = packaged and task.name in task_names() and task_class(task.name) is cls
     spec = task.name if named else f"{cls.__module__}:{cls.__qualname__}"
     return dataclasses.replace(cfg, task=spec), task
 
