@@ -175,13 +175,12 @@ class LocalReducer:
 class EvalSums(NamedTuple):
     """What a task's per-device evaluation returns for one batch, by layout.
 
-    Attributes:
-      totals: sums over the batch, the same on every device (replicated), e.g. ``{"nll":
-        [], "count": []}``; the batches' are added on the host.
-      members: per-member sums, leaves ``[m, ...]`` (split over ``ensemble``), added too.
-      examples: per-example values, leaves ``[b, ...]`` (split over ``data``), concatenated
-        over batches (the padding's rows dropped).
-      member_examples: per-member, per-example values ``[m, b, ...]``, concatenated on axis 1.
+    Its four fields: ``totals``, sums over the batch, the same on every device
+    (replicated), e.g. ``{"nll": [], "count": []}``, the batches' added on the host;
+    ``members``, per-member sums, leaves ``[m, ...]`` (split over ``ensemble``), added too;
+    ``examples``, per-example values, leaves ``[b, ...]`` (split over ``data``),
+    concatenated over batches (the padding's rows dropped); ``member_examples``,
+    per-member, per-example values ``[m, b, ...]``, concatenated on axis 1.
 
     Example:
       >>> EvalSums({"count": jnp.float32(3)})._fields
@@ -214,8 +213,8 @@ class Task(abc.ABC):
 
     Attributes:
       name: the registered name, recorded in ``config.json`` (``--task NAME``).
-      target_ndim: dimensions of one example's target: 0 for a class id, 1 for a row.
-      target_dtype: the dtype targets are placed on the devices with.
+      target_ndim, target_dtype: the dimensions of one example's target (0 for a class id,
+        1 for a row) and the dtype targets are placed on the devices with.
       input_word, target_word: what messages call a batch's inputs and targets.
       auto_source: the data ``--source auto`` loads for this task when no file is given
         (None: the default chain, MNIST).
@@ -387,8 +386,9 @@ class Task(abc.ABC):
           ValueError: the task has no temperature or logits (the default, one line).
         """
         raise ValueError(
-            f"temperature and logits are options of classification ensembles; task "
-            f"{self.name!r} has neither: drop them"
+            f"temperature and logits are for classification ensembles; task {self.name!r} has "
+            "neither (scale a regression ensemble's variance with "
+            "me.calibration.fit_variance_scale instead)"
         )
 
     def ood_sums(
@@ -565,8 +565,8 @@ class Task(abc.ABC):
 
         Args:
           history: the run's ``metrics.jsonl`` records.
-          predict: ``(x, members) -> host outputs`` of the trained ensemble (every process
-            calls it; only process 0 draws).
+          predict: ``x -> (ensemble's prediction, members' predictions)`` of the trained
+            ensemble, on the host (every process calls it; only process 0 draws).
           train: ``(x_train, y_train)``.
         """
         return {}

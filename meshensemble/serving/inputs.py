@@ -33,7 +33,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 NPZ_IMAGE_KEYS = ("images", "x_test", "x")
 """Keys of a ``.npz`` input tried in this order for the images."""
 NPZ_FEATURE_KEYS = ("x", "x_test", "features")
-"""Keys of a ``.npz`` input tried in this order for a regression run's features."""
+"""Keys of a ``.npz`` input tried in this order for a run's features ``[N, F]``."""
 GRAY_MODES = ("L", "1", "P")
 """Pillow modes accepted (and read as 8-bit grayscale) for a one-channel run."""
 
@@ -146,7 +146,7 @@ def as_images(images: Any, shape: Sequence[int], dtype: Any) -> Images:
 
 
 def as_features(x: Any, features: int, where: str = "x") -> np.ndarray:
-    """A regression run's input checked: a real ``[N, F]`` array (not copied, not cast).
+    """A run's features checked: a real ``[N, F]`` array (not copied, not cast).
 
     Args:
       x: ``[N, F]`` numbers (a numpy array, a memory map, anything ``np.asarray`` takes).
@@ -176,7 +176,7 @@ def as_features(x: Any, features: int, where: str = "x") -> np.ndarray:
 
 
 def open_features(path: str, features: int) -> np.ndarray:
-    """A regression run's new inputs from a ``.npy`` (memory-mapped) or ``.npz`` file.
+    """A run's new features from a ``.npy`` (memory-mapped) or ``.npz`` file.
 
     Args:
       path: a ``.npy`` of ``[N, F]`` numbers, or a ``.npz`` holding one under a key of

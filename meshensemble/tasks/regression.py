@@ -33,7 +33,7 @@ import numpy as np
 from jax import lax
 
 from meshensemble import calibration as calibration_lib
-from meshensemble.calibration._checks import conformal_rank, smallest_alpha
+from meshensemble.calibration.run import check_alpha_for
 from meshensemble.core.tasks import EvalSums, Reducer, Task, register
 from meshensemble.numerics import gaussian
 from meshensemble.runtime.distributed import fetch
@@ -300,13 +300,6 @@ class Regression(Task):
         per_member = {"member_mean": own["mean"], "member_variance": own["variance"]}
         return self.combine(own, reduce), (per_member if members else {})
 
-    def tempered(self, predict, temperature, num_members, members, logits=False):
-        """Refused: a regression ensemble has no temperature or logits (one line)."""
-        raise ValueError(
-            "temperature and logits are for classification ensembles; scale a regression "
-            "ensemble's variance with me.calibration.fit_variance_scale instead"
-        )
-
     def as_targets(self, targets: Any) -> Any:
         """Float ``[N, T]`` (``[N]`` becomes ``[N, 1]`` when ``T = 1``).
 
@@ -397,24 +390,14 @@ class Regression(Task):
 
     # ------------------------------------------------------------ calibration
     def check_calibration(self, n: int, alpha: float, method: str, note: Callable) -> None:
-        """Refuses ``--conformal`` other than the default, a bad alpha, or one too small for
-        ``n * T`` validation scores (``ceil((n + 1)(1 - alpha)) > n``)."""
+        """Refuses ``--conformal`` other than the default, or an alpha outside ``(0, 1)`` or
+        too small for the ``n * T`` validation scores."""
         if method != "thr":
             raise ValueError(
                 f"--conformal {method} is for classification sets; a regression run's "
                 "intervals are normalised split conformal: drop --conformal"
             )
-        if isinstance(alpha, bool) or not isinstance(alpha, int | float | np.floating):
-            raise ValueError(f"--alpha {alpha!r} must be a number in (0, 1), e.g. 0.1")
-        if not 0 < alpha < 1:
-            raise ValueError(f"--alpha {alpha!r} must be in (0, 1), e.g. 0.1 for 90% intervals")
-        n *= self.targets
-        if conformal_rank(n, float(alpha)) > n:
-            raise ValueError(
-                f"--alpha {alpha:g} is too small for the run's {n} validation scores (the "
-                f"conformal quantile would be infinite); use --alpha >= {smallest_alpha(n)} or "
-                "train with a larger --validation"
-            )
+        check_alpha_for(n * self.targets, alpha, f"the run's {n * self.targets} validation scores")
 
     def calibrate(self, ens: Any, state: Any, validation: Any, test: Any, **options) -> tuple:
         """A variance scale and a conformal interval quantile (:func:`calibrate_regression`)."""
@@ -539,9 +522,9 @@ class Regression(Task):
 
         lo, hi = float(np.min(x)), float(np.max(x))
         grid = np.linspace(lo - (hi - lo) / 2, hi + (hi - lo) / 2, 200, dtype=np.float32)[:, None]
-        out = predict(grid)  # every process takes part; process 0 draws
+        out, each = predict(grid)  # every process takes part; process 0 draws
         sd = np.sqrt(out["variance"][:, 0])
-        members = out["member_mean"][..., 0]
+        members = each["mean"][..., 0]
         draw = lambda path: plots.regression_figure(
             grid[:, 0], out["mean"][:, 0], sd, members, np.asarray(x), np.asarray(y), path
         )

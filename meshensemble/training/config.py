@@ -13,7 +13,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import math
 import textwrap
@@ -21,7 +20,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -602,35 +600,6 @@ def build_ensemble(
         task=task,
         sample=sample,
     )
-
-
-def smoothed_cross_entropy(smoothing: float) -> Callable[[Any, Any], Any]:
-    """The per-example cross-entropy against labels smoothed by ``smoothing``.
-
-    The target of an example of class ``y`` is ``(1 - smoothing) * one_hot(y) + smoothing /
-    classes`` (``optax.smooth_labels``).
-
-    Args:
-      smoothing: in ``[0, 1)``.
-
-    Returns:
-      ``loss_fn(logits [B, C], labels [B]) -> [B]``.
-
-    Raises:
-      ValueError: ``smoothing`` outside ``[0, 1)``.
-
-    Example:
-      >>> loss = smoothed_cross_entropy(0.1)(jnp.zeros((2, 10)), jnp.array([1, 2]))
-      >>> np.round(np.asarray(loss), 4)   # uniform logits: log 10 whatever the smoothing
-      array([2.3026, 2.3026], dtype=float32)
-    """
-    _number("label_smoothing", smoothing, "in [0, 1)", lambda v: 0 <= v < 1)
-    return functools.partial(_smoothed_loss, float(smoothing))
-
-
-def _smoothed_loss(smoothing: float, logits: Any, labels: Any) -> Any:
-    targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), smoothing)
-    return optax.softmax_cross_entropy(logits, targets)
 
 
 def default_mesh_shape(members: int, devices: int) -> dict[str, int]:

@@ -19,7 +19,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,10 +28,8 @@ import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
 from meshensemble import data as data_lib
-from meshensemble.core import steps as steps_lib
-from meshensemble.core import streaming
 from meshensemble.core.ensemble import Ensemble
-from meshensemble.core.mesh import BATCH, MEMBER_BATCH, describe_mesh, idle_devices
+from meshensemble.core.mesh import describe_mesh, idle_devices
 from meshensemble.core.sharding import model_axis_note
 from meshensemble.core.state import EnsembleState
 from meshensemble.core.tasks import Task
@@ -381,7 +378,7 @@ def _finish(
         tell(f"stopped by {signal} at step {pos.step}: {where}; run the same command to resume")
         return TrainResult(run.ens, state, history, dataset, seconds, True, compiled, signal)
     train = run.data.train
-    predict = lambda x: serve_on_host(run.ens, state, x)  # every process takes part
+    predict = lambda x: fetch((run.ens.predict(state, x), run.ens.predict_members(state, x)))
     writer.figures(task.run_figures(history, predict, (train.x_train, train.y_train)))
     writer.close()
     table = task.final_table(history[-1]) if history else ""
@@ -389,25 +386,6 @@ def _finish(
         tell(table)
     say(f"done in {seconds:.1f}s; outputs in {cfg.workdir}")
     return TrainResult(run.ens, state, history, dataset, seconds, False, compiled)
-
-
-def serve_on_host(ens: Ensemble, state: EnsembleState, x: Any) -> dict[str, np.ndarray]:
-    """The task's served outputs of ``x`` (:meth:`meshensemble.tasks.Task.serve`, members
-    included) as numpy, every process taking part.
-
-    Example:
-      >>> sorted(serve_on_host(ens, state, images[:3]))
-      ['expected_entropy', 'member_probs', 'probs']
-    """
-    fn = ens.build(
-        ("serve", True),
-        lambda cfg: functools.partial(steps_lib.served, cfg, True),
-        (ens.state_spec, BATCH),
-        (BATCH, MEMBER_BATCH),
-    )
-    per_example, per_member = fn(state, streaming.pad(np.asarray(x), ens.data_size))
-    out = fetch({**per_example, **per_member})
-    return streaming.unpad(out, len(x), {k: 1 for k in per_member})
 
 
 @dataclasses.dataclass

@@ -147,8 +147,8 @@ class Setup:
     Attributes:
       data: its data; plan: its plan; sample: one input row; init_key: the members' key;
       feeder_for: ``ens -> Feeder`` of the run's data and order; choice: the tuner's;
-      ens: the ensemble it trains (its task set up for the data); restored: ``(state,
-      loop, step)`` of a resumed run, else None.
+      ens: the ensemble it trains (its task set up for the data); restored: the state,
+      loop entry and step of a resumed run's checkpoint, else None.
     """
 
     data: RunData
