@@ -433,7 +433,7 @@ class Task(abc.ABC):
         """This task set up for a run on ``dataset`` (e.g. statistics of its train split).
 
         Args:
-          dataset: the run's data after the validation split.
+          dataset: the run's data after the validation split (None: the options alone).
           options: the run's ``TrainConfig`` fields (as a dict).
 
         Returns:

@@ -373,7 +373,7 @@ class Classification(Task):
 
     def for_data(self, dataset: Any, options: Mapping[str, Any]) -> Classification:
         """The dataset's number of classes and the run's ``label_smoothing``."""
-        classes = getattr(dataset, "num_classes", None)
+        classes = getattr(dataset, "num_classes", self.num_classes)
         return dataclasses.replace(
             self, num_classes=classes, label_smoothing=float(options.get("label_smoothing", 0))
         )

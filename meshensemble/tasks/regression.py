@@ -466,6 +466,8 @@ class Regression(Task):
         """The targets' count, mean and standard deviation on the training split (the model
         learns standardised targets; predictions are in the data's units)."""
         super().for_data(dataset, options)  # refuses label smoothing
+        if dataset is None:  # no data: no statistics
+            return self
         y = np.asarray(dataset.y_train).reshape(len(dataset.y_train), -1)  # its own dtype
         std = np.where(y.std(0) > 0, y.std(0), 1.0)
         return dataclasses.replace(self, targets=y.shape[1], target_shift=tuple(y.mean(0).tolist()),

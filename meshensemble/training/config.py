@@ -563,8 +563,8 @@ def build_ensemble(
       sample: inputs of the data's shape (``images[:1]``): the inputs' dtype chooses the
         input transform (:func:`input_transform`), and ``ens.state_spec`` of sharded
         members follows their shape; default None (uint8 images).
-      task: the run's task, set up for its data (default ``cfg.task``'s class with its
-        own defaults); its output width sets the model's.
+      task: the run's task, set up for its data (default ``cfg.task``'s class with the
+        config's options, e.g. ``label_smoothing``); its output width sets the model's.
       input_stats: the training split's feature statistics (float features).
       steps_per_epoch: the run's, when recorded (default ``num_train // batch_size``).
 
@@ -578,7 +578,8 @@ def build_ensemble(
       (8, True)
     """
     steps = steps_per_epoch or max(num_train // (cfg.batch_size or num_train or 1), 1)
-    task = task if task is not None else task_class(cfg.task)()
+    if task is None:  # the config's task with its options (no data: no statistics)
+        task = task_class(cfg.task)().for_data(None, dataclasses.asdict(cfg))
     name = model_name(cfg, sample)
     model = get_model(name)
     width = task.output_width()
