@@ -203,6 +203,13 @@ def test_array_record_with_a_codec_streams_any_data_and_old_mnist_folders_still_
     assert lazy.is_lazy(ds) and ds.name == "digits" and ds.input_shape == (8, 8, 1)
     assert np.array_equal(ds.x_train[[5, 1499]], digits.x_train[[5, 1499]])
     assert np.array_equal(ds.x_test, digits.x_test) and ds.num_classes == 10
+    # streamed per host as MNIST is: this process's rows of a step, decoded by the codec
+    order = lambda epoch: np.arange(ds.num_train)[::-1].copy()
+    block = me.data.stream.local_block(me.make_mesh(1, 1), 32)
+    it = me.data.stream.StreamIterator(ds, order, 32, ds.num_train // 32, block, threads=1)
+    x, y = it.next_batch(1, 0)
+    rows = np.arange(ds.num_train)[::-1][:32]
+    assert np.array_equal(x, digits.x_train[rows]) and np.array_equal(y, digits.y_train[rows])
     # float tabular data with float targets
     x = np.random.default_rng(0).normal(size=(30, 5)).astype(np.float32)
     reg = me.data.Dataset("reg", x[:20], x[:20, :2], x[20:], x[20:, :2], source="arrays")
