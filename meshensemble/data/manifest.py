@@ -33,7 +33,9 @@ from meshensemble.data.dataset import DataError, first_line
 MANIFEST_FILE = "manifest.json"
 """The manifest's name in a dataset folder."""
 MANIFEST_FORMAT = 1
-"""Version of the manifest's layout (``{"format", "files": {name: {bytes, sha256, records}}}``)."""
+"""Version of the manifest's layout (``{"format", "files": {name: {bytes, sha256, records}}}``,
+and since record codecs an optional ``"codec"``: the records' layout, absent for MNIST
+folders written before it)."""
 REWRITE_FIX = (
     "write the dataset again: meshensemble convert --data-file mnist.npz --out DIR --overwrite"
 )
@@ -62,7 +64,10 @@ def file_digest(path: str | os.PathLike) -> str:
 
 
 def write_manifest(
-    directory: str | os.PathLike, names: Sequence[str], records: Mapping[str, int] | None = None
+    directory: str | os.PathLike,
+    names: Sequence[str],
+    records: Mapping[str, int] | None = None,
+    codec: Mapping[str, Any] | None = None,
 ) -> str:
     """Writes ``manifest.json`` for the files ``names`` of ``directory`` (atomically).
 
@@ -70,6 +75,8 @@ def write_manifest(
       directory: the dataset's folder.
       names: file names in it (not paths).
       records: the record count of each file, where it has one.
+      codec: the records' layout (:meth:`meshensemble.data.codec.RecordCodec.record`),
+        recorded as ``"codec"``; a manifest without one holds MNIST records.
 
     Returns:
       The manifest's path.
@@ -92,7 +99,9 @@ def write_manifest(
     path = os.path.join(directory, MANIFEST_FILE)
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        doc = {"format": MANIFEST_FORMAT, "files": files}
+        doc: dict[str, Any] = {"format": MANIFEST_FORMAT, "files": files}
+        if codec is not None:
+            doc["codec"] = dict(codec)
         json.dump(doc, f, indent=1, sort_keys=True, allow_nan=False)
         f.flush()
         os.fsync(f.fileno())
