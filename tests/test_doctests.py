@@ -186,6 +186,7 @@ COVERED = [
     "meshensemble.runtime.compilation",
     "meshensemble.runtime.distributed",
     "meshensemble.runtime.precompile",
+    "meshensemble.runtime.storage",
     "meshensemble.training.bundle",
     "meshensemble.training",
     "meshensemble.training.checkpoint",
