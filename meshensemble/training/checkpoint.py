@@ -44,6 +44,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from meshensemble.core.state import EnsembleState
+from meshensemble.runtime import storage
 from meshensemble.training.bundle import CheckpointError as CheckpointError
 from meshensemble.training.bundle import abstract_state as abstract_state
 from meshensemble.training.bundle import check_structure
@@ -380,7 +381,8 @@ def load_checksums(directory: str, checkpoints: int = 0) -> tuple[dict[str, str]
 
 
 def write_checksums(directory: str, sums: dict[str, str]) -> None:
-    """Writes ``checksums.json`` and its copy, each atomically (a temporary file renamed).
+    """Writes ``checksums.json`` and its copy, each atomically
+    (:func:`meshensemble.runtime.storage.atomic_write`).
 
     Args:
       directory: the checkpoint folder.
@@ -469,12 +471,7 @@ def _drop_leftovers() -> None:
 
 
 def _atomic_json(path: str, value: Any) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=1, allow_nan=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    storage.atomic_write_json(path, value, indent=1)
 
 
 def list_checkpoints(workdir: str) -> list[int]:
