@@ -190,6 +190,7 @@ COVERED = [
     "meshensemble.training.bundle",
     "meshensemble.training",
     "meshensemble.training.checkpoint",
+    "meshensemble.training.checksums",
     "meshensemble.training.config",
     "meshensemble.training.feeder",
     "meshensemble.training.guards",

@@ -1,0 +1,111 @@
+"""Pods (issue 41): checkpoints on a bucket, and checksums from orbax's own completion.
+
+The bucket is a local GCS server (tests/gcs.py, the ``gcs`` fixture of conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import jax
+import numpy as np
+import optax
+import pytest
+from conftest import need_devices
+from orbax.checkpoint.path import atomicity
+
+import meshensemble as me
+from meshensemble.runtime import storage
+from meshensemble.training import checkpoint
+from meshensemble.training.checkpoint import list_checkpoints, read_checksums
+
+DATA = me.data.synthetic(num_train=256, num_test=40, seed=0)
+
+
+def small_state(members=4):
+    ens = me.Ensemble(me.models.MLP((16,)), optax.sgd(0.1), members, me.make_mesh(4, 1))
+    return ens, ens.init(jax.random.PRNGKey(0), DATA.test_images[:1])
+
+
+@pytest.fixture(params=["local", "gs"])
+def workdir(request, tmp_path) -> str:
+    """A run folder: local, or ``gs://bucket/<test>`` on the local GCS server."""
+    if request.param == "local":
+        return str(tmp_path / "run")
+    return request.getfixturevalue("gcs").path(request.node.name.replace("[", "-")[:-1])
+
+
+# --- checksums: computed once orbax has finished the save, never before ----------------
+def test_checksums_are_computed_only_after_orbax_finalises_each_save(workdir, monkeypatch):
+    """Orbax's last step of a save (the rename of its temporary folder locally, the commit
+    file on a bucket) is made half a second late: each checkpoint is still hashed only after
+    it, and its checksum is that of the finished folder."""
+    need_devices(8)
+    finished: set[str] = set()
+    for cls in (atomicity.AtomicRenameTemporaryPath, atomicity.CommitFileTemporaryPath):
+
+        async def late(self, *args, _real=cls.finalize, **kwargs):
+            await asyncio.sleep(0.5)
+            await _real(self, *args, **kwargs)
+            finished.add(self.get_final().name)
+
+        monkeypatch.setattr(cls, "finalize", late)
+    hashed, real_digest = [], checkpoint.checkpoint_digest
+
+    def digest(path):
+        name = str(path).rstrip("/").rsplit("/", 1)[-1]
+        hashed.append((name, name in finished))
+        return real_digest(path)
+
+    monkeypatch.setattr(checkpoint, "checkpoint_digest", digest)
+    ens, state = small_state()
+    ckpt = me.Checkpointer(workdir, keep=3)
+    ckpt.save(1, state, {"step": 1})
+    deadline = time.monotonic() + 120  # a hang guard only
+    while ("1", True) not in hashed and time.monotonic() < deadline:
+        time.sleep(0.02)  # recorded by the save's own completion: no next save, no close
+    ckpt.save(2, state, {"step": 2})
+    ckpt.close()
+    assert hashed == [("1", True), ("2", True)]
+    folder = storage.join(workdir, "checkpoints")
+    assert read_checksums(folder) == {s: real_digest(storage.join(folder, s)) for s in ("1", "2")}
+
+
+def test_a_checkpointer_saves_verifies_and_restores_on_a_bucket(gcs):
+    """gs://bucket/run/checkpoints: saved, checksummed, restored; a flipped byte there is
+    caught by its checksum, the checkpoint moved aside (a copy, then a delete) and the
+    previous one used."""
+    need_devices(8)
+    workdir = gcs.path("run")
+    ens, first = small_state()
+    second = ens.init(jax.random.PRNGKey(1), DATA.test_images[:1])
+    ckpt = me.Checkpointer(workdir, keep=3)
+    ckpt.save(1, first, {"step": 1})
+    ckpt.save(2, second, {"step": 2})
+    ckpt.close()
+    folder = f"{workdir}/checkpoints"
+    assert list_checkpoints(workdir) == [1, 2]
+    sums = read_checksums(folder)
+    assert sums == {s: checkpoint.checkpoint_digest(f"{folder}/{s}") for s in ("1", "2")}
+    state, loop, step = me.restore_checkpoint(workdir, ens, DATA.test_images[:1])
+    assert (step, loop) == (2, {"step": 2})
+    np.testing.assert_array_equal(
+        jax.device_get(state.params)["Dense_0"]["kernel"],
+        jax.device_get(second.params)["Dense_0"]["kernel"],
+    )
+    data = max(
+        (f for f in storage.walk_files(f"{folder}/2") if "/d/" in f),
+        key=lambda f: storage.file_size(f"{folder}/2/{f}"),
+    )
+    blob = bytearray(storage.read_bytes(f"{folder}/2/{data}"))
+    blob[len(blob) // 2] ^= 0xFF
+    storage.atomic_write(f"{folder}/2/{data}", bytes(blob))
+    said: list[str] = []
+    state, _, step = me.restore_checkpoint(workdir, ens, DATA.test_images[:1], echo=said.append)
+    assert step == 1, said
+    assert said == [
+        f"checkpoint 2 is damaged (checksum mismatch); moved it to "
+        f"{workdir}/checkpoints_damaged/2; trying the previous one"
+    ]
+    assert list_checkpoints(workdir) == [1] and storage.isdir(f"{workdir}/checkpoints_damaged/2")
+    assert read_checksums(folder) == {"1": sums["1"]}
