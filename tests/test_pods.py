@@ -1,4 +1,5 @@
-"""Pods (issue 41): checkpoints on a bucket, and checksums from orbax's own completion.
+"""Pods (issue 41): checkpoints on a bucket, checksums from orbax's own completion, and the
+stop decision without a collective per step.
 
 The bucket is a local GCS server (tests/gcs.py, the ``gcs`` fixture of conftest.py)."""
 
@@ -11,12 +12,12 @@ import jax
 import numpy as np
 import optax
 import pytest
-from conftest import need_devices
+from conftest import need_devices, small_config
 from orbax.checkpoint.path import atomicity
 
 import meshensemble as me
 from meshensemble.runtime import storage
-from meshensemble.training import checkpoint
+from meshensemble.training import checkpoint, guards
 from meshensemble.training.checkpoint import list_checkpoints, read_checksums
 
 DATA = me.data.synthetic(num_train=256, num_test=40, seed=0)
@@ -109,3 +110,59 @@ def test_a_checkpointer_saves_verifies_and_restores_on_a_bucket(gcs):
     ]
     assert list_checkpoints(workdir) == [1] and storage.isdir(f"{workdir}/checkpoints_damaged/2")
     assert read_checksums(folder) == {"1": sums["1"]}
+
+
+# --- the stop decision: JAX's preemption sync point, once per chunk ---------------------
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts the stop decision's calls into JAX's multi-process API (and answers them as
+    one process would: no preemption, every flag False)."""
+    from jax.experimental import multihost_utils
+
+    calls = {"sync": [], "gather": 0}
+
+    def sync(step_id):
+        calls["sync"].append(step_id)
+        return False
+
+    def gather(x, *args, **kwargs):
+        calls["gather"] += 1
+        return np.asarray(x)[None]
+
+    monkeypatch.setattr(multihost_utils, "reached_preemption_sync_point", sync)
+    monkeypatch.setattr(multihost_utils, "process_allgather", gather)
+    return calls
+
+
+def test_the_stop_signal_of_several_processes_asks_the_sync_point_not_a_collective(counted):
+    stop = guards.StopSignal.install(processes=2)
+    try:
+        assert not any(stop.requested(step) for step in range(5))
+    finally:
+        stop.uninstall()
+    first = counted["sync"][0]
+    assert counted["sync"] == list(range(first, first + 5))  # one call each, in sequence
+    assert counted["gather"] == 0
+
+
+def test_a_run_of_several_processes_decides_to_stop_once_per_chunk(tmp_path, monkeypatch, counted):
+    """The run's loop asks the stop signal once per chunk (12 steps, chunks of 4: 3 calls),
+    and the answer costs no cross-process collective (a per-step check would make 12)."""
+    need_devices(8)
+    real = guards.StopSignal.install
+    monkeypatch.setattr(guards.StopSignal, "install", lambda: real(processes=2))
+    cfg = small_config(tmp_path / "run", max_steps=12, chunk_steps=4, stop_within=0)
+    me.training.train(cfg, dataset=DATA)
+    assert len(counted["sync"]) == 3, counted
+    assert counted["gather"] == 0
+
+
+def test_with_jax_s_preemption_service_off_the_processes_gather_their_flags(counted):
+    jax.config.update("jax_enable_preemption_service", False)
+    try:
+        stop = guards.StopSignal(processes=2)
+    finally:
+        jax.config.update("jax_enable_preemption_service", True)
+    assert not stop.requested(0)
+    stop.signal = "SIGTERM"
+    assert stop.requested(1) and counted["gather"] == 2 and not counted["sync"]

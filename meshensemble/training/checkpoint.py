@@ -73,6 +73,20 @@ DAMAGED_DIR = "checkpoints_damaged"
 :data:`CHECKPOINT_DIR`: orbax never lists them, and the run can save that step again)."""
 
 
+class _Manager(ocp.CheckpointManager):
+    """Orbax's manager, leaving JAX's preemption sync point to the run's stop signal.
+
+    Orbax asks the sync point itself, with checkpoint step numbers, at each save and from
+    its finalisation thread; the sync point remembers the last number it was asked with,
+    so those calls would move it out of the sequence every process follows
+    (:class:`meshensemble.training.guards.StopSignal`) and the agreed step might never
+    come. Orbax only logs what it would learn (its saves here are always forced).
+    """
+
+    def reached_preemption(self, step: int) -> bool:
+        return False
+
+
 def checkpoint_manager(workdir: str, keep: int = 3, create: bool = True) -> ocp.CheckpointManager:
     """An orbax ``CheckpointManager`` for ``workdir/checkpoints`` (asynchronous saves).
 
@@ -83,14 +97,15 @@ def checkpoint_manager(workdir: str, keep: int = 3, create: bool = True) -> ocp.
 
     Returns:
       The manager; items ``state`` (the :class:`EnsembleState`) and ``loop`` (a JSON
-      dict with the loop's position).
+      dict with the loop's position). It never asks JAX's preemption sync point (the run's
+      :class:`~meshensemble.training.guards.StopSignal` does).
 
     Example:
       >>> mngr = me.checkpoint_manager("runs/demo")
     """
     path = storage.absolute(storage.join(workdir, CHECKPOINT_DIR))
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create)
-    return ocp.CheckpointManager(path, options=options, item_names=("state", "loop"))
+    return _Manager(path, options=options, item_names=("state", "loop"))
 
 
 def save_checkpoint(
