@@ -1,11 +1,15 @@
-"""Pods (issue 41): checkpoints on a bucket, checksums from orbax's own completion, and the
-stop decision without a collective per step.
+"""Pods (issue 41): checkpoints on a bucket, checksums from orbax's own completion, the
+stop decision without a collective per step, and a library that neither hooks nor exits.
 
 The bucket is a local GCS server (tests/gcs.py, the ``gcs`` fixture of conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import pathlib
+import subprocess
+import sys
 import time
 
 import jax
@@ -166,3 +170,46 @@ def test_with_jax_s_preemption_service_off_the_processes_gather_their_flags(coun
     assert not stop.requested(0)
     stop.signal = "SIGTERM"
     assert stop.requested(1) and counted["gather"] == 2 and not counted["sync"]
+
+
+# --- a library that raises, and installs nothing ----------------------------------------
+HOOKS = """
+import json, signal, sys, threading
+def hooks():
+    return [repr(signal.getsignal(signal.SIGINT)), repr(signal.getsignal(signal.SIGTERM)),
+            repr(sys.unraisablehook), repr(sys.excepthook), repr(threading.excepthook)]
+before = hooks()
+import meshensemble as me
+after_import = hooks()
+me.use_fake_cpu_devices(8)
+cfg = me.TrainConfig(model="mlp", members=2, mesh="ensemble=2,data=1", epochs=1, max_steps=2,
+                     batch_size=32, eval_batch_size=40, workdir=sys.argv[1], quiet=True)
+me.training.train(cfg, dataset=me.data.synthetic(num_train=64, num_test=40, seed=0))
+print(json.dumps([before, after_import, hooks()]))
+"""
+
+
+def test_importing_and_training_through_the_api_installs_no_handler_or_hook(tmp_path):
+    """In a fresh process: SIGINT/SIGTERM's handlers, ``sys.unraisablehook`` and the except
+    hooks are the same before ``import meshensemble``, after it, and after a run through
+    the Python API (which saves checkpoints through a Checkpointer)."""
+    cmd = [sys.executable, "-c", HOOKS, str(tmp_path / "run")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    before, after_import, after_run = json.loads(done.stdout.strip().splitlines()[-1])
+    assert after_import == before
+    assert after_run == before
+    assert list_checkpoints(tmp_path / "run") == [2]
+
+
+def test_the_package_never_ends_the_process_outside_the_command_line():
+    """Only the command line (cli/) and the program entry points (``__main__``) exit."""
+    package = pathlib.Path(me.__file__).parent
+    found = [
+        f"{path.relative_to(package)}: {call}"
+        for path in sorted(package.rglob("*.py"))
+        if path.relative_to(package).parts[0] != "cli" and path.stem != "__main__"
+        for call in ("os._exit(", "sys.exit(", "os.abort(")
+        if call in path.read_text()
+    ]
+    assert found == []

@@ -283,6 +283,29 @@ def leftovers_dropped() -> typing.Iterator[None]:
         sys.unraisablehook = previous
 
 
+def hard_exit(code: int, message: str) -> None:
+    """Prints ``message`` and ends the process now, skipping the runtime's shutdown barrier.
+
+    Only the command line ends its process (the library raises). After a peer dies, the
+    runtime's shutdown waits for it until the heartbeat timeout and then aborts with a
+    long trace; and after a failed save, orbax's background threads still hold the write
+    and would print their teardown. A failed command should instead say what happened in
+    one line and exit promptly.
+
+    Args:
+      code: the exit status.
+      message: the one line (stderr).
+
+    Example:
+      >>> hard_exit(1, "error: lost contact with process 1")  # doctest: +SKIP
+    """
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
+
+
 def setup_devices(fake_devices: int | None) -> None:
     """Applies ``--fake-devices N`` (N simulated CPU devices) before JAX starts.
 
