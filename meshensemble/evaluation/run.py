@@ -21,8 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +30,7 @@ from jax.sharding import Mesh
 from meshensemble import data as data_lib
 from meshensemble.calibration.run import check_split
 from meshensemble.data.split import split_validation
+from meshensemble.runtime import storage
 from meshensemble.training.identity import check_run_data, load_run_data, read_saved_config
 from meshensemble.training.outputs import (
     EVALUATION_FILE,
@@ -105,8 +104,7 @@ def previous_calibration(
       {...}
     """
     try:
-        with open(os.path.join(workdir, EVALUATION_FILE)) as f:
-            cal = json.load(f).get("calibration")
+        cal = storage.read_json(storage.join(workdir, EVALUATION_FILE)).get("calibration")
     except (OSError, ValueError, AttributeError):
         return None  # none yet, or unreadable: nothing to carry over
     if not isinstance(cal, dict):
@@ -264,12 +262,12 @@ def evaluate_run(
 
 def _write(workdir: str, result: dict[str, Any], figures: Mapping[str, Callable]) -> None:
     """``evaluation.json`` (strict JSON, replaced atomically) and the figures."""
-    path = os.path.join(workdir, EVALUATION_FILE)
+    path = storage.join(workdir, EVALUATION_FILE)
     text = dumps_strict(result, indent=2)  # NaN as null, noted: strict JSON
     with writing(path), replacing(path) as f:
         f.write(text)
     for name, draw in figures.items():
-        path = os.path.join(workdir, name)
+        path = storage.join(workdir, name)
         with writing(path):
             draw(path)
         note_output(workdir, path)

@@ -24,9 +24,7 @@ Example:
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,6 +34,7 @@ from meshensemble.core import steps, streaming
 from meshensemble.core.mesh import BATCH, MEMBER_BATCH
 from meshensemble.data import IMAGE_SHAPE
 from meshensemble.evaluation import EVALUATION_FILE
+from meshensemble.runtime import storage
 from meshensemble.serving.inputs import as_inputs
 from meshensemble.training.config import model_name
 from meshensemble.training.restore import restore_run, run_identity, run_mesh
@@ -83,13 +82,12 @@ def read_calibration(
       run runs/mnist is not calibrated (no evaluation.json); run `meshensemble evaluate
       --workdir runs/mnist --calibrate` first
     """
-    path = os.path.join(workdir, EVALUATION_FILE)
+    path = storage.join(workdir, EVALUATION_FILE)
     fix = f"run `meshensemble evaluate --workdir {workdir} --calibrate` first"
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         return None, f"run {workdir} is not calibrated (no {EVALUATION_FILE}); {fix}"
     try:
-        with open(path) as f:
-            section = json.load(f).get("calibration")
+        section = storage.read_json(path).get("calibration")
         if section is None:
             return None, f"run {workdir} is not calibrated ({path} has none); {fix}"
         fitted = section.get("fitted_for")

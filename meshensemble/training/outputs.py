@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -30,6 +30,7 @@ import jax
 import numpy as np
 
 from meshensemble.errors import RunFailedError
+from meshensemble.runtime import storage
 from meshensemble.training.checkpoint import CHECKPOINT_DIR, list_checkpoints
 from meshensemble.training.config import CONFIG_FILE, METRICS_FILE
 
@@ -203,14 +204,16 @@ def check_writable(workdir: str, what: str = "pass a writable --workdir") -> Non
 def replacing(path: str) -> Iterator[Any]:
     """A text file to write that replaces ``path`` atomically when the block ends.
 
-    The block writes ``path + ".tmp"``, which is renamed over ``path`` once complete (or
-    removed if the block fails), so a reader or a crash never sees half a file.
+    The block writes into memory; when it ends the text is written with
+    :func:`meshensemble.runtime.storage.atomic_write` (a temporary file renamed into place
+    locally, one object on a bucket), and not at all if the block fails, so a reader or a
+    crash never sees half a file.
 
     Args:
-      path: the file to replace.
+      path: the file to replace (local, or ``gs://...``).
 
     Yields:
-      The open temporary file.
+      A text buffer to write into.
 
     Example:
       >>> os.makedirs("runs/mnist")
@@ -219,14 +222,9 @@ def replacing(path: str) -> Iterator[Any]:
       >>> os.listdir("runs/mnist")         # written whole, then renamed into place
       ['config.json']
     """
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            yield f
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    buffer = io.StringIO()
+    yield buffer
+    storage.atomic_write(path, buffer.getvalue())
 
 
 def note_output(workdir: str, path: str) -> None:
@@ -241,18 +239,21 @@ def note_output(workdir: str, path: str) -> None:
       >>> json.load(open("runs/x/outputs.json"))
       ['preds.npz']
     """
-    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(workdir))
-    if rel.startswith(os.pardir) or not os.path.isdir(workdir):
+    top, full = storage.absolute(workdir).rstrip("/") + "/", storage.absolute(path)
+    if not full.startswith(top) or not storage.isdir(workdir):
         return
-    listing = os.path.join(workdir, OUTPUTS_FILE)
+    listing, held = storage.join(workdir, OUTPUTS_FILE), _listed(workdir)
+    if full[len(top) :] not in held:
+        with writing(listing):
+            storage.atomic_write_json(listing, [*held, full[len(top) :]])
+
+
+def _listed(workdir: str) -> list[str]:
+    """The files :data:`OUTPUTS_FILE` lists (none when it is missing or unreadable)."""
     try:
-        with open(listing) as f:
-            held = [str(v) for v in json.load(f)]
+        return [str(v) for v in storage.read_json(storage.join(workdir, OUTPUTS_FILE))]
     except (OSError, ValueError, TypeError):
-        held = []
-    if rel not in held:
-        with writing(listing), replacing(listing) as f:
-            f.write(json.dumps([*held, rel]))
+        return []
 
 
 def clear_run(workdir: str) -> None:
@@ -268,20 +269,13 @@ def clear_run(workdir: str) -> None:
       >>> os.listdir("runs/mnist")
       []
     """
-    for name in (CHECKPOINT_DIR, TENSORBOARD_DIR):
-        shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
-    try:
-        with open(os.path.join(workdir, OUTPUTS_FILE)) as f:
-            listed = [str(v) for v in json.load(f)]
-    except (OSError, ValueError, TypeError):
-        listed = []
     names = (CONFIG_FILE, METRICS_FILE, COMPILE_FILE, EVALUATION_FILE, *OLDER_OUTPUTS)
-    for name in (*names, *listed, OUTPUTS_FILE):
-        path = os.path.join(workdir, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        elif os.path.isfile(path) or os.path.islink(path):
-            os.remove(path)
+    for name in (CHECKPOINT_DIR, TENSORBOARD_DIR, *names, *_listed(workdir), OUTPUTS_FILE):
+        path = storage.join(workdir, name)
+        if storage.isdir(path):
+            storage.rmtree(path)
+        elif storage.exists(path):
+            storage.remove(path)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,6 +31,7 @@ from jax.sharding import Mesh
 from meshensemble.core.mesh import make_mesh, parse_mesh
 from meshensemble.core.tasks import Task, task_class
 from meshensemble.data import IMAGE_SHAPE
+from meshensemble.runtime import storage
 from meshensemble.training.checkpoint import (
     CHECKPOINT_DIR,
     checkpoint_digest,
@@ -92,20 +92,19 @@ def load_run_config(workdir: str) -> TrainConfig:
       >>> load_run_config("runs/tiny").members
       4
     """
-    if not os.path.isdir(workdir):
+    if not storage.isdir(workdir):
         raise FileNotFoundError(
             f"{workdir}: no such run folder; train one with `meshensemble train --workdir "
             f"{workdir}` or pass the folder of a trained run"
         )
-    path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.isfile(path):
+    path = storage.join(workdir, CONFIG_FILE)
+    if not storage.isfile(path):
         raise FileNotFoundError(
             f"{path}: not found; --workdir must be a folder written by `meshensemble train`"
         )
     try:
-        with open(path) as f:
-            loaded = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        loaded = storage.read_json(path)
+    except (OSError, ValueError) as err:
         msg = " ".join(str(err).split())
         raise ValueError(f"{path}: corrupt run config, cannot read JSON ({msg})") from None
     if not isinstance(loaded, dict):
@@ -130,7 +129,7 @@ def check_checkpoint(workdir: str, step: int | None) -> None:
       >>> check_checkpoint("runs/tiny", 4)   # None: it is there
     """
     steps = list_checkpoints(workdir)
-    folder = os.path.join(workdir, CHECKPOINT_DIR)
+    folder = storage.join(workdir, CHECKPOINT_DIR)
     if not steps:
         raise FileNotFoundError(
             f"no checkpoint in {folder}; train the run with checkpoints (without "
@@ -187,10 +186,10 @@ def run_identity(workdir: str, cfg: TrainConfig, step: int) -> dict[str, Any]:
     """
     resolved = (read_saved_config(workdir) or {}).get("resolved") or {}
     data = json.dumps(resolved.get("data_identity"), sort_keys=True, default=str)
-    folder = os.path.join(workdir, CHECKPOINT_DIR)
+    folder = storage.join(workdir, CHECKPOINT_DIR)
     digest = read_checksums(folder).get(str(step))
-    if digest is None and os.path.isdir(os.path.join(folder, str(step))):
-        digest = checkpoint_digest(os.path.join(folder, str(step)))
+    if digest is None and storage.isdir(storage.join(folder, str(step))):
+        digest = checkpoint_digest(storage.join(folder, str(step)))
     return {
         "data": hashlib.sha256(data.encode()).hexdigest()[:16],
         "seed": cfg.seed,
