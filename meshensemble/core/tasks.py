@@ -333,10 +333,6 @@ class Task(abc.ABC):
         """
         return dict(out)
 
-    def output_keys(self, members: bool, sets: bool) -> tuple[str, ...]:
-        """The keys ``predict`` writes, in order (default :meth:`serve`'s)."""
-        return ("prediction",) + (("member_prediction",) if members else ())
-
     def csv_keys(self, out: Mapping[str, Any]) -> list[str]:
         """The arrays of ``out`` a ``predict --out FILE.csv`` writes (default: those without
         a member axis)."""

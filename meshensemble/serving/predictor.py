@@ -214,8 +214,8 @@ class Predictor:
           progress: called with the examples done after each batch.
 
         Returns:
-          numpy arrays, the task's :meth:`~meshensemble.tasks.Task.output_keys` in order
-          (classification: ``probs``, ``label``, ``confidence``, ``entropy``,
+          numpy arrays, the task's :meth:`~meshensemble.tasks.Task.finish` in order, the
+          members' last (classification: ``probs``, ``label``, ``confidence``, ``entropy``,
           ``mutual_information``, ``prediction_set``, ``member_probs``; regression:
           ``mean``, ``variance``, ``aleatoric``, ``epistemic``, ``lower``, ``upper``,
           ``member_mean``, ``member_variance``).
@@ -239,7 +239,7 @@ class Predictor:
         n, result = len(x), {}
 
         def sink(start: int, out: dict[str, Any]) -> None:
-            out = task.finish(out, self.calibration, calibrated, cal is not None)
+            out = task.finish({**out["x"], **out["m"]}, self.calibration, calibrated, bool(cal))
             for key, v in out.items():
                 axis = 1 if key.startswith("member_") else 0
                 if key not in result:
@@ -250,16 +250,14 @@ class Predictor:
 
         def run(xb: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
             per_example, per_member = program(state, ens.place(xb))
-            return {**per_example, **per_member}
+            return {"x": per_example, "m": per_member}  # per member: examples on axis 1
 
-        keys = task.output_keys(bool(members), cal is not None)
         floats = np.issubdtype(self.input_dtype, np.floating)
         streaming.stream(
-            run, x, self.batch_size, ens.data_size, sink, progress=progress,
-            axes={k: 1 for k in keys if k.startswith("member_")},
+            run, x, self.batch_size, ens.data_size, sink, progress=progress, axes={"m": 1},
             prepare=(lambda rows: np.asarray(rows, self.input_dtype)) if floats else None,
         )  # fmt: skip
-        return {k: result[k] for k in keys if k in result}
+        return {k: result[k] for k in sorted(result, key=lambda k: k.startswith("member_"))}
 
     def _offers(self, which: str) -> None:
         """Raises the task's one line when it has no such conformal output."""

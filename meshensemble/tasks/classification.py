@@ -40,8 +40,6 @@ from meshensemble.tasks import ood as ood_lib
 
 UNCERTAINTY_KEYS = ("label", "confidence", "entropy", "mutual_information")
 """The per-example fields of ``Predictor.uncertainty`` of a classification run, each ``[N]``."""
-OUTPUT_KEYS = ("probs", *UNCERTAINTY_KEYS, "prediction_set", "member_probs")
-"""The arrays ``predict`` writes for a classification run, in order."""
 PLOTS = ("learning_curves.png", "members.png")
 """The figures a classification run draws at its end."""
 
@@ -277,12 +275,6 @@ class Classification(Task):
             )
             res["prediction_set"] = np.asarray(chosen)
         return res
-
-    def output_keys(self, members: bool, sets: bool) -> tuple[str, ...]:
-        """:data:`OUTPUT_KEYS` less ``prediction_set``/``member_probs`` when not asked."""
-        drop = {"prediction_set"} - ({"prediction_set"} if sets else set())
-        drop |= set() if members else {"member_probs"}
-        return tuple(k for k in OUTPUT_KEYS if k not in drop)
 
     def csv_keys(self, out: Mapping[str, Any]) -> list[str]:
         """``label``, ``confidence``, ``entropy``, ``mutual_information``, ``prediction_set``."""

@@ -343,13 +343,6 @@ class Regression(Task):
             out |= {k: out[k] * s for k in MOMENT_KEYS[1:]}
         return out
 
-    def output_keys(self, members: bool, sets: bool) -> tuple[str, ...]:
-        """:data:`OUTPUT_KEYS` less the intervals / members when not asked."""
-        drop = (set() if sets else {"lower", "upper"}) | (
-            set() if members else {"member_mean", "member_variance"}
-        )
-        return tuple(k for k in OUTPUT_KEYS if k not in drop)
-
     def csv_keys(self, out: Mapping[str, Any]) -> list[str]:
         """The moments and, when there, ``lower`` and ``upper`` (a column per target)."""
         return [k for k in OUTPUT_KEYS if k in out and not k.startswith("member_")]
