@@ -269,6 +269,12 @@ def _bad_cases(run):
                     path.write_bytes(bytes(b ^ 0xFF for b in path.read_bytes()))
     w, out = run.workdir, str(root / "out" / "p.npz")
     os.makedirs(root / "out", exist_ok=True)
+    same = root / "same"  # an input the output must not replace, named three ways
+    same.mkdir(exist_ok=True)
+    np.savez(same / "x.npz", images=run.images[:3])
+    if not (same / "link.npz").exists():
+        os.symlink(same / "x.npz", same / "link.npz")
+    relative = os.path.relpath(same / "x.npz")
     return {
         "no checkpoint": (str(nockpt), x, out, [], 2, "no checkpoint"),
         "damaged checkpoint": (str(damaged), x, out, [], 1, "no good checkpoint"),
@@ -284,6 +290,9 @@ def _bad_cases(run):
         "out kind": (w, x, str(root / "out" / "p.txt"), [], 2, r"\.npz or \.csv"),
         "sets uncalibrated": (run.plain, x, out, ["--sets"], 2, "no prediction sets: run"),
         "members in a csv": (w, x, str(root / "out" / "m.csv"), ["--members"], 2, "FILE.npz"),
+        "out is the input": (w, same / "x.npz", str(same / "x.npz"), [], 2, "is the --input"),
+        "out links to the input": (w, same / "x.npz", str(same / "link.npz"), [], 2, "is the --i"),
+        "out is the input, relative": (w, same / "x.npz", relative, [], 2, "is the --input file"),
     }
 
 
@@ -302,6 +311,9 @@ CASES = [
     "out kind",
     "sets uncalibrated",
     "members in a csv",
+    "out is the input",
+    "out links to the input",
+    "out is the input, relative",
 ]
 
 
@@ -313,8 +325,9 @@ def test_bad_input_gets_one_line_and_writes_nothing(run, capsys, monkeypatch, ca
     if case == "out is a folder":
         os.makedirs(out, exist_ok=True)
     before = sorted(os.walk(workdir))
-    folder = os.path.dirname(out)
+    folder = os.path.dirname(os.path.abspath(out))
     had = sorted(os.listdir(folder)) if os.path.isdir(folder) else None
+    given = pathlib.Path(x).read_bytes() if os.path.isfile(x) else None
     rc = cli.main(["predict", "--workdir", workdir, "--input", str(x), "--out", out, *extra])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == code and len(err) == 1 and err[0].startswith("error: "), err
@@ -322,6 +335,33 @@ def test_bad_input_gets_one_line_and_writes_nothing(run, capsys, monkeypatch, ca
     assert sorted(os.walk(workdir)) == before  # the run is read, never changed
     if had is not None:
         assert sorted(os.listdir(folder)) == had  # no output, no temporary file
+    if given is not None:
+        assert pathlib.Path(x).read_bytes() == given  # the input is never replaced
+
+
+def test_an_unwritable_out_names_the_output_file_not_a_workdir(run, capsys):
+    x = run.root / "bad" / "x.npy"
+    np.save(x, run.images[:3])
+    rc = cli.main(["predict", "--workdir", run.workdir, "--input", str(x), "--out", "/proc/x.npz"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith("error: --out /proc/x.npz: its folder /proc is not writable ("), err
+    assert "workdir" not in err[0]
+    rc = cli.main(["export", "--workdir", run.workdir, "--out", "/proc/exported"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith("error: --out /proc/exported is not writable ("), err
+    assert "workdir" not in err[0]
+
+
+def test_export_takes_quiet_as_predict_does(run, capsys, tmp_path):
+    out = os.fspath(tmp_path / "quiet")
+    argv = ["export", "--workdir", run.workdir, "--out", out, "--platforms", "cpu", "--quiet"]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out == "" and sorted(os.listdir(out)) == [
+        "ensemble.jax",
+        "export.json",
+    ]
 
 
 def test_export_refuses_a_file_as_its_folder(run, capsys):

@@ -71,6 +71,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "dropped where this JAX cannot lower for it)",
     )
     add_fake_devices_flag(p)
+    add("--quiet", action="store_true", help="no summary line")
     add_debug_flag(p)
     return p
 
@@ -94,12 +95,14 @@ def run(args: argparse.Namespace) -> int:
         )
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out {args.out} is a file; give a folder")
-    check_writable(args.out, "give a writable --out folder")
+    check_writable(args.out, "give a writable --out folder", name="--out")
     notes: list[str] = []  # a damaged checkpoint skipped: said once the restore succeeded
     predictor = load_predictor(args.workdir, checkpoint=args.checkpoint, echo=notes.append)
     for line in notes:
         print(line, file=sys.stderr)
     meta = export_ensemble(predictor, args.out, platforms)
+    if args.quiet:
+        return 0
     if meta.get("task") == "regression":
         scale = meta["variance_scale"]
         cal = "uncalibrated" if scale is None else f"variance scale {scale:.4g}"
