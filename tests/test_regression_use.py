@@ -254,7 +254,12 @@ def test_one_line_refusals(run, tmp_path, capsys):
     _refused(capsys, [*predict, str(tmp_path / "x2.npy"), "--sets"], "no conformal intervals")
     _refused(capsys, [*predict, str(tmp_path / "x2.npy"), "--no-temperature"],
              "does not apply")  # fmt: skip
+    np.save(tmp_path / "nan.npy", np.array([[0, 0], [np.nan, 1]], np.float32))
+    _refused(capsys, [*predict, str(tmp_path / "nan.npy")], "holds nan (not finite) at row 1, "
+             "column 0; give finite features")  # fmt: skip
     assert not os.path.exists(tmp_path / "p.npz")
+    with pytest.raises(ValueError, match="at row 1, column 0"):
+        me.load_predictor(run.plain).outputs(np.array([[0, 0], [np.inf, 1]]))
     with pytest.raises(ValueError, match="no prediction sets; use predictor.intervals"):
         me.load_predictor(run.plain).prediction_sets(np.zeros((1, 2)))
     assert math.isfinite(run.result["calibration"]["conformal"]["quantile"])

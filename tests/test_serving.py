@@ -354,6 +354,23 @@ def test_an_unwritable_out_names_the_output_file_not_a_workdir(run, capsys):
     assert "workdir" not in err[0]
 
 
+@pytest.mark.parametrize(
+    "value, what",
+    [(np.nan, "nan (not finite)"), (-np.inf, "-inf (not finite)"), (1e39, "1e+39 (beyond")],
+)
+def test_features_with_a_nan_or_inf_are_refused_naming_the_row_and_column(tmp_path, value, what):
+    x = np.zeros((70_000, 3), np.float64)  # more rows than one block of the check
+    x[66_000, 2] = value
+    np.save(tmp_path / "x.npy", x)
+    want = f"--input {tmp_path / 'x.npy'} holds {what}"
+    with pytest.raises(ValueError, match=re.escape(want) + r".* at row 66000, column 2; give"):
+        inputs.open_features(str(tmp_path / "x.npy"), 3)
+    with pytest.raises(ValueError, match="at row 66000, column 2"):
+        inputs.as_features(x, 3)
+    x[66_000, 2] = np.finfo(np.float32).max  # the largest float32 still predicts
+    assert inputs.as_features(x, 3) is x
+
+
 def test_export_takes_quiet_as_predict_does(run, capsys, tmp_path):
     out = os.fspath(tmp_path / "quiet")
     argv = ["export", "--workdir", run.workdir, "--out", out, "--platforms", "cpu", "--quiet"]

@@ -34,6 +34,8 @@ NPZ_IMAGE_KEYS = ("images", "x_test", "x")
 """Keys of a ``.npz`` input tried in this order for the images."""
 NPZ_FEATURE_KEYS = ("x", "x_test", "features")
 """Keys of a ``.npz`` input tried in this order for a regression run's features."""
+FINITE_CHECK_ROWS = 65536
+"""Rows of a regression input checked for NaN/inf at a time (a memory map is read once)."""
 GRAY_MODES = ("L", "1", "P")
 """Pillow modes accepted (and read as 8-bit grayscale) for a one-channel run."""
 
@@ -157,7 +159,8 @@ def as_features(x: Any, features: int, where: str = "x") -> np.ndarray:
       The array (rows are cast to float32 a batch at a time when streamed).
 
     Raises:
-      ValueError: another shape, a non-numeric dtype, or no rows.
+      ValueError: another shape, a non-numeric dtype, no rows, or a value that is NaN,
+        infinite or beyond float32's range (one line naming its row and column).
 
     Example:
       >>> as_features(np.zeros((3, 1)), 1).shape
@@ -172,7 +175,26 @@ def as_features(x: Any, features: int, where: str = "x") -> np.ndarray:
         raise ValueError(f"{where} of dtype {rows.dtype}: give real numbers (e.g. float32)")
     if len(rows) == 0:
         raise ValueError(f"{where} holds no rows (shape {list(rows.shape)}); give at least one")
+    if np.issubdtype(rows.dtype, np.floating):
+        _check_finite(rows, where)
     return rows
+
+
+def _check_finite(rows: np.ndarray, where: str) -> None:
+    """Refuses the first NaN, inf or value float32 cannot hold (it would predict NaN)."""
+    top = float(np.finfo(np.float32).max)
+    for start in range(0, len(rows), FINITE_CHECK_ROWS):
+        block = np.asarray(rows[start : start + FINITE_CHECK_ROWS])
+        with np.errstate(invalid="ignore"):
+            bad = ~(np.abs(block) <= top)  # NaN compares False
+        if bad.any():
+            i, j = (int(v) for v in np.argwhere(bad)[0])
+            value = block[i, j]
+            what = "beyond float32's range" if np.isfinite(value) else "not finite"
+            raise ValueError(
+                f"{where} holds {value} ({what}) at row {start + i}, column {j}; give finite "
+                "features (drop or impute that row)"
+            )
 
 
 def open_features(path: str, features: int) -> np.ndarray:
