@@ -176,6 +176,7 @@ COVERED = [
     "meshensemble.bench.workloads",
     "meshensemble.plots",
     "meshensemble.serving",
+    "meshensemble.serving.blocks",
     "meshensemble.serving.export",
     "meshensemble.serving.inputs",
     "meshensemble.serving.outputs",

@@ -5,6 +5,8 @@
 * :mod:`meshensemble.serving.predictor`: :func:`load_predictor` and :class:`Predictor`
   (probabilities, members, uncertainty, conformal sets), streamed through the mesh by
   :func:`meshensemble.core.streaming.stream`; ``meshensemble predict`` runs on it.
+* :mod:`meshensemble.serving.blocks`: the predictor's program runs in fixed blocks of
+  rows, so an example's outputs (and its conformal set) are the same in any batch.
 * :mod:`meshensemble.serving.regression`: :class:`RegressionPredictor` (what
   :func:`load_predictor` returns for a regression run: features ``[N, F]`` in, the
   mixture's moments and conformal intervals out) and its export function.
@@ -19,6 +21,7 @@ Example:
   4
 """
 
+from meshensemble.serving import blocks as blocks
 from meshensemble.serving import export as export
 from meshensemble.serving import inputs as inputs
 from meshensemble.serving import outputs as outputs
@@ -40,6 +43,7 @@ __all__ = [
     "IntervalCalibration",
     "Predictor",
     "RegressionPredictor",
+    "blocks",
     "export",
     "export_ensemble",
     "inputs",

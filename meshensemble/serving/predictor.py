@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -35,11 +34,12 @@ from jax.sharding import Mesh
 
 from meshensemble import calibration
 from meshensemble.core import steps, streaming
-from meshensemble.core.mesh import BATCH, MEMBER_BATCH, make_mesh, parse_mesh
+from meshensemble.core.mesh import BATCH, MEMBER_BATCH, REPLICATED, make_mesh, parse_mesh
 from meshensemble.data import IMAGE_SHAPE
 from meshensemble.evaluation import EVALUATION_FILE, load_run_config
 from meshensemble.numerics import temperature as temperature_lib
 from meshensemble.numerics.statmath import shannon_entropy
+from meshensemble.serving.blocks import BLOCK_ROWS, in_blocks
 from meshensemble.serving.inputs import as_images
 from meshensemble.serving.regression import RegressionPredictor, load_regression_predictor
 from meshensemble.training import build_ensemble, default_mesh_shape
@@ -129,9 +129,11 @@ def read_calibration(workdir: str, step: int) -> tuple[Calibration | None, str]:
     return cal, ""
 
 
-@functools.partial(jax.jit, static_argnames=("with_calibrated",))
 def _finish(out: dict[str, jax.Array], t: Any, t_cal: Any, with_calibrated: bool) -> dict:
-    """Per-example fields from :func:`meshensemble.core.steps.prediction_summaries`."""
+    """Per-example fields from :func:`meshensemble.core.steps.prediction_summaries`.
+
+    Traced inside the predictor's program, block by block (elementwise code compiled for
+    another shape may round differently too)."""
     pooled = out["probs"]
     probs = pooled if t is None else temperature_lib.tempered(pooled, t)
     res = {
@@ -166,7 +168,8 @@ class Predictor:
       num_classes: the classes; num_members: the members.
       data_identity: the run's data as ``config.json`` records it (``{}`` if absent).
       model: the run's model name.
-      batch_size: examples per compiled call.
+      batch_size: examples per compiled call (rounded up to whole blocks of
+        :data:`~meshensemble.serving.blocks.BLOCK_ROWS` rows per device).
     """
 
     def __init__(
@@ -218,6 +221,10 @@ class Predictor:
     ) -> dict[str, np.ndarray]:
         """Every per-example output in one streamed pass (what ``meshensemble predict`` writes).
 
+        The program runs in fixed blocks of rows (:mod:`meshensemble.serving.blocks`): an
+        example gets the same bits, and so the same set, alone or in any batch, whatever
+        ``batch_size``.
+
         Args:
           images: ``[N, ...]`` images (see the class).
           members: also return ``member_probs``.
@@ -247,14 +254,15 @@ class Predictor:
         images = as_images(images, self.image_shape, self.image_dtype)
         cal = self.check_sets() if sets else (self.calibration if sets is None else None)
         t = self.temperature if temperature else None
-        t = None if t is None else np.float32(t)
-        t_cal = None if cal is None else np.float32(cal.temperature)
-        program = self._program(bool(members))
+        temps = (
+            np.float32(1.0 if t is None else t),
+            np.float32(1.0 if cal is None else cal.temperature),
+        )
+        program = self._program(bool(members), t is not None, cal is not None)
         ens, state = self.ensemble, self.state
 
         def fn(x: np.ndarray, mask: np.ndarray) -> Any:
-            out = program(state, ens.place(x))
-            return _finish(out, t, t_cal, with_calibrated=cal is not None)
+            return program(state, ens.place(x), *temps)
 
         n, result = len(images), {}
 
@@ -276,21 +284,31 @@ class Predictor:
             fn,
             images,
             self.batch_size,
-            ens.data_size,
+            ens.data_size * BLOCK_ROWS,  # whole blocks on every device
             sink,
             axes={"member_probs": 1},
             progress=progress,
         )
         return {k: result[k] for k in OUTPUT_KEYS if k in result}
 
-    def _program(self, members: bool) -> Callable[..., Any]:
-        specs = {"probs": BATCH, "expected_entropy": BATCH}
-        if members:
-            specs["member_probs"] = MEMBER_BATCH
+    def _program(self, members: bool, tempered: bool, calibrated: bool) -> Callable[..., Any]:
+        """``program(state, x, t, t_cal)``: every field of :meth:`outputs` but the sets, run in
+        blocks (:mod:`meshensemble.serving.blocks`): each example's bits are the same in
+        any batch."""
+        keys = ["probs", *UNCERTAINTY_KEYS] + ["calibrated"] * calibrated
+        specs = dict.fromkeys(keys, BATCH) | ({"member_probs": MEMBER_BATCH} if members else {})
+
+        def make(cfg: Any) -> Callable[..., Any]:
+            def per_device(state: Any, x: jax.Array, t: jax.Array, t_cal: jax.Array) -> dict:
+                out = steps.prediction_summaries(cfg, members, state, x)
+                return _finish(out, t if tempered else None, t_cal, calibrated)
+
+            return in_blocks(per_device, axes={"member_probs": 1})
+
         return self.ensemble.build(
-            ("prediction_summaries", members),
-            lambda cfg: functools.partial(steps.prediction_summaries, cfg, members),
-            (self.ensemble.state_spec, BATCH),
+            ("prediction_outputs", BLOCK_ROWS, members, tempered, calibrated),
+            make,
+            (self.ensemble.state_spec, BATCH, REPLICATED, REPLICATED),
             specs,
         )
 
@@ -400,7 +418,9 @@ def load_predictor(
       mesh: a ``Mesh``, ``"ensemble=E,data=D"``, a dict of axis sizes, or None for every
         device (``ensemble = gcd(members, devices)``).
       checkpoint: the step to restore; default the newest good one.
-      batch_size: examples per compiled call.
+      batch_size: examples per compiled call (rounded up to whole blocks of
+        :data:`~meshensemble.serving.blocks.BLOCK_ROWS` rows per device); it never changes
+        a result's bits.
       echo: where notes go (a damaged checkpoint skipped); default logging.
 
     Returns:
