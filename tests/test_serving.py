@@ -494,3 +494,28 @@ def test_reads_the_calibration_evaluate_calibrate_writes(run, tmp_path):
     assert why == "" and cal.temperature == section["temperature"]
     assert (cal.method, cal.alpha) == ("aps", 0.2)
     assert cal.threshold == section["conformal"]["threshold"]
+
+
+@pytest.mark.parametrize("method", ["aps", "raps"])
+def test_a_run_calibrated_with_aps_or_raps_predicts_those_sets(run, tmp_path, method):
+    """The predictor's sets are the run's method at its threshold, recomputed here with
+    ``me.calibration`` from the predictor's calibrated probabilities, not THR's."""
+    x, y = run.images, np.asarray(data.synthetic(NUM_TRAIN, NUM_TEST, seed=3).test_labels)
+    y = np.where(np.arange(len(y)) % 3 == 0, (y + 1) % 10, y)  # some wrong: T is no bound
+    section, _ = me.calibration.run.calibrate_ensemble(
+        run.ref.ens, run.ref.state, (x, y), (x, y), 0.2, method
+    )
+    workdir = tmp_path / "run"
+    shutil.copytree(run.plain, workdir)
+    result = {"checkpoint_step": run.ref.step, "calibration": section}  # as evaluate writes
+    (workdir / "evaluation.json").write_text(json.dumps(result))
+    p = me.load_predictor(os.fspath(workdir))
+    q = section["conformal"]["threshold"]
+    assert p.calibration.method == method and p.calibration.threshold == q
+    probs = p.predict(x)  # calibrated with the run's temperature
+    want = np.asarray(me.calibration.prediction_sets(probs, q, method))
+    got = p.prediction_sets(x)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(p.outputs(x)["prediction_set"], want)
+    thr = np.asarray(me.calibration.prediction_sets(probs, q, "thr"))
+    assert (thr != want).any(-1).sum() >= 5  # the method changes the sets here
