@@ -269,6 +269,34 @@ def test_fsdp_run_predicts_and_exports_like_any_other(run, tmp_path):
     np.testing.assert_allclose(np.asarray(exp.call(x)["probs"]), want, atol=1e-5)
 
 
+def _palette_png(path, pixels, colour: bool) -> None:
+    """A palette PNG (mode P) of ``pixels`` (uint8 [H, W]) by index: a grey palette that
+    maps index i to grey 255 - i, or one whose entries are colours (red for i, blue 255 - i)."""
+    from PIL import Image
+
+    img = Image.fromarray(pixels, mode="P")
+    i = np.arange(256)
+    rgb = np.stack([i, np.zeros_like(i), 255 - i] if colour else [255 - i] * 3, axis=-1)
+    img.putpalette(rgb.astype(np.uint8).reshape(-1).tolist())
+    img.save(path)
+
+
+def test_a_palette_png_is_read_through_its_palette_and_a_colour_one_refused(tmp_path):
+    pixels = np.arange(28 * 28, dtype=np.uint8).reshape(28, 28) % 200
+    grey = tmp_path / "grey"
+    grey.mkdir()
+    _palette_png(grey / "a.png", pixels, colour=False)
+    got = inputs.open_images(str(grey), (28, 28, 1), np.uint8)[0:1]
+    np.testing.assert_array_equal(got[0, ..., 0], 255 - pixels)  # the palette's greys
+    colour = tmp_path / "colour"
+    colour.mkdir()
+    _palette_png(colour / "b.png", pixels, colour=True)
+    with pytest.raises(ValueError, match=r"b\.png has image mode P \(colour palette\); the run "):
+        inputs.open_images(str(colour), (28, 28, 1), np.uint8)
+    rgb = inputs.open_images(str(colour), (28, 28, 3), np.uint8)[0:1]  # an RGB run: its colours
+    np.testing.assert_array_equal(rgb[0], np.stack([pixels, 0 * pixels, 255 - pixels], -1))
+
+
 def _bad_cases(run):
     root = run.root / "bad"
     root.mkdir(exist_ok=True)
@@ -288,6 +316,8 @@ def _bad_cases(run):
 
     Image.fromarray(run.images[0, ..., 0]).save(root / "mixed" / "a.png")
     (root / "mixed" / "notes.txt").write_text("not an image")
+    (root / "palette").mkdir(exist_ok=True)
+    _palette_png(root / "palette" / "a.png", run.images[0, ..., 0], colour=True)
     nockpt = root / "nockpt"
     nockpt.mkdir(exist_ok=True)
     shutil.copy(os.path.join(run.workdir, "config.json"), nockpt)
@@ -317,6 +347,7 @@ def _bad_cases(run):
         "empty file": (w, root / "empty.npy", out, [], 2, "empty file"),
         "no images": (w, root / "noimages", out, [], 2, "no PNG/JPEG"),
         "non-image file": (w, root / "mixed", out, [], 2, "'notes.txt', not a PNG/JPEG"),
+        "colour palette png": (w, root / "palette", out, [], 2, r"a\.png has image mode P \(col"),
         "missing out folder": (w, x, str(root / "nowhere" / "p.npz"), [], 2, "does not exist"),
         "out is a folder": (w, x, str(root / "out.npz"), [], 2, "is a folder"),
         "out kind": (w, x, str(root / "out" / "p.txt"), [], 2, r"\.npz or \.csv"),
@@ -338,6 +369,7 @@ CASES = [
     "empty file",
     "no images",
     "non-image file",
+    "colour palette png",
     "missing out folder",
     "out is a folder",
     "out kind",

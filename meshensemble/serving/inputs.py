@@ -37,7 +37,11 @@ NPZ_FEATURE_KEYS = ("x", "x_test", "features")
 FINITE_CHECK_ROWS = 65536
 """Rows of a regression input checked for NaN/inf at a time (a memory map is read once)."""
 GRAY_MODES = ("L", "1", "P")
-"""Pillow modes accepted (and read as 8-bit grayscale) for a one-channel run."""
+"""Pillow modes accepted (and read as 8-bit grayscale) for a one-channel run: a palette
+image (``P``) only when every pixel's palette colour is a grey, read through its palette."""
+RGB_MODES = ("RGB", "P")
+"""Pillow modes accepted (and read as 8-bit RGB, a palette image through its palette) for a
+three-channel run."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,11 +303,12 @@ def _open_folder(path: str, shape: tuple[int, ...], dtype: np.dtype) -> Images:
         try:
             with Image.open(file) as img:
                 size, mode = (img.height, img.width), img.mode
+                colour = mode == "P" and shape[-1] == 1 and not _grey_palette(img)
         except (OSError, UnidentifiedImageError) as err:
             raise ValueError(
                 f"--input {path}: {name} is not a readable image ({_first(err)})"
             ) from None
-        _check_image(f"{path}/{name}", size, mode, shape)
+        _check_image(f"{path}/{name}", size, "P (colour palette)" if colour else mode, shape)
     return Images(path, files, shape, dtype, names)
 
 
@@ -313,13 +318,19 @@ def _check_image(where: str, size: tuple[int, int], mode: str, shape: tuple[int,
             f"--input {where} is {size[0]}x{size[1]} (height x width); the run takes "
             f"{shape[0]}x{shape[1]} images (nothing is resized: resize it first)"
         )
-    modes = GRAY_MODES if shape[-1] == 1 else ("RGB",)
+    modes = GRAY_MODES if shape[-1] == 1 else RGB_MODES
     if mode not in modes:
         what = "grayscale" if shape[-1] == 1 else "RGB"
         raise ValueError(
             f"--input {where} has image mode {mode}; the run takes {what} images (convert it "
             f"to {what} first)"
         )
+
+
+def _grey_palette(img: Any) -> bool:
+    """Whether every pixel of a palette image has a grey colour (red = green = blue)."""
+    rgb = np.asarray(img.convert("RGB"))
+    return bool((rgb[..., 0] == rgb[..., 1]).all() and (rgb[..., 1] == rgb[..., 2]).all())
 
 
 def _decode(file: str, shape: tuple[int, ...]) -> np.ndarray:
