@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -161,6 +162,36 @@ def test_calibration_of_another_checkpoint_or_none_gives_no_sets(run):
     assert p.calibration is None and "prediction_set" not in p.outputs(run.images[:3])
     with pytest.raises(ValueError, match=r"^no prediction sets: run .* is not calibrated"):
         p.prediction_sets(run.images[:3])
+
+
+def test_the_refusal_of_another_checkpoints_sets_names_a_command_that_fixes_it(run, capsys):
+    """Following the command the refusal names (complete: this checkpoint, the same score
+    and alpha) calibrates that checkpoint, and the same predict then writes its sets."""
+    workdir = os.fspath(run.root / "two_checkpoints")
+    arrays = dict(np.load(run.root / "synthetic.npz"))
+    y = arrays["y_train"]
+    arrays["y_train"] = np.where(np.arange(len(y)) % 3 == 0, (y + 1) % 10, y)  # some wrong
+    npz = os.fspath(run.root / "noisy.npz")
+    np.savez(npz, **arrays)
+    cfg = small_config(workdir, source="npz", data_file=npz, validation=64, checkpoint_every=6)
+    train(cfg)  # 6 steps an epoch: checkpoints 6 and 12
+    argv = ["evaluate", "--workdir", workdir, "--calibrate", "--conformal", "aps", "--alpha", "0.2"]
+    assert cli.main(argv) == 0  # the newest checkpoint, 12
+    np.save(run.root / "few.npy", run.images[:5])
+    out = os.fspath(run.root / "sets6.npz")
+    predict = ["predict", "--workdir", workdir, "--input", os.fspath(run.root / "few.npy"),
+               "--out", out, "--checkpoint", "6", "--sets", "--quiet"]  # fmt: skip
+    capsys.readouterr()
+    assert cli.main(predict) == 2 and not os.path.exists(out)
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is of checkpoint 12, not 6" in err, err
+    command = re.search(r"run `(meshensemble evaluate [^`]*)` first", err).group(1)
+    assert "--checkpoint 6" in command and "--conformal aps --alpha 0.2" in command, command
+    assert cli.main(shlex.split(command)[1:]) == 0  # as the user pastes it
+    assert cli.main(predict) == 0
+    assert np.load(out)["prediction_set"].shape == (5, 10)
+    cal = me.load_predictor(workdir, checkpoint=6).calibration
+    assert (cal.step, cal.method, cal.alpha) == (6, "aps", 0.2)
 
 
 def test_cli_predict_writes_npz_csv_and_reads_a_folder_of_images(run, capsys):

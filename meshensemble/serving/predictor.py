@@ -24,6 +24,7 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -94,10 +95,13 @@ def read_calibration(workdir: str, step: int) -> tuple[Calibration | None, str]:
       True
       >>> print(why)
       run runs/mnist is not calibrated (no evaluation.json); run `meshensemble evaluate
-      --workdir runs/mnist --calibrate` first
+      --workdir runs/mnist --checkpoint 938 --calibrate` first
     """
     path = os.path.join(workdir, EVALUATION_FILE)
-    fix = f"run `meshensemble evaluate --workdir {workdir} --calibrate` first"
+    command = (
+        f"meshensemble evaluate --workdir {shlex.quote(workdir)} --checkpoint {step} --calibrate"
+    )
+    fix = f"run `{command}` first"
     if not os.path.isfile(path):
         return None, f"run {workdir} is not calibrated (no {EVALUATION_FILE}); {fix}"
     try:
@@ -107,11 +111,13 @@ def read_calibration(workdir: str, step: int) -> tuple[Calibration | None, str]:
         if section is None:
             return None, f"run {workdir} is not calibrated ({path} has none); {fix}"
         held = int(saved["checkpoint_step"])
-        if held != step:
-            return None, (
-                f"the calibration in {path} is of checkpoint {held}, not {step}; {fix} again"
-            )
         conformal = section["conformal"]
+        if held != step:  # the same score and alpha, for the checkpoint asked for
+            same = f"{command} --conformal {conformal['method']} --alpha {conformal['alpha']:g}"
+            return None, (
+                f"the calibration in {path} is of checkpoint {held}, not {step}; run `{same}` "
+                f"first (it replaces that of checkpoint {held})"
+            )
         cal = Calibration(
             float(section["temperature"]),
             float(conformal["threshold"]),

@@ -28,6 +28,7 @@ import json
 import logging
 import math
 import os
+import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -83,7 +84,10 @@ def read_interval_calibration(workdir: str, step: int) -> tuple[IntervalCalibrat
       True
     """
     path = os.path.join(workdir, EVALUATION_FILE)
-    fix = f"run `meshensemble evaluate --workdir {workdir} --calibrate` first"
+    command = (
+        f"meshensemble evaluate --workdir {shlex.quote(workdir)} --checkpoint {step} --calibrate"
+    )
+    fix = f"run `{command}` first"
     if not os.path.isfile(path):
         return None, f"run {workdir} is not calibrated (no {EVALUATION_FILE}); {fix}"
     try:
