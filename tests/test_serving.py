@@ -268,21 +268,30 @@ def test_export_equals_predict_for_any_batch_size_from_one_artifact(run, exporte
 
 
 def test_the_docs_loader_runs_in_a_process_without_meshensemble(run, exported, tmp_path):
+    """The loader of docs/using.md, as pasted, on a calibrated run and an uncalibrated one
+    (the README's main job is uncalibrated: the loader once crashed on it)."""
     text = pathlib.Path(DOCS).read_text()
     code = re.search(r"needs JAX.*?```python\n(.*?)```", text, re.S).group(1)
-    assert len(code.strip().splitlines()) < 10
-    shutil.copytree(exported, tmp_path / "exported")
-    np.save(tmp_path / "new_images.npy", run.images)
+    assert len(code.strip().splitlines()) <= 10
     check = (
         "\nimport sys\nassert 'meshensemble' not in sys.modules, 'the loader imported it'\n"
-        "np.savez('result.npz', probs=probs, sets=sets)\n"
+        "np.savez('result.npz', probs=probs, **({} if sets is None else {'sets': sets}))\n"
     )
-    subprocess.run([sys.executable, "-c", code + check], cwd=tmp_path, check=True, timeout=300)
-    result = np.load(tmp_path / "result.npz")
-    want = np.asarray(run.ref.ens.predict(run.ref.state, run.images, temperature=T))
-    np.testing.assert_allclose(result["probs"], want, atol=1e-5)
-    sets = calibration.prediction_sets(result["probs"], Q, "thr")
-    np.testing.assert_array_equal(result["sets"], np.asarray(sets))
+    plain = os.fspath(tmp_path / "plain_artifact")
+    assert cli.main(["export", "--workdir", run.plain, "--out", plain, "--platforms", "cpu"]) == 0
+    for name, artifact, temperature in (("calibrated", exported, T), ("plain", plain, None)):
+        where = tmp_path / name
+        shutil.copytree(artifact, where / "exported")
+        np.save(where / "new_images.npy", run.images)
+        subprocess.run([sys.executable, "-c", code + check], cwd=where, check=True, timeout=300)
+        result = np.load(where / "result.npz")
+        want = np.asarray(run.ref.ens.predict(run.ref.state, run.images, temperature=temperature))
+        np.testing.assert_allclose(result["probs"], want, atol=1e-5)
+        if temperature is None:
+            assert "sets" not in result.files
+            continue
+        sets = calibration.prediction_sets(result["probs"], Q, "thr")
+        np.testing.assert_array_equal(result["sets"], np.asarray(sets))
 
 
 def test_fsdp_run_predicts_and_exports_like_any_other(run, tmp_path):
