@@ -140,6 +140,17 @@ def test_a_pages_code_runs_as_pasted_in_a_fresh_python_on_a_cpu(page, tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
 
 
+def test_the_diabetes_split_sizes_written_in_the_docs_are_the_datas():
+    """Every "(N train, M test)" the regression page states is ``me.data.diabetes``'s."""
+    pytest.importorskip("sklearn")
+    data = me.data.diabetes(seed=0)
+    want = (len(data.x_train), len(data.x_test))
+    text = (ROOT / "docs" / "regression.md").read_text()
+    found = [tuple(map(int, m)) for m in re.findall(r"(\d+) train, (\d+) test", text)]
+    assert found and all(f == want for f in found), (found, want)
+    assert want == (354, 88)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape,steps", [((8, 1), 600), ((1, 8), 300)])
 def test_the_docs_host_loop_is_safe_at_realistic_epoch_sizes(mesh_shape, steps):
