@@ -170,6 +170,7 @@ def test_predict_writes_the_same_bits_for_any_batch_size(run, tmp_path):
         for key, want in out[None].items():
             np.testing.assert_array_equal(out[size][key], want, err_msg=f"{key}, batch {size}")
     p = me.load_predictor(run.workdir)
+    assert list(p.outputs(x[:1], members=True)) == list(me.tasks.regression.OUTPUT_KEYS)
     for i in (0, 77, 199):
         alone = p.outputs(x[i : i + 1], members=True)
         for key, v in alone.items():

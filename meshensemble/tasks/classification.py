@@ -275,14 +275,15 @@ class Classification(Task):
     def finish(self, out: dict, calibration: Any, calibrated: bool, sets: bool) -> dict:
         """:meth:`finish_device`'s fields and, with ``sets``, the conformal
         ``prediction_set`` (always from the calibrated probabilities: each row's set
-        depends on that row alone)."""
+        depends on that row alone). In this order: ``probs``, :data:`UNCERTAINTY_KEYS`,
+        ``prediction_set``, then the rest (the program returns its keys sorted)."""
         res = {k: np.asarray(v) for k, v in out.items()}
         probs = res.pop("calibrated", None)
         if sets and calibration is not None:
             chosen = calibration_lib.prediction_sets(probs, calibration.threshold,
                                                      calibration.method)  # fmt: skip
             res["prediction_set"] = np.asarray(chosen)
-        return res
+        return {k: res[k] for k in ("probs", *UNCERTAINTY_KEYS, "prediction_set", *res) if k in res}
 
     def csv_keys(self, out: Mapping[str, Any]) -> list[str]:
         """``label``, ``confidence``, ``entropy``, ``mutual_information``, ``prediction_set``."""

@@ -345,7 +345,7 @@ class Regression(Task):
         if cal is not None and calibrated:
             s = np.float32(cal.variance_scale)
             out |= {k: out[k] * s for k in MOMENT_KEYS[1:]}
-        return out
+        return {k: out[k] for k in (*OUTPUT_KEYS, *out) if k in out}  # the program's are sorted
 
     def csv_keys(self, out: Mapping[str, Any]) -> list[str]:
         """The moments and, when there, ``lower`` and ``upper`` (a column per target)."""
