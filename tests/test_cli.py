@@ -49,6 +49,16 @@ def test_every_field_has_a_flag_with_its_help_choices_and_default():
     assert "(default: " in text and "%" not in re.sub(r"\d%", "", text)
 
 
+def test_conv_help_names_what_auto_does_on_each_platform():
+    from meshensemble.models.conv import default_conv
+    from meshensemble.training.tuning import conv_candidates
+
+    text = " ".join(field_help(config_field("conv")).split())
+    assert f"(CPU: {', '.join(conv_candidates('cpu'))};" in text, text
+    assert f"without it: {default_conv('cpu')}, " in text, text  # not im2col on CPU
+    assert f"{default_conv('gpu')} matmuls on GPU, {default_conv('tpu')} on TPU" in text, text
+
+
 def test_every_flag_is_a_field_or_one_of_the_few_others():
     others = set(cli_train.OTHER_FLAGS)
     for action in actions(subparser(cli_train)):

@@ -97,6 +97,60 @@ def docs_block(page: str, starts: str) -> str:
     return found[0]
 
 
+MESH_PAGES = ("data_parallel.md", "howto_mesh.md", "regression.md", "testing.md", "uncertainty.md")
+"""Pages whose executed code builds meshes of 8 devices: a reader pastes it on a CPU."""
+FAKE_DEVICES = re.compile(r"^\s*(me\.use_fake_cpu_devices|set_fake_cpu_devices)\(8\)", re.M)
+
+
+def exec_code(page: str) -> str:
+    """Every ``{exec-code}`` block of ``docs/<page>``, in order (one namespace, as built)."""
+    text = (ROOT / "docs" / page).read_text()
+    return "\n".join(re.findall(r"```\{exec-code\}[^\n]*\n(.*?)```", text, re.DOTALL))
+
+
+@pytest.mark.parametrize("page", MESH_PAGES)
+def test_a_page_that_builds_meshes_sets_its_devices_before_it_computes(page):
+    """The docs build sets 8 CPU devices in conf.py; a reader's Python has one, so the
+    page's code sets them itself, before its first mesh (else it fails as pasted)."""
+    code = exec_code(page)
+    found = FAKE_DEVICES.search(code)
+    assert found, f"docs/{page} never calls me.use_fake_cpu_devices(8)"
+    first = min(code.find(k) for k in ("make_mesh", "jax.devices()", "device_count") if k in code)
+    assert found.start() < first, f"docs/{page} makes a mesh before setting its devices"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", ["howto_mesh.md", "regression.md"])
+def test_a_pages_code_runs_as_pasted_in_a_fresh_python_on_a_cpu(page, tmp_path):
+    """The page's executed code, in a new process with one CPU device and no XLA flags
+    (what a reader has), not the docs build's 8 devices (about 30 s each on 2 cores)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env["JAX_PLATFORMS"] = "cpu"
+    code = exec_code(page)
+    assert "make_mesh" in code, f"docs/{page}: its mesh code is not executed by the docs build"
+    code = "save_figure = lambda *a, **k: None\n" + code
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_the_diabetes_split_sizes_written_in_the_docs_are_the_datas():
+    """Every "(N train, M test)" the regression page states is ``me.data.diabetes``'s."""
+    pytest.importorskip("sklearn")
+    data = me.data.diabetes(seed=0)
+    want = (len(data.x_train), len(data.x_test))
+    text = (ROOT / "docs" / "regression.md").read_text()
+    found = [tuple(map(int, m)) for m in re.findall(r"(\d+) train, (\d+) test", text)]
+    assert found and all(f == want for f in found), (found, want)
+    assert want == (354, 88)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape,steps", [((8, 1), 600), ((1, 8), 300)])
 def test_the_docs_host_loop_is_safe_at_realistic_epoch_sizes(mesh_shape, steps):

@@ -183,6 +183,7 @@ COVERED = [
     "meshensemble.tasks.ood",
     "meshensemble.tasks.regression",
     "meshensemble.serving",
+    "meshensemble.serving.blocks",
     "meshensemble.serving.export",
     "meshensemble.serving.inputs",
     "meshensemble.serving.outputs",

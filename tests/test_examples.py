@@ -325,3 +325,31 @@ def test_the_custom_task_on_two_processes_equals_one(poisson, tmp_path, monkeypa
     multi = (tmp_path / "multi" / "metrics.jsonl").read_text().splitlines()[-1]
     for key, value in json.loads(multi).items():
         np.testing.assert_allclose(value, json.loads(one)[key], rtol=1e-5, atol=1e-5, err_msg=key)
+
+
+# --- the regression measurements' scripts ----------------------------------------
+def _regression_script(name: str) -> types.ModuleType:
+    """``examples/regression/<name>.py`` imported as a module (it imports its sibling)."""
+    import importlib.util
+
+    path = EXAMPLES / "regression" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"regression_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_the_regression_measurements_over_seeds_run(tmp_path, capsys) -> None:
+    """The scripts behind docs/regression.md's numbers over seeds, on two short runs each."""
+    pytest.importorskip("sklearn")
+    need_devices(8)
+    splits = _regression_script("splits")
+    argv = ["--seeds", "0", "1", "--no-compare", "--workdir", str(tmp_path / "splits")]
+    models = splits.main([*argv, "--", "--epochs", "2", "--members", "2"])
+    assert len(models["cli ensemble"]) == len(models["BayesianRidge"]) == 2
+    assert "BayesianRidge: nll" in capsys.readouterr().out
+    toy = _regression_script("toy_spread")
+    out = toy.main(["--seeds", "0", "--workdir", str(tmp_path / "toy"), "--", "--epochs", "2"])
+    assert len(out) == 1 and all(np.isfinite(out[0]))
+    assert ">= 3x in" in capsys.readouterr().out

@@ -152,6 +152,33 @@ def test_predictor_equals_ensemble_predict_and_applies_the_calibration(run, tmp_
     assert float(rows[5]["upper"]) == pytest.approx(out["upper"][5, 0], rel=1e-6)
 
 
+def test_predict_writes_the_same_bits_for_any_batch_size(run, tmp_path):
+    """A row's moments, members and conformal interval are the same bits for ``predict
+    --batch-size`` 1000 (the default), 7 and 1, and alone: regression runs through the one
+    predictor's blocked program too."""
+    x = run.data.x_test  # 200 rows: 4 blocks a device in one batch, 1 in batches of 7
+    np.save(tmp_path / "x.npy", x)
+    argv = ["predict", "--workdir", run.workdir, "--input", str(tmp_path / "x.npy"),
+            "--members", "--quiet", "--out"]  # fmt: skip
+    out = {}
+    for size in (None, 7, 1):
+        path = str(tmp_path / f"p{size}.npz")
+        assert cli.main([*argv, path, *([] if size is None else ["--batch-size", str(size)])]) == 0
+        out[size] = dict(np.load(path))
+    assert {"mean", "variance", "lower", "upper", "member_mean"} <= set(out[None])
+    for size in (7, 1):
+        for key, want in out[None].items():
+            np.testing.assert_array_equal(out[size][key], want, err_msg=f"{key}, batch {size}")
+    p = me.load_predictor(run.workdir)
+    assert list(p.outputs(x[:1], members=True)) == list(me.tasks.regression.OUTPUT_KEYS)
+    for i in (0, 77, 199):
+        alone = p.outputs(x[i : i + 1], members=True)
+        for key, v in alone.items():
+            got, want = (v[:, 0], out[None][key][:, i]) if key.startswith("member_") else (
+                v[0], out[None][key][i])  # fmt: skip
+            np.testing.assert_array_equal(got, want, err_msg=f"{key}, row {i} alone")
+
+
 def test_export_equals_predict_for_batches_of_1_and_7(run, tmp_path):
     out = os.fspath(tmp_path / "exported")
     assert cli.main(["export", "--workdir", run.workdir, "--out", out, "--platforms", "cpu"]) == 0
@@ -262,7 +289,12 @@ def test_one_line_refusals(run, tmp_path, capsys):
     _refused(capsys, [*predict, str(tmp_path / "x2.npy"), "--sets"], "no conformal intervals")
     _refused(capsys, [*predict, str(tmp_path / "x2.npy"), "--no-temperature"],
              "does not apply")  # fmt: skip
+    np.save(tmp_path / "nan.npy", np.array([[0, 0], [np.nan, 1]], np.float32))
+    _refused(capsys, [*predict, str(tmp_path / "nan.npy")], "holds nan (not finite) at row 1, "
+             "column 0; give finite features")  # fmt: skip
     assert not os.path.exists(tmp_path / "p.npz")
+    with pytest.raises(ValueError, match="at row 1, column 0"):
+        me.load_predictor(run.plain).outputs(np.array([[0, 0], [np.inf, 1]]))
     with pytest.raises(ValueError, match="no prediction sets; use predictor.intervals"):
         me.load_predictor(run.plain).prediction_sets(np.zeros((1, 2)))
     assert math.isfinite(run.result["calibration"]["conformal"]["quantile"])

@@ -6,7 +6,7 @@ that load from other jobs falls on all cases alike; each case's time per step is
 median over ``--repeats`` rounds, with its interquartile range.
 
 The library's cases run the model as the library runs it (for the CNN: ``conv="auto"``,
-im2col matmuls on CPU, see :mod:`meshensemble.models.conv`); the baselines (``howto``,
+``canonical`` on CPU, see :mod:`meshensemble.models.conv`); the baselines (``howto``,
 ``sequential``) run the plain Flax CNN with XLA's convolution, as their users' code does.
 
 Cases (``--cases`` takes these names or the group names in brackets):

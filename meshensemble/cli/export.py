@@ -71,6 +71,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "dropped where this JAX cannot lower for it)",
     )
     add_fake_devices_flag(p)
+    add("--quiet", action="store_true", help="no summary line")
     add_debug_flag(p)
     return p
 
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out {args.out} is a file; give a folder")
-    check_writable(args.out, "give a writable --out folder")
+    check_writable(args.out, "give a writable --out folder", name="--out")
     notes: list[str] = []  # a damaged checkpoint skipped: said once the restore succeeded
     predictor = load_predictor(args.workdir, checkpoint=args.checkpoint, echo=notes.append)
     for line in notes:
@@ -102,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     meta = export_ensemble(predictor, args.out, platforms)
     note_output(args.workdir, os.path.join(args.out, ARTIFACT_FILE))  # a folder inside the run's
     note_output(args.workdir, os.path.join(args.out, METADATA_FILE))
+    if args.quiet:
+        return 0
     cal = predictor.calibration
     how = "uncalibrated" if cal is None else predictor.task.calibration_summary(cal, True, {})
     width = f", {meta['classes']} classes" if meta.get("classes") else ""

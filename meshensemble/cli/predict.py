@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
       meshensemble.training.OutputError: the output could not be written (exit 1).
     """
     setup_devices(args.fake_devices)
-    check_out_file(args.out)
+    check_out_file(args.out, args.input)
     if args.members and args.out.lower().endswith(".csv"):
         raise ValueError(
             f"--members writes every member's arrays [members, N, ...], which {args.out} "

@@ -205,11 +205,11 @@ class Task(abc.ABC):
     (:meth:`record`, :meth:`from_record`), dataset checks and command-line defaults.
 
     Per-device methods (``member_metrics``, ``member_predictions``, ``combine``,
-    ``ensemble_metrics``, ``eval_sums``, ``serve``) run inside the compiled step on local
-    views: ``outputs`` ``[m, b, ...]`` (the model's float32 outputs, ``m`` local members,
-    ``b`` this device's examples; ``member_metrics`` gets one member's ``[b, ...]``) and
-    reduce with the :class:`Reducer` they are given. A task is a frozen dataclass (hashable:
-    programs are cached by it).
+    ``ensemble_metrics``, ``eval_sums``, ``serve``, ``finish_device``) run inside the
+    compiled step on local views: ``outputs`` ``[m, b, ...]`` (the model's float32
+    outputs, ``m`` local members, ``b`` this device's examples; ``member_metrics`` gets one
+    member's ``[b, ...]``) and reduce with the :class:`Reducer` they are given. A task is a
+    frozen dataclass (hashable: programs are cached by it).
 
     Attributes:
       name: the registered name, recorded in ``config.json`` (``--task NAME``).
@@ -316,13 +316,41 @@ class Task(abc.ABC):
             {"member_prediction": preds} if members else {}
         )
 
+    def calibration_scale(self, calibration: Any) -> Any:
+        """The numbers of ``calibration`` (or None) :meth:`finish_device` applies: a float32
+        array or a pytree of them (e.g. the temperature), passed to the predictor's program
+        as an argument (another calibration compiles nothing new); default None."""
+        return None
+
+    def finish_device(
+        self, out: dict[str, Any], scale: Any, calibrated: bool, sets: bool
+    ) -> dict[str, Any]:
+        """Per device: :meth:`serve`'s per-example outputs with the calibration's scale applied.
+
+        Runs inside the predictor's program, in fixed blocks of rows
+        (:mod:`meshensemble.serving.blocks`), so an example gets the same bits alone or in
+        any batch: put here any arithmetic a threshold or a set depends on (XLA code
+        compiled for another batch's shape may round otherwise). Rows must not interact.
+
+        Args:
+          out: :meth:`serve`'s ``per_example`` leaves ``[b, ...]`` (traced).
+          scale: :meth:`calibration_scale` of the run's calibration (traced).
+          calibrated: apply ``scale`` to the outputs (only when the run is calibrated).
+          sets: add what :meth:`finish`'s conformal outputs need (only when calibrated).
+
+        Returns:
+          ``{name: [b, ...]}``, what :meth:`finish` gets (default: ``out`` as it is).
+        """
+        return dict(out)
+
     def finish(
         self, out: dict[str, Any], calibration: Any, calibrated: bool, sets: bool
     ) -> dict[str, Any]:
         """A served batch on the host (numpy), with the run's calibration applied.
 
         Args:
-          out: :meth:`serve`'s two dicts merged, numpy, padding dropped.
+          out: :meth:`finish_device`'s outputs and :meth:`serve`'s ``per_member`` merged,
+            numpy, padding dropped.
           calibration: :meth:`read_calibration`'s object, or None (uncalibrated).
           calibrated: apply the calibration's scale (``predict --no-temperature`` /
             ``--no-variance-scale`` turn it off).
@@ -498,6 +526,11 @@ class Task(abc.ABC):
     def calibration_line(self, section: Mapping[str, Any]) -> str:
         """One line summarising a ``calibration`` section."""
         return f"calibration: {', '.join(sorted(section))}"
+
+    def calibration_flags(self, section: Mapping[str, Any]) -> list[str]:
+        """The ``evaluate --calibrate`` flags that fit a saved ``calibration`` section again
+        (its options, e.g. ``["--alpha", "0.1"]``), for messages; default none."""
+        return []
 
     # ------------------------------------------------------------ evaluation of a run
     default_ood: ClassVar[tuple[str, ...]] = ()

@@ -99,15 +99,16 @@ def diabetes(seed: int = 0, test_fraction: float = 0.2) -> RegressionData:
       test_fraction: the test share (default 0.2: an 80/20 split).
 
     Returns:
-      A :class:`RegressionData` (354 train, 88 test rows for 0.2).
+      A :class:`RegressionData`: ``round(test_fraction * 442)`` test rows, the rest train
+      (354 train, 88 test for 0.2).
 
     Raises:
       DataError: scikit-learn is not installed, or ``test_fraction`` not in ``(0, 1)``.
 
     Example:
       >>> data = me.data.diabetes(seed=0)   # scikit-learn's copy, no network
-      >>> data.x_train.shape[1], data.y_train.shape[1]
-      (10, 1)
+      >>> data.x_train.shape, data.y_train.shape, data.x_test.shape   # 354 / 88 rows
+      ((354, 10), (354, 1), (88, 10))
     """
     if not 0 < test_fraction < 1:
         raise DataError(f"diabetes: test_fraction={test_fraction!r} must be in (0, 1)")

@@ -7,6 +7,9 @@
   classification, the mixture's moments and conformal intervals for regression), streamed
   through the mesh by :func:`meshensemble.core.streaming.stream`; ``meshensemble
   predict`` runs on it.
+* :mod:`meshensemble.serving.blocks`: the predictor's program runs in fixed blocks of
+  rows, so an example's outputs (its conformal set or interval too) are the same in any
+  batch, for every task.
 * :mod:`meshensemble.serving.outputs`: the ``.npz``/``.csv`` of ``predict``, written
   atomically.
 * :mod:`meshensemble.serving.export`: :func:`export_ensemble`, the StableHLO artifact of
@@ -18,6 +21,7 @@ Example:
   4
 """
 
+from meshensemble.serving import blocks as blocks
 from meshensemble.serving import export as export
 from meshensemble.serving import inputs as inputs
 from meshensemble.serving import outputs as outputs
@@ -33,6 +37,7 @@ from meshensemble.serving.predictor import load_predictor as load_predictor
 __all__ = [
     "Images",
     "Predictor",
+    "blocks",
     "export",
     "export_ensemble",
     "inputs",

@@ -173,7 +173,7 @@ def export_ensemble(
       >>> meta["platforms"]
       ['cpu', 'cuda', 'tpu']
     """
-    check_writable(out, "pass a writable --out folder")
+    check_writable(out, "pass a writable folder", name="export folder")
     try:
         import flatbuffers  # noqa: F401  (jax.export's serialization needs it)
     except ImportError:

@@ -34,8 +34,14 @@ NPZ_IMAGE_KEYS = ("images", "x_test", "x")
 """Keys of a ``.npz`` input tried in this order for the images."""
 NPZ_FEATURE_KEYS = ("x", "x_test", "features")
 """Keys of a ``.npz`` input tried in this order for a run's features ``[N, F]``."""
+FINITE_CHECK_ROWS = 65536
+"""Rows of float features checked for NaN/inf at a time (a memory map is read once)."""
 GRAY_MODES = ("L", "1", "P")
-"""Pillow modes accepted (and read as 8-bit grayscale) for a one-channel run."""
+"""Pillow modes accepted (and read as 8-bit grayscale) for a one-channel run: a palette
+image (``P``) only when every pixel's palette colour is a grey, read through its palette."""
+RGB_MODES = ("RGB", "P")
+"""Pillow modes accepted (and read as 8-bit RGB, a palette image through its palette) for a
+three-channel run."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +163,8 @@ def as_features(x: Any, features: int, where: str = "x") -> np.ndarray:
       The array (rows are cast to float32 a batch at a time when streamed).
 
     Raises:
-      ValueError: another shape, a non-numeric dtype, or no rows.
+      ValueError: another shape, a non-numeric dtype, no rows, or a value that is NaN,
+        infinite or beyond float32's range (one line naming its row and column).
 
     Example:
       >>> as_features(np.zeros((3, 1)), 1).shape
@@ -172,7 +179,26 @@ def as_features(x: Any, features: int, where: str = "x") -> np.ndarray:
         raise ValueError(f"{where} of dtype {rows.dtype}: give real numbers (e.g. float32)")
     if len(rows) == 0:
         raise ValueError(f"{where} holds no rows (shape {list(rows.shape)}); give at least one")
+    if np.issubdtype(rows.dtype, np.floating):
+        _check_finite(rows, where)
     return rows
+
+
+def _check_finite(rows: np.ndarray, where: str) -> None:
+    """Refuses the first NaN, inf or value float32 cannot hold (it would predict NaN)."""
+    top = float(np.finfo(np.float32).max)
+    for start in range(0, len(rows), FINITE_CHECK_ROWS):
+        block = np.asarray(rows[start : start + FINITE_CHECK_ROWS])
+        with np.errstate(invalid="ignore"):
+            bad = ~(np.abs(block) <= top)  # NaN compares False
+        if bad.any():
+            i, j = (int(v) for v in np.argwhere(bad)[0])
+            value = block[i, j]
+            what = "beyond float32's range" if np.isfinite(value) else "not finite"
+            raise ValueError(
+                f"{where} holds {value} ({what}) at row {start + i}, column {j}; give finite "
+                "features (drop or impute that row)"
+            )
 
 
 def open_features(path: str, features: int) -> np.ndarray:
@@ -313,11 +339,12 @@ def _open_folder(path: str, shape: tuple[int, ...], dtype: np.dtype) -> Images:
         try:
             with Image.open(file) as img:
                 size, mode = (img.height, img.width), img.mode
+                colour = mode == "P" and shape[-1] == 1 and not _grey_palette(img)
         except (OSError, UnidentifiedImageError) as err:
             raise ValueError(
                 f"--input {path}: {name} is not a readable image ({_first(err)})"
             ) from None
-        _check_image(f"{path}/{name}", size, mode, shape)
+        _check_image(f"{path}/{name}", size, "P (colour palette)" if colour else mode, shape)
     return Images(path, files, shape, dtype, names)
 
 
@@ -327,13 +354,19 @@ def _check_image(where: str, size: tuple[int, int], mode: str, shape: tuple[int,
             f"--input {where} is {size[0]}x{size[1]} (height x width); the run takes "
             f"{shape[0]}x{shape[1]} images (nothing is resized: resize it first)"
         )
-    modes = GRAY_MODES if shape[-1] == 1 else ("RGB",)
+    modes = GRAY_MODES if shape[-1] == 1 else RGB_MODES
     if mode not in modes:
         what = "grayscale" if shape[-1] == 1 else "RGB"
         raise ValueError(
             f"--input {where} has image mode {mode}; the run takes {what} images (convert it "
             f"to {what} first)"
         )
+
+
+def _grey_palette(img: Any) -> bool:
+    """Whether every pixel of a palette image has a grey colour (red = green = blue)."""
+    rgb = np.asarray(img.convert("RGB"))
+    return bool((rgb[..., 0] == rgb[..., 1]).all() and (rgb[..., 1] == rgb[..., 2]).all())
 
 
 def _decode(file: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -33,17 +33,20 @@ OUT_SUFFIXES = (".npz", ".csv")
 """The kinds of ``--out`` file ``meshensemble predict`` writes."""
 """Columns of a ``.csv`` after ``index`` (or ``name``), before ``prediction_set``."""
 
-def check_out_file(path: str) -> str:
-    """Refuses a ``--out`` file that is of an unknown kind or cannot be written.
+def check_out_file(path: str, source: str | None = None) -> str:
+    """Refuses a ``--out`` file that is of an unknown kind, cannot be written or is the input.
 
     Args:
       path: the output file (``.npz`` or ``.csv``); its folder must exist and be writable.
+      source: the ``--input`` path, which ``path`` must not be (through a link, a relative
+        path or a hard link alike): writing the predictions would replace the input.
 
     Returns:
       The kind, ``".npz"`` or ``".csv"``.
 
     Raises:
-      ValueError: another suffix, a folder in the way, a missing or read-only folder.
+      ValueError: another suffix, a folder in the way, a missing or read-only folder, or
+        the input file itself.
 
     Example:
       >>> check_out_file("preds.npz")
@@ -57,9 +60,15 @@ def check_out_file(path: str) -> str:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ValueError(f"--out {path}: folder {folder} does not exist; create it first")
-    check_writable(folder, f"--out {path} goes there: give a writable --out")
+    check_writable(folder, "give a writable --out", name=f"--out {path}: its folder")
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise ValueError(f"--out {path} exists and is read-only; give a writable --out")
+    same = source is not None and os.path.exists(path) and os.path.exists(source)
+    if same and os.path.samefile(path, source):
+        raise ValueError(
+            f"--out {path} is the --input file {source}: the predictions would replace it; "
+            "give another --out"
+        )
     return kind
 
 

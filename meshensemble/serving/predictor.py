@@ -23,18 +23,19 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import logging
+import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from meshensemble.core import steps, streaming
-from meshensemble.core.mesh import BATCH, MEMBER_BATCH
+from meshensemble.core.mesh import BATCH, MEMBER_BATCH, REPLICATED
 from meshensemble.data import IMAGE_SHAPE
 from meshensemble.evaluation import EVALUATION_FILE
 from meshensemble.runtime import storage
+from meshensemble.serving.blocks import BLOCK_ROWS, in_blocks
 from meshensemble.serving.inputs import as_inputs
 from meshensemble.training.config import model_name
 from meshensemble.training.restore import restore_run, run_identity, run_mesh
@@ -80,10 +81,13 @@ def read_calibration(
       True
       >>> print(why)
       run runs/mnist is not calibrated (no evaluation.json); run `meshensemble evaluate
-      --workdir runs/mnist --calibrate` first
+      --workdir runs/mnist --checkpoint 938 --calibrate` first
     """
     path = storage.join(workdir, EVALUATION_FILE)
-    fix = f"run `meshensemble evaluate --workdir {workdir} --calibrate` first"
+    command = (
+        f"meshensemble evaluate --workdir {shlex.quote(workdir)} --checkpoint {step} --calibrate"
+    )
+    fix = f"run `{command}` first"
     if not storage.isfile(path):
         return None, f"run {workdir} is not calibrated (no {EVALUATION_FILE}); {fix}"
     try:
@@ -94,9 +98,12 @@ def read_calibration(
         stale = None
         if not isinstance(fitted, dict):
             stale = f"the calibration in {path} names no run (an older version wrote it)"
-        elif fitted.get("step") != step:
-            why = f"the calibration in {path} is of checkpoint {fitted.get('step')}, not {step}"
-            return None, f"{why}; {fix} again (with --checkpoint {step})"
+        elif (held := fitted.get("step")) != step:  # the same options, for the step asked for
+            same = " ".join([command, *task.calibration_flags(section)])
+            return None, (
+                f"the calibration in {path} is of checkpoint {held}, not {step}; run `{same}` "
+                f"first (it replaces that of checkpoint {held})"
+            )
         elif other := [k for k in ("data", "seed", "checkpoint") if fitted[k] != identity[k]]:
             stale = (
                 f"the calibration in {path} was fitted for another run (its {', '.join(other)} "
@@ -136,7 +143,8 @@ class Predictor:
       num_members: the members.
       data_identity: the run's data as ``config.json`` records it (``{}`` if absent).
       model: the run's model name.
-      batch_size: examples per compiled call.
+      batch_size: examples per compiled call (rounded up to whole blocks of
+        :data:`~meshensemble.serving.blocks.BLOCK_ROWS` rows per device).
     """
 
     def __init__(
@@ -203,6 +211,10 @@ class Predictor:
     ) -> dict[str, np.ndarray]:
         """Every per-example output in one streamed pass (what ``meshensemble predict`` writes).
 
+        The program runs in fixed blocks of rows (:mod:`meshensemble.serving.blocks`): an
+        example gets the same bits, and so the same set, alone or in any batch, whatever
+        ``batch_size``.
+
         Args:
           x: ``[N, ...]`` inputs (see the class).
           members: also return each member's outputs (e.g. ``member_probs``).
@@ -235,7 +247,9 @@ class Predictor:
         members = bool(members)
         x = as_inputs(x, self.input_shape, self.input_dtype)
         cal = self.check_sets() if sets else (self.calibration if sets is None else None)
-        program, state, ens, task = self._program(members), self.state, self.ensemble, self.task
+        task, ens, state = self.task, self.ensemble, self.state
+        program = self._program(members, calibrated, bool(cal))
+        scale = task.calibration_scale(self.calibration)
         n, result = len(x), {}
 
         def sink(start: int, out: dict[str, Any]) -> None:
@@ -249,12 +263,13 @@ class Predictor:
                 result[key][(slice(None),) * axis + (slice(start, start + v.shape[axis]),)] = v
 
         def run(xb: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
-            per_example, per_member = program(state, ens.place(xb))
+            per_example, per_member = program(state, ens.place(xb), scale)
             return {"x": per_example, "m": per_member}  # per member: examples on axis 1
 
         floats = np.issubdtype(self.input_dtype, np.floating)
         streaming.stream(
-            run, x, self.batch_size, ens.data_size, sink, progress=progress, axes={"m": 1},
+            run, x, self.batch_size, ens.data_size * BLOCK_ROWS, sink, progress=progress,
+            axes={"m": 1},  # whole blocks on every device; per member: examples on axis 1
             prepare=(lambda rows: np.asarray(rows, self.input_dtype)) if floats else None,
         )  # fmt: skip
         return {k: result[k] for k in sorted(result, key=lambda k: k.startswith("member_"))}
@@ -272,11 +287,35 @@ class Predictor:
             calibrated = calibrated if aliases.get(old) is None else bool(aliases[old])
         return calibrated, sets if aliases.get("intervals") is None else aliases["intervals"]
 
-    def _program(self, members: bool) -> Callable[..., Any]:
+    def _program(self, members: bool, calibrated: bool, sets: bool) -> Callable[..., Any]:
+        """``program(state, x, scale) -> (per_example, per_member)``: the task's
+        :meth:`~meshensemble.tasks.Task.serve` and :meth:`~meshensemble.tasks.Task.
+        finish_device` (the calibration's scale, ``scale`` from
+        :meth:`~meshensemble.tasks.Task.calibration_scale`), run in blocks of rows
+        (:mod:`meshensemble.serving.blocks`): each example's bits are the same in any batch,
+        for every task (outside the blocks, the scale's arithmetic would depend on the batch
+        again)."""
+        held = self.calibration is not None
+        calibrated, sets = calibrated and held, sets and held
+
+        def make(cfg: Any) -> Callable[..., Any]:
+            def per_device(state: Any, x: Any, scale: Any) -> dict[str, Any]:
+                per_example, per_member = steps.served(cfg, members, state, x)
+                done = cfg.task.finish_device(per_example, scale, calibrated, sets)
+                return {"x": done, "m": per_member}
+
+            blocked = in_blocks(per_device, axes={"m": 1})
+
+            def program(state: Any, x: Any, scale: Any) -> tuple[Any, Any]:
+                out = blocked(state, x, scale)
+                return out["x"], out["m"]
+
+            return program
+
         return self.ensemble.build(
-            ("serve", members),
-            lambda cfg: functools.partial(steps.served, cfg, members),
-            (self.ensemble.state_spec, BATCH),
+            ("serve", BLOCK_ROWS, members, calibrated, sets),
+            make,
+            (self.ensemble.state_spec, BATCH, REPLICATED),
             (BATCH, MEMBER_BATCH),
         )
 
@@ -365,7 +404,9 @@ def load_predictor(
       mesh: a ``Mesh``, ``"ensemble=E,data=D"``, a dict of axis sizes, or None for every
         device (``ensemble = gcd(members, devices)``).
       checkpoint: the step to restore; default the newest good one.
-      batch_size: examples per compiled call.
+      batch_size: examples per compiled call (rounded up to whole blocks of
+        :data:`~meshensemble.serving.blocks.BLOCK_ROWS` rows per device); it never changes
+        a result's bits.
       echo: where notes go (a damaged checkpoint skipped, a calibration not applied
         because it was fitted for another run); default logging.
 

@@ -18,7 +18,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -67,9 +66,11 @@ class Calibration:
     step: int
 
 
-@functools.partial(jax.jit, static_argnames=("with_calibrated",))
 def _finish(out: dict[str, jax.Array], t: Any, t_cal: Any, with_calibrated: bool) -> dict:
-    """Per-example fields from :meth:`Classification.serve`'s outputs."""
+    """Per-example fields from :meth:`Classification.serve`'s outputs.
+
+    Traced inside the predictor's program, block by block (elementwise code compiled for
+    another shape may round differently too)."""
     pooled = out["probs"]
     probs = pooled if t is None else temperature_lib.tempered(pooled, t)
     res = {
@@ -261,24 +262,28 @@ class Classification(Task):
         check_label_range(targets, width())
 
     # ------------------------------------------------------------ serving
+    def calibration_scale(self, calibration: Any) -> Any:
+        """The temperature (float32), or None uncalibrated."""
+        return None if calibration is None else np.float32(calibration.temperature)
+
+    def finish_device(self, out: dict, scale: Any, calibrated: bool, sets: bool) -> dict:
+        """``probs`` (tempered by ``scale`` when ``calibrated``), ``label``, ``confidence``,
+        ``entropy``, ``mutual_information`` ``[b]`` and, with ``sets``, the tempered
+        ``calibrated`` probabilities the sets are taken from."""
+        return _finish(out, scale if calibrated else None, scale, sets)
+
     def finish(self, out: dict, calibration: Any, calibrated: bool, sets: bool) -> dict:
-        """``probs`` (tempered when ``calibrated``), ``label``, ``confidence``, ``entropy``,
-        ``mutual_information`` ``[N]`` and, with ``sets``, the conformal
-        ``prediction_set`` (always from the calibrated probabilities)."""
-        cal = calibration if sets else None
-        t = None if calibration is None or not calibrated else np.float32(calibration.temperature)
-        t_cal = None if cal is None else np.float32(cal.temperature)
-        done = _finish(out, t, t_cal, cal is not None)  # jit returns its dict sorted
-        order = ("probs", *UNCERTAINTY_KEYS, "calibrated")
-        res = {k: np.asarray(done[k]) for k in order if k in done}
-        if cal is not None:
-            chosen = calibration_lib.prediction_sets(
-                res.pop("calibrated"), cal.threshold, cal.method
-            )
+        """:meth:`finish_device`'s fields and, with ``sets``, the conformal
+        ``prediction_set`` (always from the calibrated probabilities: each row's set
+        depends on that row alone). In this order: ``probs``, :data:`UNCERTAINTY_KEYS`,
+        ``prediction_set``, then the rest (the program returns its keys sorted)."""
+        res = {k: np.asarray(v) for k, v in out.items()}
+        probs = res.pop("calibrated", None)
+        if sets and calibration is not None:
+            chosen = calibration_lib.prediction_sets(probs, calibration.threshold,
+                                                     calibration.method)  # fmt: skip
             res["prediction_set"] = np.asarray(chosen)
-        if "member_probs" in done:
-            res["member_probs"] = np.asarray(done["member_probs"])
-        return res
+        return {k: res[k] for k in ("probs", *UNCERTAINTY_KEYS, "prediction_set", *res) if k in res}
 
     def csv_keys(self, out: Mapping[str, Any]) -> list[str]:
         """``label``, ``confidence``, ``entropy``, ``mutual_information``, ``prediction_set``."""
@@ -355,6 +360,11 @@ class Classification(Task):
     def calibration_line(self, section: Mapping[str, Any]) -> str:
         """:func:`meshensemble.calibration.run.calibration_line`."""
         return calibration_run.calibration_line(section)
+
+    def calibration_flags(self, section: Mapping[str, Any]) -> list[str]:
+        """``--conformal METHOD --alpha ALPHA``: the section's score and miscoverage."""
+        conformal = section["conformal"]
+        return ["--conformal", str(conformal["method"]), "--alpha", f"{conformal['alpha']:g}"]
 
     # ------------------------------------------------------------ runs and their reports
     default_ood: ClassVar[tuple[str, ...]] = ood_lib.DEFAULT_OOD

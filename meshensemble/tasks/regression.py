@@ -332,7 +332,11 @@ class Regression(Task):
     # ------------------------------------------------------------ serving
     def finish(self, out: dict, calibration: Any, calibrated: bool, sets: bool) -> dict:
         """The moments (variances scaled when ``calibrated``) and, with ``sets``, the
-        conformal ``lower``/``upper`` ``mean +/- q * sqrt(s * variance)``."""
+        conformal ``lower``/``upper`` ``mean +/- q * sqrt(s * variance)``.
+
+        On the host, after the blocked program (:meth:`finish_device` is the default): a
+        product, a square root and a sum of float32 numpy arrays are rounded correctly
+        element by element, so an example's interval does not depend on its batch."""
         out = {k: np.asarray(v) for k, v in out.items()}
         cal = calibration
         if cal is not None and sets:
@@ -341,7 +345,7 @@ class Regression(Task):
         if cal is not None and calibrated:
             s = np.float32(cal.variance_scale)
             out |= {k: out[k] * s for k in MOMENT_KEYS[1:]}
-        return out
+        return {k: out[k] for k in (*OUTPUT_KEYS, *out) if k in out}  # the program's are sorted
 
     def csv_keys(self, out: Mapping[str, Any]) -> list[str]:
         """The moments and, when there, ``lower`` and ``upper`` (a column per target)."""
@@ -414,6 +418,10 @@ class Regression(Task):
         if "lower" in out:
             how += f", intervals at alpha={calibration.alpha:g}"
         return how
+
+    def calibration_flags(self, section: Mapping[str, Any]) -> list[str]:
+        """``--alpha ALPHA``: the intervals' miscoverage."""
+        return ["--alpha", f"{section['conformal']['alpha']:g}"]
 
     def calibration_line(self, section: Mapping[str, Any]) -> str:
         """The variance scale, the conformal quantile, coverage and width before and after."""

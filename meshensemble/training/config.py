@@ -164,10 +164,10 @@ class TrainConfig:
     )
     conv: str = _field(
         "auto",
-        "how the CNN computes its convolutions (cnn and howto_cnn only): auto measures xla, "
-        "im2col and gemm_grad (XLA's convolution, kernel gradient as a GEMM) on this "
-        "device (see autotune; without it: im2col matmuls on CPU and GPU, XLA's "
-        "convolution on TPU); see meshensemble.models.conv",
+        "how the CNN computes its convolutions (cnn and howto_cnn only): auto times this "
+        "platform's candidates on this device (CPU: canonical, im2col, gemm_grad; see "
+        "autotune; without it: canonical, XLA's convolution with its backward in XLA:CPU's "
+        "fast layout, on CPU, im2col matmuls on GPU, xla on TPU); see meshensemble.models.conv",
         choices=CONV_CHOICES,
     )
     autotune: bool = _field(

@@ -166,18 +166,21 @@ def writing(path: str, after: str = "") -> Iterator[None]:
         ) from None
 
 
-def check_writable(workdir: str, what: str = "pass a writable --workdir") -> None:
+def check_writable(
+    workdir: str, what: str = "pass a writable --workdir", name: str = "workdir"
+) -> None:
     """Checks that ``workdir`` can be written, without creating it.
 
     An existing folder gets a probe file written and removed; for a folder that does not
     exist yet, its nearest existing parent is probed.
 
     Args:
-      workdir: the run's folder.
+      workdir: the run's folder (or any folder to write in).
       what: the fix to name in the message.
+      name: what the folder is, first in the message (e.g. ``"--out"``).
 
     Raises:
-      ValueError: ``workdir W is not writable (REASON); FIX``.
+      ValueError: ``NAME W is not writable (REASON); FIX``.
 
     Example:
       >>> check_writable("runs/mnist")   # None: it can be made here
@@ -197,7 +200,7 @@ def check_writable(workdir: str, what: str = "pass a writable --workdir") -> Non
     except OSError as err:
         reason = err.strerror or str(err)
         where = "" if target == os.path.abspath(workdir) else f": {target}"
-        raise ValueError(f"workdir {workdir} is not writable ({reason}{where}); {what}") from None
+        raise ValueError(f"{name} {workdir} is not writable ({reason}{where}); {what}") from None
 
 
 @contextlib.contextmanager
