@@ -158,7 +158,9 @@ class Choice:
         if len(whole) <= LINE_WIDTH:
             return whole
         first = re.split(r" \(|, |; ", self.reason)[0]
-        return f"{head} ({first}; {self.how}: the tuner's reasons in {TUNING_RECORD})"
+        how = self.how + (", not stored" if "not stored" in self.reason else "")
+        cut = f"{head} ({first}; {how}, reasons in {TUNING_RECORD})"
+        return cut if len(cut) <= LINE_WIDTH else f"{head} ({how}, reasons in {TUNING_RECORD})"
 
     def lines(self) -> list[str]:
         """The :attr:`notes`, :meth:`line`, then the bf16 line when bf16 was measured."""
