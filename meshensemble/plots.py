@@ -29,8 +29,43 @@ def pyplot() -> Any:
     return plt
 
 
+def train_curve(history: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """The learning curve's train-loss points: ``(steps [P], losses [P, members])``.
+
+    A record's ``train_curve`` (the mean loss over the steps since the previous point, at
+    most ten points an epoch) where present; else its ``train_loss`` at its step.
+
+    Args:
+      history: ``metrics.jsonl`` records, one per evaluation.
+
+    Returns:
+      The steps and the per-member losses (both empty without any loss).
+
+    Example:
+      >>> steps, losses = train_curve([
+      ...     {"step": 4, "train_curve": {"step": [2, 4], "loss": [[1.0], [0.5]]}},
+      ...     {"step": 6, "train_loss": [0.25]}])
+      >>> steps.tolist(), losses[:, 0].tolist()
+      ([2, 4, 6], [1.0, 0.5, 0.25])
+    """
+    steps: list[int] = []
+    losses: list[list[float]] = []
+    for r in history:
+        if "train_curve" in r:
+            steps += list(r["train_curve"]["step"])
+            losses += list(r["train_curve"]["loss"])
+        elif "train_loss" in r:
+            steps.append(r["step"])
+            losses.append(r["train_loss"])
+    return np.asarray(steps, int), np.asarray(losses, float)
+
+
 def learning_curves(history: list[dict[str, Any]], path: str) -> None:
-    """Plots train loss per member and test accuracy per member and of the ensemble.
+    """Plots the learning curves: train loss per logged step, test accuracy, NLL and ECE.
+
+    Four panels: each member's train loss (and their mean) at every logged step (at most
+    ten points an epoch, :func:`train_curve`); the test accuracy, NLL and ECE of each
+    evaluation, per member (thin) and of the ensemble. Accuracy and ECE axes start at 0.
 
     Args:
       history: ``metrics.jsonl`` records, one per evaluation.
@@ -43,29 +78,40 @@ def learning_curves(history: list[dict[str, Any]], path: str) -> None:
     """
     plt = pyplot()
     steps = [r["step"] for r in history]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    if all("train_loss" in r for r in history):
-        losses = np.array([r["train_loss"] for r in history])
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    (ax1, ax2), (ax3, ax4) = axes
+    at, losses = train_curve(history)
+    if len(at):
         for i in range(losses.shape[1]):
-            ax1.plot(steps, losses[:, i], color="tab:blue", alpha=0.35, lw=1)
-        ax1.plot(steps, losses.mean(1), color="tab:blue", lw=2, label="mean member")
+            ax1.plot(at, losses[:, i], color="tab:blue", alpha=0.35, lw=1)
+        ax1.plot(at, losses.mean(1), color="tab:blue", lw=2, label="mean member")
+        ax1.legend()
     ax1.set(xlabel="step", ylabel="train loss", title="training loss (members)")
-    ax1.legend()
-    member = np.array([r["test_member_accuracy"] for r in history])
-    for i in range(member.shape[1]):
-        ax2.plot(steps, 100 * member[:, i], color="tab:gray", alpha=0.4, lw=1)
-    ax2.plot(steps, 100 * member.mean(1), color="tab:gray", lw=2, label="mean member")
-    ens = [100 * r["test_ensemble_accuracy"] for r in history]
-    ax2.plot(steps, ens, color="tab:red", lw=2, marker="o", label="ensemble")
-    ax2.set(xlabel="step", ylabel="test accuracy (%)", title="test accuracy")
-    ax2.legend()
+    panels = ((ax2, "accuracy", 100.0, "test accuracy (%)"), (ax3, "nll", 1.0, "test NLL"),
+              (ax4, "ece", 1.0, "test ECE"))  # fmt: skip
+    for ax, key, scale, label in panels:
+        member = np.array([r.get(f"test_member_{key}", []) for r in history], float)
+        if member.ndim == 2 and member.shape[1]:
+            for i in range(member.shape[1]):
+                ax.plot(steps, scale * member[:, i], color="tab:gray", alpha=0.4, lw=1)
+            ax.plot(steps, scale * member.mean(1), color="tab:gray", lw=2, label="mean member")
+        ens = [scale * r.get(f"test_ensemble_{key}", np.nan) for r in history]
+        ax.plot(steps, ens, color="tab:red", lw=2, marker="o", label="ensemble")
+        ax.set(xlabel="step", ylabel=label, title=label)
+        if key != "nll":  # a rate: its axis from 0, so gaps are seen at their size
+            ax.set_ylim(bottom=0)
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
 def member_vs_ensemble(record: dict[str, Any], path: str) -> None:
-    """Bar chart of each member's test accuracy and NLL against the ensemble's.
+    """Bar chart of each member's test error and NLL against the ensemble's.
+
+    Both axes start at 0 (no truncated bars): the accuracy is shown as the error rate,
+    ``100 - accuracy`` in %, so a gap of one point between members is seen at its size
+    rather than hidden near 100% (or magnified by an axis that starts at 92%).
 
     Args:
       record: one ``metrics.jsonl`` record.
@@ -82,11 +128,12 @@ def member_vs_ensemble(record: dict[str, Any], path: str) -> None:
     names = [str(i) for i in range(len(acc) - 1)] + ["ens."]
     colors = ["tab:gray"] * (len(acc) - 1) + ["tab:red"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.bar(names, 100 * np.array(acc), color=colors)
-    lo = 100 * min(acc)
-    ax1.set_ylim(max(0.0, lo - (100 - lo) * 0.5 - 0.5), 100)
-    ax1.set(xlabel="member", ylabel="test accuracy (%)", title="members vs ensemble: accuracy")
+    ax1.bar(names, 100 * (1 - np.array(acc)), color=colors)
+    ax1.set_ylim(bottom=0)
+    ax1.set(xlabel="member", ylabel="test error (%), 100 - accuracy",
+            title="members vs ensemble: error")  # fmt: skip
     ax2.bar(names, nll, color=colors)
+    ax2.set_ylim(bottom=0)
     ax2.set(xlabel="member", ylabel="test NLL", title="members vs ensemble: NLL")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -14,6 +14,7 @@ from meshensemble.cli import common
 from meshensemble.cli import evaluate as cli_evaluate
 from meshensemble.cli import train as cli_train
 from meshensemble.training.config import (
+    GROUPS,
     TABLE_SOURCES,
     config_field,
     field_choices,
@@ -78,11 +79,34 @@ def test_docstring_lists_every_field_with_its_help():
 
 def test_model_choices_come_from_the_registry(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # the default workdir: a run there (the main job's) is resumed
-    assert field_choices(config_field("model")) == tuple(me.models.REGISTRY)
     assert "resnet" in me.TrainConfig.__doc__ and "cnn or mlp" not in me.TrainConfig.__doc__
     monkeypatch.setitem(me.models.REGISTRY, "tiny", me.models.MLP)
+    assert "tiny" in field_help(config_field("model"))  # read when used: later entries too
     args = cli.build_parser().parse_args(["train", "--model", "tiny"])
     assert cli_train.config_from_args(args).model == "tiny"
+    args = cli.build_parser().parse_args(["train", "--model", "tiny_no"])
+    with pytest.raises(ValueError, match="model='tiny_no' is unknown.*module:Class"):
+        cli_train.config_from_args(args).validate()
+
+
+def test_train_help_lists_every_flag_in_its_fields_group():
+    parser = subparser(cli_train)
+    groups = {g.title: g for g in parser._action_groups}
+    assert [t for t in groups if t in GROUPS] == list(GROUPS)  # all, in order
+    def where(flag):
+        return next(g.title for g in parser._action_groups
+                    if any(flag in a.option_strings for a in g._group_actions))  # fmt: skip
+
+    for name, f in FIELDS.items():
+        assert where("--" + name.replace("_", "-")) == f.metadata["group"], name
+    assert where("--coordinator") == "multi-host"
+    assert where("--fake-devices") == "ensemble and mesh"
+    assert where("--config") == "run control"
+    text = parser.format_help()
+    assert [t for t in GROUPS if f"\n{t}:\n" in text] == list(GROUPS)
+    assert text.index("\ndata:\n") < text.index("\n  --validation") < text.index("\nmodel:\n")
+    with pytest.raises(ValueError, match="group"):
+        me.training.fields.config_field_of(1, "x", group="elsewhere")
 
 
 def test_existing_flag_spellings_keep_working(monkeypatch, tmp_path):

@@ -185,7 +185,9 @@ def test_the_tuners_programs_are_reported_apart_and_only_at_first_use(tmp_path, 
     assert f"the auto-tuner compiled {tuned['programs']} more" in report[0]
     said = [line for line in lines if line.startswith("member strategy: ")]
     path = autotune.choices_path(str(tmp_path / "cache" / "jax"))
-    assert len(said) == 1 and f"stored in {path}" in said[0]  # where the choice is kept
+    assert len(said) == 1 and len(said[0]) <= 120, said  # the whole reason in config.json
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]["tuning"]
+    assert f"stored in {path}" in saved["reason"] and "resolved.tuning" in said[0]
     # measured with room to spare, but on CPU: bf16 is not timed (on a GPU it would be,
     # test_the_tuner_says_whether_bf16_would_be_faster)
     assert not any(line.startswith("bf16 would") for line in lines), lines
@@ -247,7 +249,8 @@ def test_measured_once_then_read_from_the_choices_file(tmp_path, monkeypatch):
     choice = resolve_choices(cfg, mesh, DATA, key, cache, timer=lambda: next(ticks), feeder=feeder)
     assert choice.how == "measured" and choice.member_strategy == "vmap"
     assert choice.line().startswith("member strategy: vmap (vmap: ")
-    assert "against loop" in choice.line() and "stored in" in choice.line()
+    assert "against loop" in choice.line() and "resolved.tuning" in choice.line()
+    assert "stored in" in choice.resolved()["tuning"]["reason"]
     assert choice.ensemble is not None and choice.ensemble.member_strategy == "vmap"
     assert choice.feeder is not None and choice.feeder.ens is choice.ensemble
     with CompileLog() as log:  # the run trains with the winner's feeder: nothing compiles
@@ -264,7 +267,7 @@ def test_measured_once_then_read_from_the_choices_file(tmp_path, monkeypatch):
     ticks = itertools.accumulate(1.0 / (i + 1) for i in itertools.count())
     unkept = resolve_choices(cfg, mesh, DATA, key, None, timer=lambda: next(ticks), feeder=feeder)
     assert unkept.member_strategy == "vmap" and "not stored" in unkept.line()
-    assert "pin it with --member-strategy vmap" in unkept.line(), unkept.line()
+    assert "pin it with --member-strategy vmap" in unkept.resolved()["tuning"]["reason"]
 
 
 def run_feeder(cfg: TrainConfig, dataset, k: int):

@@ -231,6 +231,43 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(npz, tmp_path, extra)
     assert restored4(workdir)[1] == step
 
 
+@pytest.mark.slow
+def test_two_processes_stop_early_together_and_keep_the_same_best(tmp_path):
+    """Early stopping and keep-best decide from replicated scores: both processes stop
+    at the same evaluation, exit 0, and the best checkpoint they kept restores."""
+    need_devices(8)
+    rng = np.random.default_rng(0)  # random labels: the validation NLL rises after a while
+    noise = me.data.Dataset(name="noise", x_train=DATA.x_train,
+                            y_train=rng.integers(0, 10, len(DATA.y_train)).astype(np.int32),
+                            x_test=DATA.x_test, y_test=DATA.y_test, num_classes=10)  # fmt: skip
+    npz = me.data.save_npz(noise, tmp_path / "noise.npz")
+    workdir = tmp_path / "early"
+    watch = ["--validation", "32", "--eval-every", "1", "--early-stopping", "val_nll:2",
+             "--keep-best", "val_nll", "--keep", "1", "--learning-rate", "0.2"]  # fmt: skip
+    procs = start_pair(npz, workdir, *watch)
+    try:
+        outs = [finished(p) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-1500:] for o in outs]
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["early_stopping"]["since"] == 2 and records[-1]["epoch"] < 500
+    assert any(s.startswith("early stopping at step") for s in outs[0][0].splitlines())
+    with open(workdir / "config.json") as f:
+        best = json.load(f)["resolved"]["keep_best"]
+    assert best["step"] == records[-1]["early_stopping"]["step"]
+    assert best["step"] in list_checkpoints(workdir)  # pinned past --keep 1
+    assert restored4_at(workdir, best["step"]) == best["step"]
+
+
+def restored4_at(workdir, step: int) -> int:
+    ens = me.Ensemble(me.models.MLP(), TX, 4, me.make_mesh(4, 1), input_transform=me.data.normalize)
+    return me.restore_checkpoint(str(workdir), ens, DATA.test_images[:1], step=step)[2]
+
+
 OTHER = {
     "same size, other content": me.data.synthetic(num_train=128, num_test=40, seed=4),
     "other size": me.data.synthetic(num_train=96, num_test=40, seed=3),

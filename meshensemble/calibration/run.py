@@ -74,15 +74,14 @@ def check_calibration(
     check_alpha_for(n, alpha, f"the {n} validation examples")
     if n + 1 < 10 / alpha:
         warn(
-            f"{n} validation examples are few for alpha={alpha:g}: the sets cover up to "
-            f"1 - alpha + 1/(n+1) = {1 - alpha + 1 / (n + 1):.4f} on average; hold out "
-            f"{math.ceil(10 / alpha) - 1} or more for a coverage close to {1 - alpha:g}"
+            f"{n} validation examples are few for alpha={alpha:g}: sets cover up to "
+            f"{1 - alpha + 1 / (n + 1):.4f} on average; hold out {math.ceil(10 / alpha) - 1} "
+            f"or more for {1 - alpha:g}"
         )
     if n < MIN_TEMPERATURE_EXAMPLES:
         warn(
-            f"{n} validation examples are few for a temperature: an accurate model may get "
-            "them all right, and then no temperature fits (calibration is refused); hold "
-            f"out {MIN_TEMPERATURE_EXAMPLES} or more (--validation)"
+            f"{n} validation examples are few for a temperature (none fits if all are "
+            f"right); hold out {MIN_TEMPERATURE_EXAMPLES} or more (--validation)"
         )
 
 
@@ -262,15 +261,17 @@ def fit_ensemble_temperature(logits: np.ndarray, labels: np.ndarray) -> float:
 
 
 def calibration_line(section: Mapping[str, Any]) -> str:
-    """One summary line of a ``calibration`` section; e.g. ``print(calibration_line(s))``."""
+    """A ``calibration`` section in three lines under 120 characters; e.g.
+    ``print(calibration_line(s))``."""
     b, a, c = section["before"], section["after"], section["conformal"]
     at = " (a search bound)" if section.get("temperature_at_bound") else ""
     names = (("NLL", "nll"), ("ECE", "ece"), ("adaptive ECE", "adaptive_ece"), ("Brier", "brier"))
     pairs = ", ".join(f"{n} {b[k]:.4f} -> {a[k]:.4f}" for n, k in names)
     return (
         f"calibration: T={section['temperature']:.4f}{at} on {section['num_validation']} "
-        f"validation examples; test {pairs}; conformal {c['method']} at alpha={c['alpha']:g}: "
-        f"mean set size {c['mean_set_size']:.3f}, coverage {c['coverage']:.4f}"
+        f"validation examples\n  test {pairs}\n  conformal {c['method']} at "
+        f"alpha={c['alpha']:g}: mean set size {c['mean_set_size']:.3f}, coverage "
+        f"{c['coverage']:.4f}"
     )
 
 

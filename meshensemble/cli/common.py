@@ -21,11 +21,18 @@ import logging
 import os
 import re
 import typing
+import weakref
 from typing import Any
 
 from meshensemble import errors
 from meshensemble.errors import Interrupted, MeshEnsembleError, UsageError
-from meshensemble.training.config import TrainConfig, config_field, field_choices, field_help
+from meshensemble.training.config import (
+    TrainConfig,
+    config_field,
+    field_choices,
+    field_group,
+    field_help,
+)
 
 DEBUG_ENV = "MESHENSEMBLE_DEBUG"
 """Environment variable: ``1`` shows tracebacks (as ``--debug`` does)."""
@@ -57,6 +64,32 @@ def format_default(value: Any) -> str:
     return str(value)
 
 
+_GROUPS: weakref.WeakKeyDictionary[argparse.ArgumentParser, dict[str, Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def argument_group(p: argparse.ArgumentParser, title: str) -> Any:
+    """The ``--help`` group ``title`` of ``p``, made (after those made before) if missing.
+
+    Args:
+      p: a subcommand's parser.
+      title: the group's title, e.g. ``"data"``.
+
+    Returns:
+      The ``argparse`` argument group: flags added to it are listed under its title.
+
+    Example:
+      >>> parser = Parser(prog="meshensemble train")
+      >>> argument_group(parser, "data") is argument_group(parser, "data")
+      True
+    """
+    groups = _GROUPS.setdefault(p, {})
+    if title not in groups:
+        groups[title] = p.add_argument_group(title)
+    return groups[title]
+
+
 def add_field_flag(
     p: argparse.ArgumentParser,
     name: str,
@@ -65,12 +98,14 @@ def add_field_flag(
     help: str | None = None,
     default: Any = dataclasses.MISSING,
     required: bool = False,
+    group: str | None = None,
 ) -> None:
-    """Adds the flag of the :class:`~meshensemble.TrainConfig` field ``name``.
+    """Adds the flag of the :class:`~meshensemble.TrainConfig` field ``name``, in its group.
 
-    Type, choices, metavar and help come from the field's metadata; booleans become
-    ``--flag/--no-flag``. The parser's default is None (so a flag left out is told apart
-    from one given) unless ``default`` is passed; the help shows the field's default.
+    Type, choices, metavar, help and the ``--help`` group come from the field's metadata;
+    booleans become ``--flag/--no-flag``. The parser's default is None (so a flag left out
+    is told apart from one given) unless ``default`` is passed; the help shows the
+    field's default.
 
     Args:
       p: the subcommand's parser.
@@ -79,6 +114,11 @@ def add_field_flag(
       help: text to use instead of the field's help (for a flag whose meaning differs).
       default: the parser's default (and the one shown); default: the field's, shown only.
       required: the flag must be given.
+      group: the ``--help`` group to list it in instead of the field's (another command's
+        grouping, e.g. ``evaluate``'s).
+
+    Raises:
+      ValueError: the field names no group (every ``TrainConfig`` field must).
 
     Example:
       >>> parser = Parser(prog="meshensemble train")
@@ -91,6 +131,9 @@ def add_field_flag(
       True
     """
     f = config_field(name)
+    title = group or field_group(f)
+    if not title:
+        raise ValueError(f"TrainConfig.{name} names no --help group; give its field group=...")
     hint = typing.get_type_hints(TrainConfig)[name]
     types = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
     typ = types[0]
@@ -111,11 +154,66 @@ def add_field_flag(
             kwargs["metavar"] = f.metadata["metavar"]
         if required:
             kwargs["required"] = True
-    p.add_argument(flag or "--" + name.replace("_", "-"), **kwargs)
+    argument_group(p, title).add_argument(flag or "--" + name.replace("_", "-"), **kwargs)
 
 
-def add_debug_flag(p: argparse.ArgumentParser) -> None:
+def checkpoint_arg(text: str) -> int | str:
+    """``--checkpoint``'s value: a step number, or ``best`` (the run's ``--keep-best`` one).
+
+    Raises:
+      argparse.ArgumentTypeError: anything else.
+
+    Example:
+      >>> checkpoint_arg("40"), checkpoint_arg("best")
+      (40, 'best')
+    """
+    if text == "best":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a step number or best") from None
+
+
+def add_checkpoint_flag(p: Any) -> None:
+    """Adds ``--checkpoint STEP|best`` to a parser (or one of its argument groups).
+
+    Example:
+      >>> parser = Parser(prog="meshensemble evaluate")
+      >>> add_checkpoint_flag(parser)
+      >>> parser.parse_args(["--checkpoint", "best"]).checkpoint
+      'best'
+    """
+    p.add_argument(
+        "--checkpoint",
+        type=checkpoint_arg,
+        metavar="STEP|best",
+        help="checkpoint step, or best: the one train --keep-best kept (default: the latest)",
+    )
+
+
+def resolve_checkpoint(workdir: str, checkpoint: int | str | None) -> int | None:
+    """``--checkpoint``'s step: ``best`` read from the run (one line if it kept none).
+
+    Raises:
+      ValueError: ``best`` for a run that kept no best checkpoint.
+
+    Example:
+      >>> resolve_checkpoint("runs/tiny", 4), resolve_checkpoint("runs/tiny", None)
+      (4, None)
+    """
+    if checkpoint != "best":
+        return checkpoint  # type: ignore[return-value]
+    from meshensemble.training.restore import best_checkpoint
+
+    return best_checkpoint(workdir)
+
+
+def add_debug_flag(p: Any) -> None:
     """Adds ``--debug`` (tracebacks for errors) unless ``p`` has it already.
+
+    Args:
+      p: a parser, or one of its argument groups (:func:`argument_group`).
 
     Example:
       >>> parser = Parser(prog="meshensemble train")
@@ -330,8 +428,8 @@ def setup_devices(fake_devices: int | None) -> None:
     use_fake_cpu_devices(fake_devices)
 
 
-def add_fake_devices_flag(p: argparse.ArgumentParser) -> None:
-    """Adds ``--fake-devices N``.
+def add_fake_devices_flag(p: argparse.ArgumentParser, group: str | None = None) -> None:
+    """Adds ``--fake-devices N`` (in the ``--help`` group ``group``, when given).
 
     Example:
       >>> parser = Parser(prog="meshensemble bench")
@@ -339,16 +437,17 @@ def add_fake_devices_flag(p: argparse.ArgumentParser) -> None:
       >>> parser.parse_args(["--fake-devices", "8"]).fake_devices
       8
     """
-    p.add_argument(
+    (argument_group(p, group) if group else p).add_argument(
         "--fake-devices", type=int, metavar="N", help="N simulated CPU devices (CPU platform)"
     )
 
 
-def add_distributed_flags(p: argparse.ArgumentParser) -> None:
+def add_distributed_flags(p: argparse.ArgumentParser, group: str | None = None) -> None:
     """Adds the flags that run a command as one process of many.
 
     Args:
       p: a subcommand's parser.
+      group: the ``--help`` group to list them in (default: the parser's own list).
 
     Example:
       >>> parser = Parser(prog="meshensemble train")
@@ -356,7 +455,7 @@ def add_distributed_flags(p: argparse.ArgumentParser) -> None:
       >>> parser.parse_args(["--coordinator", "10.0.0.1:1234"]).coordinator
       '10.0.0.1:1234'
     """
-    add = p.add_argument
+    add = (argument_group(p, group) if group else p).add_argument
     add("--coordinator", metavar="HOST:PORT", help="process 0's coordinator (multi-process)")
     add("--num-processes", type=int, metavar="N", help="number of processes")
     add("--process-id", type=int, metavar="I", help="this process's id in [0, N)")

@@ -21,9 +21,12 @@ from typing import Any
 
 from meshensemble.calibration import METHODS
 from meshensemble.cli.common import (
+    add_checkpoint_flag,
     add_debug_flag,
     add_fake_devices_flag,
     add_field_flag,
+    argument_group,
+    resolve_checkpoint,
     setup_devices,
 )
 from meshensemble.evaluation import CALIBRATION_PLOT, EVALUATION_FILE, evaluate_run
@@ -58,14 +61,24 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         ),
     )
     p.set_defaults(run=run)
-    add = p.add_argument
+    run_group = argument_group(p, "the run")
     add_field_flag(
         p,
         "workdir",
         required=True,
         help="the trained run's folder (config.json, checkpoints/); the results go there",
+        group="the run",
     )
-    add("--checkpoint", type=int, metavar="STEP", help="checkpoint step (default: the latest)")
+    add_checkpoint_flag(run_group)
+    for name in ("source", "data_file", "data_dir"):
+        add_field_flag(
+            p,
+            name,
+            help=f"overrides the run's {name} (default: the data the run recorded; its "
+            f"identity is checked): {field_help(config_field(name))}",
+            default=None,
+        )
+    add = argument_group(p, "OOD detection").add_argument
     add(
         "--ood",
         action="append",
@@ -74,10 +87,28 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "inverted, fashion_mnist; default the task's own: noise and inverted)",
     )
     add("--ood-file", help="a Keras-layout Fashion-MNIST .npz for --ood fashion_mnist")
-    add_fake_devices_flag(p)
+    add_calibration_flags(argument_group(p, "calibration"))
+    add_fake_devices_flag(p, "ensemble and mesh")
     add_field_flag(p, "mesh", help=field_help(config_field("mesh")) + " (may differ from training)")
     add_field_flag(p, "eval_batch_size", flag="--batch-size", default=1000)
-    add("--num-bins", type=int, default=15, help="calibration bins (default: 15)")
+    add_debug_flag(run_group)
+    return p
+
+
+def add_calibration_flags(group: Any) -> None:
+    """Adds ``--calibrate``, ``--alpha``, ``--conformal`` and ``--num-bins`` to ``group``.
+
+    Args:
+      group: the parser's ``calibration`` argument group.
+
+    Example:
+      >>> from meshensemble.cli import Parser
+      >>> parser = Parser(prog="meshensemble evaluate")
+      >>> add_calibration_flags(parser)
+      >>> parser.parse_args(["--calibrate"]).alpha
+      0.1
+    """
+    add = group.add_argument
     add(
         "--calibrate",
         action="store_true",
@@ -97,16 +128,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default="thr",
         help="conformal score for --calibrate (default: thr)",
     )
-    for name in ("source", "data_file", "data_dir"):
-        add_field_flag(
-            p,
-            name,
-            help=f"overrides the run's {name} (default: the data the run recorded; its "
-            f"identity is checked): {field_help(config_field(name))}",
-            default=None,
-        )
-    add_debug_flag(p)
-    return p
+    add("--num-bins", type=int, default=15, help="calibration bins (default: 15)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     setup_devices(args.fake_devices)
     evaluate_run(
         args.workdir,
-        checkpoint=args.checkpoint,
+        checkpoint=resolve_checkpoint(args.workdir, args.checkpoint),
         ood=tuple(args.ood) if args.ood else None,
         mesh=args.mesh,
         batch_size=args.eval_batch_size,

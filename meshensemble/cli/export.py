@@ -22,9 +22,11 @@ from typing import Any
 
 from meshensemble.cli.common import (
     UsageError,
+    add_checkpoint_flag,
     add_debug_flag,
     add_fake_devices_flag,
     add_field_flag,
+    resolve_checkpoint,
     setup_devices,
 )
 from meshensemble.serving.export import ARTIFACT_FILE, METADATA_FILE, PLATFORMS, export_ensemble
@@ -63,7 +65,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add = p.add_argument
     add_field_flag(p, "workdir", required=True, help="the trained run's folder (read only)")
     add("--out", required=True, metavar="DIR", help="the export folder (created if missing)")
-    add("--checkpoint", type=int, metavar="STEP", help="checkpoint step (default: the latest)")
+    add_checkpoint_flag(p)
     add(
         "--platforms",
         default=",".join(PLATFORMS),
@@ -97,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out} is a file; give a folder")
     check_writable(args.out, "give a writable --out folder", name="--out")
     notes: list[str] = []  # a damaged checkpoint skipped: said once the restore succeeded
-    predictor = load_predictor(args.workdir, checkpoint=args.checkpoint, echo=notes.append)
+    step = resolve_checkpoint(args.workdir, args.checkpoint)
+    predictor = load_predictor(args.workdir, checkpoint=step, echo=notes.append)
     for line in notes:
         print(line, file=sys.stderr)
     meta = export_ensemble(predictor, args.out, platforms)

@@ -24,9 +24,12 @@ import sys
 from typing import Any
 
 from meshensemble.cli.common import (
+    add_checkpoint_flag,
     add_debug_flag,
     add_fake_devices_flag,
     add_field_flag,
+    argument_group,
+    resolve_checkpoint,
     setup_devices,
 )
 from meshensemble.serving.inputs import open_inputs
@@ -72,8 +75,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         ),
     )
     p.set_defaults(run=run)
-    add = p.add_argument
-    add_field_flag(p, "workdir", required=True, help="the trained run's folder (read only)")
+    run_group = argument_group(p, "the run")
+    add_field_flag(
+        p, "workdir", required=True, help="the trained run's folder (read only)", group="the run"
+    )
+    add_checkpoint_flag(run_group)
+    add = argument_group(p, "inputs and outputs").add_argument
     add(
         "--input",
         required=True,
@@ -89,6 +96,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="also write member_probs [members, N, classes] (regression: member_mean, "
         "member_variance [members, N, T]); .npz outputs only",
     )
+    add("--quiet", action="store_true", help="no progress bar and no summary line")
+    add = argument_group(p, "calibration").add_argument
     add(
         "--no-temperature",
         action="store_true",
@@ -106,12 +115,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="require prediction sets, or a regression run's conformal intervals (fails if "
         "uncalibrated)",
     )
-    add("--checkpoint", type=int, metavar="STEP", help="checkpoint step (default: the latest)")
-    add_fake_devices_flag(p)
+    add_fake_devices_flag(p, "ensemble and mesh")
     add_field_flag(p, "mesh", help=field_help(config_field("mesh")) + " (may differ from training)")
     add_field_flag(p, "eval_batch_size", flag="--batch-size", default=1000)
-    add("--quiet", action="store_true", help="no progress bar and no summary line")
-    add_debug_flag(p)
+    add_debug_flag(run_group)
     return p
 
 
@@ -134,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
             "(one row per example) cannot hold; use --out FILE.npz, or drop --members"
         )
     cfg = load_run_config(args.workdir)
+    args.checkpoint = resolve_checkpoint(args.workdir, args.checkpoint)
     task = run_task(cfg, (read_saved_config(args.workdir) or {}).get("resolved") or {})
     for flag, given in (("no_temperature", args.no_temperature),
                         ("no_variance_scale", args.no_variance_scale)):  # fmt: skip

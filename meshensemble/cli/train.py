@@ -1,9 +1,11 @@
 """``meshensemble train``: its flags are generated from :class:`~meshensemble.TrainConfig`.
 
 Every field ``name`` becomes ``--name-with-dashes`` with the type, choices and help of
-its metadata and its default in the help; booleans are ``--flag/--no-flag`` (e.g.
-``--checkpoint/--no-checkpoint``). Only ``--config``, ``--fake-devices``, ``--debug`` and
-the distributed flags are not fields.
+its metadata and its default in the help, listed in ``--help`` under the field's group
+(data, model, ensemble and mesh, optimisation, run control, multi-host, performance);
+booleans are ``--flag/--no-flag`` (e.g. ``--checkpoint/--no-checkpoint``). Only
+``--config``, ``--fake-devices``, ``--debug`` and the distributed flags are not fields
+(each in its group too).
 
 A command given a workdir that holds a run takes the values it does not give from the
 run's ``config.json`` (except ``max_steps``, ``resume`` and ``overwrite``, which belong
@@ -34,6 +36,7 @@ from meshensemble.cli.common import (
     add_distributed_flags,
     add_fake_devices_flag,
     add_field_flag,
+    argument_group,
     error_line,
     exit_code,
     hard_exit,
@@ -43,7 +46,7 @@ from meshensemble.cli.common import (
 )
 from meshensemble.errors import EXIT_INTERRUPTED
 from meshensemble.training import CONFIG_FILE, TrainConfig, train
-from meshensemble.training.config import inherited_fields, with_task_defaults
+from meshensemble.training.config import GROUPS, inherited_fields, with_task_defaults
 
 OTHER_FLAGS = ("--config", "--fake-devices", "--debug", *DISTRIBUTED_FLAGS)
 """The ``train`` flags that are not :class:`TrainConfig` fields."""
@@ -75,14 +78,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         ),
     )
     p.set_defaults(run=run)
-    p.add_argument(
+    for title in GROUPS:  # the groups' order in --help
+        argument_group(p, title)
+    argument_group(p, "run control").add_argument(
         "--config", metavar="FILE", help="JSON file of TrainConfig fields; flags override it"
     )
-    add_fake_devices_flag(p)
+    add_fake_devices_flag(p, "ensemble and mesh")
     for f in dataclasses.fields(TrainConfig):
         add_field_flag(p, f.name)
-    add_distributed_flags(p)
-    add_debug_flag(p)
+    add_distributed_flags(p, "multi-host")
+    add_debug_flag(argument_group(p, "run control"))
     return p
 
 

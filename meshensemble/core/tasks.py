@@ -227,6 +227,9 @@ class Task(abc.ABC):
       ensemble_metric_names: what :meth:`ensemble_metrics` returns; the train step reports
         them as ``ensemble_<name>`` (scalars; NaN for per-member batches).
       cli_defaults: ``TrainConfig`` values this task uses where the user gave none.
+      validation_metrics: the validation metrics a run logs that ``--early-stopping`` and
+        ``--keep-best`` may watch: ``{name: (metrics.jsonl key, "min" | "max")}`` (``max``:
+        higher is better), e.g. ``{"val_nll": ("val_nll", "min")}``; default none.
 
     Example:
       >>> isinstance(ens.task, me.tasks.Task), ens.task.name
@@ -245,6 +248,7 @@ class Task(abc.ABC):
     member_metric_names: ClassVar[tuple[str, ...]] = ()
     ensemble_metric_names: ClassVar[tuple[str, ...]] = ()
     cli_defaults: ClassVar[Mapping[str, Any]] = {}
+    validation_metrics: ClassVar[Mapping[str, tuple[str, str]]] = {}
 
     # ------------------------------------------------------------ the member
     @abc.abstractmethod

@@ -16,6 +16,7 @@ from meshensemble.data.dataset import DataError, Dataset, check_name
 from meshensemble.data.lazy import CONVERT_FIX, load_array_record_dataset, load_tfds_stream
 from meshensemble.data.npz import load_npz, npz_fix
 from meshensemble.data.sample import load_sample
+from meshensemble.runtime.compilation import LINE_WIDTH
 
 SOURCES = ("auto", "tfds", "npz", "sample", "arrayrecord")
 """Values of ``load_dataset(source=...)``."""
@@ -99,7 +100,8 @@ def load_dataset(
         dataset, why = load_sample(name), "source sample"
     else:
         dataset, why = _load_auto(name, data_file, data_dir)
-    log(f"data: {dataset.note}: {why}")
+    line = f"data: {dataset.note}: {why}"
+    log(line if len(line) <= LINE_WIDTH else f"data: {dataset.note}\n  {why}")
     return dataset
 
 

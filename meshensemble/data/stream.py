@@ -591,7 +591,7 @@ def device_budget(device: jax.Device | None = None) -> tuple[int, str]:
 
     Example:
       >>> device_budget()
-      (2147483648, 'the default budget of 2.0 GiB per device (cpu reports no memory)')
+      (2147483648, 'default 2.0 GiB (cpu reports no memory)')
     """
     env = os.environ.get("MESHENSEMBLE_DEVICE_BUDGET")
     if env:
@@ -603,7 +603,7 @@ def device_budget(device: jax.Device | None = None) -> tuple[int, str]:
         return int(limit * DEVICE_FRACTION), f"{DEVICE_FRACTION:.0%} of {limit / 2**30:.1f} GiB"
     gib = DEFAULT_DEVICE_BUDGET / 2**30
     return DEFAULT_DEVICE_BUDGET, (
-        f"the default budget of {gib:.1f} GiB per device ({device.platform} reports no memory)"
+        f"default {gib:.1f} GiB ({device.platform} reports no memory)"
     )
 
 
@@ -619,8 +619,8 @@ def choose_input(
         :data:`EXAMPLE_BYTES`, MNIST's; e.g. ``32 * 32 * 3 + 4`` for CIFAR-10).
 
     Returns:
-      ``(input, why)``, e.g. ``("device", "the 60,000 training examples take 47 MB per
-      device, within ...")``.
+      ``(input, why)``, e.g. ``("device", "60,000 examples, 44.9 MiB/device, within
+      ...")``.
 
     Example:
       >>> choose_input(60_000)[0]
@@ -628,7 +628,7 @@ def choose_input(
     """
     need = num_train * example_bytes
     budget, how = device_budget(device)
-    size = f"the {num_train:,} training examples take {need / 2**20:.1f} MiB per device"
+    size = f"{num_train:,} examples, {need / 2**20:.1f} MiB/device"
     if need <= budget:
-        return "device", f"{size}, within {budget / 2**20:.1f} MiB ({how})"
-    return "stream", f"{size}, more than {budget / 2**20:.1f} MiB ({how})"
+        return "device", f"{size}, within {how}"
+    return "stream", f"{size}, more than {how} ({budget / 2**20:.1f} MiB)"

@@ -21,6 +21,7 @@ from jax import lax
 from meshensemble.core.mesh import DATA
 from meshensemble.errors import UsageError
 from meshensemble.models.conv import conv_general_dilated
+from meshensemble.models.user import is_spec, user_model
 from meshensemble.models.vit import ViT
 
 
@@ -479,24 +480,30 @@ its patch size divides. :func:`build_model` fits one to the data."""
 
 
 def get_model(name: str) -> nn.Module:
-    """Returns a fresh model by its CLI name.
+    """Returns a fresh model by its CLI name, or a user's Linen module as ``module:Class``.
 
     Args:
       name: one of ``REGISTRY`` (``"cnn"``, ``"mlp"``, ``"howto_cnn"``, ``"resnet"``,
-        ``"vit"``).
+        ``"vit"``), or ``"module:Class"`` / ``"module:function"``
+        (:func:`meshensemble.models.user.user_model`).
 
     Returns:
       The Linen module with its defaults.
 
     Raises:
-      ValueError: an unknown name.
+      ValueError: an unknown name, or a spec that names no Linen module (one line).
 
     Example:
       >>> me.models.get_model("cnn")
       CNN(...)
     """
+    if is_spec(name):
+        return user_model(name)
     if name not in REGISTRY:
-        raise ValueError(f"model {name!r} is unknown; choose one of {', '.join(REGISTRY)}")
+        raise ValueError(
+            f"model {name!r} is unknown; choose one of {', '.join(REGISTRY)}, or give a Flax "
+            "module as module:Class"
+        )
     return REGISTRY[name]()
 
 

@@ -24,6 +24,8 @@ from jax import monitoring
 ENV_CACHE_DIR = "JAX_COMPILATION_CACHE_DIR"
 """Environment variable naming the cache folder; JAX's own name, honoured when set."""
 
+LINE_WIDTH = 120
+"""The widest line a run prints; the compile line names as many slow programs as fit."""
 _COMPILE = "/jax/core/compile/backend_compile_duration"
 _HIT = "/jax/compilation_cache/cache_hits"
 _MISS = "/jax/compilation_cache/cache_misses"
@@ -231,15 +233,19 @@ class CompileLog:
           compiled 1 programs in ...s (persistent cache: ... hits, ... misses); jit(<lambda>) ...s
         """
         s = self.summary()
-        top = ", ".join(f"{p['name']} {p['seconds']:.1f}s" for p in s["by_program"][:3])
         tuned = s["tuning"]
         extra = (  # whether its choice is kept, the tuner's own line says
             f"; the auto-tuner compiled {tuned['programs']} more in {tuned['seconds']:.1f}s"
             if tuned["programs"]
             else ""
         )
-        return (
+        line = (
             f"compiled {s['programs']} programs in {s['seconds']:.1f}s (persistent cache: "
-            f"{s['cache_hits']} hits, {s['cache_misses']} misses){'; ' + top if top else ''}"
-            f"{extra}"
+            f"{s['cache_hits']} hits, {s['cache_misses']} misses){extra}"
         )
+        for i, p in enumerate(s["by_program"][:3]):  # the slowest, as many as fit 120
+            more = f"{'; ' if not i else ', '}{p['name']} {p['seconds']:.1f}s"
+            if len(line + more) > LINE_WIDTH:
+                break
+            line += more
+        return line

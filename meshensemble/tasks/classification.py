@@ -118,6 +118,11 @@ class Classification(Task):
     conformal_view: ClassVar[str] = "sets"
     member_metric_names: ClassVar[tuple[str, ...]] = ("accuracy",)
     ensemble_metric_names: ClassVar[tuple[str, ...]] = ("accuracy", "nll")
+    validation_metrics: ClassVar[dict[str, tuple[str, str]]] = {
+        "val_nll": ("val_ensemble_nll", "min"), "val_accuracy": ("val_ensemble_accuracy", "max"),
+        "val_brier": ("val_ensemble_brier", "min"), "val_ece": ("val_ensemble_ece", "min"),
+    }  # fmt: skip
+    """The ensemble's scores on the validation split (``--early-stopping``, ``--keep-best``)."""
 
     def __post_init__(self) -> None:
         s = self.label_smoothing
@@ -412,12 +417,13 @@ class Classification(Task):
         return self.final_table(result) + "\n" + ood_lib.summary_table(result)
 
     def epoch_line(self, record: Mapping[str, Any], epochs: int, seconds: float) -> str:
-        """``epoch E/N step S: train loss ... | test ensemble acc ... | mean member ... | Ts``."""
+        """``epoch E/N step S: loss ... | test ensemble acc ... | member ... | Ts`` (the
+        ensemble's test scores, then the mean member's)."""
         r, loss = record, record.get("train_mean_member_loss", float("nan"))
         return (
-            f"epoch {r['epoch']}/{epochs} step {r['step']}: train loss {loss:.4f} | test "
+            f"epoch {r['epoch']}/{epochs} step {r['step']}: loss {loss:.4f} | test "
             f"ensemble acc {100 * r['test_ensemble_accuracy']:.2f}% nll "
-            f"{r['test_ensemble_nll']:.4f} ece {r['test_ensemble_ece']:.4f} | mean member acc "
+            f"{r['test_ensemble_nll']:.4f} ece {r['test_ensemble_ece']:.4f} | member acc "
             f"{100 * r['test_mean_member_accuracy']:.2f}% nll {r['test_mean_member_nll']:.4f} "
             f"| {seconds:.1f}s"
         )

@@ -254,9 +254,9 @@ def summary_table(result: Mapping[str, Any]) -> str:
       >>> import json
       >>> print(summary_table(json.load(open("runs/tiny/evaluation.json"))))
       test uncertainty: entropy ..., expected entropy ..., mutual information ..., disagreement ...
-      OOD set      auroc max_prob  auroc entropy ...
+      OOD set             max_prob    entropy         MI  max_logit     energy
       ...
-      inverted ...
+      inverted      auroc ...
     """
     rows = [
         "test uncertainty: entropy {:.4f}, expected entropy {:.4f}, mutual information "
@@ -268,15 +268,18 @@ def summary_table(result: Mapping[str, Any]) -> str:
         )
     ]
     sets = list(result.get("ood_sets", []))
-    if sets:
+    if sets:  # a row per set and measure, a column per score: 80 columns
         short = {"mutual_information": "MI"}
-        cols = [f"{m} {short.get(k, k)}" for m in ("auroc", "aupr") for k in OOD_SCORE_KINDS]
-        width = max(12, *(len(s) for s in sets))
-        head = f"{'OOD set':<{width}} " + " ".join(f"{c:>14}" for c in cols)
+        width = max(13, *(len(s) for s in sets))
+        head = f"{'OOD set':<{width}} {'':>5} " + " ".join(
+            f"{short.get(k, k):>10}" for k in OOD_SCORE_KINDS
+        )
         rows += [head, "-" * len(head)]
         for s in sets:
-            vals = [result[f"ood_{s}_{m}_{k}"] for m in ("auroc", "aupr") for k in OOD_SCORE_KINDS]
-            rows.append(f"{s:<{width}} " + " ".join(f"{v:>14.4f}" for v in vals))
+            for m in ("auroc", "aupr"):
+                vals = [result[f"ood_{s}_{m}_{k}"] for k in OOD_SCORE_KINDS]
+                name = s if m == "auroc" else ""
+                rows.append(f"{name:<{width}} {m:>5} " + " ".join(f"{v:>10.4f}" for v in vals))
         for s in sets:
             key = f"ood_{s}_mean_member_auroc_"
             if all(key + k in result for k in MEMBER_OOD_KINDS):

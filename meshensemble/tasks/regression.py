@@ -112,6 +112,10 @@ class Regression(Task):
     conformal_view: ClassVar[str] = "intervals"
     member_metric_names: ClassVar[tuple[str, ...]] = ("rmse",)
     ensemble_metric_names: ClassVar[tuple[str, ...]] = ("nll", "rmse")
+    validation_metrics: ClassVar[dict[str, tuple[str, str]]] = {
+        k: (k, "min") for k in ("val_nll", "val_crps", "val_rmse", "val_mae")
+    }
+    """The mixture's proper scores on the validation split (lower is better)."""
     cli_defaults: ClassVar[dict[str, Any]] = {
         "model": "mlp", "optimizer": "adam", "learning_rate": 0.01, "epochs": 100,
         "batch_size": None,
@@ -430,7 +434,7 @@ class Regression(Task):
         return (
             f"calibrated on {conf['num_calibration']} validation scores: variance scale "
             f"{section['variance_scale']:.4g} (gaussian nll {t['nll_gaussian_before']:.4f} -> "
-            f"{t['nll_gaussian_after']:.4f}), conformal q {conf['quantile']:.4g}; {level:g}% "
+            f"{t['nll_gaussian_after']:.4f}), conformal q {conf['quantile']:.4g}\n  {level:g}% "
             f"coverage/width before {t['coverage_before']:.3f}/{t['width_before']:.4g}, scaled "
             f"{t['coverage_scaled']:.3f}/{t['width_scaled']:.4g}, conformal "
             f"{t['coverage_conformal']:.3f}/{t['width_conformal']:.4g}"

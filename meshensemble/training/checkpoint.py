@@ -87,12 +87,14 @@ class _Manager(ocp.CheckpointManager):
         return False
 
 
-def checkpoint_manager(workdir: str, keep: int = 3, create: bool = True) -> ocp.CheckpointManager:
+def checkpoint_manager(
+    workdir: str, keep: int | None = 3, create: bool = True
+) -> ocp.CheckpointManager:
     """An orbax ``CheckpointManager`` for ``workdir/checkpoints`` (asynchronous saves).
 
     Args:
       workdir: the run's folder (local, or ``gs://...``).
-      keep: how many of the latest checkpoints to keep.
+      keep: how many of the latest checkpoints to keep (None: all).
       create: create the folder if missing.
 
     Returns:
@@ -151,10 +153,16 @@ class Checkpointer:
     process-wide hook; while one is open, orbax's error logs of a failed background save go
     to DEBUG (the failure is raised as one line instead).
 
+    With ``pinning``, the checkpoints a save names in ``pinned`` (keep-best's) are kept
+    beside the newest ``keep``; the others are deleted once the next save starts (after
+    the previous one finished, so a failed save never leaves fewer) and at :meth:`close`.
+    Every process deletes the same steps (orbax's ``delete`` waits for all of them).
+
     Args:
       workdir: the run's folder (local, or ``gs://...``).
       keep: how many checkpoints to keep (at least 2 so there is a previous one to use).
       echo: where one-line reports go.
+      pinning: keep the steps each save pins (else orbax keeps the newest ``keep``).
 
     Example:
       >>> ckpt = Checkpointer("runs/demo")
@@ -162,8 +170,15 @@ class Checkpointer:
       >>> ckpt.close()
     """
 
-    def __init__(self, workdir: str, keep: int = 3, echo: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        workdir: str,
+        keep: int = 3,
+        echo: Callable[[str], None] | None = None,
+        pinning: bool = False,
+    ):
         self.workdir = workdir
+        self.keep, self.pinning, self._pinned = keep, pinning, frozenset()
         self.dir = storage.absolute(storage.join(workdir, CHECKPOINT_DIR))
         self.echo = echo or log.info
         self._main = jax.process_index() == 0
@@ -171,7 +186,7 @@ class Checkpointer:
             for name in _remove_unfinished(self.dir):
                 self.echo(f"removed {name} in {self.dir}: an unfinished save of a stopped run")
         try:
-            self.mngr = checkpoint_manager(workdir, keep)
+            self.mngr = checkpoint_manager(workdir, None if pinning else keep)
         except OSError as err:  # e.g. read-only, or a file in the way
             cause = _save_cause(err) or _first_line(err)
             raise CheckpointError(f"cannot create {self.dir}: {cause}; {_WRITABLE}") from None
@@ -183,17 +198,21 @@ class Checkpointer:
         self._watch_error: tuple[int, Exception] | None = None  # a checksum not written
         self._failed = False
 
-    def save(self, step: int, state: EnsembleState, loop: dict[str, Any]) -> None:
+    def save(
+        self, step: int, state: EnsembleState, loop: dict[str, Any], pinned: Any = ()
+    ) -> None:
         """Starts saving checkpoint ``step``; the previous save is finished and hashed first.
 
         Args:
           step: the run's global step.
           state: the ensemble state.
           loop: JSON-serialisable loop position.
+          pinned: steps to keep whatever their age (with ``pinning``), e.g. the best.
 
         Raises:
           CheckpointError: the disk refused the write (full, read-only...).
         """
+        self._pinned = frozenset(int(s) for s in pinned)  # kept by the prune in _finish too
         self._finish()
         try:
             save_checkpoint(self.mngr, step, state, loop)
@@ -256,6 +275,27 @@ class Checkpointer:
             self._watch_error = self._watch_error or (pending[-1], err)
         if self._watch_error is not None:
             raise self._error(*self._watch_error) from None
+        if self.pinning:
+            self.prune()
+
+    def prune(self) -> list[int]:
+        """Deletes the finished checkpoints that are neither among the newest ``keep`` nor
+        pinned (with ``pinning``; call it when no save is in flight); the steps deleted.
+
+        Example:
+          >>> ckpt = Checkpointer("runs/demo", keep=1, pinning=True)
+          >>> for step in (10, 20, 30):
+          ...     ckpt.save(step, state, {"step": step}, pinned=[10])
+          >>> ckpt.close()                   # the newest and the pinned one stay
+          >>> list_checkpoints("runs/demo")
+          [10, 30]
+        """
+        steps = sorted(self.mngr.all_steps())
+        keep = set(steps[-self.keep :]) | self._pinned
+        gone = [s for s in steps if s not in keep]
+        for s in gone:
+            self.mngr.delete(s)
+        return gone
 
     def _error(self, step: int, err: Exception) -> CheckpointError:
         self._failed = True

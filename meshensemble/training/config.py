@@ -13,11 +13,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
-import textwrap
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
@@ -34,6 +32,14 @@ from meshensemble.data.augment import AUGMENTS, make_augment
 from meshensemble.models import REGISTRY as MODEL_REGISTRY
 from meshensemble.models import get_model
 from meshensemble.models.conv import CONV_CHOICES
+from meshensemble.models.user import is_spec
+from meshensemble.training.fields import GROUPS as GROUPS
+from meshensemble.training.fields import attribute_docs
+from meshensemble.training.fields import config_field_of as _field
+from meshensemble.training.fields import field_choices as field_choices
+from meshensemble.training.fields import field_group as field_group
+from meshensemble.training.fields import field_help as field_help
+from meshensemble.training.monitor import parse_early_stopping
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 """Values of ``TrainConfig.optimizer``."""
@@ -80,29 +86,6 @@ def with_task_defaults(values: dict[str, Any]) -> dict[str, Any]:
     return {**task.cli_defaults, **values}
 
 
-def _field(
-    default: Any,
-    help: str,
-    *,
-    choices: Sequence[str] | Callable[[], Sequence[str]] | None = None,
-    metavar: str | None = None,
-    inherit: bool = True,
-) -> Any:
-    """A ``dataclasses.field`` carrying its documentation.
-
-    Args:
-      default: the default value.
-      help: one sentence (no trailing period) for the docstring and the flag.
-      choices: the allowed values, or a function returning them (read when used, so a
-        registry extended later is seen).
-      metavar: the flag's placeholder.
-      inherit: whether a command resuming a run takes the value from the workdir's
-        ``config.json`` when the command does not give it (False: per invocation).
-    """
-    meta = {"help": help, "choices": choices, "metavar": metavar, "inherit": inherit}
-    return dataclasses.field(default=default, metadata=meta)
-
-
 @dataclasses.dataclass
 class TrainConfig:
     """Everything a training run needs; the ``meshensemble train`` flags are generated from it.
@@ -111,14 +94,14 @@ class TrainConfig:
     constant rate, 10 epochs), with an 8-member ensemble.
     """
 
-    dataset: str = _field("mnist", "the dataset", choices=data_lib.DATASETS)
+    dataset: str = _field("mnist", "the dataset", choices=data_lib.DATASETS, group="data")
     task: str = _field(
         "classification",
         "a registered task (classification: integer labels, the members' softmax averaged; "
         "regression: float targets, Gaussian members, their mixture, see docs/regression.md) "
         "or a Task subclass as module:Class (docs/tasks.md); a task's own defaults apply to "
         "the flags not given",
-        metavar="TASK",
+        metavar="TASK", group="model",
     )
     source: str = _field(
         "auto",
@@ -127,40 +110,51 @@ class TrainConfig:
         "(a task may name its own: --task regression's is the toy1d toy); toy1d and "
         "diabetes are tables with float targets; "
         "arrayrecord reads the files of `meshensemble convert` in data_dir a batch at a time",
-        choices=data_lib.SOURCES + TABLE_SOURCES,
+        choices=data_lib.SOURCES + TABLE_SOURCES, group="data",
     )
     data_file: str | None = _field(
         None,
         "a Keras-layout .npz (x_train, y_train, x_test, y_test), for source npz or auto",
-        metavar="PATH",
+        metavar="PATH", group="data",
     )
     data_dir: str | None = _field(
-        None, "the TFDS data folder, or the ArrayRecord folder of source arrayrecord", metavar="DIR"
+        None,
+        "the TFDS data folder, or the ArrayRecord folder of source arrayrecord",
+        metavar="DIR", group="data",
     )
     model: str = _field(
         "cnn",
-        "the member architecture, a name of meshensemble.models.REGISTRY",
-        choices=lambda: tuple(MODEL_REGISTRY),
+        lambda: (
+            f"the member architecture: {', '.join(MODEL_REGISTRY)} (meshensemble.models."
+            "REGISTRY), or your Flax Linen module as module:Class (built with its defaults; "
+            "a num_classes field gets the task's output width) or module:function (no "
+            "arguments, returns one), importable on PYTHONPATH by every later command"
+        ),
+        metavar="NAME", group="model",
     )
-    members: int = _field(8, "ensemble size", metavar="M")
+    members: int = _field(8, "ensemble size", metavar="M", group="ensemble and mesh")
     mesh: str = _field(
         "",
         "the mesh, e.g. ensemble=4,data=2; empty: all devices, ensemble = gcd(members, "
         "devices) and the rest on data",
-        metavar="SPEC",
+        metavar="SPEC", group="ensemble and mesh",
     )
-    backend: str = _field("shard_map", "how steps are mapped over the mesh", choices=BACKENDS)
+    backend: str = _field(
+        "shard_map", "how steps are mapped over the mesh", choices=BACKENDS,
+        group="ensemble and mesh",
+    )
     shard_members: bool = _field(
         False,
         "FSDP: split each member's parameters and optimizer state over the mesh's data "
         "axis (and model axis), gathered for each step; state memory per device falls by "
         "their size (shard_map backend; see docs/sharding.md)",
+        group="ensemble and mesh",
     )
     member_strategy: str = _field(
         "auto",
         "how a device computes the members it holds (vmap or a loop); auto: the faster "
         "measured on this device (see autotune)",
-        choices=STRATEGIES,
+        choices=STRATEGIES, group="performance",
     )
     conv: str = _field(
         "auto",
@@ -168,59 +162,67 @@ class TrainConfig:
         "platform's candidates on this device (CPU: canonical, im2col, gemm_grad; see "
         "autotune; without it: canonical, XLA's convolution with its backward in XLA:CPU's "
         "fast layout, on CPU, im2col matmuls on GPU, xla on TPU); see meshensemble.models.conv",
-        choices=CONV_CHOICES,
+        choices=CONV_CHOICES, group="performance",
     )
     autotune: bool = _field(
         True,
         "with member_strategy or conv at auto, time the candidates on this device and "
         "model at setup and keep the fastest (remembered beside the compilation cache); "
         "off: the platform defaults",
+        group="performance",
     )
     precision: str = _field(
         "fp32",
         "fp32, or bf16 for mixed precision (bfloat16 compute, float32 weights and "
         "optimizer state; for accelerators)",
-        choices=tuple(PRECISIONS),
+        choices=tuple(PRECISIONS), group="performance",
     )
     epochs: int = _field(
         10,
         "epochs to train (a decaying schedule spans them); --task regression: 100 unless given",
-        metavar="N",
+        metavar="N", group="optimisation",
     )
     batch_size: int | None = _field(
         128,
         "global batch size (every member sees this many examples a step); none: the whole "
         "training split, at most 128 (--task regression's default, for small tables)",
-        metavar="B",
+        metavar="B", group="optimisation",
     )
     optimizer: str = _field(
-        "sgd", "the optimizer; --task regression: adam unless given", choices=OPTIMIZERS
+        "sgd", "the optimizer; --task regression: adam unless given", choices=OPTIMIZERS,
+        group="optimisation",
     )
     learning_rate: float = _field(
-        0.1, "peak learning rate; --task regression: 0.01 unless given", metavar="LR"
+        0.1, "peak learning rate; --task regression: 0.01 unless given", metavar="LR",
+        group="optimisation",
     )
-    momentum: float = _field(0.9, "SGD momentum in [0, 1) (0 for none)")
+    momentum: float = _field(0.9, "SGD momentum in [0, 1) (0 for none)", group="optimisation")
     weight_decay: float = _field(
-        0.0, "decoupled weight decay (adamw) or L2 added to the SGD/adam update (>= 0)"
+        0.0, "decoupled weight decay (adamw) or L2 added to the SGD/adam update (>= 0)",
+        group="optimisation",
     )
     schedule: str = _field(
         "constant",
         "the learning-rate schedule (warmup_cosine warms up for warmup_epochs)",
-        choices=SCHEDULES,
+        choices=SCHEDULES, group="optimisation",
     )
-    warmup_epochs: float = _field(1.0, "warm-up length of warmup_cosine, in epochs (>= 0)")
+    warmup_epochs: float = _field(
+        1.0, "warm-up length of warmup_cosine, in epochs (>= 0)", group="optimisation"
+    )
     shuffle: str = _field(
         "shared",
         "shared: all members see the same batches (as in the Flax HOWTO); per-member: "
         "each member its own order",
-        choices=SHUFFLES,
+        choices=SHUFFLES, group="ensemble and mesh",
     )
-    seed: int = _field(0, "seeds the members' initialisation and the data order")
+    seed: int = _field(
+        0, "seeds the members' initialisation and the data order", group="run control"
+    )
     validation: int = _field(
         0,
         "training examples held out for calibration (stratified by class, seeded by --seed, "
         "never trained on; recorded in config.json); 0 for none",
-        metavar="N",
+        metavar="N", group="data",
     )
     augment: str = _field(
         "none",
@@ -228,98 +230,128 @@ class TrainConfig:
         "translates by up to augment_shift pixels (zero fill; MNIST-like), crop_flip pads "
         "by augment_shift, crops at random and mirrors half (CIFAR-like); see "
         "meshensemble.data.augment",
-        choices=AUGMENTS,
+        choices=AUGMENTS, group="data",
     )
     augment_shift: int = _field(
-        2, "pixels of --augment: the largest translation each way (>= 0)", metavar="PX"
+        2, "pixels of --augment: the largest translation each way (>= 0)", metavar="PX",
+        group="data",
     )
     bootstrap: bool = _field(
         False,
         "bagging: each member trains on its own resample with replacement of the training "
         "set (drawn once per run, a fresh order of it each epoch; implies per-member batches)",
+        group="ensemble and mesh",
     )
     label_smoothing: float = _field(
-        0.0, "label smoothing of the cross-entropy in [0, 1) (0: off; it hurts NLL)"
+        0.0, "label smoothing of the cross-entropy in [0, 1) (0: off; it hurts NLL)",
+        group="optimisation",
     )
     max_steps: int | None = _field(
         None,
         "stop after this many steps of the whole run and evaluate; the schedule still "
         "spans epochs, so a rerun with a larger value (or none) continues exactly",
         metavar="N",
-        inherit=False,
+        inherit=False, group="run control",
     )
     chunk_steps: int | None = _field(
         None,
         "steps per compiled call (K); none: 1 on CPU, a whole epoch elsewhere",
-        metavar="K",
+        metavar="K", group="performance",
     )
     stop_within: float = _field(
         10.0,
         "seconds within which SIGTERM/SIGINT and --checkpoint-every are honoured: calls run "
         "at most about half of it (steps per call capped from the measured step time, same "
         "results); 0: whole calls of K steps",
-        metavar="SECONDS",
+        metavar="SECONDS", group="performance",
     )
-    eval_batch_size: int = _field(1000, "examples per evaluation call", metavar="B")
+    eval_batch_size: int = _field(
+        1000, "examples per evaluation call", metavar="B", group="performance"
+    )
     eval_every: int | None = _field(
         None,
         "evaluate (test split, and the validation split when held out) and save a checkpoint "
         "every N epochs, and at the end; none: about 20 times a run (every epochs // 20 "
         "epochs, at least every epoch)",
-        metavar="N",
+        metavar="N", group="run control",
     )
     streaming: bool = _field(
-        False, "deprecated spelling of --input stream (feed host batches, one step per call)"
+        False, "deprecated spelling of --input stream (feed host batches, one step per call)",
+        group="performance",
     )
     input: str = _field(
         "auto",
         "where batches come from: device (the training set on every device, K steps per "
         "call), stream (each process reads its rows of each batch on the host, Grain "
         "prefetch) or auto (device when the set fits the device memory budget)",
-        choices=data_lib.stream.INPUTS,
+        choices=data_lib.stream.INPUTS, group="performance",
     )
     compile_cache: bool = _field(
         True,
         "use JAX's persistent compilation cache (sets JAX's global cache options for the "
         "process), so a rerun loads its programs instead of compiling them",
-        inherit=False,
+        inherit=False, group="performance",
     )
     compile_cache_dir: str | None = _field(
         None,
         "the compilation cache's folder; none: $JAX_COMPILATION_CACHE_DIR, else "
         "~/.cache/meshensemble/jax",
         metavar="DIR",
-        inherit=False,
+        inherit=False, group="performance",
     )
     workdir: str = _field(
-        "runs/mnist", "where config, metrics, plots and checkpoints go", metavar="DIR"
+        "runs/mnist", "where config, metrics, plots and checkpoints go", metavar="DIR",
+        group="run control",
     )
-    tensorboard: bool = _field(False, "also write TensorBoard event files (needs tensorboardX)")
+    tensorboard: bool = _field(
+        False, "also write TensorBoard event files (needs tensorboardX)", group="run control"
+    )
     checkpoint: bool = _field(
-        True, "save the state at each evaluation (see eval_every) and at the end"
+        True, "save the state at each evaluation (see eval_every) and at the end",
+        group="run control",
     )
     checkpoint_every: int | None = _field(
         None,
         "also save every this many steps (a call of K steps ends at each such step)",
-        metavar="N",
+        metavar="N", group="run control",
     )
-    keep: int = _field(3, "how many checkpoints to keep (the newest)", metavar="K")
+    keep: int = _field(
+        3, "how many checkpoints to keep (the newest)", metavar="K", group="run control"
+    )
+    early_stopping: str | None = _field(
+        None,
+        "stop once the validation METRIC has not improved for PATIENCE evaluations in a row "
+        "(one line says so); METRIC: what the task logs on --validation N, e.g. val_nll, "
+        "val_accuracy (regression: val_nll, val_crps)",
+        metavar="METRIC:PATIENCE", group="run control",
+    )
+    keep_best: str | None = _field(
+        None,
+        "also keep the checkpoint of the best validation METRIC (never deleted by --keep; "
+        "named at the end, in config.json and metrics.jsonl); evaluate, predict and export "
+        "take it as --checkpoint best",
+        metavar="METRIC", group="run control",
+    )
     resume: bool = _field(
         True,
         "resume from the workdir's newest good checkpoint when it holds the same run",
-        inherit=False,
+        inherit=False, group="run control",
     )
     overwrite: bool = _field(
-        False, "start over in a workdir that holds a run (deletes its outputs)", inherit=False
+        False, "start over in a workdir that holds a run (deletes its outputs)", inherit=False,
+        group="run control",
     )
     on_nonfinite: str = _field(
         "stop",
         "what a NaN/inf loss or state does: stop raises, keeping the last good checkpoint; "
         "reinit re-initialises only the members that became non-finite, at most 3 times "
         "each per run (then it stops); no NaN/inf state is ever saved",
-        choices=ON_NONFINITE,
+        choices=ON_NONFINITE, group="run control",
     )
-    quiet: bool = _field(False, "print only the final table (and a line when resuming or stopping)")
+    quiet: bool = _field(
+        False, "print only the final table (and a line when resuming or stopping)",
+        group="run control",
+    )
 
     def validate(self) -> TrainConfig:
         """Checks every field.
@@ -375,12 +407,38 @@ class TrainConfig:
         if self.mesh:
             parse_mesh(self.mesh)
         task_class(self.task)  # a registered name or module:Class, else one line
+        self._check_watches()
+        if not is_spec(self.model) and self.model not in MODEL_REGISTRY:
+            raise ValueError(
+                f"model={self.model!r} is unknown; choose one of {', '.join(MODEL_REGISTRY)}, "
+                "or give your Flax module as module:Class"
+            )
         if self.conv != "auto" and self.model not in CONV_MODELS:
             raise ValueError(
                 f"conv={self.conv!r} applies to the models {', '.join(CONV_MODELS)}, not "
                 f"model={self.model!r}; leave conv at 'auto'"
             )
         return self
+
+
+    def _check_watches(self) -> None:
+        """``early_stopping`` and ``keep_best`` need a validation split (and checkpoints)."""
+        if self.early_stopping is not None:
+            parse_early_stopping(self.early_stopping)
+        for name in ("early_stopping", "keep_best"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name}={value!r} must name a validation metric, e.g. val_nll")
+            if value is not None and not self.validation:
+                raise ValueError(
+                    f"{name}={value!r} watches the validation split, and validation=0 holds "
+                    "none out; add --validation N (e.g. --validation 5000)"
+                )
+        if self.keep_best is not None and not self.checkpoint:
+            raise ValueError(
+                f"keep_best={self.keep_best!r} keeps a checkpoint, and --no-checkpoint saves "
+                "none; drop one of them"
+            )
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -392,35 +450,6 @@ def _number(name: str, value: Any, what: str, ok: Callable[[float], bool]) -> No
     good = isinstance(value, int | float) and not isinstance(value, bool)
     if not (good and math.isfinite(value) and ok(value)):
         raise ValueError(f"{name}={value!r} must be {what}")
-
-
-def field_help(f: dataclasses.Field) -> str:
-    """A :class:`TrainConfig` field's help text (one sentence, no default).
-
-    Args:
-      f: one of ``dataclasses.fields(TrainConfig)``.
-
-    Returns:
-      The text from the field's metadata.
-
-    Example:
-      >>> field_help(dataclasses.fields(TrainConfig)[0])
-      'the dataset'
-    """
-    return str(f.metadata.get("help", ""))
-
-
-def field_choices(f: dataclasses.Field) -> tuple[str, ...] | None:
-    """A :class:`TrainConfig` field's allowed values, or None when any value of its type goes.
-
-    Example:
-      >>> field_choices(next(f for f in dataclasses.fields(TrainConfig) if f.name == "shuffle"))
-      ('shared', 'per-member')
-    """
-    choices = f.metadata.get("choices")
-    if choices is None:
-        return None
-    return tuple(choices() if callable(choices) else choices)
 
 
 def config_field(name: str) -> dataclasses.Field:
@@ -451,21 +480,7 @@ def inherited_fields() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("inherit"))
 
 
-def _docstring() -> str:
-    """The class docstring with an ``Attributes:`` list generated from the metadata."""
-    lines = [inspect.cleandoc(TrainConfig.__doc__ or ""), "", "Attributes:"]
-    for f in dataclasses.fields(TrainConfig):
-        text = field_help(f)
-        choices = field_choices(f)
-        if choices is not None:
-            text += f"; one of {', '.join(repr(c) for c in choices)}"
-        text += f" (default ``{f.default!r}``)."
-        wrapped = textwrap.wrap(f"{f.name}: {text}", 88, subsequent_indent="    ")
-        lines += ["  " + w for w in wrapped]
-    return "\n".join(lines) + "\n"
-
-
-TrainConfig.__doc__ = _docstring()
+TrainConfig.__doc__ = attribute_docs(TrainConfig)
 
 
 def make_optimizer(

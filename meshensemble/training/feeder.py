@@ -475,7 +475,7 @@ def resolve_input(
 
     Example:
       >>> resolve_input(me.TrainConfig(input="auto"), 60_000, mesh)
-      ('device', 'input: device (--input auto: the 60,000 training examples take 45.1 MiB ...)')
+      ('device', 'input: device (--input auto: 60,000 examples, 45.1 MiB/device, within ...)')
     """
     if cfg.streaming or cfg.input == "stream":
         how = "--streaming, deprecated" if cfg.streaming else "--input stream"

@@ -33,6 +33,8 @@ from meshensemble.core.mesh import describe_mesh, idle_devices
 from meshensemble.core.sharding import model_axis_note
 from meshensemble.core.state import EnsembleState
 from meshensemble.core.tasks import Task
+from meshensemble.models import get_model
+from meshensemble.models.user import is_spec
 from meshensemble.runtime.compilation import CompileLog, enable_compilation_cache
 from meshensemble.runtime.distributed import fetch
 from meshensemble.training.checkpoint import (
@@ -43,6 +45,7 @@ from meshensemble.training.config import (
 )
 from meshensemble.training.feeder import Feeder
 from meshensemble.training.guards import NonFiniteGuard, StopSignal
+from meshensemble.training.monitor import Monitors
 from meshensemble.training.outputs import (
     Progress,
     RunWriter,
@@ -66,6 +69,19 @@ SETTLE_EVERY = 64
 """Chunks whose losses a run keeps on device before adding the older ones on the host."""
 
 
+def is_log_step(step: int, steps_per_epoch: int) -> bool:
+    """Whether the learning curve gets a train-loss point at global ``step``: at most ten an
+    epoch (every ``ceil(steps_per_epoch / 10)`` steps of it) and each epoch's end.
+
+    Example:
+      >>> [s for s in range(1, 13) if is_log_step(s, 6)]   # 6 steps an epoch: every step
+      [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+      >>> [s for s in range(1, 27) if is_log_step(s, 13)]  # every 2nd step, and the ends
+      [2, 4, 6, 8, 10, 12, 13, 15, 17, 19, 21, 23, 25, 26]
+    """
+    return (step % steps_per_epoch) % -(-steps_per_epoch // 10) == 0
+
+
 @dataclasses.dataclass
 class LoopPosition:
     """Where a run is: saved as the checkpoint's ``loop`` JSON and restored from it.
@@ -77,9 +93,17 @@ class LoopPosition:
       loss_sum: the per-member sum of the train losses of this epoch so far, ``[members]``
         (host float32 while training, a list in JSON, None before the first step).
       loss_count: how many steps ``loss_sum`` and ``pending`` hold.
-      pending: the ``[n, members]`` device losses of chunks not yet added to ``loss_sum``
-        (added on the host by :meth:`settle`, so summing compiles no program of its own;
-        not saved).
+      curve: the learning curve's points not yet in a ``metrics.jsonl`` record: ``[step,
+        [members] mean train loss since the previous point]`` at each :func:`is_log_step`.
+      curve_sum, curve_count: the per-member loss sum (float32, a list in JSON) and steps
+        since the last point.
+      monitors: what early stopping and keep-best have seen
+        (:class:`~meshensemble.training.monitor.Monitors`: best value, its step,
+        evaluations since), so a resumed run decides as an uninterrupted one.
+      pending: the ``(steps, first step, [n, members] device losses)`` of chunks not yet
+        added to ``loss_sum`` (added on the host by :meth:`settle`, so summing compiles no
+        program of its own; not saved).
+      steps_per_epoch: the run's, for the curve's points (not saved; 0: no points).
 
     Example:
       >>> LoopPosition.from_json({"epoch": 2, "epoch_step": 0, "step": 469,
@@ -92,10 +116,20 @@ class LoopPosition:
     step: int = 0
     loss_sum: Any = None
     loss_count: int = 0
+    curve: list[Any] = dataclasses.field(default_factory=list)
+    curve_sum: Any = None
+    curve_count: int = 0
+    monitors: dict[str, Any] = dataclasses.field(default_factory=dict)
     pending: list[Any] = dataclasses.field(default_factory=list, repr=False)
+    steps_per_epoch: int = dataclasses.field(default=0, repr=False)
+
+    def add(self, n: int, losses: Any) -> None:
+        """Queues the ``n`` steps after :attr:`step` of a chunk (its losses stay on device)."""
+        self.pending.append((n, self.step, losses))
 
     def settle(self, keep: int = 0) -> None:
-        """Adds the pending chunk losses, all but the newest ``keep``, into ``loss_sum``.
+        """Adds the pending chunk losses, all but the newest ``keep``, into ``loss_sum`` and
+        the learning curve.
 
         Args:
           keep: how many of the newest chunks to leave pending (those may still run;
@@ -105,12 +139,20 @@ class LoopPosition:
         if not done:
             return
         self.pending = self.pending[len(done) :]
-        total = np.zeros(np.shape(done[0])[1:], np.float32)
-        total = total if self.loss_sum is None else np.asarray(self.loss_sum, np.float32)
-        for losses in fetch(done):
-            for row in np.asarray(losses, np.float32):  # step by step: the same sum however
-                total = total + row  # the steps were split into calls (zero rows add 0)
-        self.loss_sum = total
+        width = np.shape(done[0][2])[1:]
+        total = np.zeros(width, np.float32) if self.loss_sum is None else np.asarray(
+            self.loss_sum, np.float32)  # fmt: skip
+        part = np.zeros(width, np.float32) if self.curve_sum is None else np.asarray(
+            self.curve_sum, np.float32)  # fmt: skip
+        for (n, first, _), losses in zip(done, fetch([d[2] for d in done])):
+            for i, row in enumerate(np.asarray(losses, np.float32)[-n:]):  # the steps run
+                total = total + row  # step by step: the same sums however the steps were split
+                part, self.curve_count = part + row, self.curve_count + 1
+                if self.steps_per_epoch and is_log_step(first + i + 1, self.steps_per_epoch):
+                    mean = np.asarray(part, np.float64) / self.curve_count
+                    self.curve.append([first + i + 1, [float(v) for v in mean]])
+                    part, self.curve_count = np.zeros_like(part), 0
+        self.loss_sum, self.curve_sum = total, part
 
     def to_json(self) -> dict[str, Any]:
         """The checkpoint's ``loop`` entry (``loss_sum`` as a list of floats), strict JSON:
@@ -118,16 +160,17 @@ class LoopPosition:
         (:func:`~meshensemble.training.outputs.strict_json`)."""
         self.settle()
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        del out["pending"]
-        if self.loss_sum is not None:
-            out["loss_sum"] = [float(v) for v in np.asarray(self.loss_sum, np.float32)]
+        del out["pending"], out["steps_per_epoch"]
+        for name in ("loss_sum", "curve_sum"):
+            if out[name] is not None:
+                out[name] = [float(v) for v in np.asarray(out[name], np.float32)]
         return strict_json(out)
 
     @classmethod
     def from_json(cls, loop: dict[str, Any]) -> LoopPosition:
         """Reads a checkpoint's ``loop`` entry (keys it does not know are ignored; noted
         non-finite values come back as NaN/inf)."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"pending"}
+        names = {f.name for f in dataclasses.fields(cls)} - {"pending", "steps_per_epoch"}
         return cls(**{k: v for k, v in restore_nonfinite(loop).items() if k in names})
 
 
@@ -227,11 +270,15 @@ def train(
     """
     cfg, task = with_task(cfg, task)
     cfg.validate()
+    monitors = Monitors.from_config(cfg, task)  # a metric the task does not log: one line
+    if is_spec(cfg.model):
+        get_model(cfg.model)  # a user's module that does not import: one line, before the data
     stop = StopSignal.install()  # from the start: a SIGTERM during compilation counts too
     try:
         cache_dir = use_compilation_cache(cfg)
         with CompileLog() as log:
-            return _train(cfg, dataset, echo, stop, log, cache_dir, source, task)
+            run = _Context(dataset, echo, stop, log, cache_dir, source, task, monitors)
+            return _train(cfg, run)
     finally:
         stop.uninstall()
 
@@ -271,9 +318,24 @@ def use_compilation_cache(cfg: TrainConfig) -> str | None:
     return path
 
 
-def _train(
-    cfg: TrainConfig, dataset, echo, stop: StopSignal, log, cache_dir, source, task: Task
-) -> TrainResult:
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    """What :func:`train` hands the run: its arguments, signal, compile log, watches."""
+
+    dataset: Any
+    echo: Any
+    stop: StopSignal
+    log: CompileLog
+    cache_dir: Any
+    source: Any
+    task: Task
+    monitors: Monitors
+
+
+def _train(cfg: TrainConfig, c: _Context) -> TrainResult:
+    dataset, echo, stop, log, cache_dir, source, task = (
+        c.dataset, c.echo, c.stop, c.log, c.cache_dir, c.source, c.task
+    )
     t0 = time.perf_counter()
     main = jax.process_index() == 0  # only process 0 prints and writes the run's files
     quiet = lambda s: None
@@ -295,6 +357,9 @@ def _train(
         plan, choice.resolved(), cache_dir, setup.data, ens.task, cfg, sample
     )
     keep_until = None if restored is None else restored[2]
+    held = (restored[1].get("monitors") or {}) if restored is not None else {}
+    if c.monitors.best_record(held) is not None:  # a resumed run names its best so far
+        resolved["keep_best"] = c.monitors.best_record(held)
     with unfinished_run(cfg.workdir, fresh=restored is None, enabled=main):
         writer = RunWriter(
             cfg.workdir, enabled=main, tensorboard=cfg.tensorboard, keep_until=keep_until
@@ -310,10 +375,12 @@ def _train(
         note = model_axis_note(ens, state, sample)  # a model axis that splits nothing
         if note is not None:
             tell(note)
-        ckpt = Checkpointer(cfg.workdir, cfg.keep, echo=tell) if cfg.checkpoint else None
+        pinning = c.monitors.best is not None  # keep-best: the best is never deleted
+        ckpt = Checkpointer(cfg.workdir, cfg.keep, tell, pinning) if cfg.checkpoint else None
         guard = NonFiniteGuard(ens, cfg.on_nonfinite, init_key, sample)
         data = setup.data
         run = _Run(cfg, ens, data, feeder, guard, ckpt, writer, stop, say, tell, t0, log, plan)
+        run.monitors, run.resolved = c.monitors, resolved
         run.pacer = Pacer(1 if feeder.streaming else plan.chunk, cfg.stop_within)
         try:
             state, pos, saved_at = run.loop(state, pos, main)
@@ -324,12 +391,15 @@ def _train(
 
 
 def _ensemble_line(cfg: TrainConfig, ens: Ensemble, plan: TrainPlan, platform: str) -> str:
-    """The line describing the ensemble, its mesh and its chunk."""
+    """The line describing the ensemble, its mesh and its chunk (under 120 characters for
+    the zoo's models; the rest is in ``config.json``'s ``resolved`` entry)."""
+    idle = idle_devices(ens.mesh)
+    backend = "" if cfg.backend == "shard_map" else f", backend {cfg.backend}"
     return (
-        f"ensemble: {cfg.members} x {cfg.model} on mesh {describe_mesh(ens.mesh)} "
-        f"({jax.device_count()} {platform} devices, {idle_devices(ens.mesh)} idle, "
-        f"{ens.members_per_device} member(s)/device), backend={cfg.backend}, "
-        f"strategy={ens.member_strategy}, {plan.steps_per_epoch} steps/epoch, K={plan.chunk}"
+        f"ensemble: {cfg.members} x {cfg.model}, mesh {describe_mesh(ens.mesh)} on "
+        f"{jax.device_count()} {platform}{f' ({idle} idle)' if idle else ''}, "
+        f"{ens.members_per_device}/device{backend}; {plan.steps_per_epoch} steps/epoch, "
+        f"K={plan.chunk}"
     )
 
 
@@ -370,10 +440,12 @@ def _finish(
     writer.write_compile(compiled)
     history = writer.history
     dataset = run.data.train  # the examples trained on (and the test split)
-    if run.stopped or run.stop.signal is not None:
+    if run.monitors.stopping(pos.monitors):
+        tell(run.monitors.stop_line(pos.monitors, pos.step))
+    elif run.stopped or run.stop.signal is not None:
         where = "no checkpoint"
         if saved_at is not None and ckpt is not None:
-            where = f"saved checkpoint {saved_at} in {ckpt.dir}"
+            where = f"saved checkpoint {saved_at} in {cfg.workdir}"
         signal = run.stop.signal or "a stop request"
         tell(f"stopped by {signal} at step {pos.step}: {where}; run the same command to resume")
         return TrainResult(run.ens, state, history, dataset, seconds, True, compiled, signal)
@@ -384,7 +456,8 @@ def _finish(
     table = task.final_table(history[-1]) if history else ""
     if table:
         tell(table)
-    say(f"done in {seconds:.1f}s; outputs in {cfg.workdir}")
+    best = run.monitors.best_line(pos.monitors)  # said even when quiet
+    (tell if best else say)(f"done in {seconds:.1f}s; outputs in {cfg.workdir}{best}")
     return TrainResult(run.ens, state, history, dataset, seconds, False, compiled)
 
 
@@ -408,6 +481,8 @@ class _Run:
     compile_reported: bool = False
     stopped: bool = False
     pacer: Pacer = dataclasses.field(default_factory=lambda: Pacer(1, 0.0))
+    monitors: Monitors = dataclasses.field(default_factory=Monitors)
+    resolved: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def last_checkpoint(self) -> int | None:
         return self.ckpt.mngr.latest_step() if self.ckpt is not None else None
@@ -427,12 +502,13 @@ class _Run:
         cfg, guard, plan, steps = self.cfg, self.guard, self.plan, self.plan.steps_per_epoch
         zeros = np.zeros((cfg.members,), np.float32)
         pos.loss_sum = zeros if pos.loss_sum is None else np.asarray(pos.loss_sum, np.float32)
+        pos.steps_per_epoch, watch = steps, self.monitors
         if pos.epoch_step == steps:
             pos.epoch, pos.epoch_step = pos.epoch + 1, 0
         progress = Progress(self.say, enabled=main and not cfg.quiet)
         saved_at = None
         try:
-            while pos.step < plan.total_steps:
+            while pos.step < plan.total_steps and not watch.stopping(pos.monitors):
                 if not progress.started:
                     progress.start(pos.epoch, cfg.epochs, steps, pos.epoch_step)
                 n = self.calls(pos)
@@ -442,7 +518,7 @@ class _Run:
                 state = guard.check(
                     state, metrics, pos.step, self.tell, self.last_checkpoint, steps=n
                 )
-                pos.pending.append(metrics["loss"])  # summed on the host, never waited for
+                pos.add(n, metrics["loss"])  # summed on the host, never waited for
                 if len(pos.pending) > SETTLE_EVERY:
                     pos.settle(keep=2)
                 pos.loss_count, pos.step, pos.epoch_step = pos.loss_count + n, pos.step + n, (
@@ -454,7 +530,10 @@ class _Run:
                 if evaluated:
                     progress.close()
                     state = guard.flush(state, self.tell, self.last_checkpoint)
-                    self.evaluate(state, pos)
+                    scheduled = pos.step == cfg.epochs * steps or (
+                        epoch_done and pos.epoch % plan.eval_every == 0
+                    )  # not the extra evaluation of a --max-steps stop
+                    self.evaluate(state, pos, scheduled)
                 if epoch_done:  # a split epoch keeps its sum: its record covers it all
                     pos.loss_sum, pos.loss_count, pos.pending = np.zeros_like(pos.loss_sum), 0, []
                     progress.close()
@@ -463,20 +542,33 @@ class _Run:
                 stopping = self.stop.requested(pos.step)  # once per call, never per step
                 if self.ckpt is not None and (due or stopping):
                     state = guard.flush(state, self.tell, self.last_checkpoint)  # never unchecked
-                    self.ckpt.save(pos.step, state, {**pos.to_json(), **self.feeder.input_state()})
+                    pinned = [s for s in [watch.best_step(pos.monitors)] if s is not None]
+                    loop = {**pos.to_json(), **self.feeder.input_state()}
+                    self.ckpt.save(pos.step, state, loop, pinned=pinned)
                     saved_at = pos.step
+                    self.name_best(pos)
                 if epoch_done:
                     pos.epoch, pos.epoch_step = pos.epoch + 1, 0
                 if stopping:
                     self.stopped = True
                     break
+                if watch.stopping(pos.monitors):
+                    break
         finally:
             progress.close()
         return state, pos, saved_at
 
-    def evaluate(self, state: EnsembleState, pos: LoopPosition) -> None:
+    def name_best(self, pos: LoopPosition) -> None:
+        """Rewrites ``config.json`` when the best checkpoint kept changed (``keep_best``)."""
+        held = self.monitors.best_record(pos.monitors)
+        if held is not None and held != self.resolved.get("keep_best"):
+            self.resolved["keep_best"] = held
+            self.writer.write_config(self.cfg, self.resolved)
+
+    def evaluate(self, state: EnsembleState, pos: LoopPosition, scheduled: bool = True) -> None:
         """Evaluates on the test split (and the validation split, when held out) and writes
-        the record (the train loss of the epoch so far)."""
+        the record: the train loss of the epoch so far, the learning curve's points since
+        the last record and, at a ``scheduled`` evaluation, what the watches decided."""
         cfg, task, test = self.cfg, self.ens.task, self.data.dataset
         record: dict[str, Any] = {"epoch": pos.epoch, "step": pos.step}
         pos.settle()
@@ -484,12 +576,19 @@ class _Run:
             losses = np.asarray(pos.loss_sum, np.float64) / pos.loss_count
             record["train_loss"] = [float(v) for v in losses]
             record["train_mean_member_loss"] = float(losses.mean())
+        if pos.curve:
+            record["train_curve"] = {"step": [p[0] for p in pos.curve],
+                                     "loss": [p[1] for p in pos.curve]}  # fmt: skip
+            pos.curve = []
         sets = {"test": (test.x_test, test.y_test)}
         if self.data.validation is not None:
             sets["val"] = self.data.validation
         for name, (x, y) in sets.items():
             scores = self.ens.evaluate(state, x, y, cfg.eval_batch_size)
             record.update(task.record_scores(scores, name))
+        if scheduled and self.monitors.active:  # the same replicated scores on every process
+            pos.monitors = self.monitors.update(pos.monitors, record, pos.step)
+            record.update({k: dict(v) for k, v in pos.monitors.items()})
         self.writer.history.append(record)
         self.writer.write_metrics(record)
         self.say(task.epoch_line(record, cfg.epochs, time.perf_counter() - self.t0))

@@ -142,6 +142,35 @@ def check_checkpoint(workdir: str, step: int | None) -> None:
         )
 
 
+def best_checkpoint(workdir: str) -> int:
+    """The step of the best checkpoint a ``keep_best`` run kept (``resolved.keep_best``).
+
+    Args:
+      workdir: the run's folder.
+
+    Returns:
+      The step (``--checkpoint best``).
+
+    Raises:
+      FileNotFoundError: no run folder or ``config.json``.
+      ValueError: the run kept no best checkpoint (one line: how to train one that does).
+
+    Example:
+      >>> best_checkpoint("runs/tiny")
+      Traceback (most recent call last):
+      ...
+      ValueError: runs/tiny kept no best checkpoint: ... --keep-best METRIC ...
+    """
+    load_run_config(workdir)  # a missing folder or config.json: one line
+    held = ((read_saved_config(workdir) or {}).get("resolved") or {}).get("keep_best")
+    if not isinstance(held, Mapping) or not isinstance(held.get("step"), int):
+        raise ValueError(
+            f"{workdir} kept no best checkpoint: train it with --keep-best METRIC (and "
+            "--validation N), or give a step (--checkpoint STEP)"
+        )
+    return int(held["step"])
+
+
 def run_input(resolved: Mapping[str, Any]) -> tuple[np.ndarray, Any]:
     """One input row of a run (zeros ``[1, ...]`` of its dtype) and its feature statistics.
 
@@ -231,7 +260,7 @@ def _num_train(cfg: TrainConfig, resolved: Mapping[str, Any]) -> int:
 def restore_run(
     workdir: str,
     mesh: Any = None,
-    checkpoint: int | None = None,
+    checkpoint: int | str | None = None,
     echo: Callable[[str], Any] | None = None,
     what: str = "using",
 ) -> RestoredRun:
@@ -243,7 +272,8 @@ def restore_run(
     Args:
       workdir: the run's folder.
       mesh: a ``Mesh``, ``"ensemble=E,data=D"``, a dict, or None (every device).
-      checkpoint: the step; default the newest good one.
+      checkpoint: the step, or ``"best"`` (:func:`best_checkpoint`); default the newest
+        good one.
       echo: where notes go (default: nowhere).
       what: the verb of the note on a checkpoint other than the newest (``evaluating``).
 
@@ -262,6 +292,7 @@ def restore_run(
     """
     say = echo or (lambda line: None)
     cfg = load_run_config(workdir)
+    checkpoint = best_checkpoint(workdir) if checkpoint == "best" else checkpoint
     check_checkpoint(workdir, checkpoint)
     resolved = dict((read_saved_config(workdir) or {}).get("resolved") or {})
     task = run_task(cfg, resolved)

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -67,7 +68,7 @@ from meshensemble.core.mesh import ENSEMBLE
 from meshensemble.core.state import EnsembleState
 from meshensemble.models.conv import default_conv
 from meshensemble.runtime import autotune
-from meshensemble.runtime.compilation import CompileLog
+from meshensemble.runtime.compilation import LINE_WIDTH, CompileLog
 from meshensemble.training.config import CONV_MODELS, TrainConfig, build_ensemble
 from meshensemble.training.feeder import Feeder, resolve_input
 
@@ -106,6 +107,10 @@ would be faster. Not CPU: XLA:CPU has no fast bf16 path (on this project's 2-cor
 bf16 CNN step ran 1.86x the fp32 one), so timing it there only adds a compilation."""
 
 
+TUNING_RECORD = "config.json resolved.tuning"
+"""Where a run records the tuner's whole reasoning (its printed line says so)."""
+
+
 @dataclasses.dataclass
 class Choice:
     """What a run uses for the two settings that ``auto`` leaves open.
@@ -140,9 +145,22 @@ class Choice:
     feeder: Feeder | None = dataclasses.field(default=None, repr=False)
 
     def line(self) -> str:
-        """The line a run prints, e.g. ``member strategy: loop, conv: im2col (...)``."""
+        """The line a run prints, e.g. ``member strategy: loop, conv: im2col (...)``.
+
+        A reason too long for one line of :data:`~meshensemble.runtime.compilation.LINE_WIDTH`
+        characters (the tuner's measurements, its budget, where the choice is stored) is cut
+        to its first clause; the line then says where the whole of it is: the run's
+        ``config.json``, ``resolved.tuning.reason`` (:meth:`resolved`).
+        """
         conv = f", conv: {self.conv}" if self.conv is not None else ""
-        return f"member strategy: {self.member_strategy}{conv} ({self.reason})"
+        head = f"member strategy: {self.member_strategy}{conv}"
+        whole = f"{head} ({self.reason})"
+        if len(whole) <= LINE_WIDTH:
+            return whole
+        first = re.split(r" \(|, |; ", self.reason)[0]
+        how = self.how + (", not stored" if "not stored" in self.reason else "")
+        cut = f"{head} ({first}; {how}, reasons in {TUNING_RECORD})"
+        return cut if len(cut) <= LINE_WIDTH else f"{head} ({how}, reasons in {TUNING_RECORD})"
 
     def lines(self) -> list[str]:
         """The :attr:`notes`, :meth:`line`, then the bf16 line when bf16 was measured."""
