@@ -114,7 +114,7 @@ class TrainConfig:
         "the dataset's name: any TFDS name for source tfds (mnist, fashion_mnist, cifar10, "
         "svhn_cropped ...), mnist or fashion_mnist for auto and sample; a folder, CSV, "
         "ArrayRecord folder or an npz not in MNIST's layout keeps its own name unless "
-        "another is given (see docs/data_sources.md)",
+        "another is given (see docs/data.md)",
         metavar="NAME",
     )
     task: str = _field(
@@ -128,7 +128,7 @@ class TrainConfig:
     source: str = _field(
         "auto",
         "where the data comes from (see meshensemble.data.load_dataset and "
-        "docs/data_sources.md): auto tries data_file, TFDS's prepared data, a TFDS "
+        "docs/data.md): auto tries data_file, TFDS's prepared data, a TFDS "
         "download, then the embedded MNIST sample (a task may name its own: --task "
         "regression's is the toy1d toy); tfds any TFDS name with an image and a label; npz "
         "a Keras-layout file of any shapes; folder an image folder in data_dir; csv a table "
