@@ -202,7 +202,9 @@ def load_npz_source(path: str | os.PathLike[str], name: str = DEFAULT_NAME) -> D
         images are 28x28); another name names the data (default: the file's stem).
 
     Returns:
-      A :class:`Dataset` with ``source="npz"``.
+      A :class:`Dataset` with ``source="npz"``: the file's features ``[N, ...]`` as they
+      are (MNIST's ``[N, 28, 28, 1]`` uint8 for MNIST's names), class ids ``[N]`` or float
+      targets ``[N, T]``.
 
     Raises:
       DataError: the file's one-line problems (MNIST's checks for MNIST's names).

@@ -254,7 +254,9 @@ def as_normalization(record: Any) -> Normalization | None:
         ``{"mean", "std"}`` feature statistics runs recorded before normalisation records.
 
     Returns:
-      The normalisation, or None.
+      The normalisation (``mean`` and ``std`` of length C, the channels, or F, the
+      features; an old feature record gets ``scale`` 1), or None when ``record`` is None
+      (MNIST's ``[0, 1]`` scaling, or float features as they are).
 
     Raises:
       DataError: a malformed record.
@@ -262,6 +264,8 @@ def as_normalization(record: Any) -> Normalization | None:
     Example:
       >>> as_normalization({"mean": [1.0], "std": [2.0]}).apply(np.array([[3.0]])).tolist()
       [[1.0]]
+      >>> as_normalization(None) is None
+      True
     """
     if record is None or isinstance(record, Normalization):
         return record
