@@ -3,8 +3,9 @@ predicts and exports; a bad source is one line, exit 2, nothing written.
 
 The data is real where it can be (scikit-learn's load_digits, load_wine,
 load_breast_cancer), a 32x32x3 image folder this test writes, and TFDS cifar10 mock data.
-One fast test per source runs the whole cycle on the default mesh; the same cycles on a
-(4, 2) mesh of fake devices are marked slow.
+The default suite runs one whole cycle (load_wine as CSV, a tiny MLP, one epoch) and the
+refusals; every other source's cycle, on the default mesh and on a (4, 2) mesh of fake
+devices, is marked slow (25-50 s each on 2 cores).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def _check(result, probs, raw, meta, classes: int, n: int, calibrated=True) -> N
     np.testing.assert_allclose(raw, probs, rtol=1e-5, atol=1e-6)  # artifact == predict
 
 
+@pytest.mark.slow
 def test_load_digits_npz_cycle(tmp_path):
     data = _digits_npz(tmp_path / "digits.npz")
     x = np.load(tmp_path / "digits.npz")["x_test"][:5]
@@ -103,7 +105,10 @@ def test_load_digits_npz_cycle(tmp_path):
     assert config["input"]["normalization"] is None  # one channel: MNIST's [0, 1] scaling
 
 
-@pytest.mark.parametrize("loader, classes", [("load_wine", 3), ("load_breast_cancer", 2)])
+@pytest.mark.parametrize(
+    "loader, classes",
+    [("load_wine", 3), pytest.param("load_breast_cancer", 2, marks=pytest.mark.slow)],
+)  # load_wine's cycle is the default suite's one full cycle; the others are slow
 def test_real_tables_through_csv_cycle(tmp_path, loader, classes):
     data = _table_csv(tmp_path / "t.csv", loader)
     frame = getattr(sklearn_datasets, loader)(as_frame=True).frame
@@ -116,6 +121,7 @@ def test_real_tables_through_csv_cycle(tmp_path, loader, classes):
     assert held["source"] == "csv" and held["data_file"] == str(tmp_path / "t.csv")
 
 
+@pytest.mark.slow
 def test_colour_image_folder_cycle_artifact_takes_raw_uint8(tmp_path):
     data = _folder(tmp_path / "photos")
     x = np.random.default_rng(1).integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
@@ -129,14 +135,17 @@ def test_colour_image_folder_cycle_artifact_takes_raw_uint8(tmp_path):
     assert config["data_identity"]["data_dir"] == str(tmp_path / "photos")
 
 
+@pytest.mark.slow
 def test_tfds_cifar10_mock_cycle(tmp_path, mock_tfds):
-    """Mock data has random labels: --calibrate rightly refuses a worse-than-chance model
-    (the temperature runs to its bound), so this cycle evaluates without it."""
+    """Mock data whose images carry their labels (``signal=True``), so ``--calibrate`` has a
+    model better than chance to calibrate."""
     data = ["--source", "tfds", "--dataset", "cifar10", "--data-dir", str(tmp_path / "tfds")]
     x = np.random.default_rng(2).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
-    with mock_tfds(num_examples=48):
-        result, probs, raw, meta, config = _cycle(tmp_path, data, x, calibrate=False)
-    _check(result, probs, raw, meta, 10, 3, calibrated=False)
+    with mock_tfds(num_examples=48, signal=True):
+        ds = me.data.load_dataset("cifar10", source="tfds", data_dir=tmp_path / "tfds")
+        result, probs, raw, meta, config = _cycle(tmp_path, data, x)
+    _check(result, probs, raw, meta, 10, 3)
+    assert ds.input_shape == (32, 32, 3) and len(set(ds.y_train.tolist())) > 2
     assert len(config["input"]["normalization"]["mean"]) == 3
 
 
@@ -160,11 +169,10 @@ def test_every_source_cycles_on_a_4x2_mesh(tmp_path, source, mock_tfds):
         data = _folder(tmp_path / "photos")
     else:
         data = ["--source", "tfds", "--dataset", "cifar10", "--data-dir", str(tmp_path / "t")]
-        context = mock_tfds(num_examples=48)
+        context = mock_tfds(num_examples=48, signal=True)
     with context:
-        out = _cycle(tmp_path, data, x, extra=[*MESH_4x2], validation=validation,
-                     calibrate=source != "tfds")  # fmt: skip
-    _check(*out[:4], classes, 4, calibrated=source != "tfds")
+        out = _cycle(tmp_path, data, x, extra=[*MESH_4x2], validation=validation)
+    _check(*out[:4], classes, 4)
 
 
 def _tree(root: pathlib.Path) -> list[str]:
@@ -234,3 +242,38 @@ def test_convert_any_source_to_arrayrecord_and_train_from_it(tmp_path):
     direct = me.data.load_dataset(source="npz", data_file=tmp_path / "digits.npz")
     assert ds.input_shape == (8, 8, 1) and ds.num_classes == 10
     assert np.array_equal(ds.x_test, direct.x_test) and np.array_equal(ds.y_test, direct.y_test)
+
+
+def test_old_mnist_run_folders_still_evaluate_and_predict(tmp_path):
+    """A run folder written before issue 39 (``resolved.input`` with feature ``stats``, or no
+    ``input`` record at all; no csv/folder fields in the config) evaluates and predicts as
+    one written today."""
+    w = tmp_path / "run"
+    assert cli.main(["train", "--source", "sample", "--model", "mlp", "--members", "2",
+                     "--max-steps", "3", "--batch-size", "32", "--no-compile-cache", "--quiet",
+                     "--workdir", str(w)]) == 0  # fmt: skip
+    x = me.data.load_dataset(source="sample").x_test[:6]
+    np.save(tmp_path / "x.npy", x)
+
+    def evaluate_and_predict() -> tuple[float, np.ndarray]:
+        (w / "evaluation.json").unlink(missing_ok=True)
+        assert cli.main(["evaluate", "--workdir", str(w)]) == 0
+        result = json.loads((w / "evaluation.json").read_text())
+        assert cli.main(["predict", "--workdir", str(w), "--input", str(tmp_path / "x.npy"),
+                         "--out", str(tmp_path / "p.npz"), "--quiet"]) == 0  # fmt: skip
+        return result["test_ensemble_nll"], np.load(tmp_path / "p.npz")["probs"]
+
+    nll, probs = evaluate_and_predict()
+    config = json.loads((w / "config.json").read_text())
+    assert config["resolved"]["input"]["normalization"] is None  # MNIST: [0, 1] scaling
+    for key in ("test_file", "test_fraction", "target_column", "targets"):
+        del config[key]  # the config fields issue 39 added
+    for old_input in ({"shape": [28, 28, 1], "dtype": "uint8", "stats": None}, None):
+        if old_input is None:
+            del config["resolved"]["input"]  # before the input record (MNIST only)
+        else:
+            config["resolved"]["input"] = old_input  # the layout of a6fa4c2
+        (w / "config.json").write_text(json.dumps(config))
+        old_nll, old_probs = evaluate_and_predict()
+        assert old_nll == nll
+        np.testing.assert_array_equal(old_probs, probs)
