@@ -221,13 +221,36 @@ def mock_tfds():
     tfds = pytest.importorskip("tensorflow_datasets")
     from tensorflow_datasets.testing import mocking
 
-    class BoundDataSourceMock(mocking.PickableDataSourceMock):
-        def __setattr__(self, name, value):
-            if name == "__getitems__" and isinstance(value, functools.partial):
-                value = functools.partial(value, self)
-            super().__setattr__(name, value)
+    def learnable(example):
+        """The example with its image marked by its label: one channel dimmed and a
+        bright row band at the label's height, so a tiny model beats chance."""
+        example = dict(example)
+        image, label = np.array(example["image"]), int(example["label"])
+        image[..., label % image.shape[-1]] //= 4
+        band = label * image.shape[0] // 12
+        image[band : band + 2] = 255
+        example["image"] = image
+        return example
 
-    def mock(num_examples: int = 20):
+    def marked(read):
+        """``read`` (the mock's ``_getitem``/``_getitems``) with :func:`learnable` images."""
+        if read.func is mocking._getitem:
+            return lambda self, key, **kw: learnable(read(self, key, **kw))
+        return lambda self, keys, **kw: [learnable(e) for e in read(self, keys, **kw)]
+
+    def mock(num_examples: int = 20, signal: bool = False):
+        """``signal``: each image carries its (random) label, so calibration has a model
+        better than chance to calibrate."""
+
+        class BoundDataSourceMock(mocking.PickableDataSourceMock):
+            def __setattr__(self, name, value):
+                is_read = isinstance(value, functools.partial)
+                if is_read and signal and name in ("__getitem__", "__getitems__"):
+                    value = marked(value)
+                if is_read and name == "__getitems__":  # not a magic method mock binds
+                    value = functools.partial(value, self)
+                super().__setattr__(name, value)
+
         return tfds.testing.mock_data(
             num_examples=num_examples,
             policy=tfds.testing.MockPolicy.USE_CODE,

@@ -47,7 +47,7 @@ def _reference(workdir: str, data: me.data.RegressionData, mesh: str, **fields):
     split = me.data.split_validation(data, cfg.validation, cfg.seed)
     train, val = split.train, (split.x, split.y)
     task = me.tasks.Regression().for_data(train, {})
-    stats = input_record(train.x_train)["stats"]
+    stats = input_record(train.x_train)["normalization"]
     steps = saved["resolved"]["steps_per_epoch"]
     ens = me.training.build_ensemble(
         cfg, run_mesh(mesh, 4), train.num_train, train.x_train[:1], task=task,

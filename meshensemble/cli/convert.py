@@ -1,9 +1,11 @@
-"""``meshensemble convert``: an npz dataset to the ArrayRecord files of ``--source arrayrecord``.
+"""``meshensemble convert``: any source's data as the files of ``--source arrayrecord``.
 
 Writes :func:`meshensemble.data.write_array_record_dataset`'s files (``train.array_record``
-or its shards, ``test.array_record``, ``labels.npz``) from a Keras-layout npz, once, on
-storage every host of a pod reads; ``meshensemble train --source arrayrecord --data-dir DIR
---input stream`` then reads only each batch's examples from them.
+or its shards, ``test.array_record``, ``labels.npz``, and a manifest holding the generic
+record codec: the examples' shape and dtype) from any source ``train`` reads (an npz, an
+image folder, a CSV, TFDS by name), once, on storage every host of a pod reads;
+``meshensemble train --source arrayrecord --data-dir DIR --input stream`` then reads only
+each batch's examples from them.
 
 Example:
   >>> from meshensemble.cli import main
@@ -22,8 +24,13 @@ import os
 from typing import Any
 
 from meshensemble import data
-from meshensemble.cli.common import UsageError
+from meshensemble.cli.common import UsageError, add_field_flag
 from meshensemble.data import lazy
+from meshensemble.training.config import config_field, field_help
+
+SOURCE_FIELDS = ("source", "dataset", "data_file", "data_dir", "test_file", "test_fraction",
+                 "target_column", "targets", "seed")  # fmt: skip
+"""The train flags ``convert`` takes to name its data (the same help and choices)."""
 
 __all__ = ["add_parser", "run"]
 
@@ -47,15 +54,19 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     """
     p = sub.add_parser(
         "convert",
-        help="write an npz dataset as ArrayRecord files for --source arrayrecord",
+        help="write a dataset (any source) as ArrayRecord files for --source arrayrecord",
         description=(
-            "Write a Keras-layout npz (x_train, y_train, x_test, y_test) as ArrayRecord "
-            "files and a labels.npz in --out, for `train --source arrayrecord --data-dir "
-            "OUT --input stream` (each host then reads only its rows of each batch)."
+            "Write a dataset from any source train reads (--source npz|folder|csv|tfds|...; "
+            "default: the npz of --data-file) as ArrayRecord files, a labels.npz and a "
+            "manifest in --out, for `train --source arrayrecord --data-dir OUT --input "
+            "stream` (each host then reads only its rows of each batch)."
         ),
     )
     p.set_defaults(run=run)
-    p.add_argument("--data-file", required=True, metavar="PATH", help="the npz to convert")
+    for name in SOURCE_FIELDS:
+        field = config_field(name)
+        default = "npz" if name == "source" else field.default
+        add_field_flag(p, name, default=default, help=f"{field_help(field)} (as for train)")
     p.add_argument("--out", required=True, metavar="DIR", help="the folder to write")
     p.add_argument(
         "--shards",
@@ -63,9 +74,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help=f"train files (default: 1; at most one per {lazy.MIN_RECORDS_PER_SHARD} examples)",
-    )
-    p.add_argument(
-        "--dataset", default="mnist", choices=data.DATASETS, help="the dataset (default: mnist)"
     )
     p.add_argument(
         "--overwrite",
@@ -84,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     Raises:
       UsageError: ``--shards`` below 1, or a non-empty ``--out`` without ``--overwrite``
         (exit 2), before anything is written.
-      meshensemble.data.DataError: an unreadable or malformed npz (exit 2).
+      meshensemble.data.DataError: the source's one-line problems (exit 2), before
+        anything is written.
     """
     if args.shards < 1:
         raise UsageError(f"--shards {args.shards}: pass 1 or more train files")
@@ -93,7 +102,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--out {args.out}: not empty; pass --overwrite to replace it, or another folder"
         )
-    dataset = data.load_npz(args.data_file, args.dataset)
+    dataset = data.load_dataset(
+        args.dataset, args.source, args.data_file, args.data_dir, log=print,
+        test_file=args.test_file, test_fraction=args.test_fraction,
+        target_column=args.target_column, targets=args.targets, seed=args.seed,
+    )  # fmt: skip
     shards = lazy.shard_count(dataset.num_train, args.shards)
     if shards < args.shards:
         print(

@@ -32,6 +32,14 @@ from meshensemble.cli.common import (
 from meshensemble.evaluation import CALIBRATION_PLOT, EVALUATION_FILE, evaluate_run
 from meshensemble.training.config import config_field, field_help
 
+OOD_HELP = (
+    "an OOD set of the run's task; repeat for several (classification: a shift of the test "
+    "inputs: noise, inverted, contrast, hflip, vflip; fashion_mnist; or another dataset of "
+    "the same input shape: a TFDS name, an image folder or an npz; default the task's own: "
+    "noise and inverted)"
+)
+"""The help of ``--ood``."""
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Registers the ``evaluate`` subcommand on the CLI's subparsers.
@@ -82,9 +90,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add(
         "--ood",
         action="append",
-        metavar="SET",
-        help="an OOD set of the run's task; repeat for several (classification: noise, "
-        "inverted, fashion_mnist; default the task's own: noise and inverted)",
+        metavar="NAME|PATH",
+        help=OOD_HELP,
     )
     add("--ood-file", help="a Keras-layout Fashion-MNIST .npz for --ood fashion_mnist")
     add_calibration_flags(argument_group(p, "calibration"))

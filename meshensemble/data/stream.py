@@ -578,6 +578,27 @@ class StreamIterator:
         self.epoch, self.step, self._at, self._it = epoch, step, None, None
 
 
+def example_bytes(dataset: Any) -> int:
+    """Device bytes of one training example of ``dataset`` on the on-device path.
+
+    Args:
+      dataset: a :class:`~meshensemble.data.Dataset` (its train split's layout is read,
+        no example).
+
+    Returns:
+      The features' bytes plus the target's (4 bytes a class id or a float target entry).
+
+    Example:
+      >>> example_bytes(me.data.synthetic(8, 4)) == EXAMPLE_BYTES   # MNIST's
+      True
+      >>> example_bytes(me.data.toy1d())   # a float32 feature and a float32 target
+      8
+    """
+    x, y = dataset.x_train, dataset.y_train
+    features = int(np.prod(x.shape[1:], dtype=np.int64)) * np.dtype(x.dtype).itemsize
+    return features + 4 * int(np.prod(np.shape(y)[1:], dtype=np.int64))
+
+
 def device_budget(device: jax.Device | None = None) -> tuple[int, str]:
     """Bytes one device can give the training set, and where that number comes from.
 

@@ -345,17 +345,21 @@ def open_or_download(
 
 
 def open_data_sources(
-    name: str, data_dir: str | os.PathLike[str] | None = None
+    name: str,
+    data_dir: str | os.PathLike[str] | None = None,
+    splits: Sequence[str] | None = None,
 ) -> tuple[Any, Sequence[Any]]:
     """TFDS's prepared data sources of a dataset's splits, without reading or downloading.
 
     Args:
-      name: one of :data:`DATASETS`.
+      name: a TFDS name (MNIST's, or any other with an image and a label feature).
       data_dir: TFDS's data directory (default ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
+      splits: ``(train split, test split)``; default ``("train", "test")`` for MNIST's
+        names, else :func:`default_splits`.
 
     Returns:
       ``(tfds, [train, test])``: the ``tensorflow_datasets`` module and the two
-      ``tfds.data_source`` splits (random access, records ``{"image", "label"}``).
+      ``tfds.data_source`` splits (random access, records of the dataset's features).
 
     Raises:
       DataError: TFDS is missing, the data is not prepared (ArrayRecord format), or TFDS
@@ -364,9 +368,10 @@ def open_data_sources(
     Example:
       >>> tfds, (train, test) = open_data_sources("mnist")  # doctest: +SKIP
     """
-    check_name(name)
     tfds = _import_tfds(name)
-    return tfds, _tfds_open(tfds, name, data_dir, download=False)
+    if splits is None:
+        splits = ("train", "test") if name in DATASETS else default_splits(tfds, name, data_dir)
+    return tfds, _tfds_open(tfds, name, data_dir, download=False, splits=tuple(splits))
 
 
 def _import_tfds(name: str) -> Any:

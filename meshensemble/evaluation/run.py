@@ -162,9 +162,11 @@ def evaluate_run(
     Args:
       workdir: the run's folder (``config.json`` and ``checkpoints/``).
       checkpoint: the step to restore; default the newest good one.
-      ood: OOD sets of the task (classification: ``noise``, ``inverted``,
-        ``fashion_mnist``); None: the task's defaults (classification: noise and
-        inverted; regression: none); a task without OOD sets refuses any.
+      ood: OOD sets of the task (classification: a shift of the test inputs, ``noise``,
+        ``inverted``, ``contrast``, ``hflip``, ``vflip``; ``fashion_mnist``; or another
+        dataset of the same input shape by TFDS name or path); None: the task's defaults
+        (classification: noise and inverted; regression: none); a task without OOD sets
+        refuses any.
       mesh: ``"ensemble=E,data=D"``, a dict of axis sizes or a ``Mesh``; default all
         devices with ``ensemble = gcd(members, devices)`` (it may differ from training).
       batch_size: examples per compiled call.
@@ -226,8 +228,8 @@ def evaluate_run(
     check_checkpoint(workdir, checkpoint)  # before loading data: a listing, nothing opened
     recorded = dataset is None and (source, data_file, data_dir) == (None, None, None)
     if dataset is None:
-        load = lambda src, f, d: load_config_data(
-            cfg, task, source=src, data_file=f, data_dir=d, log=say
+        load = lambda src, f, d, t: load_config_data(
+            cfg, task, source=src, data_file=f, data_dir=d, test_file=t, log=say
         )
         dataset = load_run_data(workdir, cfg, source=source, data_file=data_file,
                                 data_dir=data_dir, log=say, loader=load)  # fmt: skip

@@ -32,7 +32,7 @@ import numpy as np
 
 from meshensemble.core import steps, streaming
 from meshensemble.core.mesh import BATCH, MEMBER_BATCH, REPLICATED
-from meshensemble.data import IMAGE_SHAPE
+from meshensemble.data import IMAGE_SHAPE, as_normalization
 from meshensemble.evaluation import EVALUATION_FILE
 from meshensemble.runtime import storage
 from meshensemble.serving.blocks import BLOCK_ROWS, in_blocks
@@ -171,8 +171,9 @@ class Predictor:
         sample = np.zeros((1, *IMAGE_SHAPE), np.uint8) if sample is None else np.asarray(sample)
         self.input_shape, self.input_dtype = tuple(sample.shape[1:]), np.dtype(sample.dtype)
         self.image_shape, self.image_dtype = self.input_shape, self.input_dtype
+        norm = as_normalization(input_stats)
         self.input_record = {"shape": list(self.input_shape), "dtype": str(self.input_dtype),
-                             "stats": input_stats}  # fmt: skip
+                             "normalization": None if norm is None else norm.record()}  # fmt: skip
         self.num_classes = num_classes or ensemble.num_classes(state, sample)
         self.num_members = int(ensemble.num_members)
         self.data_identity, self.model = dict(data_identity or {}), model

@@ -208,7 +208,8 @@ class Classification(Task):
 
         Returns:
           :class:`~meshensemble.core.tasks.EvalSums`: ``totals`` ``{"ensemble", "member"}``
-          bin sums ``[num_bins]``; ``examples["scores"]`` ``[b, kinds]``;
+          bin sums ``[num_bins]``; ``examples["scores"]`` ``[b, kinds]`` and
+          ``examples["predicted"]`` (the ensemble's class) ``[b]``;
           ``member_examples["scores"]`` ``[m, b, member kinds]``.
         """
         pooled = reduce.pool(statmath.logit_summaries(outputs))
@@ -224,8 +225,9 @@ class Classification(Task):
         totals = {"ensemble": bins(pooled["probs"]), "member": member_bins}
         scores = [statmath.ood_score_of(k, pooled) for k in statmath.OOD_SCORE_KINDS]
         own = [statmath.ood_score_of(k, alone) for k in statmath.MEMBER_OOD_KINDS]
+        predicted = jnp.argmax(pooled["probs"], axis=-1).astype(jnp.int32)  # the per-class report's
         return EvalSums(
-            reduce.data_sum(totals), {}, {"scores": jnp.stack(scores, -1)},
+            reduce.data_sum(totals), {}, {"scores": jnp.stack(scores, -1), "predicted": predicted},
             {"scores": jnp.stack(own, -1)},
         )  # fmt: skip
 

@@ -5,9 +5,13 @@ here from the engine, which asks the task):
 
 * per-example OOD scores (every kind of :data:`OOD_SCORE_KINDS`: max-prob, entropy and
   mutual information from the members' softmax, max-logit and energy from their logits)
-  for the test images and for each OOD set (:func:`ood_images`), then AUROC and AUPR with
-  OOD as the positive class (:func:`ood_metrics`);
-* the per-bin sums of a reliability diagram, for the ensemble and the mean member.
+  for the test inputs and for each OOD set (:func:`ood_images`: a synthetic shift of the
+  test inputs, MNIST's Fashion-MNIST, or another dataset of the same input shape: a TFDS
+  name, an image folder or an npz), then AUROC and AUPR with OOD as the positive class
+  (:func:`ood_metrics`);
+* the per-bin sums of a reliability diagram, for the ensemble and the mean member;
+* the ensemble's accuracy and confidence per class, named by the data's ``class_names``
+  (:func:`per_class`).
 
 Only ``[N]`` scores and ``[num_bins]`` sums leave the devices, never the members'
 ``[members, N, classes]`` probabilities (:func:`stream_scores`).
@@ -23,10 +27,18 @@ import numpy as np
 from meshensemble import data as data_lib
 from meshensemble import metrics
 from meshensemble.core import evaluating, inputs, streaming
+from meshensemble.data.ood import SHIFTS
 from meshensemble.numerics import statmath
 
 OOD_SETS = ("noise", "inverted", "fashion_mnist")
-"""OOD sets :func:`ood_images` knows."""
+"""MNIST's named OOD sets (:func:`ood_images` also takes the other shifts of
+:data:`meshensemble.data.ood.SHIFTS` and another dataset by TFDS name or path)."""
+OOD_KINDS = (
+    "an OOD set is a shift of the test inputs (noise, inverted, contrast, hflip, vflip), "
+    "fashion_mnist, or another dataset of the same input shape: a TFDS name, an image "
+    "folder or an npz"
+)
+"""What ``--ood`` takes, as its one-line errors say."""
 DEFAULT_OOD = ("noise", "inverted")
 """The OOD sets used when none are named (both need no data beyond the test set)."""
 NOISE_SEED = 0
@@ -49,27 +61,32 @@ _BIN_KEYS = statmath.OOD_BIN_KEYS
 def check_ood(names: Any, dataset_name: str, ood_file: Any) -> list[str]:
     """The OOD set names, once each, after checking them (one-line errors).
 
+    A name is a synthetic shift (:data:`meshensemble.data.ood.SHIFTS`: noise, inverted,
+    contrast, hflip, vflip), ``fashion_mnist`` (from ``ood_file`` or TFDS), or another
+    dataset: a TFDS name, an image folder or an npz (loaded by :func:`ood_images`).
+
     Raises:
-      ValueError: an unknown set, the run's own dataset, or ``ood_file`` without
+      ValueError: an empty name, the run's own dataset, or ``ood_file`` without
         ``fashion_mnist``.
 
     Example:
       >>> check_ood(["noise", "noise", "inverted"], "mnist", None)
       ['noise', 'inverted']
     """
-    names = [names] if isinstance(names, str) else list(names)
-    unknown = [n for n in names if n not in OOD_SETS]
-    if unknown:
-        raise ValueError(
-            f"--ood: unknown OOD set(s) {', '.join(map(repr, unknown))}; choose from "
-            f"{', '.join(OOD_SETS)}"
-        )
+    names = [names] if isinstance(names, str) else [str(n) for n in names]
+    if any(not n.strip() for n in names):
+        raise ValueError(f"--ood: an empty OOD set name; {OOD_KINDS}")
     names = list(dict.fromkeys(names))
-    if "fashion_mnist" in names and dataset_name == "fashion_mnist":
-        raise ValueError("OOD set fashion_mnist is the run's own dataset; choose noise or inverted")
+    if dataset_name in names and dataset_name not in SHIFTS:
+        raise ValueError(
+            f"OOD set {dataset_name} is the run's own dataset; choose another (e.g. noise or "
+            "inverted)"
+        )
     if ood_file is not None and "fashion_mnist" not in names:
         raise ValueError(f"--ood-file {ood_file} is only read for --ood fashion_mnist")
     return names
+
+
 
 
 def ood_images(
@@ -78,30 +95,37 @@ def ood_images(
     ood_file: str | None = None,
     data_dir: str | None = None,
     log: Callable[[str], Any] | None = None,
+    like: Any = None,
 ) -> np.ndarray:
-    """The images of an out-of-distribution set, uint8 ``[N, 28, 28, 1]``.
+    """The inputs of an out-of-distribution set, of the test inputs' shape and dtype.
 
-    * ``"noise"``: uniform random pixels ``0..255`` in the shape of ``test_images``
-      (``np.random.default_rng(NOISE_SEED)``, so the same every time);
-    * ``"inverted"``: ``255 - test_images``;
+    * a shift of :data:`meshensemble.data.ood.SHIFTS` (:func:`meshensemble.data.shift_inputs`
+      of ``test_images``, noise seeded by :data:`NOISE_SEED`): for MNIST's uint8 images
+      ``"noise"`` is uniform random pixels ``0..255`` and ``"inverted"`` is
+      ``255 - test_images``, as always;
     * ``"fashion_mnist"``: the Fashion-MNIST test split, from ``ood_file`` (a Keras-layout
-      npz) if given, else from TFDS's prepared data in ``data_dir`` (never downloaded).
+      npz) if given, else from TFDS's prepared data in ``data_dir`` (never downloaded);
+    * any other name: another dataset's test inputs (:func:`meshensemble.data.load_ood`: a
+      TFDS name, an image folder or an npz), which must have ``like``'s input shape and
+      dtype.
 
     Args:
-      name: one of :data:`OOD_SETS`.
-      test_images: the in-distribution test images, uint8 ``[N, 28, 28, 1]``.
+      name: a shift, ``fashion_mnist``, a TFDS name or a path.
+      test_images: the in-distribution test inputs ``[N, ...]``.
       ood_file: a Keras-layout ``fashion_mnist.npz`` for ``"fashion_mnist"``.
       data_dir: TFDS's data directory (default ``$TFDS_DATA_DIR`` or
         ``~/tensorflow_datasets``).
-      log: gets one line saying where Fashion-MNIST came from.
+      log: gets one line saying where another dataset came from.
+      like: the in-distribution :class:`~meshensemble.data.Dataset` (needed for another
+        dataset; default: the MNIST-shaped test inputs).
 
     Returns:
-      uint8 images ``[N_ood, 28, 28, 1]``.
+      Inputs ``[N_ood, ...]`` of the test inputs' example shape and dtype.
 
     Raises:
-      ValueError: ``name`` is unknown.
-      meshensemble.data.DataError: Fashion-MNIST is neither in ``ood_file`` nor prepared
-        in TFDS (one line saying how to provide it).
+      meshensemble.data.DataError: (one line) a shift the inputs cannot take, another
+        dataset that cannot be loaded or has another input shape, or Fashion-MNIST
+        neither in ``ood_file`` nor prepared in TFDS.
 
     Example:
       >>> bool((ood_images("inverted", images) == 255 - images).all())
@@ -109,15 +133,36 @@ def ood_images(
       >>> ood_images("noise", images).shape
       (32, 28, 28, 1)
     """
-    if name not in OOD_SETS:
-        raise ValueError(f"unknown OOD set {name!r}; choose from {', '.join(OOD_SETS)}")
-    test_images = np.asarray(test_images)
-    if name == "noise":
-        rng = np.random.default_rng(NOISE_SEED)
-        return rng.integers(0, 256, size=test_images.shape, dtype=np.uint8)
-    if name == "inverted":
-        return (255 - test_images.astype(np.int32)).astype(np.uint8)
     log = log or (lambda s: None)
+    test_images = np.asarray(test_images)
+    if name in SHIFTS:
+        return data_lib.shift_inputs(test_images, name, NOISE_SEED)
+    if name == "fashion_mnist":
+        x = _fashion_mnist(ood_file, data_dir, log)
+    else:
+        like = like if like is not None else _like(test_images)
+        try:
+            x, note = data_lib.load_ood(name, like, data_dir)
+        except data_lib.DataError as err:
+            raise data_lib.DataError(f"--ood {name}: {err}; {OOD_KINDS}") from None
+        log(f"OOD data: {note}")
+    if x.shape[1:] != test_images.shape[1:] or x.dtype != test_images.dtype:
+        raise data_lib.DataError(
+            f"--ood {name}: inputs of shape {x.shape[1:]} {x.dtype}; expected "
+            f"{test_images.shape[1:]} {test_images.dtype} like the run's (pick a dataset of "
+            "the same input shape, or a shift)"
+        )
+    return x
+
+
+def _like(test_images: np.ndarray) -> Any:
+    """A stand-in dataset of the test inputs' layout, for :func:`~meshensemble.data.load_ood`."""
+    y = np.zeros(len(test_images), np.int32)
+    return data_lib.Dataset("data", test_images, y, test_images, y)
+
+
+def _fashion_mnist(ood_file: Any, data_dir: Any, log: Callable[[str], Any]) -> np.ndarray:
+    """Fashion-MNIST's test images, from ``ood_file`` or TFDS's prepared data."""
     if ood_file is not None:
         return data_lib.load_dataset("fashion_mnist", "npz", ood_file, log=log).test_images
     try:
@@ -159,7 +204,8 @@ def stream_scores(
 
     Returns:
       ``{"scores": {kind: [N] float64 numpy}}`` for every kind in
-      :data:`OOD_SCORE_KINDS`, ``{"member_scores": {kind: [members, N]}}`` for every
+      :data:`OOD_SCORE_KINDS`, ``"predicted"``: the ensemble's class ``[N]`` (int32),
+      ``{"member_scores": {kind: [members, N]}}`` for every
       kind in :data:`MEMBER_OOD_KINDS` (each member scored as a single model); with
       ``labels`` also ``"ensemble"`` and ``"mean_member"``: dicts in the layout of
       :func:`meshensemble.metrics.reliability_diagram_data` (``accuracy``,
@@ -188,28 +234,31 @@ def stream_scores(
     fn = evaluating.ood_fn(ens, int(num_bins), images[:1])
     scores: list[np.ndarray] = []
     member_scores: list[np.ndarray] = []
+    predicted: list[np.ndarray] = []
     sums: dict[str, dict[str, np.ndarray]] = {}
 
     def run(x: Any, y: Any, mask: Any) -> dict[str, Any]:
         out = fn(state, x, y, mask)
-        return {"scores": out.examples["scores"],
+        return {"scores": out.examples["scores"], "predicted": out.examples["predicted"],
                 "member_scores": out.member_examples["scores"], **out.totals}  # fmt: skip
 
     def sink(start: int, out: Mapping[str, Any]) -> None:
         scores.append(np.asarray(out["scores"], np.float64).T)
+        predicted.append(np.asarray(out["predicted"]))
         member_scores.append(np.moveaxis(np.asarray(out["member_scores"], np.float64), -1, 0))
         for part in ("ensemble", "member"):
             acc = sums.setdefault(part, dict.fromkeys(_BIN_KEYS, 0.0))
             for key in _BIN_KEYS:
                 acc[key] = acc[key] + np.asarray(out[part][key], np.float64)
 
-    axes = {"scores": 0, "member_scores": 1, "ensemble": None, "member": None}
+    axes = {"scores": 0, "predicted": 0, "member_scores": 1, "ensemble": None, "member": None}
     streaming.stream(run, (images, y_all), batch_size, ens.data_size, sink, axes=axes)
     all_scores = np.concatenate(scores, axis=1)
     all_members = np.concatenate(member_scores, axis=-1)
     result: dict[str, Any] = {
         "scores": {kind: all_scores[i] for i, kind in enumerate(OOD_SCORE_KINDS)},
         "member_scores": {kind: all_members[i] for i, kind in enumerate(MEMBER_OOD_KINDS)},
+        "predicted": np.concatenate(predicted),
     }
     if labels is not None:
         result["ensemble"] = metrics.reliability_from_bins(sums["ensemble"], num_bins)
@@ -285,6 +334,8 @@ def summary_table(result: Mapping[str, Any]) -> str:
             if all(key + k in result for k in MEMBER_OOD_KINDS):
                 vals = ", ".join(f"{k} {result[key + k]:.4f}" for k in MEMBER_OOD_KINDS)
                 rows.append(f"{s}: mean member (single model) AUROC {vals}")
+    if isinstance(result.get("test_per_class"), Mapping):
+        rows.append(per_class_table(result["test_per_class"]))
     return "\n".join(rows)
 
 
@@ -301,7 +352,8 @@ def evaluate_ood(
       batch_size, num_bins, ood_file, data_dir, say: as ``evaluate_run`` takes them.
 
     Returns:
-      ``(scores, figures)``: ``ood_<set>_*`` AUROC/AUPR entries and ``ood_sets``;
+      ``(scores, figures)``: ``ood_<set>_*`` AUROC/AUPR entries, ``ood_sets`` and
+      ``test_per_class`` (:func:`per_class`, named by the data's ``class_names``);
       ``{RELIABILITY_PLOT: draw, OOD_PLOT: draw}`` (``draw(path)`` writes the figure).
 
     Example:
@@ -312,13 +364,66 @@ def evaluate_ood(
       ['ood_histogram.png', 'reliability_diagram.png']
     """
     names = check_ood(names, data.name, ood_file)
-    sets = {n: ood_images(n, data.test_images, ood_file, data_dir, log=say) for n in names}
+    load = lambda n: ood_images(n, data.test_images, ood_file, data_dir, log=say, like=data)
+    sets = {n: load(n) for n in names}
     test = stream_scores(ens, state, data.test_images, data.test_labels, batch_size, num_bins)
     score = lambda x: stream_scores(ens, state, x, None, batch_size, num_bins)
     ood = {n: score(x) for n, x in sets.items()}
-    scores = ood_metrics(test, ood) | {"ood_sets": names}
+    classes = int(getattr(data, "num_classes", None) or ens.num_classes(state, data.x_test[:1]))
+    names_of = getattr(data, "class_names", None) or tuple(str(c) for c in range(classes))
+    confidence = 1.0 - test["scores"]["max_prob"]  # the score is 1 - max prob
+    report = per_class(np.asarray(data.test_labels), test["predicted"], confidence, names_of)
+    scores = ood_metrics(test, ood) | {"ood_sets": names, "test_per_class": report}
     return scores, {RELIABILITY_PLOT: lambda path: _reliability_plot(path, result, test),
                     OOD_PLOT: lambda path: _histogram(path, test, ood)}  # fmt: skip
+
+
+def per_class(
+    labels: np.ndarray, predicted: np.ndarray, confidence: np.ndarray, names: Any
+) -> dict[str, list[Any]]:
+    """The ensemble's accuracy (recall) and mean confidence on each class's test examples.
+
+    Args:
+      labels: the true classes ``[N]``; predicted: the ensemble's ``[N]``; confidence: its
+        max probability ``[N]``; names: one name per class (the data's ``class_names``).
+
+    Returns:
+      ``{"names", "count", "accuracy", "confidence"}``, a list of one entry per class each
+      (NaN accuracy and confidence for a class without test examples).
+
+    Example:
+      >>> r = per_class(np.array([0, 0, 1]), np.array([0, 1, 1]), np.array([.9, .6, .8]),
+      ...               ("cat", "dog"))
+      >>> r["accuracy"], r["count"]
+      ([0.5, 1.0], [2, 1])
+    """
+    out: dict[str, list[Any]] = {"names": [str(n) for n in names], "count": [],
+                                 "accuracy": [], "confidence": []}  # fmt: skip
+    for c in range(len(out["names"])):
+        mine = labels == c
+        n = int(mine.sum())
+        out["count"].append(n)
+        out["accuracy"].append(float((predicted[mine] == c).mean()) if n else float("nan"))
+        out["confidence"].append(float(confidence[mine].mean()) if n else float("nan"))
+    return out
+
+
+def per_class_table(report: Mapping[str, Any]) -> str:
+    """The per-class report as text: one row a class (its name, accuracy, confidence, count).
+
+    Example:
+      >>> print(per_class_table({"names": ["cat"], "count": [2], "accuracy": [0.5],
+      ...                        "confidence": [0.75]}))
+      class                 accuracy  confidence   count
+      --------------------------------------------------
+      cat                     50.00%      0.7500       2
+    """
+    head = f"{'class':<20} {'accuracy':>9} {'confidence':>11} {'count':>7}"
+    rows = [head, "-" * len(head)]
+    for name, acc, conf, n in zip(*(report[k] for k in ("names", "accuracy", "confidence",
+                                                           "count")), strict=True):  # fmt: skip
+        rows.append(f"{name[:20]:<20} {100 * acc:8.2f}% {conf:11.4f} {n:7d}")
+    return "\n".join(rows)
 
 
 def _reliability_plot(path: str, result: Mapping[str, Any], test: Mapping[str, Any]) -> None:

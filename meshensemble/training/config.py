@@ -29,8 +29,9 @@ from meshensemble.core.ensemble import STRATEGIES, Ensemble
 from meshensemble.core.mesh import parse_mesh
 from meshensemble.core.tasks import Task, task_class
 from meshensemble.data.augment import AUGMENTS, make_augment
+from meshensemble.data.tabular import TARGET_KINDS
 from meshensemble.models import REGISTRY as MODEL_REGISTRY
-from meshensemble.models import get_model
+from meshensemble.models import build_model, get_model
 from meshensemble.models.conv import CONV_CHOICES
 from meshensemble.models.user import is_spec
 from meshensemble.training.fields import GROUPS as GROUPS
@@ -57,9 +58,6 @@ CONFIG_FILE = "config.json"
 """The run's config in its workdir: every field plus a ``resolved`` entry."""
 METRICS_FILE = "metrics.jsonl"
 """One JSON record per evaluation in the run's workdir."""
-TABLE_SOURCES = ("toy1d", "diabetes")
-"""``TrainConfig.source`` values of tables with float targets (``npz`` and ``auto`` serve
-every kind of data); the task checks the data it gets."""
 EVALUATIONS = 20
 """About how many evaluations (and checkpoints) a run makes when ``eval_every`` is None."""
 
@@ -94,7 +92,14 @@ class TrainConfig:
     constant rate, 10 epochs), with an 8-member ensemble.
     """
 
-    dataset: str = _field("mnist", "the dataset", choices=data_lib.DATASETS, group="data")
+    dataset: str = _field(
+        "mnist",
+        "the dataset's name: any TFDS name for source tfds (mnist, fashion_mnist, cifar10, "
+        "svhn_cropped ...), mnist or fashion_mnist for auto and sample; a folder, CSV, "
+        "ArrayRecord folder or an npz not in MNIST's layout keeps its own name unless "
+        "another is given (see docs/data.md)",
+        metavar="NAME", group="data",
+    )
     task: str = _field(
         "classification",
         "a registered task (classification: integer labels, the members' softmax averaged; "
@@ -105,22 +110,46 @@ class TrainConfig:
     )
     source: str = _field(
         "auto",
-        "where the data comes from (see meshensemble.data.load_dataset): auto tries "
-        "data_file, TFDS's prepared data, a TFDS download, then the embedded MNIST sample "
-        "(a task may name its own: --task regression's is the toy1d toy); toy1d and "
-        "diabetes are tables with float targets; "
-        "arrayrecord reads the files of `meshensemble convert` in data_dir a batch at a time",
-        choices=data_lib.SOURCES + TABLE_SOURCES, group="data",
+        "where the data comes from (see meshensemble.data.load_dataset and "
+        "docs/data.md): auto tries data_file, TFDS's prepared data, a TFDS "
+        "download, then the embedded MNIST sample (a task may name its own: --task "
+        "regression's is the toy1d toy); tfds any TFDS name with an image and a label; npz "
+        "a Keras-layout file of any shapes; folder an image folder in data_dir; csv a table "
+        "in data_file; arrayrecord the files of `meshensemble convert` in data_dir, read a "
+        "batch at a time; toy1d and diabetes are tables with float targets",
+        choices=data_lib.SOURCES, group="data",
     )
     data_file: str | None = _field(
         None,
-        "a Keras-layout .npz (x_train, y_train, x_test, y_test), for source npz or auto",
+        "a Keras-layout .npz (x_train, y_train, x_test, y_test) for source npz or auto, or "
+        "the training CSV of source csv",
         metavar="PATH", group="data",
     )
     data_dir: str | None = _field(
         None,
-        "the TFDS data folder, or the ArrayRecord folder of source arrayrecord",
+        "the TFDS data folder, the ArrayRecord folder of source arrayrecord, or the image "
+        "folder of source folder (ROOT/train/<class>/*.png and ROOT/test/<class>/...)",
         metavar="DIR", group="data",
+    )
+    test_file: str | None = _field(
+        None, "source csv: the test CSV, with the training CSV's columns", metavar="PATH",
+        group="data",
+    )
+    test_fraction: float | None = _field(
+        None,
+        "source csv without a test file: the share of the training rows held out as the test "
+        "split, seeded by --seed (stratified by class)",
+        metavar="F", group="data",
+    )
+    target_column: str | None = _field(
+        None, "source csv: the column of the targets (every other column is a feature)",
+        metavar="NAME", group="data",
+    )
+    targets: str = _field(
+        "auto",
+        "source csv: what the target column holds: auto (class ids unless a value has a "
+        "fraction), classes, or floats (regression targets)",
+        choices=TARGET_KINDS, group="data",
     )
     model: str = _field(
         "cnn",
@@ -527,16 +556,19 @@ def model_name(cfg: TrainConfig, sample: Any = None) -> str:
     return "mlp" if cfg.model == TrainConfig.model and flat else cfg.model
 
 
-def input_transform(sample: Any, stats: Any = None) -> Callable[[Any], Any] | None:
-    """What the members apply to their inputs on device: from the inputs' dtype.
+def input_transform(sample: Any, normalization: Any = None) -> Callable[[Any], Any] | None:
+    """What the members apply to their inputs on device: the run's normalisation.
 
-    Integer pixels (uint8 images) are scaled to ``[0, 1]`` (:func:`meshensemble.data.normalize`);
-    float features are standardised with the training split's ``stats`` (``{"mean",
-    "std"}`` per feature, the last axis), when there are some.
+    A recorded normalisation (:func:`meshensemble.data.as_normalization`: per-channel
+    statistics of colour images, per-feature ones of float features) is applied as
+    :meth:`~meshensemble.data.Normalization.apply`; without one, integer pixels (one-channel
+    images, MNIST) are scaled to ``[0, 1]`` (:func:`meshensemble.data.normalize`), float
+    features go in as they are.
 
     Args:
       sample: an input batch (its dtype decides), or None (images).
-      stats: the training split's per-feature ``mean`` and ``std`` (lists), or None.
+      normalization: a :class:`~meshensemble.data.Normalization`, its record, the older
+        ``{"mean", "std"}`` feature statistics, or None.
 
     Returns:
       ``fn(x) -> x`` (jit-able), or None.
@@ -546,13 +578,12 @@ def input_transform(sample: Any, stats: Any = None) -> Callable[[Any], Any] | No
       >>> np.asarray(fn(np.ones((1, 2), np.float32))).tolist()
       [[0.0, -0.5]]
     """
+    norm = data_lib.as_normalization(normalization)
+    if norm is not None:
+        return norm.apply
     if sample is None or np.issubdtype(np.dtype(sample.dtype), np.integer):
         return data_lib.normalize
-    if not stats:
-        return None
-    mean, std = (np.asarray(stats[k], np.float32) for k in ("mean", "std"))
-    row = lambda v, x: v.reshape((1,) * (x.ndim - 1) + (-1,))  # [F] over [..., F]
-    return lambda x: (x - row(mean, x)) / row(std, x)
+    return None
 
 
 def build_ensemble(
@@ -569,22 +600,27 @@ def build_ensemble(
 
     The learning-rate schedule spans ``cfg.epochs`` epochs of ``num_train`` examples (not
     ``max_steps``), so a run resumed with a larger ``max_steps`` continues exactly, and
-    evaluation rebuilds the same optimizer-state structure.
+    evaluation rebuilds the same optimizer-state structure. The member model is
+    :func:`meshensemble.models.build_model` of the config's model for the inputs' shape
+    and the task's output width.
 
     Args:
       cfg: the run's config.
       mesh: the mesh to run on (it may differ from the one the run was trained on).
       num_train: training examples, for the steps per epoch.
       sample: inputs of the data's shape (``images[:1]``): the inputs' dtype chooses the
-        input transform (:func:`input_transform`), and ``ens.state_spec`` of sharded
-        members follows their shape; default None (uint8 images).
+        input transform (:func:`input_transform`), their shape the model's input, and
+        ``ens.state_spec`` of sharded members follows it; default None (MNIST's images).
       task: the run's task, set up for its data (default ``cfg.task``'s class with the
         config's options, e.g. ``label_smoothing``); its output width sets the model's.
-      input_stats: the training split's feature statistics (float features).
+      input_stats: the run's input normalisation (:func:`input_transform` takes it).
       steps_per_epoch: the run's, when recorded (default ``num_train // batch_size``).
 
     Returns:
       The ensemble.
+
+    Raises:
+      meshensemble.UsageError: the model cannot take the inputs (one line).
 
     Example:
       >>> cfg = me.TrainConfig(model="mlp", members=8, batch_size=128)
@@ -596,12 +632,11 @@ def build_ensemble(
     if task is None:  # the config's task with its options (no data: no statistics)
         task = task_class(cfg.task)().for_data(None, dataclasses.asdict(cfg))
     name = model_name(cfg, sample)
-    model = get_model(name)
+    shape = data_lib.IMAGE_SHAPE if sample is None else tuple(np.shape(sample)[1:])
     width = task.output_width()
-    if width is not None and getattr(model, "num_classes", width) != width:
-        model = model.clone(num_classes=width)  # the zoo's models take it from the task
-    if name in CONV_MODELS:
-        model = model.clone(conv=cfg.conv)
+    width = getattr(get_model(name), "num_classes", 10) if width is None else width
+    fields = {"conv": cfg.conv} if name in CONV_MODELS else {}
+    model = build_model(name, shape, int(width), trace=False, **fields)
     return Ensemble(
         model,
         make_optimizer(cfg, cfg.epochs * steps, steps),

@@ -120,7 +120,8 @@ class Feeder:
         self._ahead: concurrent.futures.Future | None = None
         self._ran = False  # the chunk program has been called (so it is compiled)
         lazy = data_lib.is_lazy(dataset)  # a lazy train split always streams
-        self.input, self.input_why = resolve_input(cfg, self.n, ens.mesh, lazy)
+        size = stream_lib.example_bytes(dataset)
+        self.input, self.input_why = resolve_input(cfg, self.n, ens.mesh, lazy, size)
         self.streaming = self.input == "stream"
         self.stream = None
         if source is not None and len(source) != self.n:
@@ -458,7 +459,11 @@ def check_lazy_input(cfg: TrainConfig, dataset: data_lib.Dataset) -> None:
 
 
 def resolve_input(
-    cfg: TrainConfig, num_train: int, mesh: Any, lazy: bool = False
+    cfg: TrainConfig,
+    num_train: int,
+    mesh: Any,
+    lazy: bool = False,
+    example_bytes: int = stream_lib.EXAMPLE_BYTES,
 ) -> tuple[str, str]:
     """Which input a run uses, ``"device"`` or ``"stream"``, and one line saying why.
 
@@ -468,6 +473,8 @@ def resolve_input(
       mesh: the run's mesh (its first device in this process is asked for its memory).
       lazy: the train split is read lazily (:func:`meshensemble.data.is_lazy`): ``auto``
         then streams.
+      example_bytes: device bytes of one training example
+        (:func:`meshensemble.data.stream.example_bytes`; default MNIST's).
 
     Returns:
       ``(input, why)``; ``auto`` is decided by
@@ -485,5 +492,5 @@ def resolve_input(
     if lazy:
         return "stream", "input: stream (--input auto: the train split is read from its files)"
     # a device of this process (memory_stats answers only for addressable devices)
-    choice, why = stream_lib.choose_input(num_train, mesh.local_devices[0])
+    choice, why = stream_lib.choose_input(num_train, mesh.local_devices[0], example_bytes)
     return choice, f"input: {choice} (--input auto: {why})"

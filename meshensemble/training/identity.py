@@ -64,8 +64,15 @@ a decaying schedule (a constant rate can be extended by more epochs) and
 ``input`` (``device``/``stream``) is not among them: both inputs train the same members from
 the same order, so a run may resume with the other one (the streamed iterator's position is
 restored from the checkpoint)."""
-DATA_KEYS = ("source", "num_train", "num_test", "data_file")
+DATA_KEYS = ("source", "num_train", "num_test", "data_file", "data_dir", "test_file")
 """Keys of :func:`data_identity` a resume compares before the splits' fingerprints."""
+FILE_SOURCES = ("npz", "csv")
+"""Sources whose data file :func:`data_identity` records (absolute)."""
+DIR_SOURCES = ("folder", "arrayrecord")
+"""Sources whose data folder :func:`data_identity` records (absolute)."""
+OBJECT_SOURCES = ("synthetic", "arrays")
+"""Sources of data that only exists in the Python process that made it: ``evaluate``
+cannot load it again from a run's config."""
 IDENTITY_FORMAT = 2
 """Version of :func:`data_identity`'s layout. Runs written before it (no ``format`` key)
 recorded one ``fingerprint`` of a strided sample of the images (:func:`sampled_fingerprint`)."""
@@ -225,29 +232,35 @@ def data_identity(
     seed: int = 0,
     *,
     origin: str = "config",
+    data_dir: str | None = None,
+    test_file: str | None = None,
 ) -> dict[str, Any]:
     """What a run's data was, as recorded in ``config.json`` (``resolved.data_identity``).
 
     Args:
       dataset: the data the run uses (before its validation split is held out).
-      data_file: the config's ``data_file``; recorded (absolute) only when the data came
-        from an npz file.
+      data_file: the config's ``data_file``; recorded (absolute) when the data came from
+        a file (an npz, a CSV).
       validation: the run's ``validation`` count (0: no validation split).
       seed: the run's seed (it draws the validation split).
       origin: ``"config"`` when the data was loaded from the config's data settings (so
         ``evaluate`` can load it again), ``"object"`` when it was passed from Python.
+      data_dir: the config's ``data_dir``; recorded (absolute) when the data came from a
+        folder (an image folder, an ArrayRecord folder).
+      test_file: the config's ``test_file``; recorded (absolute) for a CSV's test file.
 
     Returns:
       ``{"format", "source", "num_train", "num_test", "data_file", "origin", "splits",
-      "content"}``: ``splits`` maps ``train`` (the examples trained on), ``validation``
-      (held out; None without one) and ``test`` to their :func:`split_fingerprint`;
-      ``content`` is 16 hex digits over all three.
+      "content"}`` (and ``data_dir``, ``test_file`` where recorded): ``splits`` maps
+      ``train`` (the examples trained on), ``validation`` (held out; None without one)
+      and ``test`` to their :func:`split_fingerprint`; ``content`` is 16 hex digits over
+      all three.
 
     Example:
       >>> data_identity(me.data.synthetic(64, 16), None)["splits"]["test"][:6]
       'bytes:'
     """
-    from_file = dataset.source == "npz" and data_file is not None
+    from_file = dataset.source in FILE_SOURCES and data_file is not None
     images, labels, held = dataset.x_train, dataset.y_train, None
     train = split_fingerprint(images, labels)
     if isinstance(validation, int) and 0 < validation < dataset.num_train:
@@ -264,12 +277,18 @@ def data_identity(
         "test": split_fingerprint(dataset.x_test, dataset.y_test),
     }
     content = hashlib.sha256(repr(sorted(splits.items())).encode()).hexdigest()[:16]
+    where = {}  # only where the data has them: MNIST's records keep their keys
+    if dataset.source in DIR_SOURCES and data_dir is not None:
+        where["data_dir"] = os.path.abspath(os.path.expanduser(os.fspath(data_dir)))
+    if dataset.source == "csv" and test_file is not None:
+        where["test_file"] = os.path.abspath(os.path.expanduser(os.fspath(test_file)))
     return {
         "format": IDENTITY_FORMAT,
         "source": dataset.source,
         "num_train": dataset.num_train,
         "num_test": dataset.num_test,
         "data_file": os.path.abspath(data_file) if from_file else None,
+        **where,
         "origin": origin,
         "splits": splits,
         "content": content,
@@ -479,10 +498,11 @@ def load_run_data(
 ) -> data_lib.Dataset:
     """The data to evaluate a run on: the data it recorded, or the data the flags name.
 
-    Without ``source``, ``data_file`` and ``data_dir`` the run's recorded source and file
-    are loaded again (``resolved.data_identity``; for older runs the config's settings).
-    A run trained on data passed from Python (``me.train(cfg, dataset=ds)``) or on
-    synthetic data cannot be reloaded from its config: it is refused before any work.
+    Without ``source``, ``data_file`` and ``data_dir`` the run's recorded source, file,
+    folder and test file are loaded again (``resolved.data_identity``; for older runs the
+    config's settings). A run trained on data passed from Python (``me.train(cfg,
+    dataset=ds)``: source ``arrays``, or synthetic data) cannot be reloaded from its
+    config: it is refused before any work.
 
     Args:
       workdir: the run's folder (for messages).
@@ -490,8 +510,8 @@ def load_run_data(
       source: overrides the source; data_file: the npz; data_dir: TFDS's folder or the
         ArrayRecord folder.
       log: gets the loader's line saying which data was used.
-      loader: ``loader(source, data_file, data_dir) -> Dataset`` (the run's own, which
-        knows its task's sources); default :func:`meshensemble.data.load_dataset`.
+      loader: ``loader(source, data_file, data_dir, test_file) -> Dataset`` (the run's
+        own, which knows its task's sources); default :func:`meshensemble.data.load_dataset`.
 
     Returns:
       The :class:`~meshensemble.data.Dataset` (check it with :func:`check_run_data`).
@@ -511,7 +531,7 @@ def load_run_data(
     held = recorded_identity(read_saved_config(workdir)) or {}
     flags = any(v is not None for v in (source, data_file, data_dir))
     stream = cfg.input == "stream" or bool(getattr(cfg, "streaming", False))
-    if not flags and (held.get("origin") == "object" or held.get("source") == "synthetic"):
+    if not flags and (held.get("origin") == "object" or held.get("source") in OBJECT_SOURCES):
         raise data_lib.DataError(
             f"run {workdir} was trained on data passed from Python ({held.get('source')}, "
             f"{held.get('num_train')} train / {held.get('num_test')} test examples), which "
@@ -519,17 +539,21 @@ def load_run_data(
             "from Python, or --source/--data-file/--data-dir when it is on disk (its "
             "identity is checked)"
         )
-    if not flags and held.get("source") in data_lib.SOURCES:
+    test_file = None
+    if not flags and held.get("source") in data_lib.SOURCES:  # what the run recorded
         src, data_file = held["source"], held.get("data_file") or cfg.data_file
+        data_dir, test_file = held.get("data_dir"), held.get("test_file")
     else:
         src = source or cfg.source
-        if data_file is None and src in ("npz", "auto"):
+        if data_file is None and src in ("npz", "auto", "csv"):
             data_file = cfg.data_file
     if loader is not None:
-        return loader(src, data_file, data_dir or cfg.data_dir)
+        return loader(src, data_file, data_dir or cfg.data_dir, test_file)
     return data_lib.load_dataset(
-        cfg.dataset, src, data_file, data_dir or cfg.data_dir, log=log, stream=stream
-    )
+        cfg.dataset, src, data_file, data_dir or cfg.data_dir, log=log, stream=stream,
+        test_file=test_file or cfg.test_file, test_fraction=cfg.test_fraction,
+        target_column=cfg.target_column, targets=cfg.targets, seed=cfg.seed,
+    )  # fmt: skip
 
 
 def other_data_fix(recorded: bool, flags: str = "--source/--data-file/--data-dir") -> str:
@@ -589,7 +613,7 @@ def check_run_data(
     if held is None:
         say(f"run {workdir} recorded no data identity: the data could not be checked")
         return
-    object_data = held.get("origin") == "object" or held.get("source") == "synthetic"
+    object_data = held.get("origin") == "object" or held.get("source") in OBJECT_SOURCES
     fix = "pass the data the run was trained on" if object_data else other_data_fix(recorded)
     if held.get("format") != IDENTITY_FORMAT and isinstance(held.get("splits"), dict):
         test = table_fingerprint(dataset.x_test, dataset.y_test)  # an older table run's

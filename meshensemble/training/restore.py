@@ -2,7 +2,7 @@
 
 :func:`restore_run` reads a run's ``config.json`` (:func:`load_run_config`), rebuilds its
 task (``resolved.task``: the task's :meth:`~meshensemble.tasks.Task.from_record`), its
-input (shape, dtype and feature statistics) and its ensemble on any mesh
+input (shape, dtype and normalisation) and its ensemble on any mesh
 (:func:`run_mesh`), and restores a checkpoint read-only. :func:`run_identity` names the
 checkpoint by the run that wrote it (data, seed, step, the checkpoint's digest), which a
 saved calibration must match before anything applies it.
@@ -30,7 +30,7 @@ from jax.sharding import Mesh
 
 from meshensemble.core.mesh import make_mesh, parse_mesh
 from meshensemble.core.tasks import Task, task_class
-from meshensemble.data import IMAGE_SHAPE
+from meshensemble.data import IMAGE_SHAPE, as_normalization
 from meshensemble.runtime import storage
 from meshensemble.training.checkpoint import (
     CHECKPOINT_DIR,
@@ -172,22 +172,31 @@ def best_checkpoint(workdir: str) -> int:
 
 
 def run_input(resolved: Mapping[str, Any]) -> tuple[np.ndarray, Any]:
-    """One input row of a run (zeros ``[1, ...]`` of its dtype) and its feature statistics.
+    """One input row of a run (zeros ``[1, ...]`` of its dtype) and its input normalisation.
 
-    From ``resolved.input`` (``shape``, ``dtype``, ``stats``); runs written before it
-    recorded either a ``standardizer`` (float features ``[F]``) or nothing (MNIST images).
+    From ``resolved.input`` (``shape``, ``dtype`` and ``normalization``, a
+    :meth:`~meshensemble.data.Normalization.record`); runs written before it recorded
+    feature ``stats`` there, or a ``standardizer`` (float features ``[F]``), or nothing
+    (MNIST images).
+
+    Returns:
+      ``(sample, normalization)``: the normalisation as
+      :func:`meshensemble.data.as_normalization` reads it (None: MNIST's ``[0, 1]``
+      scaling of integer pixels, or float features as they are).
 
     Example:
-      >>> run_input({"input": {"shape": [3], "dtype": "float32", "stats": None}})[0].shape
+      >>> run_input({"input": {"shape": [3], "dtype": "float32", "normalization": None}})[0].shape
       (1, 3)
     """
     held = resolved.get("input")
     if isinstance(held, Mapping):
-        return np.zeros((1, *held["shape"]), np.dtype(held["dtype"])), held.get("stats")
+        record = held.get("normalization", held.get("stats"))
+        sample = np.zeros((1, *held["shape"]), np.dtype(held["dtype"]))
+        return sample, as_normalization(record)
     old = resolved.get("standardizer")
     if isinstance(old, Mapping) and "x_mean" in old:
         stats = {"mean": old["x_mean"], "std": old["x_std"]}
-        return np.zeros((1, len(old["x_mean"])), np.float32), stats
+        return np.zeros((1, len(old["x_mean"])), np.float32), as_normalization(stats)
     return np.zeros((1, *IMAGE_SHAPE), np.uint8), None
 
 
@@ -236,7 +245,9 @@ class RestoredRun:
       ensemble: the :class:`meshensemble.Ensemble` on the chosen mesh; state: restored.
       step: the checkpoint's step.
       sample: one input row ``[1, ...]`` of the run's shape and dtype (zeros).
-      input_stats: the training split's feature statistics (float features), or None.
+      input_stats: the run's input normalisation (a :class:`meshensemble.data.Normalization`:
+        per-channel statistics of colour images, per-feature ones of float features), or
+        None (MNIST's ``[0, 1]`` scaling, or float features as they are).
       resolved: ``config.json``'s ``resolved`` entry; identity: its ``data_identity``.
     """
 

@@ -5,8 +5,8 @@
 regression's ``toy1d``); :func:`run_data` adds what the training loop needs before any
 step: the task's checks of the data (:meth:`meshensemble.tasks.Task.check_dataset`), the
 data identity every process agrees on (and a resumed run's), the validation split, and the
-inputs' record (shape, dtype, per-feature statistics of float features, which the members
-standardise with on device).
+inputs' record (shape, dtype and the normalisation the members apply on device: per-channel
+statistics of colour images, per-feature ones of float features).
 
 Example:
   >>> cfg = me.TrainConfig(task="regression", source="toy1d", validation=4, batch_size=8)
@@ -19,7 +19,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -32,19 +31,6 @@ from meshensemble.training.config import TrainConfig
 from meshensemble.training.feeder import check_lazy_input
 from meshensemble.training.identity import agree_data, check_same_run, data_identity, run_fields
 
-TABLE_LOADERS = {"toy1d": data_lib.toy1d, "diabetes": data_lib.diabetes}
-"""The loaders of :data:`~meshensemble.training.config.TABLE_SOURCES` (tables with float
-targets, not in :func:`meshensemble.data.load_dataset`), by source name."""
-
-
-def _float_targets(path: str) -> bool:
-    """Whether an npz's ``y_train`` holds floats (not class ids); False when unreadable."""
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            return "y_train" in f.files and np.issubdtype(f["y_train"].dtype, np.floating)
-    except (OSError, ValueError, zipfile.BadZipFile):
-        return False
-
 
 def load_config_data(
     cfg: TrainConfig,
@@ -53,9 +39,11 @@ def load_config_data(
     source: str | None = None,
     data_file: str | None = None,
     data_dir: str | None = None,
+    test_file: str | None = None,
     log: Callable[[str], Any] | None = None,
 ) -> data_lib.Dataset:
-    """The data ``cfg`` names (or the overriding ``source``/``data_file``/``data_dir``).
+    """The data ``cfg`` names (or the overriding ``source``/``data_file``/``data_dir``/
+    ``test_file``), through the one dispatch :func:`meshensemble.data.load_dataset`.
 
     ``auto`` with no file loads the task's :attr:`~meshensemble.tasks.Task.auto_source`
     when it has one; an npz whose ``y_train`` holds floats is read as float targets.
@@ -71,34 +59,34 @@ def load_config_data(
     path = data_file if data_file is not None else cfg.data_file
     if src == "auto" and path is None and task.auto_source:
         src = task.auto_source
-    if src in TABLE_LOADERS:
-        ds = TABLE_LOADERS[src](seed=cfg.seed)
-    elif src in ("npz", "auto") and path is not None and _float_targets(path):
-        ds = data_lib.load_regression_npz(path)
-    else:
-        stream = cfg.input == "stream" or cfg.streaming  # tfds then opens a lazy train split
-        return data_lib.load_dataset(
-            cfg.dataset, src, path, data_dir or cfg.data_dir, log=log, stream=stream
-        )
-    if log is not None:
-        log(f"data: {ds.note}")
-    return ds
+    stream = cfg.input == "stream" or cfg.streaming  # tfds then opens a lazy train split
+    return data_lib.load_dataset(
+        cfg.dataset, src, path, data_dir or cfg.data_dir, log=log, stream=stream,
+        test_file=test_file or cfg.test_file, test_fraction=cfg.test_fraction,
+        target_column=cfg.target_column, targets=cfg.targets, seed=cfg.seed,
+    )  # fmt: skip
 
 
 def input_record(x: Any) -> dict[str, Any]:
-    """One input's shape and dtype, and for float features their per-feature (last axis)
-    ``mean`` and ``std`` over ``x`` (a constant feature gets std 1: it is only centred).
+    """One input's shape and dtype, and the normalisation the members apply to it on device.
+
+    ``normalization`` is the :meth:`~meshensemble.data.Normalization.record` of
+    :func:`meshensemble.data.input_normalization` (per-channel statistics of colour
+    images, per-feature ones of float features), or None for one-channel integer images
+    (scaled to ``[0, 1]`` as MNIST always was).
 
     Example:
-      >>> input_record(np.array([[0.0, 1.0], [2.0, 1.0]], np.float32))["stats"]
-      {'mean': [1.0, 1.0], 'std': [1.0, 1.0]}
+      >>> input_record(np.array([[0.0, 1.0], [2.0, 1.0]], np.float32))["normalization"]["std"]
+      [1.0, 1.0]
+      >>> input_record(np.zeros((2, 28, 28, 1), np.uint8))
+      {'shape': [28, 28, 1], 'dtype': 'uint8', 'normalization': None}
     """
-    stats = None
-    if np.issubdtype(np.dtype(x.dtype), np.floating) and not getattr(x, "lazy", False):
-        flat = np.asarray(x).reshape(-1, x.shape[-1])  # in the features' own dtype
-        std = flat.std(0)
-        stats = {"mean": flat.mean(0).tolist(), "std": np.where(std > 0, std, 1.0).tolist()}
-    return {"shape": list(x.shape[1:]), "dtype": str(np.dtype(x.dtype)), "stats": stats}
+    norm = data_lib.input_normalization(x)
+    return {
+        "shape": list(x.shape[1:]),
+        "dtype": str(np.dtype(x.dtype)),
+        "normalization": None if norm is None else norm.record(),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +134,10 @@ def run_data(
     if dataset is None:
         dataset = load_config_data(cfg, task, log=say)
     check_lazy_input(cfg, dataset)  # a lazy train split never goes to the devices whole
-    identity = data_identity(dataset, cfg.data_file, cfg.validation, cfg.seed, origin=origin)
+    identity = data_identity(
+        dataset, cfg.data_file, cfg.validation, cfg.seed, origin=origin, data_dir=cfg.data_dir,
+        test_file=cfg.test_file,
+    )  # fmt: skip
     agree_data(identity, dataset.note)  # every process the same data, or all stop
     if saved is not None:
         check_same_run(cfg.workdir, saved, run_fields(cfg), identity)

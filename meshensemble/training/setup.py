@@ -192,7 +192,7 @@ def prepare(cfg, dataset, saved, task, source, cache_dir, say, tell) -> Setup:
     run_cfg = dataclasses.replace(cfg, batch_size=plan.batch)  # what the steps use
     mesh = make_mesh(**plan.mesh)
     init_key, order_key = run_keys(cfg.seed)
-    stats, n = data.inputs["stats"], train.num_train
+    stats, n = data.inputs["normalization"], train.num_train
     build = lambda c: build_ensemble(  # the run's ensemble for a config: the tuner builds too
         c, mesh, n, sample, task=task, input_stats=stats, steps_per_epoch=plan.steps_per_epoch
     )

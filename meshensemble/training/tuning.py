@@ -222,7 +222,7 @@ def step_candidate(
     """
     own = [copy_state(state) if copy else state]
     x = ens.place(images)
-    y = np.asarray(labels, np.int32)
+    y = ens.task.as_targets(np.asarray(labels).astype(ens.task.target_dtype))  # as the feeder
 
     def step() -> Any:
         own[0], metrics = ens.train_step(own[0], x, y)
@@ -466,7 +466,8 @@ class _Candidates:
         self.build = build or (lambda c: build_ensemble(c, mesh, len(dataset.y_train),
                                                          dataset.x_train[:1]))  # fmt: skip
         n, lazy = len(dataset.train_labels), data_lib.is_lazy(dataset)
-        streams = feeder is not None and resolve_input(cfg, n, mesh, lazy)[0] == "stream"
+        size = data_lib.stream.example_bytes(dataset)
+        streams = feeder is not None and resolve_input(cfg, n, mesh, lazy, size)[0] == "stream"
         self.feeder = None if streams else feeder  # a stream is read once: the run's alone
         self.reused = self.feeder is not None  # the default is timed with the run's program
         self.first: Feeder | None = None  # the default's: the others share its data, order
