@@ -267,10 +267,10 @@ def test_ctrl_c_during_train_saves_then_exits_130(monkeypatch, capsys, tmp_path)
     argv += ["--max-steps", "5", "--member-strategy", "vmap", "--workdir", str(workdir)]
     assert cli.main(argv) == 130
     out = capsys.readouterr().out
-    assert "on mesh ensemble=2 x data=1 x model=1 (8 cpu devices, 6 idle," in out
+    assert "mesh ensemble=2 x data=1 x model=1 on 8 cpu (6 idle)," in out
     stopped = [line for line in out.splitlines() if line.startswith("stopped by")]
     assert stopped == [
-        f"stopped by SIGINT at step 1: saved checkpoint 1 in {workdir}/checkpoints; run the "
+        f"stopped by SIGINT at step 1: saved checkpoint 1 in {workdir}; run the "
         "same command to resume"
     ]
     assert list_checkpoints(str(workdir)) == [1]
