@@ -23,6 +23,9 @@ from sklearn.linear_model import BayesianRidge
 
 import meshensemble as me
 
+ENSEMBLE = "ensemble (8 MLP members, mixture)"
+"""The ensemble's row in the table (and in what :func:`main` returns)."""
+
 
 def gaussian_scores(mean, sd, y):
     """NLL, RMSE, CRPS (closed form), 90% coverage and width of Gaussians ``N(mean, sd^2)``."""
@@ -58,8 +61,9 @@ def train_ensemble(data, members, steps, seed):
     return ens, state
 
 
-def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
-    """Trains, scores and prints the table; returns its rows (and ``"conformal"``)."""
+def main(argv: list[str] | None = None, quiet: bool = False) -> dict[str, dict[str, float]]:
+    """Trains, scores and prints the table (unless ``quiet``); returns its rows (and
+    ``"conformal"``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=300)
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     y = data.y_test[:, 0].astype(np.float64)
     rows = {}
     ens, state = train_ensemble(data, 8, args.steps, args.seed)
-    rows["ensemble (8 MLP members, mixture)"] = ens.evaluate(state, data.x_test, data.y_test)
+    rows[ENSEMBLE] = ens.evaluate(state, data.x_test, data.y_test)
     one = ens.predict_members(state, data.x_test)
     m0 = np.asarray(one["mean"])[0, :, 0]
     sd0 = np.sqrt(np.asarray(one["variance"])[0, :, 0])
@@ -91,12 +95,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         "coverage_90": float(((lo <= y) & (y <= hi)).mean()),
         "width_90": float((hi - lo).mean()),
     }
-    print("| model | NLL | RMSE | CRPS | 90% coverage | 90% width |")
-    print("|---|---|---|---|---|---|")
+    say = (lambda *a: None) if quiet else print
+    say("| model | NLL | RMSE | CRPS | 90% coverage | 90% width |")
+    say("|---|---|---|---|---|---|")
     for name, r in rows.items():
         cells = [r["nll"], r["rmse"], r["crps"], r["coverage_90"], r["width_90"]]
         text = ["n/a" if math.isnan(c) else f"{c:.3f}" for c in cells]
-        print(f"| {name} | " + " | ".join(text) + " |")
+        say(f"| {name} | " + " | ".join(text) + " |")
     out = ens.predict(state, data.x_test)
     mu, sd = np.asarray(out["mean"])[:, 0], np.sqrt(np.asarray(out["variance"]))[:, 0]
     covered = []
@@ -105,8 +110,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         cal, test = order[: len(y) // 2], order[len(y) // 2 :]
         q = me.calibration.conformal_interval_quantile(mu[cal], sd[cal], y[cal], 0.1)
         covered.append(np.mean(np.abs(y[test] - mu[test]) <= q * sd[test]))
-    print(f"\nconformal 90% (ensemble mean +/- q sd): mean coverage over 20 splits "
-          f"{np.mean(covered):.3f} (min {np.min(covered):.3f})")  # fmt: skip
+    say(f"\nconformal 90% (ensemble mean +/- q sd): mean coverage over 20 splits "
+        f"{np.mean(covered):.3f} (min {np.min(covered):.3f})")  # fmt: skip
     return rows | {"conformal": {"coverage_90": float(np.mean(covered))}}
 
 
