@@ -93,7 +93,7 @@ def add_field_flag(
     f = config_field(name)
     hint = typing.get_type_hints(TrainConfig)[name]
     types = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
-    typ = types[0]
+    typ = count_or_share if types == [int, float] else types[0]
     shown = f.default if default is dataclasses.MISSING else default
     text = (help if help is not None else field_help(f)).replace("%", "%%")
     if not required:
@@ -112,6 +112,24 @@ def add_field_flag(
         if required:
             kwargs["required"] = True
     p.add_argument(flag or "--" + name.replace("_", "-"), **kwargs)
+
+
+def count_or_share(text: str) -> int | float:
+    """A flag's ``N`` (an integer) or share (a float, e.g. ``0.2``), as ``--validation`` takes.
+
+    Raises:
+      argparse.ArgumentTypeError: neither (argparse prints one line, exit 2).
+
+    Example:
+      >>> count_or_share("50"), count_or_share("0.2")
+      (50, 0.2)
+    """
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    raise argparse.ArgumentTypeError(f"{text!r} is neither a count nor a share, e.g. 50 or 0.2")
 
 
 def add_debug_flag(p: argparse.ArgumentParser) -> None:

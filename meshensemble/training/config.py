@@ -51,7 +51,7 @@ CONFIG_FILE = "config.json"
 """The run's config in its workdir: every field plus a ``resolved`` entry."""
 METRICS_FILE = "metrics.jsonl"
 """One JSON record per evaluation in the run's workdir."""
-TABLE_SOURCES = ("toy1d", "diabetes")
+TABLE_SOURCES = ("toy1d", "diabetes", "friedman1")
 """``TrainConfig.source`` values of tables with float targets (``npz`` and ``auto`` serve
 every kind of data); the task checks the data it gets."""
 EVALUATIONS = 20
@@ -124,8 +124,8 @@ class TrainConfig:
         "auto",
         "where the data comes from (see meshensemble.data.load_dataset): auto tries "
         "data_file, TFDS's prepared data, a TFDS download, then the embedded MNIST sample "
-        "(a task may name its own: --task regression's is the toy1d toy); toy1d and "
-        "diabetes are tables with float targets; "
+        "(a task may name its own: --task regression's is the toy1d toy); toy1d, "
+        "diabetes and friedman1 are tables with float targets; "
         "arrayrecord reads the files of `meshensemble convert` in data_dir a batch at a time",
         choices=data_lib.SOURCES + TABLE_SOURCES,
     )
@@ -216,10 +216,11 @@ class TrainConfig:
         choices=SHUFFLES,
     )
     seed: int = _field(0, "seeds the members' initialisation and the data order")
-    validation: int = _field(
+    validation: int | float = _field(
         0,
         "training examples held out for calibration (stratified by class, seeded by --seed, "
-        "never trained on; recorded in config.json); 0 for none",
+        "never trained on; recorded in config.json): a count, or a share in (0, 1) of the "
+        "training rows, rounded; 0 for none",
         metavar="N",
     )
     augment: str = _field(
@@ -355,10 +356,12 @@ class TrainConfig:
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed={self.seed!r} must be an integer")
         v = self.validation
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        count = isinstance(v, int) and v >= 0
+        share = isinstance(v, float) and 0 < v < 1
+        if isinstance(v, bool) or not (count or share):
             raise ValueError(
-                f"validation={v!r} must be an integer >= 0 (training examples held out); "
-                "use 0 for none"
+                f"validation={v!r} must be an integer >= 0 (training examples held out) or a "
+                "share in (0, 1) of the training rows, e.g. 0.2; use 0 for none"
             )
         _number("learning_rate", self.learning_rate, "a positive number", lambda v: v > 0)
         _number("momentum", self.momentum, "in [0, 1)", lambda v: 0 <= v < 1)
@@ -381,6 +384,18 @@ class TrainConfig:
                 f"model={self.model!r}; leave conv at 'auto'"
             )
         return self
+
+
+    def validation_count(self, num_train: int) -> int:
+        """The training examples the run holds out of ``num_train``: ``validation`` itself, or
+        a share of them, ``floor(share * num_train + 0.5)``.
+
+        Example:
+          >>> TrainConfig(validation=0.2).validation_count(354)   # 20% of 354 rows
+          71
+        """
+        v = self.validation
+        return math.floor(v * num_train + 0.5) if isinstance(v, float) else int(v)
 
 
 def _positive_int(name: str, value: Any) -> None:
