@@ -227,6 +227,9 @@ class Task(abc.ABC):
       ensemble_metric_names: what :meth:`ensemble_metrics` returns; the train step reports
         them as ``ensemble_<name>`` (scalars; NaN for per-member batches).
       cli_defaults: ``TrainConfig`` values this task uses where the user gave none.
+      run_calibration: the options of :meth:`calibrate` (e.g. ``{"alpha": 0.1}``) with which
+        a finished run that holds a validation split fits its own calibration, saved as
+        ``evaluate --calibrate`` saves it; None (the default): a run fits none at its end.
 
     Example:
       >>> isinstance(ens.task, me.tasks.Task), ens.task.name
@@ -245,6 +248,7 @@ class Task(abc.ABC):
     member_metric_names: ClassVar[tuple[str, ...]] = ()
     ensemble_metric_names: ClassVar[tuple[str, ...]] = ()
     cli_defaults: ClassVar[Mapping[str, Any]] = {}
+    run_calibration: ClassVar[Mapping[str, Any] | None] = None
 
     # ------------------------------------------------------------ the member
     @abc.abstractmethod
@@ -498,6 +502,18 @@ class Task(abc.ABC):
     def calibration_line(self, section: Mapping[str, Any]) -> str:
         """One line summarising a ``calibration`` section."""
         return f"calibration: {', '.join(sorted(section))}"
+
+    def uncalibrated_line(self, workdir: str, why: str) -> str:
+        """The last line of a finished run that :attr:`run_calibration` could not calibrate.
+
+        Args:
+          workdir: the run's folder; why: the reason and its fix (one clause, from the
+            engine: no validation split, no checkpoint, a split too small).
+
+        Returns:
+          One line (asked only of tasks with :attr:`run_calibration`).
+        """
+        return f"note: uncalibrated, {why}"
 
     # ------------------------------------------------------------ evaluation of a run
     default_ood: ClassVar[tuple[str, ...]] = ()

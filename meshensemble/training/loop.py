@@ -35,9 +35,8 @@ from meshensemble.core.state import EnsembleState
 from meshensemble.core.tasks import Task
 from meshensemble.runtime.compilation import CompileLog, enable_compilation_cache
 from meshensemble.runtime.distributed import fetch
-from meshensemble.training.checkpoint import (
-    Checkpointer,
-)
+from meshensemble.training.calibrate import calibrate_finished_run
+from meshensemble.training.checkpoint import Checkpointer
 from meshensemble.training.config import (
     TrainConfig,
 )
@@ -384,7 +383,12 @@ def _finish(
     table = task.final_table(history[-1]) if history else ""
     if table:
         tell(table)
+    step = pos.step if ckpt is not None else None  # the last step is always saved (or restored)
+    last = history[-1] if history else {}
+    calibrated = calibrate_finished_run(cfg, run.ens, state, step, run.data, last, say)
     say(f"done in {seconds:.1f}s; outputs in {cfg.workdir}")
+    if calibrated:  # the task's own calibration (or why there is none): the run's last line
+        tell(calibrated)
     return TrainResult(run.ens, state, history, dataset, seconds, False, compiled)
 
 
