@@ -197,6 +197,7 @@ COVERED = [
     "meshensemble.runtime.precompile",
     "meshensemble.runtime.storage",
     "meshensemble.training.bundle",
+    "meshensemble.training.calibrate",
     "meshensemble.training",
     "meshensemble.training.checkpoint",
     "meshensemble.training.checksums",

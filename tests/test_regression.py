@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import json
 import pathlib
+import types
 from operator import itemgetter
 
 import flax.linen as nn
@@ -446,7 +447,14 @@ def test_regression_cli_on_an_npz_with_a_validation_split(tmp_path, capsys):
             "8", "--validation", "8", "--no-compile-cache", "--shuffle", "per-member",
             "--workdir"]  # fmt: skip
     argv.append(str(tmp_path / "w"))
+    capsys.readouterr()
     assert cli.main(argv) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]  # 8 rows: too few for 90% intervals
+    assert last.startswith("note: intervals and variances uncalibrated, ") and last.endswith(
+        f"then: meshensemble evaluate --workdir {tmp_path / 'w'} --calibrate --alpha A"
+    ), last
+    assert "too small for the run's 8 validation scores" in last, last
+    assert not (tmp_path / "w" / "evaluation.json").exists()
     record = json.loads((tmp_path / "w" / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["step"] == 6 and "val_nll" in record and "test_rmse" in record
     assert not (tmp_path / "w" / "regression.png").exists()  # 3 features: no 1-D figure
@@ -614,7 +622,7 @@ def test_regression_defaults_apply_to_flags_not_given_and_given_flags_win(monkey
 
 
 @pytest.mark.parametrize("source", ["toy1d", pytest.param("diabetes", marks=pytest.mark.slow)])
-def test_regression_with_no_optimizer_flags_beats_predicting_the_mean(tmp_path, source):
+def test_regression_with_no_optimizer_flags_beats_predicting_the_mean(tmp_path, source, capsys):
     """SGD 0.1 for 10 epochs (the classification defaults) gave the toy a test RMSE of
     ~54,000; the regression defaults must fit both datasets clearly better than the mean.
     (``--no-checkpoint``: no optimizer flag, and the 100 epochs' saves were a third of the
@@ -625,7 +633,12 @@ def test_regression_with_no_optimizer_flags_beats_predicting_the_mean(tmp_path, 
         pytest.importorskip("sklearn")
     workdir = tmp_path / source
     argv = ["train", "--task", "regression", "--source", source, "--members", "4"]
+    capsys.readouterr()
     assert cli.main([*argv, "--workdir", str(workdir), "--quiet", "--no-checkpoint"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == (
+        "note: intervals and variances uncalibrated, no validation split: train with "
+        "--validation 0.2 (or N rows) in a new --workdir to calibrate at the end"
+    )  # the run's last line, even with --quiet
     saved = json.loads((workdir / "config.json").read_text())
     assert (saved["optimizer"], saved["learning_rate"], saved["epochs"]) == ("adam", 0.01, 100)
     data = me.data.toy1d(0) if source == "toy1d" else me.data.diabetes(0)
@@ -662,3 +675,19 @@ def test_a_model_of_the_wrong_output_width_is_refused_in_one_line(width):
     assert "\n" not in str(err.value).strip()
     with pytest.raises(ValueError, match=r"outputs 10 values|outputs 1 values"):
         ens.train_step(state, x, np.zeros(4, np.float32))
+
+
+def test_a_run_without_a_checkpoint_says_it_has_no_calibration():
+    """The reason a finished run with a validation split is left uncalibrated, and the fix."""
+    from meshensemble.training.calibrate import calibrate_finished_run
+
+    cfg = me.TrainConfig(task="regression", validation=20, workdir="w")
+    ens = types.SimpleNamespace(task=me.tasks.Regression())
+    data = types.SimpleNamespace(validation=(np.zeros((20, 1)), np.zeros((20, 1))))
+    line = calibrate_finished_run(cfg, ens, None, None, data, {}, print)
+    assert line == (
+        "note: intervals and variances uncalibrated, no checkpoint to apply a calibration to: "
+        "train without --no-checkpoint"
+    )
+    ens.task = me.tasks.Classification()  # a task that fits nothing at the end says nothing
+    assert calibrate_finished_run(cfg, ens, None, None, data, {}, print) == ""

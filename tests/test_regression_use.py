@@ -18,7 +18,7 @@ from conftest import need_devices
 
 import meshensemble as me
 from meshensemble import calibration, cli
-from meshensemble.training.restore import run_mesh
+from meshensemble.training.restore import load_run_config, run_identity, run_mesh
 from meshensemble.training.rundata import input_record
 
 ALPHA = 0.1
@@ -69,8 +69,12 @@ def run(tmp_path_factory):
             "--validation", str(VALIDATION), "--optimizer", "adam", "--learning-rate", "0.01",
             "--no-compile-cache", "--quiet", "--workdir", workdir]  # fmt: skip
     assert cli.main(argv) == 0
+    own = os.fspath(root / "own")
+    shutil.copytree(workdir, own)  # as train left it: calibrated at its end
     plain = os.fspath(root / "plain")
-    shutil.copytree(workdir, plain)  # never calibrated
+    shutil.copytree(workdir, plain)
+    if os.path.exists(os.path.join(plain, "evaluation.json")):  # without the run's own
+        os.remove(os.path.join(plain, "evaluation.json"))  # calibration
     before = sorted(os.listdir(workdir))
     argv = ["evaluate", "--workdir", workdir, "--calibrate", "--alpha", str(ALPHA),
             "--mesh", "ensemble=2,data=4"]  # fmt: skip
@@ -78,7 +82,7 @@ def run(tmp_path_factory):
     result = json.loads(pathlib.Path(workdir, "evaluation.json").read_text())
     ref = _reference(workdir, data, MESH)
     return types.SimpleNamespace(root=root, workdir=workdir, plain=plain, data=data, path=path,
-                                 result=result, ref=ref, before=before)  # fmt: skip
+                                 result=result, ref=ref, before=before, own=own)  # fmt: skip
 
 
 def test_evaluate_scores_are_the_ensembles_on_the_restored_state(run):
@@ -91,7 +95,7 @@ def test_evaluate_scores_are_the_ensembles_on_the_restored_state(run):
                                                                       200)  # fmt: skip
     # in the data's units: errors are on the targets' scale, not the standardised one
     assert got["test_rmse"] < run.data.y_test.std() < 100
-    assert sorted(os.listdir(run.workdir)) == sorted([*run.before, "evaluation.json"])
+    assert sorted(os.listdir(run.workdir)) == run.before  # evaluation.json: the train's
 
 
 def test_calibrate_fits_on_validation_and_covers_the_test_split(run):
@@ -298,3 +302,35 @@ def test_one_line_refusals(run, tmp_path, capsys):
     with pytest.raises(ValueError, match="no prediction sets; use predictor.intervals"):
         me.load_predictor(run.plain).prediction_sets(np.zeros((1, 2)))
     assert math.isfinite(run.result["calibration"]["conformal"]["quantile"])
+
+
+
+def test_a_run_with_a_validation_split_calibrates_itself_and_predict_applies_it(run, tmp_path):
+    """Train fits the calibration evaluate --calibrate fits (the same validation rows, alpha
+    0.1) at its end, bound to its last checkpoint; predict serves it with no other command."""
+    own = json.loads(pathlib.Path(run.own, "evaluation.json").read_text())
+    cal, step = own["calibration"], own["checkpoint_step"]
+    assert step == run.ref.step == me.training.checkpoint.list_checkpoints(run.own)[-1]
+    assert cal["fitted_for"] == run.result["calibration"]["fitted_for"]  # the run's identity
+    assert cal["fitted_for"] == run_identity(run.workdir, load_run_config(run.workdir), step)
+    out = me.distributed.fetch(run.ref.ens.predict(run.ref.state, run.ref.val[0]))
+    s = calibration.fit_variance_scale(out["mean"], out["variance"], run.ref.val[1])
+    q = calibration.conformal_interval_quantile(
+        out["mean"], np.sqrt(s * out["variance"]), run.ref.val[1], ALPHA
+    )
+    assert cal["variance_scale"] == pytest.approx(s, rel=1e-5)
+    assert cal["conformal"] == {"quantile": pytest.approx(q, rel=1e-5), "alpha": ALPHA,
+                                "num_calibration": VALIDATION}  # fmt: skip
+    record = json.loads(pathlib.Path(run.own, "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["step"] == step and own["test_nll"] == record["test_nll"]
+    x = run.data.x_test[:9]
+    np.save(tmp_path / "x.npy", x)
+    argv = ["predict", "--workdir", run.own, "--input", str(tmp_path / "x.npy"), "--out",
+            str(tmp_path / "p.npz"), "--mesh", MESH, "--sets", "--quiet"]  # fmt: skip
+    assert cli.main(argv) == 0
+    got = np.load(tmp_path / "p.npz")
+    want = me.distributed.fetch(run.ref.ens.predict(run.ref.state, x))
+    np.testing.assert_allclose(got["variance"], s * want["variance"], rtol=1e-5)
+    half = q * np.sqrt(s * want["variance"])
+    np.testing.assert_allclose(got["upper"], want["mean"] + half, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got["lower"], want["mean"] - half, rtol=1e-5, atol=1e-4)

@@ -1,94 +1,240 @@
-"""Diabetes over seeded splits: the CLI's regression ensemble, compare.py's, and BayesianRidge.
+"""Regression over seeded splits: the command line's ensemble beside BayesianRidge and a GP.
 
-Run (from the repository root; each seed trains with the command line in a subprocess):
+Run (from the repository root; every run of the ensemble is the ``meshensemble`` command
+line, in a subprocess):
 
-    python examples/regression/splits.py [--seeds 0 1 2 3 4] [--workdir runs/splits]
+    python examples/regression/splits.py --source diabetes [--seeds 0 1 2 3 4]
+    python examples/regression/splits.py --source friedman1
+    python examples/regression/splits.py --source diabetes -- --epochs 30   # flags for train
+    python examples/regression/splits.py --search [--seeds 0 1 2 3 4]
 
-For each seed ``S``: ``meshensemble train --task regression --source diabetes --seed S``
-with the regression defaults (or the flags after ``--``), ``meshensemble evaluate``, its
-test NLL, CRPS, RMSE and 90% coverage from ``evaluation.json``; ``compare.py``'s ensemble
-(AdamW 3e-3, 300 steps of batch 32) on the same split; and scikit-learn's
-``BayesianRidge`` (its predictive Gaussian). Prints a row per seed and split and the mean
-and sample standard deviation over the seeds.
+The default mode, for each seed ``S``: ``meshensemble train --task regression --source
+SOURCE --seed S`` with the regression defaults (and the flags after ``--``), which fits
+the run's calibration on its validation split at the end (and writes the mixture's test
+scores to ``evaluation.json``); ``meshensemble predict --sets`` on the test features (what a user
+is served: the calibrated mean and variance and the conformal 90% intervals). Beside it,
+on the same split, scikit-learn's ``BayesianRidge`` and a ``GaussianProcessRegressor``
+(an RBF kernel with one length scale per feature, times a constant, plus a white-noise
+kernel; ``normalize_y``; standardised features), both fitted on every training row and
+scored as the Gaussians they predict. Prints a row per seed and model, then the mean and
+sample standard deviation over the seeds.
+
+``--search`` compares the candidate recipes of :data:`RECIPES` on diabetes and friedman1
+on **the validation split of the training rows** (20%, held out by the run itself: the
+test split is never read for the choice). The score is what the run will serve: the
+Gaussian NLL of the mixture's mean and variance once the variance scale is fitted
+(:func:`cross_fitted_nll`: fitted on one half of the validation rows, scored on the
+other). It names the recipe with the lowest such NLL summed over the two sources (their
+means over the seeds). This is how the regression defaults of ``meshensemble train``
+were chosen (docs/regression.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 
 import numpy as np
+from scipy import stats
+from sklearn.gaussian_process import GaussianProcessRegressor
+from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 from sklearn.linear_model import BayesianRidge
 
 import meshensemble as me
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare  # noqa: E402  (the sibling script: gaussian_scores, its ensemble)
+KEYS = ("nll", "crps", "rmse", "coverage_90", "width_90")
+"""The scores of every model, on the test split, in the targets' units."""
+SOURCES = {"diabetes": me.data.diabetes, "friedman1": me.data.friedman1}
+"""The seeded regression sources (``--source NAME --seed S`` of the command line)."""
+VALIDATION = 0.2
+"""The share of the training rows a search run holds out (and scores the recipes on)."""
+RECIPES = {
+    "old": ["--optimizer", "adam", "--learning-rate", "0.01", "--epochs", "100",
+            "--batch-size", "128"],
+    "old-cosine": ["--optimizer", "adam", "--learning-rate", "0.01", "--epochs", "100",
+                   "--batch-size", "128", "--schedule", "cosine"],
+    "docs": ["--optimizer", "adam", "--learning-rate", "0.003", "--epochs", "30",
+             "--batch-size", "32"],
+    "adamw-32": ["--optimizer", "adamw", "--learning-rate", "0.003", "--weight-decay", "0.01",
+                 "--epochs", "40", "--batch-size", "32"],
+    "adam-1e-3-cos": ["--optimizer", "adam", "--learning-rate", "0.001", "--epochs", "100",
+                      "--batch-size", "32", "--schedule", "cosine"],
+    "adam-3e-3-cos-200": ["--optimizer", "adam", "--learning-rate", "0.003", "--epochs", "200",
+                          "--batch-size", "32", "--schedule", "cosine"],
+    "adamw-wd1-cos-200": ["--optimizer", "adamw", "--learning-rate", "0.01", "--weight-decay",
+                          "1.0", "--epochs", "200", "--batch-size", "128", "--schedule", "cosine"],
+}  # fmt: skip
+"""The candidate recipes ``--search`` compares: every optimisation flag given (``old``:
+the defaults before they were measured: batches of the whole split up to 128 rows;
+``docs``: docs/regression.md's diabetes command), the model (8 members of the zoo's
+``MLP((128,))``) and the variance floor left as they are."""
 
-KEYS = ("nll", "crps", "rmse", "coverage_90")
+
+def gaussian_scores(mean, sd, y) -> dict[str, float]:
+    """NLL, CRPS (closed form), RMSE, 90% coverage and width of Gaussians ``N(mean, sd^2)``."""
+    mean, sd, y = (np.asarray(a, np.float64).reshape(-1) for a in (mean, sd, y))
+    z = (y - mean) / sd
+    crps = sd * (z * (2 * stats.norm.cdf(z) - 1) + 2 * stats.norm.pdf(z) - 1 / math.sqrt(math.pi))
+    q = stats.norm.ppf(0.95)
+    return {
+        "nll": float(-stats.norm.logpdf(y, mean, sd).mean()),
+        "crps": float(crps.mean()),
+        "rmse": float(np.sqrt(((mean - y) ** 2).mean())),
+        "coverage_90": float((np.abs(y - mean) <= q * sd).mean()),
+        "width_90": float(2 * q * sd.mean()),
+    }
 
 
-def cli_scores(seed: int, workdir: str, flags: list[str]) -> dict[str, float]:
-    """Trains and evaluates the CLI's ensemble on split ``seed``; its test scores."""
-    run = [sys.executable, "-m", "meshensemble.cli"]
-    train = ["train", "--task", "regression", "--source", "diabetes", "--seed", str(seed),
-             "--workdir", workdir, "--quiet", *flags]  # fmt: skip
-    subprocess.run(run + train, check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(run + ["evaluate", "--workdir", workdir], check=True, stdout=subprocess.DEVNULL)
+def meshensemble(*argv: str) -> None:
+    """Runs ``meshensemble ARGV`` in a subprocess (its output dropped; a failure raises)."""
+    run = [sys.executable, "-m", "meshensemble.cli", *argv]
+    subprocess.run(run, check=True, stdout=subprocess.DEVNULL)
+
+
+def cli_scores(source: str, seed: int, workdir: str, flags: list[str]) -> dict[str, dict]:
+    """Trains and predicts with the command line on split ``seed``.
+
+    Returns:
+      ``{"calibrated": scores of what predict serves (the calibrated Gaussian, the
+      conformal 90% interval), "mixture": the uncalibrated mixture's test scores, from the
+      ``evaluation.json`` the run wrote when it calibrated itself (evaluate's numbers)}``.
+    """
+    meshensemble("train", "--task", "regression", "--source", source, "--seed", str(seed),
+                 "--workdir", workdir, "--quiet", "--overwrite", *flags)  # fmt: skip
     with open(os.path.join(workdir, "evaluation.json")) as f:
         result = json.load(f)
-    return {k: float(result[f"test_{k}"]) for k in KEYS}
+    data = SOURCES[source](seed=seed)
+    x_path, out = os.path.join(workdir, "x_test.npy"), os.path.join(workdir, "test.npz")
+    np.save(x_path, data.x_test)
+    meshensemble("predict", "--workdir", workdir, "--input", x_path, "--out", out, "--sets",
+                 "--quiet")  # fmt: skip
+    with np.load(out) as p:
+        served = gaussian_scores(p["mean"], np.sqrt(p["variance"]), data.y_test)
+        inside = (p["lower"] <= data.y_test) & (data.y_test <= p["upper"])
+        served["coverage_90"] = float(inside.mean())
+        served["width_90"] = float((p["upper"] - p["lower"]).mean())
+    return {"calibrated": served, "mixture": {k: float(result[f"test_{k}"]) for k in KEYS}}
 
 
-def bayesian_ridge_scores(seed: int) -> dict[str, float]:
-    """BayesianRidge on split ``seed``: its predictive mean and sd as a Gaussian."""
-    data = me.data.diabetes(seed=seed)
-    mean, sd = (
-        BayesianRidge().fit(data.x_train, data.y_train[:, 0]).predict(data.x_test, return_std=True)
-    )
-    scores = compare.gaussian_scores(mean, sd, data.y_test[:, 0].astype(np.float64))
-    return {k: scores[k] for k in KEYS}
+def baseline_scores(source: str, seed: int) -> dict[str, dict[str, float]]:
+    """BayesianRidge and the GP on split ``seed`` (every training row), as Gaussians."""
+    data = SOURCES[source](seed=seed)
+    mu, sd = data.x_train.mean(0), data.x_train.std(0)
+    x, xt = (data.x_train - mu) / sd, (data.x_test - mu) / sd
+    y, yt = data.y_train[:, 0].astype(np.float64), data.y_test[:, 0].astype(np.float64)
+    br = BayesianRidge().fit(x, y).predict(xt, return_std=True)
+    kernel = ConstantKernel() * RBF(np.ones(x.shape[1])) + WhiteKernel()
+    gp = GaussianProcessRegressor(kernel, normalize_y=True, n_restarts_optimizer=2,
+                                  random_state=seed).fit(x, y)  # fmt: skip
+    return {"BayesianRidge": gaussian_scores(*br, yt),
+            "GP": gaussian_scores(*gp.predict(xt, return_std=True), yt)}  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> dict[str, list[dict[str, float]]]:
-    """Runs every seed; prints the rows and the summary; returns the scores by model."""
+def summarise(models: dict[str, list[dict[str, float]]], seeds: list[int]) -> None:
+    """Prints each model's mean (sample sd) of every score over the seeds."""
+    print(f"\nmean (sd) over seeds {seeds}:")
+    print("| model | " + " | ".join(KEYS) + " |\n|---|" + "---|" * len(KEYS))
+    for name, rs in models.items():
+        cells = [f"{np.mean([r[k] for r in rs]):.3f} ({np.std([r[k] for r in rs], ddof=1):.3f})"
+                 for k in KEYS]  # fmt: skip
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def report(args: argparse.Namespace, flags: list[str]) -> dict[str, list[dict[str, float]]]:
+    """The default mode: the ensemble (calibrated and not) and the baselines, every seed."""
+    models: dict[str, list[dict[str, float]]] = {}
+    print(f"{args.source}: | seed | model | " + " | ".join(KEYS) + " |")
+    for seed in args.seeds:
+        workdir = os.path.join(args.workdir, f"{args.source}{seed}")
+        ens = cli_scores(args.source, seed, workdir, flags)
+        rows = {"ensemble, calibrated": ens["calibrated"], "ensemble, mixture": ens["mixture"]}
+        rows |= baseline_scores(args.source, seed)
+        for name, r in rows.items():
+            models.setdefault(name, []).append(r)
+            print(f"| {seed} | {name} | " + " | ".join(f"{r[k]:.3f}" for k in KEYS) + " |")
+    summarise(models, args.seeds)
+    ens = models["ensemble, calibrated"]
+    for other in ("BayesianRidge", "GP"):
+        for k in ("nll", "crps"):
+            wins = sum(e[k] < b[k] for e, b in zip(ens, models[other]))
+            print(f"  calibrated ensemble's {k} below {other}'s on {wins} of {len(ens)} splits")
+    return models
+
+
+def cross_fitted_nll(mean, variance, y) -> float:
+    """The Gaussian NLL of ``N(mean, s * variance)`` with the variance scale ``s`` of the run's
+    calibration fitted on one half of the rows and scored on the other (both ways, averaged):
+    what the calibrated ensemble would score, without fitting and scoring on the same rows."""
+    mean, variance, y = (np.asarray(a, np.float64).reshape(-1) for a in (mean, variance, y))
+    half = len(y) // 2
+    out = []
+    for fit, score in ((slice(0, half), slice(half, None)), (slice(half, None), slice(0, half))):
+        s = np.mean((y[fit] - mean[fit]) ** 2 / variance[fit])  # fit_variance_scale's form
+        sd = np.sqrt(s * variance[score])
+        out.append(-stats.norm.logpdf(y[score], mean[score], sd))
+    return float(np.concatenate(out).mean())
+
+
+def validation_scores(source: str, seed: int, workdir: str, recipe: list[str]) -> dict:
+    """Trains ``recipe`` on split ``seed`` holding out :data:`VALIDATION` of the training rows;
+    scores it on those rows only (the test split is not read)."""
+    data = SOURCES[source](seed=seed)
+    n = round(VALIDATION * data.num_train)
+    epochs = recipe[recipe.index("--epochs") + 1]
+    meshensemble("train", "--task", "regression", "--source", source, "--seed", str(seed),
+                 "--validation", str(n), "--eval-every", epochs, "--overwrite", "--workdir",
+                 workdir, "--quiet", *recipe)  # fmt: skip
+    split = me.data.split_validation(data, n, seed)  # the run's own validation rows
+    x_path, out = os.path.join(workdir, "x_val.npy"), os.path.join(workdir, "val.npz")
+    np.save(x_path, split.x)
+    meshensemble("predict", "--workdir", workdir, "--input", x_path, "--out", out,
+                 "--no-variance-scale", "--quiet")  # fmt: skip
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        last = json.loads(f.read().splitlines()[-1])
+    with np.load(out) as p:
+        calibrated = cross_fitted_nll(p["mean"], p["variance"], split.y)
+    return {"calibrated_nll": calibrated, "nll": last["val_nll"], "rmse": last["val_rmse"]}
+
+
+def search(args: argparse.Namespace) -> dict[str, dict[str, list[dict]]]:
+    """Every recipe on every source and seed, scored on validation rows; prints the pick."""
+    found: dict[str, dict[str, list[dict]]] = {}
+    for name in args.recipes:
+        recipe = RECIPES[name]
+        for source in SOURCES:
+            rows = found.setdefault(name, {}).setdefault(source, [])
+            for seed in args.seeds:
+                workdir = os.path.join(args.workdir, f"search-{name}-{source}{seed}")
+                rows.append(validation_scores(source, seed, workdir, recipe))
+            cells = [f"{k} {np.mean([r[k] for r in rows]):.3f} ({np.std([r[k] for r in rows]):.3f})"
+                     for k in rows[0]]  # fmt: skip
+            print(f"{name} on {source}: " + ", ".join(cells), flush=True)
+    total = {k: sum(np.mean([r["calibrated_nll"] for r in v]) for v in by.values())
+             for k, by in found.items()}  # fmt: skip
+    pick = min(total, key=total.get)
+    print(f"lowest calibrated validation nll, summed over {list(SOURCES)}: {pick}")
+    print("  " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(total.items(), key=lambda kv: kv[1])))
+    return found
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Parses the arguments and runs the chosen mode; returns its numbers."""
     argv = list(sys.argv[1:] if argv is None else argv)
     flags = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", choices=tuple(SOURCES), default="diabetes")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--workdir", default=os.path.join("runs", "splits"))
-    parser.add_argument("--no-compare", action="store_true", help="skip compare.py's ensemble")
+    parser.add_argument("--search", action="store_true", help="compare RECIPES on validation")
+    parser.add_argument("--recipes", nargs="+", choices=tuple(RECIPES), default=list(RECIPES),
+                        help="the recipes --search compares (default: all)")
     args = parser.parse_args(argv)
-    me.use_fake_cpu_devices(8)  # compare.py's mesh; the CLI runs in its own processes
-    models: dict[str, list[dict[str, float]]] = {"cli ensemble": [], "BayesianRidge": []}
-    if not args.no_compare:
-        models["compare.py ensemble"] = []
-    print("| seed | model | " + " | ".join(KEYS) + " |\n|---|---|" + "---|" * len(KEYS))
-    for seed in args.seeds:
-        rows = {
-            "cli ensemble": cli_scores(seed, os.path.join(args.workdir, f"seed{seed}"), flags),
-            "BayesianRidge": bayesian_ridge_scores(seed),
-        }
-        if not args.no_compare:
-            ens = compare.main(["--seed", str(seed), "--fake-devices", "8"], quiet=True)
-            rows["compare.py ensemble"] = {k: ens[compare.ENSEMBLE][k] for k in KEYS}
-        for name, r in rows.items():
-            models[name].append(r)
-            print(f"| {seed} | {name} | " + " | ".join(f"{r[k]:.3f}" for k in KEYS) + " |")
-    print(f"\nmean (sd) over seeds {args.seeds}:")
-    for name, rs in models.items():
-        cells = [f"{k} {np.mean([r[k] for r in rs]):.3f} ({np.std([r[k] for r in rs], ddof=1):.3f})"
-                 for k in KEYS]  # fmt: skip
-        print(f"  {name}: " + ", ".join(cells))
-    pairs = list(zip(models["cli ensemble"], models["BayesianRidge"]))
-    for k in ("nll", "crps"):
-        wins = sum(c[k] < b[k] for c, b in pairs)
-        print(f"  the CLI ensemble's {k} is below BayesianRidge's on {wins} of {len(pairs)} splits")
-    return models
+    return search(args) if args.search else report(args, flags)
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ def add_field_flag(
         raise ValueError(f"TrainConfig.{name} names no --help group; give its field group=...")
     hint = typing.get_type_hints(TrainConfig)[name]
     types = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
-    typ = types[0]
+    typ = count_or_share if types == [int, float] else types[0]
     shown = f.default if default is dataclasses.MISSING else default
     text = (help if help is not None else field_help(f)).replace("%", "%%")
     if not required:
@@ -207,6 +207,24 @@ def resolve_checkpoint(workdir: str, checkpoint: int | str | None) -> int | None
     from meshensemble.training.restore import best_checkpoint
 
     return best_checkpoint(workdir)
+
+
+def count_or_share(text: str) -> int | float:
+    """A flag's ``N`` (an integer) or share (a float, e.g. ``0.2``), as ``--validation`` takes.
+
+    Raises:
+      argparse.ArgumentTypeError: neither (argparse prints one line, exit 2).
+
+    Example:
+      >>> count_or_share("50"), count_or_share("0.2")
+      (50, 0.2)
+    """
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    raise argparse.ArgumentTypeError(f"{text!r} is neither a count nor a share, e.g. 50 or 0.2")
 
 
 def add_debug_flag(p: Any) -> None:

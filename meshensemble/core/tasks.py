@@ -230,6 +230,9 @@ class Task(abc.ABC):
       validation_metrics: the validation metrics a run logs that ``--early-stopping`` and
         ``--keep-best`` may watch: ``{name: (metrics.jsonl key, "min" | "max")}`` (``max``:
         higher is better), e.g. ``{"val_nll": ("val_nll", "min")}``; default none.
+      run_calibration: the options of :meth:`calibrate` (e.g. ``{"alpha": 0.1}``) with which
+        a finished run that holds a validation split fits its own calibration, saved as
+        ``evaluate --calibrate`` saves it; None (the default): a run fits none at its end.
 
     Example:
       >>> isinstance(ens.task, me.tasks.Task), ens.task.name
@@ -249,6 +252,7 @@ class Task(abc.ABC):
     ensemble_metric_names: ClassVar[tuple[str, ...]] = ()
     cli_defaults: ClassVar[Mapping[str, Any]] = {}
     validation_metrics: ClassVar[Mapping[str, tuple[str, str]]] = {}
+    run_calibration: ClassVar[Mapping[str, Any] | None] = None
 
     # ------------------------------------------------------------ the member
     @abc.abstractmethod
@@ -535,6 +539,18 @@ class Task(abc.ABC):
         """The ``evaluate --calibrate`` flags that fit a saved ``calibration`` section again
         (its options, e.g. ``["--alpha", "0.1"]``), for messages; default none."""
         return []
+
+    def uncalibrated_line(self, workdir: str, why: str) -> str:
+        """The last line of a finished run that :attr:`run_calibration` could not calibrate.
+
+        Args:
+          workdir: the run's folder; why: the reason and its fix (one clause, from the
+            engine: no validation split, no checkpoint, a split too small).
+
+        Returns:
+          One line (asked only of tasks with :attr:`run_calibration`).
+        """
+        return f"note: uncalibrated, {why}"
 
     # ------------------------------------------------------------ evaluation of a run
     default_ood: ClassVar[tuple[str, ...]] = ()

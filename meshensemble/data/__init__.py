@@ -51,7 +51,7 @@ The modules, by concern (every name is re-exported here; use ``me.data.<name>``)
 * :mod:`meshensemble.data.stream` (``me.data.stream``): the Grain input pipeline of
   ``--input stream`` (sources for arrays, ArrayRecord files and ``tfds.data_source``);
 * :mod:`meshensemble.data.regression`: float regression data (:func:`toy1d`,
-  :func:`diabetes`, :func:`load_regression_npz`, :func:`standardizer`);
+  :func:`diabetes`, :func:`friedman1`, :func:`load_regression_npz`, :func:`standardizer`);
 * :mod:`meshensemble.data.folder`, :mod:`meshensemble.data.tabular`: image folders, CSV;
 * :mod:`meshensemble.data.codec`: the ArrayRecord record codec;
 * :mod:`meshensemble.data.preprocess`: :class:`Normalization` and its fitting;
@@ -89,6 +89,7 @@ from meshensemble.data.preprocess import input_normalization as input_normalizat
 from meshensemble.data.preprocess import standardize_features as standardize_features
 from meshensemble.data.regression import RegressionData as RegressionData
 from meshensemble.data.regression import diabetes as diabetes
+from meshensemble.data.regression import friedman1 as friedman1
 from meshensemble.data.regression import load_regression_npz as load_regression_npz
 from meshensemble.data.regression import standardizer as standardizer
 from meshensemble.data.regression import toy1d as toy1d
@@ -143,6 +144,7 @@ __all__ = [
     "standardize_features",
     "SourceImages",
     "diabetes",
+    "friedman1",
     "is_lazy",
     "load_array_record_dataset",
     "load_dataset",

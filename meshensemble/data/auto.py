@@ -33,7 +33,7 @@ from meshensemble.data.dataset import DATASETS, IMAGE_SHAPE, DataError, Dataset,
 from meshensemble.data.folder import load_image_folder
 from meshensemble.data.lazy import CONVERT_FIX, load_array_record_dataset
 from meshensemble.data.npz import load_npz, load_npz_dataset, npz_fix
-from meshensemble.data.regression import diabetes, load_regression_npz, toy1d
+from meshensemble.data.regression import diabetes, friedman1, load_regression_npz, toy1d
 from meshensemble.data.sample import load_sample
 from meshensemble.data.tabular import TARGET_KINDS, load_csv
 from meshensemble.data.tfds_stream import load_tfds_stream
@@ -41,6 +41,7 @@ from meshensemble.runtime.compilation import LINE_WIDTH
 
 SOURCES = (
     "auto", "tfds", "npz", "sample", "arrayrecord", "folder", "csv", "toy1d", "diabetes",
+    "friedman1",
 )  # fmt: skip
 """Values of ``load_dataset(source=...)``."""
 DEFAULT_NAME = "mnist"
@@ -251,6 +252,7 @@ _LOADERS: dict[str, Callable[[_Request], tuple[Dataset, str]]] = {
     "csv": _csv,
     "toy1d": lambda r: (toy1d(seed=r.seed), ""),  # the note says it all
     "diabetes": lambda r: (diabetes(seed=r.seed), ""),
+    "friedman1": lambda r: (friedman1(seed=r.seed), ""),
 }
 
 

@@ -37,7 +37,7 @@ FULL_SIZES = (60_000, 10_000)
 """``(train, test)`` sizes of the full datasets; notes call such data "full"."""
 DATASET_SOURCES = (
     "npz", "tfds", "sample", "synthetic", "arrayrecord", "folder", "csv", "toy1d", "diabetes",
-    "arrays",
+    "friedman1", "arrays",
 )  # fmt: skip
 """Values of :attr:`Dataset.source`: where the data came from (``"arrays"``: arrays a user
 passed from Python)."""

@@ -1,4 +1,4 @@
-"""Regression data: float features ``[N, F]`` and targets ``[N, T]``, three sources, standardising.
+"""Regression data: float features ``[N, F]`` and targets ``[N, T]``, four sources, standardising.
 
 Sources, each returning a :class:`~meshensemble.data.Dataset` with float targets ``[N, T]``
 (``RegressionData`` is its old name, kept as an alias):
@@ -7,6 +7,8 @@ Sources, each returning a :class:`~meshensemble.data.Dataset` with float targets
   with ``x`` uniform in ``[-4, 4]`` and noise ``N(0, 3^2)``, generated from a seed;
 * :func:`diabetes`: scikit-learn's ``load_diabetes`` (442 patients, 10 features, it
   ships inside scikit-learn), split 80/20 by a seed;
+* :func:`friedman1`: scikit-learn's ``make_friedman1`` (1,000 rows of 10 uniform features,
+  5 of them used, noise sd 1), drawn and split 80/20 by a seed;
 * :func:`load_regression_npz`: an npz with float ``x_train``, ``y_train``, ``x_test``,
   ``y_test`` (features ``[N, F]``, targets ``[N]`` or ``[N, T]``).
 
@@ -25,7 +27,9 @@ import numpy as np
 
 from meshensemble.data.dataset import DataError, Dataset, split_counts
 
-__all__ = ["RegressionData", "diabetes", "load_regression_npz", "standardizer", "toy1d"]
+__all__ = [
+    "RegressionData", "diabetes", "friedman1", "load_regression_npz", "standardizer", "toy1d",
+]  # fmt: skip
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -125,6 +129,49 @@ def diabetes(seed: int = 0, test_fraction: float = 0.2) -> RegressionData:
     arrays = dict(x_train=x[train], y_train=y[train], x_test=x[test], y_test=y[test])
     note = f"scikit-learn's diabetes data, split by seed {seed}"
     return _validated(arrays, "diabetes", "diabetes", note)
+
+
+def friedman1(seed: int = 0, n: int = 1000, noise: float = 1.0,
+              test_fraction: float = 0.2) -> RegressionData:  # fmt: skip
+    """scikit-learn's Friedman #1 problem: ``n`` rows drawn from a seed, split 80/20 by it.
+
+    ``y = 10 sin(pi x1 x2) + 20 (x3 - 0.5)^2 + 10 x4 + 5 x5 + N(0, noise^2)`` with 10
+    features uniform in ``[0, 1]`` (the last 5 unused): a smooth nonlinear target whose
+    noise is known, so a calibrated 90% interval is about ``2 * 1.645 * noise`` wide.
+
+    Args:
+      seed: draws the rows (``make_friedman1(random_state=seed)``) and the split.
+      n: rows in all; noise: the noise's standard deviation.
+      test_fraction: the test share (default 0.2: 800 train, 200 test rows).
+
+    Returns:
+      A :class:`RegressionData` with ``F = 10``, ``T = 1``.
+
+    Raises:
+      DataError: scikit-learn is not installed, or a bad ``n``, ``noise`` or fraction.
+
+    Example:
+      >>> data = me.data.friedman1(seed=0)
+      >>> data.x_train.shape, data.y_test.shape
+      ((800, 10), (200, 1))
+    """
+    if not 0 < test_fraction < 1:
+        raise DataError(f"friedman1: test_fraction={test_fraction!r} must be in (0, 1)")
+    if not isinstance(n, int) or n < 3 or not noise >= 0:
+        raise DataError(f"friedman1: n={n!r} must be an integer >= 3 and noise={noise!r} >= 0")
+    try:
+        from sklearn.datasets import make_friedman1
+    except ImportError:
+        raise DataError(
+            "friedman1: scikit-learn is not installed; pip install scikit-learn"
+        ) from None
+    x, y = make_friedman1(n_samples=n, noise=noise, random_state=seed)
+    order = np.random.default_rng(seed).permutation(n)
+    n_test = int(round(test_fraction * n))
+    test, train = order[:n_test], order[n_test:]
+    arrays = dict(x_train=x[train], y_train=y[train], x_test=x[test], y_test=y[test])
+    note = f"scikit-learn's make_friedman1 ({n} rows, noise {noise:g}), seed {seed}"
+    return _validated(arrays, "friedman1", "friedman1", note)
 
 
 def load_regression_npz(path: str | os.PathLike) -> RegressionData:

@@ -32,14 +32,7 @@ from meshensemble.calibration.run import check_split
 from meshensemble.data.split import split_validation
 from meshensemble.runtime import storage
 from meshensemble.training.identity import check_run_data, load_run_data, read_saved_config
-from meshensemble.training.outputs import (
-    EVALUATION_FILE,
-    check_writable,
-    dumps_strict,
-    note_output,
-    replacing,
-    writing,
-)
+from meshensemble.training.outputs import EVALUATION_FILE, check_writable, write_evaluation
 from meshensemble.training.restore import (
     check_checkpoint,
     load_run_config,
@@ -76,12 +69,14 @@ def check_calibrate(
             "used for fitting); train with --validation N first (e.g. --validation 500)"
         )
     resolved = (read_saved_config(workdir) or {}).get("resolved") or {}
-    if not isinstance(resolved.get("validation"), dict):
+    held = resolved.get("validation")
+    if not isinstance(held, dict):
         raise ValueError(
             f"run {workdir} records no validation split (an older version drew it another "
             "way): evaluate it without --calibrate, or train it again"
         )
-    task.check_calibration(int(cfg.validation), alpha, method, lambda m: note(f"note: {m}"))
+    count = int(held.get("count", cfg.validation))  # a share: the count it came to
+    task.check_calibration(count, alpha, method, lambda m: note(f"note: {m}"))
 
 
 def previous_calibration(
@@ -234,7 +229,8 @@ def evaluate_run(
         dataset = load_run_data(workdir, cfg, source=source, data_file=data_file,
                                 data_dir=data_dir, log=say, loader=load)  # fmt: skip
     check_run_data(workdir, cfg, dataset, say, recorded)  # the run's data, split by split
-    split = split_validation(dataset, cfg.validation, cfg.seed) if calibrate else None
+    count = cfg.validation_count(dataset.num_train)
+    split = split_validation(dataset, count, cfg.seed) if calibrate else None
     if calibrate:
         check_split(workdir, split)
     run = restore_run(workdir, mesh, checkpoint, echo=say, what="evaluating")
@@ -257,22 +253,9 @@ def evaluate_run(
     elif (kept := previous_calibration(workdir, identity, say)) is not None:
         result["calibration"] = kept
     if jax.process_index() == 0:
-        _write(workdir, result, figures)
+        write_evaluation(workdir, result, figures)
     _report(say, workdir, result, run, sorted(figures), calibrate)
     return result
-
-
-def _write(workdir: str, result: dict[str, Any], figures: Mapping[str, Callable]) -> None:
-    """``evaluation.json`` (strict JSON, replaced atomically) and the figures."""
-    path = storage.join(workdir, EVALUATION_FILE)
-    text = dumps_strict(result, indent=2)  # NaN as null, noted: strict JSON
-    with writing(path), replacing(path) as f:
-        f.write(text)
-    for name, draw in figures.items():
-        path = storage.join(workdir, name)
-        with writing(path):
-            draw(path)
-        note_output(workdir, path)
 
 
 def _report(

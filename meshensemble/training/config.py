@@ -116,7 +116,7 @@ class TrainConfig:
         "regression's is the toy1d toy); tfds any TFDS name with an image and a label; npz "
         "a Keras-layout file of any shapes; folder an image folder in data_dir; csv a table "
         "in data_file; arrayrecord the files of `meshensemble convert` in data_dir, read a "
-        "batch at a time; toy1d and diabetes are tables with float targets",
+        "batch at a time; toy1d, diabetes and friedman1 are tables with float targets",
         choices=data_lib.SOURCES, group="data",
     )
     data_file: str | None = _field(
@@ -247,10 +247,11 @@ class TrainConfig:
     seed: int = _field(
         0, "seeds the members' initialisation and the data order", group="run control"
     )
-    validation: int = _field(
+    validation: int | float = _field(
         0,
         "training examples held out for calibration (stratified by class, seeded by --seed, "
-        "never trained on; recorded in config.json); 0 for none",
+        "never trained on; recorded in config.json): a count, or a share in (0, 1) of the "
+        "training rows, rounded; 0 for none",
         metavar="N", group="data",
     )
     augment: str = _field(
@@ -416,10 +417,12 @@ class TrainConfig:
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed={self.seed!r} must be an integer")
         v = self.validation
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        count = isinstance(v, int) and v >= 0
+        share = isinstance(v, float) and 0 < v < 1
+        if isinstance(v, bool) or not (count or share):
             raise ValueError(
-                f"validation={v!r} must be an integer >= 0 (training examples held out); "
-                "use 0 for none"
+                f"validation={v!r} must be an integer >= 0 (training examples held out) or a "
+                "share in (0, 1) of the training rows, e.g. 0.2; use 0 for none"
             )
         _number("learning_rate", self.learning_rate, "a positive number", lambda v: v > 0)
         _number("momentum", self.momentum, "in [0, 1)", lambda v: 0 <= v < 1)
@@ -468,6 +471,17 @@ class TrainConfig:
                 f"keep_best={self.keep_best!r} keeps a checkpoint, and --no-checkpoint saves "
                 "none; drop one of them"
             )
+
+    def validation_count(self, num_train: int) -> int:
+        """The training examples the run holds out of ``num_train``: ``validation`` itself, or
+        a share of them, ``floor(share * num_train + 0.5)``.
+
+        Example:
+          >>> TrainConfig(validation=0.2).validation_count(354)   # 20% of 354 rows
+          71
+        """
+        v = self.validation
+        return math.floor(v * num_train + 0.5) if isinstance(v, float) else int(v)
 
 
 def _positive_int(name: str, value: Any) -> None:

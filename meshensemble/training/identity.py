@@ -640,7 +640,7 @@ def check_run_data(
             "images): only that was checked"
         )
         return
-    data = data_identity(dataset, None, cfg.validation, cfg.seed)
+    data = data_identity(dataset, None, cfg.validation_count(dataset.num_train), cfg.seed)
     differ = differing_splits(held, data)
     if differ:
         name = differ[0]

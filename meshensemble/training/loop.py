@@ -37,9 +37,8 @@ from meshensemble.models import get_model
 from meshensemble.models.user import is_spec
 from meshensemble.runtime.compilation import CompileLog, enable_compilation_cache
 from meshensemble.runtime.distributed import fetch
-from meshensemble.training.checkpoint import (
-    Checkpointer,
-)
+from meshensemble.training.calibrate import calibrate_finished_run
+from meshensemble.training.checkpoint import Checkpointer
 from meshensemble.training.config import (
     TrainConfig,
 )
@@ -456,8 +455,13 @@ def _finish(
     table = task.final_table(history[-1]) if history else ""
     if table:
         tell(table)
+    step = pos.step if ckpt is not None else None  # the last step is always saved (or restored)
+    last = history[-1] if history else {}
+    calibrated = calibrate_finished_run(cfg, run.ens, state, step, run.data, last, say)
     best = run.monitors.best_line(pos.monitors)  # said even when quiet
     (tell if best else say)(f"done in {seconds:.1f}s; outputs in {cfg.workdir}{best}")
+    if calibrated:  # the task's own calibration (or why there is none): the run's last line
+        tell(calibrated)
     return TrainResult(run.ens, state, history, dataset, seconds, False, compiled)
 
 

@@ -445,6 +445,37 @@ class RunWriter:
             self.tb.close()
 
 
+def write_evaluation(
+    workdir: str, result: dict[str, Any], figures: dict[str, Callable[[str], None]]
+) -> None:
+    """Writes :data:`EVALUATION_FILE` (strict JSON, replaced atomically) and the figures.
+
+    What ``evaluate`` writes, and a run that calibrates itself at its end (process 0 only).
+
+    Args:
+      workdir: the run's folder; result: the scores (and ``calibration``);
+      figures: ``{file name: draw(path)}``, listed in :data:`OUTPUTS_FILE`.
+
+    Raises:
+      OutputError: a file could not be written.
+
+    Example:
+      >>> os.makedirs("runs/new")
+      >>> write_evaluation("runs/new", {"task": "classification"}, {})
+      >>> json.load(open("runs/new/evaluation.json"))
+      {'task': 'classification'}
+    """
+    path = storage.join(workdir, EVALUATION_FILE)
+    text = dumps_strict(result, indent=2)  # NaN as null, noted: strict JSON
+    with writing(path), replacing(path) as f:
+        f.write(text)
+    for name, draw in figures.items():
+        path = storage.join(workdir, name)
+        with writing(path):
+            draw(path)
+        note_output(workdir, path)
+
+
 class Progress:
     """Live progress: a tqdm bar with the loss on a terminal, else a plain line per tenth.
 

@@ -265,7 +265,8 @@ class RestoredRun:
 
 def _num_train(cfg: TrainConfig, resolved: Mapping[str, Any]) -> int:
     held = resolved.get("data_identity") or {}
-    return max(int(held.get("num_train") or cfg.batch_size or 1) - cfg.validation, 1)
+    total = int(held.get("num_train") or cfg.batch_size or 1)
+    return max(total - cfg.validation_count(total), 1)
 
 
 def restore_run(

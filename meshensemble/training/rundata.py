@@ -134,16 +134,17 @@ def run_data(
     if dataset is None:
         dataset = load_config_data(cfg, task, log=say)
     check_lazy_input(cfg, dataset)  # a lazy train split never goes to the devices whole
+    count = cfg.validation_count(dataset.num_train)  # a share: of the training rows
     identity = data_identity(
-        dataset, cfg.data_file, cfg.validation, cfg.seed, origin=origin, data_dir=cfg.data_dir,
+        dataset, cfg.data_file, count, cfg.seed, origin=origin, data_dir=cfg.data_dir,
         test_file=cfg.test_file,
     )  # fmt: skip
     agree_data(identity, dataset.note)  # every process the same data, or all stop
     if saved is not None:
         check_same_run(cfg.workdir, saved, run_fields(cfg), identity)
     train, held_out, validation = dataset, None, None
-    if cfg.validation:
-        split = split_validation(dataset, cfg.validation, cfg.seed, batch_size=batch_size or 1)
+    if count:
+        split = split_validation(dataset, count, cfg.seed, batch_size=batch_size or 1)
         train, held_out, validation = split.train, split.record(), (split.x, split.y)
     task.check_dataset(train)
     return RunData(dataset, train, validation, identity, held_out, input_record(train.x_train))
