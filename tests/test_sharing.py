@@ -47,6 +47,10 @@ CASES = {
     "lora_mlp": dict(
         model=LORA_MLP, shared=LORA_MLP.backbone, frozen=LORA_MLP.backbone, params=BACKBONE
     ),
+    # frozen but not shared: each member keeps its own copy of the backbone, untouched
+    "lora_mlp_own_backbone": dict(
+        model=LORA_MLP, shared=None, frozen=LORA_MLP.backbone, params=BACKBONE
+    ),
 }
 
 
@@ -114,6 +118,10 @@ def make(case: str, mesh_shape=(4, 2), backend="shard_map", strategy="auto", **k
     c = CASES[case]
     if mesh_shape == "one":
         mesh = me.make_mesh(1, 1, devices=jax.devices()[:1])
+    elif isinstance(mesh_shape, str):  # "fsdp" or "fsdp+model": members split over data
+        model = 2 if mesh_shape.endswith("model") else None
+        mesh = me.make_mesh(2, 4 // (model or 1), model=model)
+        kw = dict(shard_members=True, sample=X[:1]) | kw
     else:
         mesh = me.make_mesh(*mesh_shape)
     return me.Ensemble(
@@ -142,15 +150,24 @@ LAYOUTS = [
     ((4, 2), "shard_map", "auto"),
     ("one", "shard_map", "auto"),  # 8 members looped on one device
     ((8, 1), "pmap", "auto"),
-    pytest.param((8, 1), "shard_map", "auto", marks=pytest.mark.slow),
-    pytest.param((2, 4), "shard_map", "vmap", marks=pytest.mark.slow),
-    pytest.param((1, 8), "shard_map", "loop", marks=pytest.mark.slow),
-    pytest.param((1, 8), "pmap", "vmap", marks=pytest.mark.slow),
+    ((8, 1), "shard_map", "auto"),
+    ((2, 4), "shard_map", "vmap"),
+    ((1, 8), "shard_map", "loop"),
+    ((1, 8), "pmap", "vmap"),
+    ("fsdp", "shard_map", "auto"),  # (2, 4), shared leaves split over data too
+    ("fsdp+model", "shard_map", "auto"),  # (2, 2, model=2): over data x model
+]
+FAST = {((4, 2), "shard_map", "auto"): set(CASES), ("one", "shard_map", "auto"): {"be_cnn"}}
+FAST[((8, 1), "pmap", "auto")] = {"be_cnn", "lora_mlp"}
+FAST[("fsdp", "shard_map", "auto")] = {"be_cnn"}
+PARITY = [
+    pytest.param(case, *layout, marks=() if case in FAST.get(layout, ()) else pytest.mark.slow)
+    for layout in LAYOUTS
+    for case in sorted(CASES)
 ]
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("mesh_shape,backend,strategy", LAYOUTS)
+@pytest.mark.parametrize("case,mesh_shape,backend,strategy", PARITY)
 def test_every_mesh_and_backend_trains_the_plain_reference(case, mesh_shape, backend, strategy):
     """20 steps on the mesh equal the plain one-device reference within 1e-5: the shared
     leaves on the members' mean loss, the members' own on their own, frozen ones kept."""
@@ -159,6 +176,9 @@ def test_every_mesh_and_backend_trains_the_plain_reference(case, mesh_shape, bac
     got, want = whole_members(state), anchor(case)
     assert sorted(got) == sorted(want)
     chex.assert_trees_all_close(got, want, atol=1e-5, rtol=0)
+    frozen = CASES[case]["frozen"]
+    for path, value in flat(BACKBONE if frozen else {}).items():  # bitwise, every member
+        np.testing.assert_array_equal(got[path], np.broadcast_to(value, got[path].shape))
 
 
 def test_the_shared_leaves_move_and_the_members_differ():
@@ -198,18 +218,18 @@ def test_without_filters_the_state_is_todays():
     a SharedState that trains the same members."""
     need_devices(8)
     mesh = me.make_mesh(4, 2)
-    plain = me.Ensemble(TinyBECNN(), TX, M, mesh, shared=None, frozen=None)
+    plain = me.Ensemble(me.models.MLP((16,)), TX, M, mesh, shared=None, frozen=None)
     state = plain.init(jax.random.PRNGKey(0), X[:1])
     assert type(state) is me.EnsembleState
     keys = jax.random.split(jax.random.PRNGKey(0), M)
-    params = jax.vmap(lambda k: TinyBECNN().init(k, X[:1])["params"])(keys)
+    params = jax.vmap(lambda k: me.models.MLP((16,)).init(k, X[:1])["params"])(keys)
     want = me.EnsembleState(
         jnp.zeros(M, jnp.int32), params, jax.vmap(TX.init)(params), {}, jnp.zeros((M, 2))
     )
     assert jax.tree.structure(state) == jax.tree.structure(want)
     chex.assert_trees_all_equal(jax.device_get(state.params), jax.device_get(params))
     nothing = lambda path, leaf: False
-    empty = me.Ensemble(TinyBECNN(), TX, M, mesh, shared=nothing, frozen=nothing)
+    empty = me.Ensemble(me.models.MLP((16,)), TX, M, mesh, shared=nothing, frozen=nothing)
     other = empty.init(jax.random.PRNGKey(0), X[:1])
     assert type(other) is me.core.state.SharedState and not jax.tree.leaves(other.shared)
     for _ in range(3):
@@ -241,7 +261,7 @@ def test_shared_leaves_are_one_copy_per_device():
 def test_a_batchensemble_of_8_costs_one_member_and_8_fast_weight_sets():
     need_devices(1)
     one_device = me.make_mesh(1, 1, devices=jax.devices()[:1])
-    net, x = me.models.BatchEnsembleCNN(), np.zeros((1, 28, 28, 1), np.float32)
+    net, x = me.models.BatchEnsembleMLP((256,)), np.zeros((1, 28, 28, 1), np.float32)
     single = me.Ensemble(net, TX, 1, one_device).init(jax.random.PRNGKey(0), x)
     be = me.Ensemble(net, TX, 8, one_device, shared=me.models.batchensemble_shared)
     state = be.init(jax.random.PRNGKey(0), x)
@@ -344,3 +364,107 @@ def test_zoo_families_are_registered_and_init_as_the_paper_says():
     assert me.models.lora(me.models.CNN(), rank=4, alpha=8.0).scale == 2.0
     with pytest.raises(ValueError, match="rank=0 must be a positive integer"):
         me.models.lora(me.models.MLP(), rank=0)
+
+
+def test_inference_bundle_and_extracted_members_carry_the_shared_leaves(tmp_path):
+    need_devices(8)
+    ens, state, _ = trained("be_cnn")
+    me.save_inference(str(tmp_path / "bundle"), state)
+    other = make("be_cnn", (2, 4))
+    loaded = me.load_inference(str(tmp_path / "bundle"), other, X[:1])
+    chex.assert_trees_all_equal(whole_members(loaded), whole_members(state))
+    got, want = other.predict(loaded, X), ens.predict(state, X)  # (2, 4) sums in another order
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
+    members = whole_members(state)
+    three = flat(me.extract_members(state, 3))
+    chex.assert_trees_all_equal(three, {p: v[3] for p, v in members.items()})
+    some = flat(me.extract_members(state, [1, 5]))
+    chex.assert_trees_all_equal(some, {p: v[[1, 5]] for p, v in members.items()})
+
+
+def test_a_checkpoint_of_another_layout_is_refused_naming_the_shared_part(tmp_path):
+    need_devices(8)
+    _, state, _ = trained("be_cnn")
+    ckpt = me.Checkpointer(str(tmp_path))
+    ckpt.save(20, state, {"step": 20})
+    ckpt.close()
+    plain = me.Ensemble(TinyBECNN(), TX, M, me.make_mesh(4, 2))
+    with pytest.raises(me.CheckpointError, match="shared") as err:
+        me.restore_checkpoint(str(tmp_path), plain, X[:1])
+    assert "\n" not in str(err.value)
+
+
+def test_the_sharding_invariant_holds_for_shared_leaves_with_adam():
+    """``assert_sharded_over_members`` knows shared leaves (no member axis, Adam's scalar
+    count among them) and refuses one split over ``ensemble``."""
+    need_devices(8)
+    ens = me.Ensemble(
+        TinyBECNN(), optax.adam(1e-3), M, me.make_mesh(4, 2), shared=me.models.batchensemble_shared
+    )
+    state, _ = ens.train_step(ens.init(jax.random.PRNGKey(0), X[:1]), X, Y)
+    me.testing.assert_sharded_over_members(state, ens.mesh)
+    me.testing.assert_sharded_over_members(state, ens.mesh, ens.state_specs(X[:1]))
+    kernel = state.shared["BEDense_0"]["shared_kernel"]
+    wrong = jax.device_put(
+        kernel, jax.sharding.NamedSharding(ens.mesh, jax.sharding.PartitionSpec("ensemble"))
+    )
+    bad = state.replace(shared={**state.shared, "BEDense_0": {"shared_kernel": wrong}})
+    with pytest.raises(AssertionError, match="shared leaf"):
+        me.testing.assert_sharded_over_members(bad, ens.mesh)
+
+
+WORKER = """
+import sys
+import meshensemble as me
+pid, port, workdir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+me.use_fake_cpu_devices(4)
+me.distributed.initialize(f"localhost:{port}", 2, pid)
+import jax, optax
+X, Y = me.testing.learnable_dataset(32)
+ens = me.Ensemble(me.models.BatchEnsembleMLP((16,)), optax.sgd(0.1, momentum=0.9), 8,
+                  me.make_mesh(4, 2), shared=me.models.batchensemble_shared)
+state = ens.init(jax.random.PRNGKey(0), X[:1])
+for _ in range(5):
+    state, _ = ens.train_step(state, X, Y)
+ckpt = me.Checkpointer(workdir)
+ckpt.save(5, state, {"step": 5})
+ckpt.close()
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_of_four_devices_train_what_one_process_of_eight_does(tmp_path):
+    """The shared gradient's ``psum`` over ``ensemble`` crosses the processes (members 0-3
+    in one, 4-7 in the other on a (4, 2) mesh): the result is the one-process run's."""
+    import subprocess
+    import sys
+
+    from meshensemble.runtime.distributed import free_port
+
+    need_devices(8)
+    (tmp_path / "worker.py").write_text(WORKER)
+    port, workdir = str(free_port()), str(tmp_path / "run")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(tmp_path / "worker.py"), str(i), port, workdir],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outs)
+    ens = me.Ensemble(
+        me.models.BatchEnsembleMLP((16,)),
+        TX,
+        M,
+        me.make_mesh(4, 2),
+        shared=me.models.batchensemble_shared,
+    )
+    restored, _, step = me.restore_checkpoint(workdir, ens, X[:1])
+    state = ens.init(jax.random.PRNGKey(0), X[:1])
+    for _ in range(5):
+        state, _ = ens.train_step(state, X, Y)
+    assert step == 5
+    chex.assert_trees_all_close(jax.device_get(restored), jax.device_get(state), atol=1e-6)
