@@ -348,3 +348,15 @@ def small_config(workdir, **kw) -> me.TrainConfig:
         eval_batch_size=40,
     )
     return me.TrainConfig(**(base | kw))
+
+
+@pytest.fixture(scope="session")
+def gcs():
+    """A local GCS server for the session, with one bucket (``tests/gcs.py``): ``gcs.path(
+    "run")`` is ``gs://bucket/run``; every client in this process and in the processes a test
+    starts reaches it through the environment. It starts in well under a second.
+    """
+    from gcs import emulator
+
+    with emulator() as server:
+        yield server

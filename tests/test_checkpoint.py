@@ -925,18 +925,25 @@ def test_a_damaged_checksums_file_never_lets_a_damaged_checkpoint_through(tmp_pa
 
 def test_every_json_of_a_run_is_written_atomically(tmp_path, monkeypatch):
     """No JSON file of a run is ever opened for writing under its own name (a crash
-    mid-write would leave half a file): each is written to a temporary name, renamed."""
+    mid-write would leave half a file): each is written to a temporary name beside it,
+    then renamed (meshensemble.runtime.storage.atomic_write)."""
     need_devices(8)
     import builtins
 
-    opened, real_open = [], builtins.open
+    opened, real_open, real_os_open = [], builtins.open, os.open
 
     def spy(file, mode="r", *args, **kw):
-        if any(m in mode for m in "wax"):
+        if isinstance(mode, str) and any(m in mode for m in "wax"):
             opened.append(os.path.basename(str(file)))
         return real_open(file, mode, *args, **kw)
 
+    def os_spy(file, flags, *args, **kw):
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            opened.append(os.path.basename(str(file)))
+        return real_os_open(file, flags, *args, **kw)
+
     monkeypatch.setattr(builtins, "open", spy)
+    monkeypatch.setattr(os, "open", os_spy)
     two_checkpoints(tmp_path / "w")
     me.data.write_array_record_dataset(tmp_path / "ar", me.data.synthetic(8, 4))
     writer = me.training.outputs.RunWriter(str(tmp_path / "w"))
@@ -945,7 +952,8 @@ def test_every_json_of_a_run_is_written_atomically(tmp_path, monkeypatch):
     assert {CHECKSUMS, CHECKSUMS_COPY, "manifest.json", "config.json"} <= set(os.listdir(
         tmp_path / "w" / "checkpoints")) | set(os.listdir(tmp_path / "ar")) | set(
         os.listdir(tmp_path / "w"))  # fmt: skip
-    assert {f"{name}.tmp" for name in JSON_FILES} <= set(opened), opened  # the spy saw them
+    temporary = {re.sub(r"^\.(.*)\.[0-9a-f]{12}\.tmp$", r"\1", n) for n in opened}
+    assert set(JSON_FILES) <= temporary, opened  # the spies saw each one's temporary file
     assert not [name for name in opened if name in JSON_FILES], opened
 
 

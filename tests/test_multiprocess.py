@@ -372,38 +372,56 @@ def test_a_start_up_that_times_out_is_one_line_naming_the_coordinator(monkeypatc
     assert me.errors.exit_code(err.value) == 1
 
 
-def test_when_the_peers_never_come_the_process_leaves_with_one_line(monkeypatch):
-    """The runtime would abort (SIGABRT and a C++ stack) at its own deadline; ours comes
-    first: one line and exit 1. The runtime's call waits here until the watchdog fired."""
+def test_when_the_peers_never_come_the_start_raises_naming_the_coordinator(monkeypatch):
+    """The runtime would abort the process (SIGABRT and a C++ stack) at its own deadline;
+    ours comes first and the library raises (it never ends its user's process). The
+    runtime's call waits here until the error was raised."""
     import threading
 
     from meshensemble.runtime import distributed
 
-    left, seen = [], {}
-    fired = threading.Event()
-
-    def hard_exit(code, line):
-        left.append((code, line))
-        fired.set()
+    raised, seen = threading.Event(), {}
 
     def initialize(**kwargs):
         seen.update(kwargs)
-        assert fired.wait(60), "the watchdog never fired"
+        assert raised.wait(60), "initialize never raised"
 
-    monkeypatch.setattr(distributed, "hard_exit", hard_exit)
     monkeypatch.setattr(jax.distributed, "initialize", initialize)
     monkeypatch.setattr(jax.config, "update", lambda *a: None)
-    distributed.initialize("localhost:1234", 2, 0, init_timeout=1)
+    try:
+        with pytest.raises(distributed.StartupTimeoutError) as err:
+            distributed.initialize("localhost:1234", 2, 0, init_timeout=1)
+    finally:
+        raised.set()
     assert seen["initialization_timeout"] == 1 + distributed.INIT_GRACE
-    assert left == [
-        (
-            1,
-            "error: process 0 of 2 could not join the coordinator localhost:1234 within 1 s "
-            "(no answer from every process); start all 2 processes (process 0 serves the "
-            "coordinator at that address), or give a loaded machine more time: "
-            "--init-timeout S or MESHENSEMBLE_INIT_TIMEOUT=S",
-        )
-    ]
+    assert isinstance(err.value, me.RunFailedError) and me.errors.exit_code(err.value) == 1
+    assert str(err.value) == (
+        "process 0 of 2 could not join the coordinator localhost:1234 within 1 s "
+        "(no answer from every process); start all 2 processes (process 0 serves the "
+        "coordinator at that address), or give a loaded machine more time: "
+        "--init-timeout S or MESHENSEMBLE_INIT_TIMEOUT=S"
+    )
+
+
+@pytest.mark.parametrize("process", [0, 1], ids=["the coordinator", "a peer"])
+def test_a_command_whose_peers_never_come_exits_1_with_one_line(tmp_path, process):
+    """A real process alone: the coordinator's peers never come, or a peer's coordinator
+    never answers. The command's one line, exit 1, soon after --init-timeout (not JAX's
+    abort at the runtime's own deadline)."""
+    coordinator = f"localhost:{free_port()}"
+    cmd = [sys.executable, "-m", "meshensemble.cli", "train", "--quiet", "--workdir"]
+    cmd += [str(tmp_path / "run"), "--coordinator", coordinator]
+    cmd += ["--num-processes", "2", "--process-id", str(process), "--init-timeout", "2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG, cwd=REPO)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr.splitlines() == [
+        f"error: process {process} of 2 could not join the coordinator {coordinator} within 2 s "
+        "(no "
+        "answer from every process); start all 2 processes (process 0 serves the "
+        "coordinator at that address), or give a loaded machine more time: --init-timeout S "
+        "or MESHENSEMBLE_INIT_TIMEOUT=S"
+    ], done.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_gloo_key_value_timeout_is_one_line():

@@ -43,6 +43,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from meshensemble.runtime import storage
 from meshensemble.training.outputs import strict_json
 
 SUITES: dict[str, dict[str, Any]] = {
@@ -286,10 +287,7 @@ def write_suite(results: dict[str, Any], out_dir: str) -> tuple[str, str]:
         (json_path, json.dumps(strict_json(summary), indent=1, default=_plain, allow_nan=False)),
         (md_path, format_markdown(results, rows)),
     ):
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        storage.atomic_write(path, text)
     return json_path, md_path
 
 

@@ -39,10 +39,12 @@ from meshensemble.cli.common import (
     debug_requested,
     error_line,
     exit_code,
+    hard_exit,
+    leftovers_dropped,
     setup_devices,
     silence_absl_noise,
 )
-from meshensemble.runtime.distributed import hard_exit
+from meshensemble.runtime.distributed import StartupTimeoutError
 from meshensemble.training.checkpoint import CheckpointError
 
 __all__ = ["Parser", "UsageError", "build_parser", "main", "setup_devices"]
@@ -93,21 +95,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     args = None
     stdout, sys.stdout = sys.stdout, PipeSafeStdout(sys.stdout)  # `train | head` trains on
-    try:
-        args = build_parser().parse_args(argv)
-        return int(args.run(args) or 0)
-    except (Exception, KeyboardInterrupt) as err:  # one place maps Ctrl-C: exit 130
-        code = exit_code(err)
-        if debug_requested(args):
-            traceback.print_exc()
-        if isinstance(err, CheckpointError):
-            # orbax's background threads may still hold the failed write: leave without
-            # their teardown noise, the one line being the last thing printed
-            hard_exit(code, error_line(err))
-        print(error_line(err), file=sys.stderr)
-        return code
-    finally:
-        sys.stdout = stdout
+    with leftovers_dropped():  # a failed save's stray reports: not on the command's stderr
+        try:
+            args = build_parser().parse_args(argv)
+            return int(args.run(args) or 0)
+        except (Exception, KeyboardInterrupt) as err:  # one place maps Ctrl-C: exit 130
+            code = exit_code(err)
+            if debug_requested(args):
+                traceback.print_exc()
+            if isinstance(err, CheckpointError | StartupTimeoutError):
+                # orbax's background threads may still hold the failed write, the runtime
+                # may still wait for its peers: leave without their teardown noise, the
+                # one line being the last thing printed
+                hard_exit(code, error_line(err))
+            print(error_line(err), file=sys.stderr)
+            return code
+        finally:
+            sys.stdout = stdout
 
 
 if __name__ == "__main__":

@@ -242,6 +242,70 @@ def silence_absl_noise() -> None:
         logger.addFilter(_not_noise)
 
 
+@contextlib.contextmanager
+def leftovers_dropped() -> typing.Iterator[None]:
+    """While the command runs, drops the stray reports a failed orbax save or read leaves.
+
+    The library raises such a failure as one line (:class:`meshensemble.CheckpointError`);
+    tensorstore writes still in flight land afterwards and each reports "Event loop is
+    closed" as an unraisable exception (the save's event loop has ended), and orbax's
+    abandoned read coroutines report theirs when collected. The command promises one line
+    on stderr, so the command (not the library) sets a ``sys.unraisablehook`` that drops
+    those two kinds while it runs, and puts the previous hook back after; other
+    unraisable exceptions go to that hook.
+
+    Example:
+      >>> import sys
+      >>> before = sys.unraisablehook
+      >>> with leftovers_dropped():
+      ...     pass
+      >>> sys.unraisablehook is before
+      True
+    """
+    import sys
+    import traceback
+
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        names = {f.name for f in traceback.extract_tb(unraisable.exc_traceback)}
+        late = "call_soon_threadsafe" in names and str(unraisable.exc_value) == (
+            "Event loop is closed"
+        )
+        code = getattr(unraisable.object, "cr_code", None)
+        if not late and not (code and f"{os.sep}orbax{os.sep}" in code.co_filename):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
+def hard_exit(code: int, message: str) -> None:
+    """Prints ``message`` and ends the process now, skipping the runtime's shutdown barrier.
+
+    Only the command line ends its process (the library raises). After a peer dies, the
+    runtime's shutdown waits for it until the heartbeat timeout and then aborts with a
+    long trace; and after a failed save, orbax's background threads still hold the write
+    and would print their teardown. A failed command should instead say what happened in
+    one line and exit promptly.
+
+    Args:
+      code: the exit status.
+      message: the one line (stderr).
+
+    Example:
+      >>> hard_exit(1, "error: lost contact with process 1")  # doctest: +SKIP
+    """
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
+
+
 def setup_devices(fake_devices: int | None) -> None:
     """Applies ``--fake-devices N`` (N simulated CPU devices) before JAX starts.
 

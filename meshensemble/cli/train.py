@@ -36,12 +36,12 @@ from meshensemble.cli.common import (
     add_field_flag,
     error_line,
     exit_code,
+    hard_exit,
     lost_peer,
     setup_devices,
     setup_distributed,
 )
 from meshensemble.errors import EXIT_INTERRUPTED
-from meshensemble.runtime import distributed
 from meshensemble.training import CONFIG_FILE, TrainConfig, train
 from meshensemble.training.config import inherited_fields, with_task_defaults
 
@@ -175,6 +175,6 @@ def run(args: argparse.Namespace) -> int:
         # runtime's shutdown barrier waiting for peers that stopped or died.
         code = exit_code(err)
         if code == 2 or isinstance(err, FAILED_RUN_ERRORS):
-            distributed.hard_exit(code, error_line(err))
-        distributed.hard_exit(1, f"error: process {jax.process_index()}: {lost_peer(err)}")
+            hard_exit(code, error_line(err))
+        hard_exit(1, f"error: process {jax.process_index()}: {lost_peer(err)}")
     return EXIT_INTERRUPTED if result.signal == "SIGINT" else 0

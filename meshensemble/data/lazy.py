@@ -36,7 +36,9 @@ import numpy as np
 
 from meshensemble.data import manifest
 from meshensemble.data import tfds as tfds_lib
+from meshensemble.data.codec import MNIST_CODEC, codec_for, codec_from_record
 from meshensemble.data.dataset import (
+    DATASETS,
     FULL_SIZES,
     IMAGE_SHAPE,
     PRETTY_NAMES,
@@ -82,6 +84,16 @@ class IndexedSource:
     def __len__(self) -> int:
         return len(self.indices)
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(M, *example shape)`` of the source's features."""
+        return (len(self), *example_layout(self.source)[0])
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The source's feature dtype."""
+        return example_layout(self.source)[1]
+
     def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
         x, y = self.read(np.asarray([i]))
         return x[0], int(y[0])
@@ -104,12 +116,32 @@ class IndexedSource:
         return self.source.read(self.indices[np.asarray(indices)])
 
 
-class SourceImages:
-    """The train images of a source, array-like, read only where indexed.
+def example_layout(source: Any) -> tuple[tuple[int, ...], np.dtype]:
+    """One example's feature shape and dtype in a source: its ``shape[1:]`` and ``dtype``.
 
-    ``len``, ``shape`` (``(N, 28, 28, 1)``), ``dtype`` (uint8) and ``ndim`` as the array
-    would have them; ``x[i]``, ``x[a:b:c]`` and ``x[int_array]`` read those examples
-    through ``source.read`` and return numpy arrays; :meth:`subset` gives a lazy view.
+    Args:
+      source: a random-access source; one without ``shape`` holds MNIST images.
+
+    Returns:
+      ``(shape, dtype)``, e.g. ``((28, 28, 1), dtype('uint8'))``.
+
+    Example:
+      >>> example_layout(me.data.stream.ArraySource(np.zeros((3, 5), np.float32), [0, 1, 2]))
+      ((5,), dtype('float32'))
+    """
+    shape = getattr(source, "shape", None)
+    if shape is None:
+        return tuple(IMAGE_SHAPE), np.dtype(np.uint8)
+    return tuple(shape[1:]), np.dtype(getattr(source, "dtype", np.uint8))
+
+
+class SourceImages:
+    """The train features of a source, array-like, read only where indexed.
+
+    ``len``, ``shape`` (e.g. ``(N, 28, 28, 1)``: the source's, see
+    :func:`example_layout`), ``dtype`` and ``ndim`` as the array would have them;
+    ``x[i]``, ``x[a:b:c]`` and ``x[int_array]`` read those examples through
+    ``source.read`` and return numpy arrays; :meth:`subset` gives a lazy view.
 
     Args:
       source: a random-access source (``len`` and ``read(indices) -> (images, labels)``).
@@ -126,19 +158,19 @@ class SourceImages:
 
     lazy = True
     """Marks a lazily read split (:func:`is_lazy`)."""
-    dtype = np.dtype(np.uint8)
-    ndim = 4
 
     def __init__(self, source: Any):
         self.source = source
+        self.example_shape, self.dtype = example_layout(source)
+        self.ndim = 1 + len(self.example_shape)
 
     def __len__(self) -> int:
         return len(self.source)
 
     @property
-    def shape(self) -> tuple[int, int, int, int]:
-        """``(N, 28, 28, 1)``."""
-        return (len(self.source), *IMAGE_SHAPE)
+    def shape(self) -> tuple[int, ...]:
+        """``(N, *example shape)``, e.g. ``(N, 28, 28, 1)``."""
+        return (len(self.source), *self.example_shape)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         rest: tuple[Any, ...] = ()
@@ -159,8 +191,8 @@ class SourceImages:
                 raise IndexError(f"indices outside 0..{n - 1} of the training examples")
             rows = np.where(rows < 0, rows + n, rows)
         if rows.size == 0:
-            return np.zeros((*rows.shape, *IMAGE_SHAPE), np.uint8)[(slice(None), *rest)]
-        images = np.asarray(self.source.read(rows.astype(np.int64))[0], np.uint8)
+            return np.zeros((*rows.shape, *self.example_shape), self.dtype)[(slice(None), *rest)]
+        images = np.asarray(self.source.read(rows.astype(np.int64))[0], self.dtype)
         return images[(slice(None),) * rows.ndim + rest] if rest else images
 
     def subset(self, indices: np.ndarray) -> SourceImages:
@@ -327,21 +359,28 @@ def _umask() -> int:
 
 def _write_files(directory: str, dataset: Dataset, shards: int) -> list[str]:
     """Writes the files and the manifest into ``directory``; their names."""
+    codec = codec_for(dataset.x_train, dataset.y_train, dataset.num_classes)
     train = write_array_record(
-        os.path.join(directory, TRAIN_FILE), dataset.train_images, dataset.train_labels, shards
+        os.path.join(directory, TRAIN_FILE), dataset.x_train, dataset.y_train, shards, codec
     )
-    write_array_record(os.path.join(directory, TEST_FILE), dataset.test_images, dataset.test_labels)
+    write_array_record(os.path.join(directory, TEST_FILE), dataset.x_test, dataset.y_test, 1, codec)
+    meta = {}
+    if dataset.num_classes is not None:
+        meta["num_classes"] = np.asarray(dataset.num_classes)
+    if dataset.class_names is not None:
+        meta["class_names"] = np.asarray(dataset.class_names, dtype=str)
     np.savez(
         os.path.join(directory, LABELS_FILE),
-        train_labels=dataset.train_labels,
-        test_labels=dataset.test_labels,
+        train_labels=dataset.y_train,
+        test_labels=dataset.y_test,
         name=np.asarray(dataset.name),
+        **meta,
     )
     parts = np.array_split(np.arange(dataset.num_train), len(train))
     counts = {os.path.basename(p): len(part) for p, part in zip(train, parts, strict=True)}
     counts[TEST_FILE] = dataset.num_test
     names = [*(os.path.basename(p) for p in train), TEST_FILE, LABELS_FILE]
-    manifest.write_manifest(directory, names, counts)
+    manifest.write_manifest(directory, names, counts, codec.record())
     return [*names, manifest.MANIFEST_FILE]
 
 
@@ -390,16 +429,20 @@ def _train_files(directory: str) -> list[str]:
     return found
 
 
-def load_array_record_dataset(directory: str | os.PathLike, name: str = "mnist") -> Dataset:
+def load_array_record_dataset(directory: str | os.PathLike, name: str | None = None) -> Dataset:
     """Opens a dataset of :func:`write_array_record_dataset`: lazy train, in-memory test.
 
-    The train images stay in their files (:class:`SourceImages` over an
-    :class:`~meshensemble.data.stream.ArrayRecordSource`); the labels come from
-    ``labels.npz``; the test split is read whole.
+    The train features stay in their files (:class:`SourceImages` over an
+    :class:`~meshensemble.data.stream.ArrayRecordSource` that decodes them with the
+    folder's record codec, :mod:`meshensemble.data.codec`); the targets, the number of
+    classes and the class names come from ``labels.npz``; the test split is read whole.
+    A folder written before codecs existed holds MNIST records.
 
     Args:
       directory: the folder holding the files.
-      name: the dataset's name (one of :data:`~meshensemble.data.DATASETS`).
+      name: the dataset's name; default ``"mnist"`` for a folder of MNIST records (as
+        before codecs), else the name the folder recorded. A name of
+        :data:`~meshensemble.data.DATASETS` gets MNIST's checks and note.
 
     Returns:
       A :class:`Dataset` with ``source="arrayrecord"`` and a lazy train split.
@@ -414,7 +457,6 @@ def load_array_record_dataset(directory: str | os.PathLike, name: str = "mnist")
       >>> ds.num_train, is_lazy(ds)
       (256, True)
     """
-    check_name(name)
     directory = os.fspath(directory)
     where = f"ArrayRecord dataset {directory}"
     if not os.path.isdir(directory):
@@ -433,29 +475,21 @@ def load_array_record_dataset(directory: str | os.PathLike, name: str = "mnist")
     if missing:
         raise DataError(f"{where}: missing {', '.join(missing)}; {CONVERT_FIX}")
     train_source, test_source = _open_sources(directory, train_files, test_file)
-    try:
-        with np.load(labels_file, allow_pickle=False) as f:
-            train_labels, test_labels = np.asarray(f["train_labels"]), np.asarray(f["test_labels"])
-    except Exception as e:
-        raise DataError(
-            f"{where}: {LABELS_FILE} is not readable with train_labels and test_labels "
-            f"({type(e).__name__}: {first_line(e)}); {CONVERT_FIX}"
-        ) from e
-    for split, labels, src in (
-        ("train", train_labels, train_source),
-        ("test", test_labels, test_source),
-    ):
-        if labels.ndim != 1 or len(labels) != len(src):
-            raise DataError(
-                f"{where}: {LABELS_FILE} has {split}_labels of shape {labels.shape} but the "
-                f"{split} files hold {len(src)} records; {CONVERT_FIX}"
-            )
+    train_labels, test_labels, meta = _read_labels(labels_file, where, train_source, test_source)
     test_images, file_test_labels = test_source.read(np.arange(len(test_source)))
     if not np.array_equal(file_test_labels, test_labels):
         raise DataError(f"{where}: {LABELS_FILE} disagrees with {TEST_FILE}; {CONVERT_FIX}")
-    full = "full " if (len(train_labels), len(test_labels)) == FULL_SIZES else ""
+    if name is None:
+        name = "mnist" if train_source.codec == MNIST_CODEC else meta.pop("name", "data")
+    meta.pop("name", None)
+    if name in DATASETS:
+        check_name(name)
+        full = "full " if (len(train_labels), len(test_labels)) == FULL_SIZES else ""
+        what = f"{full}{PRETTY_NAMES[name]}"
+    else:
+        what = name
     note = (
-        f"{full}{PRETTY_NAMES[name]} from ArrayRecord files in {directory} "
+        f"{what} from ArrayRecord files in {directory} "
         f"({split_counts(train_labels, test_labels)}; train split read lazily)"
     )
     return Dataset(
@@ -466,7 +500,41 @@ def load_array_record_dataset(directory: str | os.PathLike, name: str = "mnist")
         test_labels,
         source="arrayrecord",
         note=note,
+        **meta,
     )
+
+
+def _read_labels(
+    labels_file: str, where: str, train_source: Any, test_source: Any
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """``labels.npz``'s targets of both splits, checked against the files' record counts,
+    and what else it recorded (``name``, ``num_classes``, ``class_names``)."""
+    try:
+        with np.load(labels_file, allow_pickle=False) as f:
+            train_labels, test_labels = np.asarray(f["train_labels"]), np.asarray(f["test_labels"])
+            meta: dict[str, Any] = {}
+            if "name" in f.files:
+                meta["name"] = str(f["name"])
+            if "num_classes" in f.files:
+                meta["num_classes"] = int(f["num_classes"])
+            if "class_names" in f.files:
+                meta["class_names"] = tuple(str(n) for n in f["class_names"])
+    except Exception as e:
+        raise DataError(
+            f"{where}: {LABELS_FILE} is not readable with train_labels and test_labels "
+            f"({type(e).__name__}: {first_line(e)}); {CONVERT_FIX}"
+        ) from e
+    want = (1 + len(train_source.codec.y_shape),) if hasattr(train_source, "codec") else (1,)
+    for split, labels, src in (
+        ("train", train_labels, train_source),
+        ("test", test_labels, test_source),
+    ):
+        if (labels.ndim,) != want or len(labels) != len(src):
+            raise DataError(
+                f"{where}: {LABELS_FILE} has {split}_labels of shape {labels.shape} but the "
+                f"{split} files hold {len(src)} records; {CONVERT_FIX}"
+            )
+    return train_labels, test_labels, meta
 
 
 def _open_sources(
@@ -477,7 +545,8 @@ def _open_sources(
     The manifest's sizes are checked now (a ``stat`` per file); the test file and
     ``labels.npz`` (read whole anyway) are verified now, each train file by its source the
     first time a record of it is read. ``content_id`` of the train source identifies its
-    bytes: the manifest's hashes, else (an older folder) the files' names and sizes.
+    bytes: the manifest's hashes (and its codec unless MNIST's), else (an older folder) the
+    files' names and sizes. The manifest's codec (MNIST's when it has none) decodes them.
     """
     found = manifest.read_manifest(directory)
     if found is None:
@@ -486,7 +555,7 @@ def _open_sources(
         train.content_id = "sizes:" + repr(sizes)
         return train, ArrayRecordSource(test_file)
     manifest.check_manifest(directory, found, train_files)
-    files = found["files"]
+    files, codec = found["files"], codec_from_record(found.get("codec"))
     names = [os.path.basename(p) for p in train_files]
     missing = [n for n in names + [TEST_FILE, LABELS_FILE] if n not in files]
     if missing:
@@ -497,14 +566,16 @@ def _open_sources(
     verifier = manifest.FileVerifier({p: files[n]["sha256"] for p, n in zip(train_files, names)})
     counts = [files[n].get("records") for n in names]
     counts = None if None in counts else counts
-    train = ArrayRecordSource(train_files, counts=counts, verifier=verifier)
+    train = ArrayRecordSource(train_files, counts=counts, verifier=verifier, codec=codec)
     train.content_id = "manifest:" + manifest.manifest_fingerprint(found, names)
+    if codec != MNIST_CODEC:  # MNIST folders keep the identity they had before codecs
+        train.content_id += "|codec:" + repr(sorted(codec.record().items()))
     check = manifest.FileVerifier(
         {os.path.join(directory, n): files[n]["sha256"] for n in (TEST_FILE, LABELS_FILE)}
     )
     for name in (TEST_FILE, LABELS_FILE):
         check.verify(os.path.join(directory, name))
-    return train, ArrayRecordSource(test_file)
+    return train, ArrayRecordSource(test_file, codec=codec)
 
 
 def load_tfds_stream(name: str, data_dir: str | os.PathLike | None = None) -> Dataset:

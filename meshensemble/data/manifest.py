@@ -22,18 +22,20 @@ Example:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from meshensemble.data.dataset import DataError, first_line
+from meshensemble.runtime import storage
 
 MANIFEST_FILE = "manifest.json"
 """The manifest's name in a dataset folder."""
 MANIFEST_FORMAT = 1
-"""Version of the manifest's layout (``{"format", "files": {name: {bytes, sha256, records}}}``)."""
+"""Version of the manifest's layout (``{"format", "files": {name: {bytes, sha256, records}}}``,
+and since record codecs an optional ``"codec"``: the records' layout, absent for MNIST
+folders written before it)."""
 REWRITE_FIX = (
     "write the dataset again: meshensemble convert --data-file mnist.npz --out DIR --overwrite"
 )
@@ -55,14 +57,16 @@ def file_digest(path: str | os.PathLike) -> str:
       64
     """
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    for block in storage.read_blocks(path):
+        digest.update(block)
     return digest.hexdigest()
 
 
 def write_manifest(
-    directory: str | os.PathLike, names: Sequence[str], records: Mapping[str, int] | None = None
+    directory: str | os.PathLike,
+    names: Sequence[str],
+    records: Mapping[str, int] | None = None,
+    codec: Mapping[str, Any] | None = None,
 ) -> str:
     """Writes ``manifest.json`` for the files ``names`` of ``directory`` (atomically).
 
@@ -70,6 +74,8 @@ def write_manifest(
       directory: the dataset's folder.
       names: file names in it (not paths).
       records: the record count of each file, where it has one.
+      codec: the records' layout (:meth:`meshensemble.data.codec.RecordCodec.record`),
+        recorded as ``"codec"``; a manifest without one holds MNIST records.
 
     Returns:
       The manifest's path.
@@ -84,19 +90,16 @@ def write_manifest(
     directory, records = os.fspath(directory), dict(records or {})
     files = {}
     for name in names:
-        path = os.path.join(directory, name)
-        entry = {"bytes": os.path.getsize(path), "sha256": file_digest(path)}
+        path = storage.join(directory, name)
+        entry = {"bytes": storage.file_size(path), "sha256": file_digest(path)}
         if name in records:
             entry["records"] = int(records[name])
         files[name] = entry
-    path = os.path.join(directory, MANIFEST_FILE)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        doc = {"format": MANIFEST_FORMAT, "files": files}
-        json.dump(doc, f, indent=1, sort_keys=True, allow_nan=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    path = storage.join(directory, MANIFEST_FILE)
+    doc: dict[str, Any] = {"format": MANIFEST_FORMAT, "files": files}
+    if codec is not None:
+        doc["codec"] = dict(codec)
+    storage.atomic_write_json(path, doc, indent=1, sort_keys=True)
     return path
 
 
@@ -118,12 +121,11 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
       >>> sorted(read_manifest("mnist_ar")["files"])[:1]
       ['labels.npz']
     """
-    path = os.path.join(os.fspath(directory), MANIFEST_FILE)
-    if not os.path.exists(path):
+    path = storage.join(directory, MANIFEST_FILE)
+    if not storage.exists(path):
         return None
     try:
-        with open(path) as f:
-            manifest = json.load(f)
+        manifest = storage.read_json(path)
         files = manifest["files"]
         ok = isinstance(files, dict) and all(
             isinstance(e, dict)
@@ -166,10 +168,10 @@ def check_manifest(
     """
     directory, files = os.fspath(directory), manifest["files"]
     for name, entry in sorted(files.items()):
-        path = os.path.join(directory, name)
-        if not os.path.isfile(path):
+        path = storage.join(directory, name)
+        if not storage.isfile(path):
             raise DataError(f"{path}: missing (listed in {MANIFEST_FILE}); {REWRITE_FIX}")
-        size = os.path.getsize(path)
+        size = storage.file_size(path)
         if size != entry["bytes"]:
             raise DataError(
                 f"{path}: {size} bytes, {MANIFEST_FILE} records {entry['bytes']}: the file "
@@ -178,7 +180,7 @@ def check_manifest(
     extra = sorted(os.path.basename(p) for p in present if os.path.basename(p) not in files)
     if extra:
         raise DataError(
-            f"{os.path.join(directory, extra[0])}: not listed in {MANIFEST_FILE} (a leftover "
+            f"{storage.join(directory, extra[0])}: not listed in {MANIFEST_FILE} (a leftover "
             f"of another conversion?); {REWRITE_FIX}"
         )
 
@@ -297,8 +299,7 @@ def _cache_entry(cache: str | None, path: str) -> Any:
     if cache is None:
         return None
     try:
-        with open(cache) as f:
-            return json.load(f).get(path)
+        return storage.read_json(cache).get(path)
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -309,17 +310,13 @@ def _cache_store(cache: str | None, path: str, stamp: str, sha256: str) -> None:
         return
     try:  # best effort: a read-only home only costs a hash next time
         try:
-            with open(cache) as f:
-                known = json.load(f)
+            known = storage.read_json(cache)
             known = known if isinstance(known, dict) else {}
         except (OSError, ValueError):
             known = {}
         known[path] = {"stamp": stamp, "sha256": sha256}
-        os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
-        tmp = f"{cache}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(known, f, allow_nan=False)
-        os.replace(tmp, cache)
+        storage.makedirs(os.path.dirname(os.path.abspath(cache)))
+        storage.atomic_write_json(cache, known)
     except OSError:
         pass
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import zipfile
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -126,6 +127,105 @@ def load_npz(path: str | os.PathLike[str], name: str = "mnist") -> Dataset:
     full = "full " if (len(train[1]), len(test[1])) == FULL_SIZES else ""
     note = f"{full}{PRETTY_NAMES[name]} from {file} ({split_counts(train[1], test[1])})"
     return Dataset(name, *train, *test, source="npz", note=note)
+
+
+def load_npz_dataset(
+    path: str | os.PathLike[str],
+    name: str | None = None,
+    *,
+    num_classes: int | None = None,
+    class_names: Sequence[str] | None = None,
+) -> Dataset:
+    """Loads any dataset from an ``.npz`` in the Keras layout: any shapes and dtypes.
+
+    The file holds ``x_train``, ``y_train``, ``x_test``, ``y_test`` (:data:`NPZ_KEYS`):
+    features ``[N, ...]`` of any shape (images ``[N, H, W, C]``, or integer ``[N, H, W]`` as
+    one channel; tabular ``[N, F]``) and targets that are integer class ids ``[N]`` or
+    float targets ``[N]`` / ``[N, T]`` (``[N]`` becomes ``[N, 1]``). An optional
+    ``class_names`` array of strings names the classes. It is read with
+    ``allow_pickle=False``.
+
+    Args:
+      path: the ``.npz`` file (``~`` is expanded).
+      name: the dataset's name (default: the file's stem); a name of
+        :data:`~meshensemble.data.DATASETS` gets MNIST's checks.
+      num_classes: the number of classes (default: the file's ``class_names``, else the
+        largest id + 1).
+      class_names: the class names (default: the file's ``class_names``, if any).
+
+    Returns:
+      A :class:`Dataset` with ``source="npz"``.
+
+    Raises:
+      DataError: (one line, naming the file) a missing, unreadable or pickled file, a
+        missing key, or arrays the :class:`Dataset` refuses (naming the array, its shape
+        and the expected one).
+
+    Example:
+      >>> x = np.zeros((10, 8, 8), np.uint8)   # 8x8 grayscale digits, 3 classes
+      >>> np.savez("digits.npz", x_train=x[:6], y_train=np.arange(6) % 3, x_test=x[6:],
+      ...          y_test=np.arange(4) % 3)
+      >>> ds = load_npz_dataset("digits.npz")
+      >>> ds.name, ds.input_shape, ds.num_classes
+      ('digits', (8, 8, 1), 3)
+    """
+    file = os.path.expanduser(os.fspath(path))
+    arrays = _read_npz(file, optional=("class_names",))
+    name = name or os.path.splitext(os.path.basename(file))[0]
+    if class_names is None and "class_names" in arrays:
+        class_names = tuple(str(n) for n in arrays["class_names"])
+    if num_classes is None and class_names is not None:
+        num_classes = len(class_names)
+    out = {}
+    for key in NPZ_KEYS:
+        a = arrays[key]
+        if key.startswith("x") and a.ndim == 3 and np.issubdtype(a.dtype, np.integer):
+            a = a[..., None]  # [N, H, W] images: one channel
+        if key.startswith("y") and a.ndim == 1 and np.issubdtype(a.dtype, np.floating):
+            a = a[:, None]  # [N] float targets: one target
+        out[key] = a
+    note = f"{name} from {file} ({split_counts(out['y_train'], out['y_test'])})"
+    return Dataset(
+        name, **out, source="npz", note=note, num_classes=num_classes, class_names=class_names
+    )
+
+
+def _read_npz(file: str, optional: Sequence[str] = ()) -> dict[str, np.ndarray]:
+    """The arrays :data:`NPZ_KEYS` (and ``optional`` ones present) of an npz file."""
+    if not os.path.exists(file):
+        raise DataError(
+            f"{file}: file not found (pass the path of an npz with keys {', '.join(NPZ_KEYS)})"
+        )
+    if os.path.isdir(file):
+        raise DataError(f"{file}: is a directory (pass the path of the .npz file itself)")
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        with np.load(file, allow_pickle=False) as loaded:
+            if not hasattr(loaded, "files"):
+                raise DataError(
+                    f"{file}: is a single .npy array, not an .npz archive (save the splits "
+                    f"with np.savez(path, {'=..., '.join(NPZ_KEYS)}=...))"
+                )
+            missing = [k for k in NPZ_KEYS if k not in loaded.files]
+            if missing:
+                raise DataError(
+                    f"{file}: key(s) {', '.join(repr(k) for k in missing)} missing (found "
+                    f"{', '.join(loaded.files) or 'none'}; expected {', '.join(NPZ_KEYS)})"
+                )
+            for key in (*NPZ_KEYS, *(k for k in optional if k in loaded.files)):
+                arrays[key] = np.asarray(loaded[key])
+    except DataError:
+        raise
+    except ValueError as e:
+        if "pickle" not in str(e):
+            raise _npz_corrupt(file, e) from e
+        raise DataError(
+            f"{file}: holds object (pickled) arrays, which are not loaded for safety "
+            f"(allow_pickle=False); store numeric arrays {', '.join(NPZ_KEYS)} with np.savez"
+        ) from e
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, KeyError) as e:
+        raise _npz_corrupt(file, e) from e
+    return arrays
 
 
 def _npz_corrupt(file: str, error: BaseException) -> DataError:

@@ -42,6 +42,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from meshensemble.core.mesh import BATCH, MEMBER_BATCH
+from meshensemble.data.codec import MNIST_CODEC, RecordCodec, codec_for
 from meshensemble.data.dataset import IMAGE_SHAPE, DataError
 
 
@@ -57,7 +58,9 @@ def _grain() -> Any:
 
 
 RECORD_BYTES = 1 + int(np.prod(IMAGE_SHAPE))
-"""Bytes of one record of :func:`write_array_record`: the label, then the uint8 pixels."""
+"""Bytes of one MNIST record (:data:`~meshensemble.data.codec.MNIST_CODEC`): the label,
+then the uint8 pixels. Other data's records follow their
+:class:`~meshensemble.data.codec.RecordCodec`."""
 EXAMPLE_BYTES = int(np.prod(IMAGE_SHAPE)) + 4
 """Device bytes of one training example on the on-device path (uint8 image, int32 label)."""
 DEFAULT_DEVICE_BUDGET = 2 << 30
@@ -69,6 +72,23 @@ DEVICE_FRACTION = 0.25
 to keep it on device (the rest is for parameters, optimizer state and activations)."""
 INPUTS = ("device", "stream", "auto")
 """Values of ``TrainConfig.input`` / ``--input``."""
+
+
+def one_target(y: Any) -> Any:
+    """One example's target as a source's ``source[i]`` gives it: an int class id, or the
+    float targets ``[T]`` as they are.
+
+    Args:
+      y: a class id or a float ``[T]`` row.
+
+    Returns:
+      ``int(y)`` for an integer, else ``y``.
+
+    Example:
+      >>> one_target(np.int32(3)), one_target(np.zeros(2, np.float32)).shape
+      (3, (2,))
+    """
+    return int(y) if np.issubdtype(np.asarray(y).dtype, np.integer) else y
 
 
 class ArraySource:
@@ -91,13 +111,25 @@ class ArraySource:
             raise DataError(
                 f"ArraySource: {len(images)} images but {len(labels)} labels; pass one per image"
             )
-        self.images, self.labels = images, np.asarray(labels, np.int32)
+        labels = np.asarray(labels)
+        self.images = images
+        self.labels = labels.astype(np.int32) if np.issubdtype(labels.dtype, np.integer) else labels
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        return self.images[i], int(self.labels[i])
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The features' shape ``[N, ...]``."""
+        return tuple(np.shape(self.images))
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The features' dtype."""
+        return np.dtype(self.images.dtype)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, Any]:
+        return self.images[i], one_target(self.labels[i])
 
     def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The examples at ``indices`` (any shape ``S``).
@@ -117,9 +149,9 @@ class _RecordSource:
     def __len__(self) -> int:
         return len(self.records)
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+    def __getitem__(self, i: int) -> tuple[np.ndarray, Any]:
         x, y = self.read(np.asarray([i]))
-        return x[0], int(y[0])
+        return x[0], one_target(y[0])
 
     def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The examples at ``indices`` (any shape ``S``).
@@ -137,7 +169,7 @@ class _RecordSource:
             records = [self.records[i] for i in flat]
         x, y = self.decode(records)
         shape = np.shape(indices)
-        return x.reshape(shape + x.shape[1:]), y.reshape(shape)
+        return x.reshape(shape + x.shape[1:]), y.reshape(shape + y.shape[1:])
 
 
 class ArrayRecordSource(_RecordSource):
@@ -148,9 +180,11 @@ class ArrayRecordSource(_RecordSource):
       counts: the record count of each file (from the dataset's manifest); with
         ``verifier``, each file is verified the first time one of its records is read.
       verifier: a :class:`meshensemble.data.manifest.FileVerifier` of the files.
+      codec: the records' :class:`~meshensemble.data.codec.RecordCodec` (from the
+        dataset's manifest); default MNIST's (:data:`~meshensemble.data.codec.MNIST_CODEC`).
 
     Raises:
-      DataError: a file is missing, or its records are not :data:`RECORD_BYTES` long;
+      DataError: a file is missing, or its records are not ``codec.record_bytes`` long;
         from :meth:`read`: a file that cannot be read (damaged) or whose content differs
         from its manifest (one line naming the file and the fix).
 
@@ -166,7 +200,9 @@ class ArrayRecordSource(_RecordSource):
         paths: str | os.PathLike | Sequence[str | os.PathLike],
         counts: Sequence[int] | None = None,
         verifier: Any = None,
+        codec: RecordCodec | None = None,
     ):
+        self.codec = codec or MNIST_CODEC
         paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
         missing = [str(p) for p in paths if not os.path.isfile(p)]
         if missing or not paths:
@@ -184,11 +220,16 @@ class ArrayRecordSource(_RecordSource):
                 self.ends = np.cumsum(np.asarray(sizes, np.int64))
         except Exception as err:  # e.g. a truncated file's footer
             raise DataError(_damaged(self.paths, err)) from None
-        if len(self.records) and len(self.records[0]) != RECORD_BYTES:
+        size = self.codec.record_bytes
+        if len(self.records) and len(self.records[0]) != size:
+            what = (
+                "a label byte and 28x28 uint8 pixels"
+                if self.codec == MNIST_CODEC
+                else self.codec.describe()
+            )
             raise DataError(
                 f"{self.paths[0]}: records of {len(self.records[0])} bytes; expected "
-                f"{RECORD_BYTES} (a label byte and 28x28 uint8 pixels, as write_array_record "
-                "writes them)"
+                f"{size} ({what}, as write_array_record writes them)"
             )
 
     def files_of(self, indices: np.ndarray) -> list[str]:
@@ -221,11 +262,19 @@ class ArrayRecordSource(_RecordSource):
         except Exception as err:  # Riegeli's "Corrupted ... at byte N" names no file
             raise DataError(_damaged(files, err)) from None
 
-    @staticmethod
-    def decode(records: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-        """``(images uint8 [n, 28, 28, 1], labels int32 [n])`` from raw records."""
-        raw = np.frombuffer(b"".join(records), np.uint8).reshape(len(records), RECORD_BYTES)
-        return raw[:, 1:].reshape((len(records), *IMAGE_SHAPE)), raw[:, 0].astype(np.int32)
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(N, *x_shape)`` of the records' features."""
+        return (len(self), *self.codec.x_shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The features' dtype."""
+        return np.dtype(self.codec.x_dtype)
+
+    def decode(self, records: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """``(features [n, *x_shape], targets [n] int32 or [n, T])`` from raw records."""
+        return self.codec.decode(records)
 
 
 def _damaged(paths: Sequence[str], err: BaseException) -> str:
@@ -243,41 +292,65 @@ class TfdsSource(_RecordSource):
 
     Args:
       records: the TFDS data source of one split.
+      image_shape: one image's shape (default MNIST's ``(28, 28, 1)``).
+      image_key: the image feature's name.
+      label_key: the label feature's name.
 
     Example:
       >>> import tensorflow_datasets as tfds  # doctest: +SKIP
       >>> src = TfdsSource(tfds.data_source("mnist", split="train"))  # doctest: +SKIP
     """
 
-    def __init__(self, records: Any):
-        self.records = records
+    def __init__(
+        self,
+        records: Any,
+        image_shape: Sequence[int] = IMAGE_SHAPE,
+        image_key: str = "image",
+        label_key: str = "label",
+    ):
+        self.records, self.image_shape = records, tuple(image_shape)
+        self.image_key, self.label_key = image_key, label_key
 
-    @staticmethod
-    def decode(records: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
-        """``(images uint8 [n, 28, 28, 1], labels int32 [n])`` from TFDS records."""
-        x = np.stack([np.asarray(r["image"], np.uint8) for r in records])
-        y = np.asarray([int(r["label"]) for r in records], np.int32)
-        return x.reshape((len(records), *IMAGE_SHAPE)), y
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(N, *image_shape)``."""
+        return (len(self), *self.image_shape)
+
+    dtype = np.dtype(np.uint8)
+
+    def decode(self, records: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+        """``(images uint8 [n, *image_shape], labels int32 [n])`` from TFDS records."""
+        x = np.stack([np.asarray(r[self.image_key], np.uint8) for r in records])
+        y = np.asarray([int(r[self.label_key]) for r in records], np.int32)
+        return x.reshape((len(records), *self.image_shape)), y
 
 
 def write_array_record(
-    path: str | os.PathLike, images: np.ndarray, labels: np.ndarray, shards: int = 1
+    path: str | os.PathLike,
+    images: np.ndarray,
+    labels: np.ndarray,
+    shards: int = 1,
+    codec: RecordCodec | None = None,
 ) -> list[str]:
-    """Writes images and labels as ArrayRecord files for :class:`ArrayRecordSource`.
+    """Writes features and targets as ArrayRecord files for :class:`ArrayRecordSource`.
 
-    Each record is :data:`RECORD_BYTES` bytes: the label, then the 784 uint8 pixels.
+    Each record is ``codec.record_bytes`` bytes: the target, then the features (for MNIST
+    the label byte, then the 784 uint8 pixels: :data:`RECORD_BYTES`).
 
     Args:
       path: the file (``shards == 1``) or the stem ``path-00000-of-00004`` is made from.
-      images: uint8 ``[N, 28, 28(, 1)]``.
-      labels: ``[N]`` in ``0..255``.
+      images: features ``[N, ...]`` (e.g. uint8 ``[N, 28, 28, 1]``).
+      labels: class ids ``[N]`` or float targets ``[N, T]``.
       shards: how many files (consecutive runs of examples).
+      codec: the records' layout; default :func:`~meshensemble.data.codec.codec_for` the
+        arrays (MNIST's arrays: :data:`~meshensemble.data.codec.MNIST_CODEC`).
 
     Returns:
       The paths written, in order.
 
     Raises:
-      DataError: images that are not 28x28 uint8, or labels outside ``0..255``.
+      DataError: arrays that do not fit ``codec`` (another example shape, a class id
+        outside its dtype's range), or not one target per example.
 
     Example:
       >>> paths = write_array_record("mnist_train.array_record", images, labels, shards=4)
@@ -287,20 +360,34 @@ def write_array_record(
     from array_record.python.array_record_module import ArrayRecordWriter
 
     images, labels = np.asarray(images), np.asarray(labels)
-    if images.dtype != np.uint8 or images.reshape(len(images), -1).shape[1] != RECORD_BYTES - 1:
-        raise DataError(
-            f"write_array_record: images {images.shape} {images.dtype}; pass uint8 28x28 images"
-        )
-    if len(labels) != len(images) or labels.min(initial=0) < 0 or labels.max(initial=0) > 255:
-        raise DataError("write_array_record: need one label in 0..255 per image")
+    codec = codec or codec_for(images, labels)
+    x, y = _fit(codec, images, labels)
     path = os.fspath(path)
     names = [path] if shards == 1 else [f"{path}-{i:05d}-of-{shards:05d}" for i in range(shards)]
-    for name, part in zip(names, np.array_split(np.arange(len(labels)), shards), strict=True):
+    for name, part in zip(names, np.array_split(np.arange(len(y)), shards), strict=True):
         writer = ArrayRecordWriter(name, "group_size:1")
         for i in part:
-            writer.write(bytes([int(labels[i])]) + images[i].tobytes())
+            writer.write(y[i].tobytes() + x[i].tobytes())
         writer.close()
     return names
+
+
+def _fit(codec: RecordCodec, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The arrays in the codec's dtypes, or a one-line DataError saying why they do not fit."""
+    where = f"write_array_record ({codec.describe()})"
+    if len(x) != len(y) or tuple(x.shape[1:]) != tuple(codec.x_shape):
+        raise DataError(
+            f"{where}: features {x.shape} {x.dtype} with targets {y.shape}; pass "
+            f"[N, {', '.join(map(str, codec.x_shape))}] features and one target per example"
+        )
+    y_dtype = np.dtype(codec.y_dtype)
+    if codec.class_ids:
+        low, high = np.iinfo(y_dtype).min, np.iinfo(y_dtype).max
+        if y.size and (y.min() < max(low, 0) or y.max() > high):
+            raise DataError(f"{where}: need one label in 0..{high} per example")
+    if tuple(y.shape[1:]) != tuple(codec.y_shape):
+        raise DataError(f"{where}: targets of shape {y.shape}; expected [N, *{codec.y_shape}]")
+    return x.astype(np.dtype(codec.x_dtype), copy=False), y.astype(y_dtype, copy=False)
 
 
 def as_source(data: Any) -> Any:
@@ -519,12 +606,16 @@ def device_budget(device: jax.Device | None = None) -> tuple[int, str]:
     )
 
 
-def choose_input(num_train: int, device: jax.Device | None = None) -> tuple[str, str]:
+def choose_input(
+    num_train: int, device: jax.Device | None = None, example_bytes: int = EXAMPLE_BYTES
+) -> tuple[str, str]:
     """``--input auto``: ``"device"`` when the replicated training set fits, else ``"stream"``.
 
     Args:
-      num_train: training examples (each :data:`EXAMPLE_BYTES` on every device).
+      num_train: training examples (each ``example_bytes`` on every device).
       device: the device to ask (default ``jax.devices()[0]``).
+      example_bytes: device bytes of one example, features and target (default
+        :data:`EXAMPLE_BYTES`, MNIST's; e.g. ``32 * 32 * 3 + 4`` for CIFAR-10).
 
     Returns:
       ``(input, why)``, e.g. ``("device", "the 60,000 training examples take 47 MB per
@@ -534,7 +625,7 @@ def choose_input(num_train: int, device: jax.Device | None = None) -> tuple[str,
       >>> choose_input(60_000)[0]
       'device'
     """
-    need = num_train * EXAMPLE_BYTES
+    need = num_train * example_bytes
     budget, how = device_budget(device)
     size = f"the {num_train:,} training examples take {need / 2**20:.1f} MiB per device"
     if need <= budget:

@@ -24,6 +24,7 @@ import numpy as np
 
 from meshensemble.data import manifest
 from meshensemble.data.dataset import (
+    DATASETS,
     FULL_SIZES,
     IMAGE_SHAPE,
     PRETTY_NAMES,
@@ -102,8 +103,228 @@ def load_tfds(
     check_name(name)
     tfds = _import_tfds(name)
     where = _tfds_where(name, data_dir)
+    splits = open_or_download(tfds, name, data_dir, download)
+    train = _tfds_read(splits[0], name, f"{where} [train]")
+    test = _tfds_read(splits[1], name, f"{where} [test]")
+    info = getattr(splits[0], "dataset_info", None)
+    origin = os.fspath(getattr(info, "data_dir", "") or _tfds_dir_label(data_dir))
+    full = "full " if (len(train[1]), len(test[1])) == FULL_SIZES else ""
+    note = f"{full}{PRETTY_NAMES[name]} from TFDS in {origin} ({split_counts(train[1], test[1])})"
+    return Dataset(name, *train, *test, source="tfds", note=note)
+
+
+def load_tfds_dataset(
+    name: str,
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    download: bool = False,
+    image_key: str | None = None,
+    label_key: str | None = None,
+    splits: Sequence[str] | None = None,
+) -> Dataset:
+    """Loads any TFDS dataset with an image and a label feature (``cifar10``, ``svhn_cropped``...).
+
+    Reads ``tfds.data_source`` (no TensorFlow) like :func:`load_tfds`. The image and label
+    features, the number of classes and their names come from the dataset's info; the
+    splits are ``train`` and ``test`` (``validation`` when there is no ``test``) unless
+    ``splits`` names them. MNIST and Fashion-MNIST (with no keys or splits given) are read
+    by :func:`load_tfds`, exactly as before.
+
+    Args:
+      name: a TFDS name, e.g. ``"cifar10"``.
+      data_dir: TFDS's data directory (default ``$TFDS_DATA_DIR`` or
+        ``~/tensorflow_datasets``).
+      download: download and prepare the data if it is not prepared (see :func:`load_tfds`).
+      image_key: the image feature (default: the only ``tfds.features.Image`` one).
+      label_key: the label feature (default: the only ``tfds.features.ClassLabel`` one).
+      splits: ``(train split, test split)``, e.g. ``("train", "validation")``.
+
+    Returns:
+      A :class:`Dataset` with ``source="tfds"``: uint8 images ``[N, H, W, C]``, int32
+      class ids, ``num_classes`` and ``class_names`` from the label feature.
+
+    Raises:
+      DataError: (one line) TFDS problems as :func:`load_tfds` says, no (or several)
+        image or label features (naming those the dataset has), or images of more than
+        one size (naming the first example of another size).
+
+    Example:
+      >>> ds = load_tfds_dataset("cifar10", download=True)  # doctest: +SKIP
+      >>> ds.input_shape, ds.class_names[:2]  # doctest: +SKIP
+      ((32, 32, 3), ('airplane', 'automobile'))
+    """
+    if name in DATASETS and image_key is label_key is splits is None:
+        return load_tfds(name, data_dir, download)
+    tfds = _import_tfds(name)
+    where = _tfds_where(name, data_dir)
+    splits = tuple(splits) if splits is not None else default_splits(tfds, name, data_dir)
+    if len(splits) != 2:
+        raise DataError(f"{where}: splits={splits!r}; pass (train split, test split)")
+    sources = open_or_download(tfds, name, data_dir, download, splits)
+    info = getattr(sources[0], "dataset_info", None)
+    spec = image_label_features(tfds, info, image_key, label_key, where)
+    arrays = [read_images(src, spec, f"{where} [{split}]") for src, split in zip(sources, splits)]
+    origin = os.fspath(getattr(info, "data_dir", "") or _tfds_dir_label(data_dir))
+    counts = split_counts(arrays[0][1], arrays[1][1])
+    note = f"{name} from TFDS in {origin} ({counts}; splits {splits[0]}/{splits[1]})"
+    return Dataset(
+        name, *arrays[0], *arrays[1], source="tfds", note=note,
+        num_classes=spec["num_classes"], class_names=spec["class_names"],
+    )  # fmt: skip
+
+
+def default_splits(tfds: Any, name: str, data_dir: Any) -> tuple[str, str]:
+    """``("train", "test")``, or ``("train", "validation")`` when the info has no test split.
+
+    Args:
+      tfds: the ``tensorflow_datasets`` module.
+      name: a TFDS name.
+      data_dir: TFDS's data directory.
+
+    Returns:
+      The two split names (``("train", "test")`` when the info lists no splits, e.g.
+      under ``tfds.testing.mock_data``).
+
+    Example:
+      >>> import tensorflow_datasets as tfds
+      >>> default_splits(tfds, "cifar10", None)  # doctest: +SKIP
+      ('train', 'test')
+    """
     try:
-        splits = _tfds_open(tfds, name, data_dir, download=False)
+        with _quiet_absl():
+            dir_arg = os.path.expanduser(os.fspath(data_dir)) if data_dir is not None else None
+            found = set(tfds.builder(name, data_dir=dir_arg).info.splits.keys())
+    except Exception:  # an unknown name fails where the data is opened, with its message
+        found = set()
+    if found and "test" not in found and "validation" in found:
+        return "train", "validation"
+    return "train", "test"
+
+
+def image_label_features(
+    tfds: Any, info: Any, image_key: str | None, label_key: str | None, where: str
+) -> dict[str, Any]:
+    """The image and label features of a TFDS dataset's info, and what they say.
+
+    Args:
+      tfds: the ``tensorflow_datasets`` module.
+      info: the dataset's ``DatasetInfo``.
+      image_key: the image feature's name, or None for the only Image feature.
+      label_key: the label feature's name, or None for the only ClassLabel feature.
+      where: names the dataset in messages.
+
+    Returns:
+      ``{"image_key", "label_key", "shape", "num_classes", "class_names"}`` (``shape``
+      may hold None for a size that varies).
+
+    Raises:
+      DataError: a missing feature, or not one feature of the kind (naming those found).
+
+    Example:
+      >>> spec = image_label_features(tfds, info, None, None, "TFDS cifar10")  # doctest: +SKIP
+      >>> spec["shape"], spec["num_classes"]  # doctest: +SKIP
+      ((32, 32, 3), 10)
+    """
+    features = dict(getattr(info, "features", {}) or {})
+
+    def pick(key: str | None, kind: Any, what: str) -> str:
+        found = [k for k, f in features.items() if isinstance(f, kind)]
+        if key is None and len(found) == 1:
+            return found[0]
+        if key is not None and isinstance(features.get(key), kind):
+            return key
+        problem = f"no {what} feature {key!r}" if key else f"{len(found)} {what} features"
+        held = ", ".join(f"{k} ({type(f).__name__})" for k, f in features.items()) or "none"
+        raise DataError(
+            f"{where}: {problem} (its features: {held}); pass the {what} feature's name"
+        )
+
+    image = pick(image_key, tfds.features.Image, "image")
+    label = pick(label_key, tfds.features.ClassLabel, "label")
+    names = tuple(str(n) for n in (features[label].names or ())) or None
+    return {
+        "image_key": image,
+        "label_key": label,
+        "shape": tuple(features[image].shape),
+        "num_classes": int(features[label].num_classes),
+        "class_names": names,
+    }
+
+
+def read_images(source: Any, spec: dict[str, Any], where: str) -> tuple[np.ndarray, np.ndarray]:
+    """Reads a TFDS data source's images and labels in batches of :data:`TFDS_CHUNK`.
+
+    Args:
+      source: a ``tfds.data_source`` of one split.
+      spec: from :func:`image_label_features`.
+      where: names the split in messages.
+
+    Returns:
+      uint8 images ``[N, H, W, C]`` (grayscale ``[N, H, W]`` gets its channel) and int32
+      class ids ``[N]``.
+
+    Raises:
+      DataError: a failed read, or an image of another size than the first (naming it).
+
+    Example:
+      >>> src = tfds.data_source("cifar10", split="test")  # doctest: +SKIP
+      >>> x, y = read_images(src, spec, "cifar10 [test]")  # doctest: +SKIP
+    """
+    images: list[np.ndarray] = []
+    labels: list[int] = []
+    try:
+        with _quiet_absl():
+            for start in range(0, len(source), TFDS_CHUNK):
+                batch = source.__getitems__(range(start, min(start + TFDS_CHUNK, len(source))))
+                images += [np.asarray(ex[spec["image_key"]], np.uint8) for ex in batch]
+                labels += [int(ex[spec["label_key"]]) for ex in batch]
+    except Exception as e:
+        raise DataError(
+            f"{where}: reading the prepared data failed ({type(e).__name__}: {first_line(e)})"
+        ) from e
+    if not images:
+        raise DataError(f"{where}: no examples; expected a split with examples")
+    images = [x[..., None] if x.ndim == 2 else x for x in images]
+    odd = next((i for i, x in enumerate(images) if x.shape != images[0].shape), None)
+    if odd is not None:
+        raise DataError(
+            f"{where}: example {odd} is a {images[odd].shape} image, example 0 a "
+            f"{images[0].shape}; this source needs images of one size (resize them first)"
+        )
+    return np.stack(images), np.asarray(labels, np.int32)
+
+
+def open_or_download(
+    tfds: Any,
+    name: str,
+    data_dir: Any,
+    download: bool,
+    splits: Sequence[str] = ("train", "test"),
+) -> Sequence[Any]:
+    """TFDS's data sources of ``splits``; with ``download``, prepared first when they are not.
+
+    Args:
+      tfds: the ``tensorflow_datasets`` module.
+      name: a TFDS name.
+      data_dir: TFDS's data directory (None: its default).
+      download: download and prepare unprepared data (after checking the packages and
+        the network, so a failure is fast).
+      splits: the split names to open.
+
+    Returns:
+      One ``tfds.data_source`` per split.
+
+    Raises:
+      DataError: as :func:`load_tfds` says (:class:`NotPreparedError` when not prepared
+        and ``download`` is false).
+
+    Example:
+      >>> import tensorflow_datasets as tfds
+      >>> train, test = open_or_download(tfds, "cifar10", None, False)  # doctest: +SKIP
+    """
+    where = _tfds_where(name, data_dir)
+    try:
+        return _tfds_open(tfds, name, data_dir, download=False, splits=splits)
     except NotPreparedError as e:
         if not download:
             raise
@@ -120,14 +341,7 @@ def load_tfds(
                 f"so it cannot be downloaded (connect, or use {npz_fix(name)})",
                 reason="the network is unreachable",
             ) from e
-        splits = _tfds_open(tfds, name, data_dir, download=True)
-    train = _tfds_read(splits[0], name, f"{where} [train]")
-    test = _tfds_read(splits[1], name, f"{where} [test]")
-    info = getattr(splits[0], "dataset_info", None)
-    origin = os.fspath(getattr(info, "data_dir", "") or _tfds_dir_label(data_dir))
-    full = "full " if (len(train[1]), len(test[1])) == FULL_SIZES else ""
-    note = f"{full}{PRETTY_NAMES[name]} from TFDS in {origin} ({split_counts(train[1], test[1])})"
-    return Dataset(name, *train, *test, source="tfds", note=note)
+        return _tfds_open(tfds, name, data_dir, download=True, splits=splits)
 
 
 def open_data_sources(
@@ -168,8 +382,14 @@ def _import_tfds(name: str) -> Any:
     return tfds
 
 
-def _tfds_open(tfds: Any, name: str, data_dir: Any, download: bool) -> Sequence[Any]:
-    """Returns ``[train, test]`` TFDS data sources; turns every failure into DataError."""
+def _tfds_open(
+    tfds: Any,
+    name: str,
+    data_dir: Any,
+    download: bool,
+    splits: Sequence[str] = ("train", "test"),
+) -> Sequence[Any]:
+    """Returns the ``splits``' TFDS data sources; turns every failure into DataError."""
     where = _tfds_where(name, data_dir)
     dir_arg = os.path.expanduser(os.fspath(data_dir)) if data_dir is not None else None
     quiet = contextlib.nullcontext() if download else _quiet_absl()
@@ -177,7 +397,7 @@ def _tfds_open(tfds: Any, name: str, data_dir: Any, download: bool) -> Sequence[
         with quiet:
             return tfds.data_source(
                 name,
-                split=["train", "test"],
+                split=list(splits),
                 data_dir=dir_arg,
                 download=download,
                 builder_kwargs={"file_format": "array_record"},

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from meshensemble.models.conv import conv_general_dilated
+from meshensemble.models.zoo import check_image_input
 
 SHARED_NAME = "shared_kernel"
 """The name of a BatchEnsemble layer's shared weight (what :func:`batchensemble_shared` picks)."""
@@ -199,6 +200,20 @@ class BatchEnsembleCNN(nn.Module):
     num_classes: int = 10
     fast_init: str = "random_sign"
     conv: str = "auto"
+
+    def check_input(self, input_shape: tuple[int, ...]) -> None:
+        """Refuses inputs other than images ``[H, W, C]`` of at least 4x4 (two 2x2 pools).
+
+        Args:
+          input_shape: one example's shape.
+
+        Raises:
+          UsageError: one line naming the shape and the fix.
+
+        Example:
+          >>> BatchEnsembleCNN().check_input((32, 32, 3))   # None: it fits
+        """
+        check_image_input("be_cnn", input_shape, min_side=4)
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:

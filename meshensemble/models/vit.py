@@ -40,6 +40,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from meshensemble.errors import UsageError
+
 PyTree = Any
 Names = tuple[str | None, ...]
 
@@ -265,6 +267,37 @@ class ViT(_Annotated):
     pool: str = "cls"
     dtype: Any = None
     logical_axes: bool = True
+
+    def check_input(self, input_shape: tuple[int, ...]) -> None:
+        """Refuses inputs other than images ``[H, W, C]`` whose sides the patch size divides.
+
+        Args:
+          input_shape: one example's shape.
+
+        Raises:
+          UsageError: one line naming the shape, the patch size and the fix.
+
+        Example:
+          >>> me.models.ViT(patch_size=4).check_input((32, 32, 3))   # None: it fits
+          >>> me.models.ViT(patch_size=5).check_input((32, 32, 3))
+          Traceback (most recent call last):
+          ...
+          meshensemble.errors.UsageError: model 'vit': patch_size=5 does not divide the 32x32 ...
+        """
+        shape = tuple(int(d) for d in input_shape)
+        if len(shape) != 3:
+            raise UsageError(
+                f"model 'vit' takes images [H, W, C]; this data's examples have shape "
+                f"{shape}: use --model mlp for other inputs"
+            )
+        h, w, _ = shape
+        p = self.patch_size
+        if h % p or w % p:
+            fits = [d for d in range(1, min(h, w) + 1) if h % d == 0 and w % d == 0]
+            raise UsageError(
+                f"model 'vit': patch_size={p} does not divide the {h}x{w} images; use a "
+                f"patch size that divides both sides ({', '.join(map(str, fits))})"
+            )
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:

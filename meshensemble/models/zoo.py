@@ -1,4 +1,12 @@
-"""Models for ensembles (Flax Linen): the Flax MNIST/HOWTO CNN, an MLP and a small ResNet."""
+"""Models for ensembles (Flax Linen): the Flax MNIST/HOWTO CNN, an MLP, ResNets, a Wide ResNet.
+
+Every zoo model takes its input shape and number of classes from the data:
+:func:`build_model` sets ``num_classes`` and asks the model whether it can take the
+input (a ``check_input(input_shape)`` method: images ``[H, W, C]`` for the convolutional
+models and the ViT, whose patch size must divide the image; the MLP takes any shape),
+then traces its ``init`` on one example, so a model that cannot take the input is refused
+in one line before any work.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +19,40 @@ import jax.numpy as jnp
 from jax import lax
 
 from meshensemble.core.mesh import DATA
+from meshensemble.errors import UsageError
 from meshensemble.models.conv import conv_general_dilated
 from meshensemble.models.vit import ViT
+
+
+def check_image_input(model: str, input_shape: tuple[int, ...], min_side: int = 1) -> None:
+    """Refuses an input that is not an image ``[H, W, C]`` of at least ``min_side`` pixels.
+
+    Args:
+      model: the model's name, for the message.
+      input_shape: one example's shape.
+      min_side: the smallest height and width the model can take.
+
+    Raises:
+      UsageError: one line naming the model, the shape and the fix.
+
+    Example:
+      >>> check_image_input("cnn", (28, 28, 1))
+      >>> check_image_input("cnn", (13,))
+      Traceback (most recent call last):
+      ...
+      meshensemble.errors.UsageError: model 'cnn' takes images [H, W, C]; this data's examples ...
+    """
+    shape = tuple(int(d) for d in input_shape)
+    if len(shape) != 3:
+        raise UsageError(
+            f"model {model!r} takes images [H, W, C]; this data's examples have shape "
+            f"{shape}: use --model mlp for other inputs"
+        )
+    if min(shape[:2]) < min_side:
+        raise UsageError(
+            f"model {model!r} needs images of at least {min_side}x{min_side}; this data's are "
+            f"{shape[0]}x{shape[1]}: use a model for small inputs (mlp, resnet)"
+        )
 
 
 class CNN(nn.Module):
@@ -43,6 +83,20 @@ class CNN(nn.Module):
 
     num_classes: int = 10
     conv: str = "auto"
+
+    def check_input(self, input_shape: tuple[int, ...]) -> None:
+        """Refuses inputs other than images ``[H, W, C]`` of at least 4x4 (two 2x2 pools).
+
+        Args:
+          input_shape: one example's shape.
+
+        Raises:
+          UsageError: one line naming the shape and the fix.
+
+        Example:
+          >>> me.models.CNN().check_input((32, 32, 3))   # None: it fits
+        """
+        check_image_input("cnn", input_shape, min_side=4)
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -236,6 +290,20 @@ class ResNet(nn.Module):
     dtype: Any = jnp.float32
     axis_name: str | None = DATA
 
+    def check_input(self, input_shape: tuple[int, ...]) -> None:
+        """Refuses inputs other than images ``[H, W, C]`` (any size: it pools globally).
+
+        Args:
+          input_shape: one example's shape.
+
+        Raises:
+          UsageError: one line naming the shape and the fix.
+
+        Example:
+          >>> me.models.ResNet().check_input((8, 8, 1))
+        """
+        check_image_input("resnet", input_shape)
+
     @nn.compact
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
         x = nn.Conv(self.num_filters, (3, 3), use_bias=False, dtype=self.dtype)(x)
@@ -255,11 +323,159 @@ class ResNet(nn.Module):
         return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
 
 
-REGISTRY = {"cnn": CNN, "mlp": MLP, "howto_cnn": HowtoCNN, "resnet": ResNet, "vit": ViT}
-"""Model names :func:`get_model` and the CLI's ``--model`` accept. ``cnn``, ``howto_cnn``
-and ``mlp`` take MNIST's ``[B, 28, 28, 1]``; ``resnet`` is made for CIFAR-sized
-``[B, 32, 32, 3]`` and, with its global pooling, runs on MNIST too; ``vit`` (a small
-Vision Transformer with logical axis names on its parameters, patches of 4) takes both."""
+class ResNet20(ResNet):
+    """The CIFAR ResNet-20 of He et al. (2016): :class:`ResNet` with three blocks per stage.
+
+    16, 32 and 64 channels, 0.27 M parameters for 10 classes; the other attributes are
+    :class:`ResNet`'s.
+
+    Example:
+      >>> ResNet20().stage_sizes
+      (3, 3, 3)
+    """
+
+    stage_sizes: Sequence[int] = (3, 3, 3)
+
+
+class WideBlock(nn.Module):
+    """A pre-activation basic block: BN, ReLU, 3x3 conv, BN, ReLU, (dropout), 3x3 conv.
+
+    The shortcut is a 1x1 convolution of the pre-activated input when the shape changes.
+
+    Attributes:
+      features: output channels.
+      strides: stride of the first convolution (and of the shortcut).
+      dropout: dropout rate between the convolutions (training only).
+      dtype: computation dtype.
+      axis_name: the mesh axis BatchNorm averages its statistics over.
+
+    Example:
+      >>> block = WideBlock(8, (2, 2))
+      >>> x = jnp.zeros((1, 8, 8, 4))
+      >>> v = jax.eval_shape(block.init, key, x)
+      >>> jax.eval_shape(lambda v: block.apply(v, x), v).shape
+      (1, 4, 4, 8)
+    """
+
+    features: int
+    strides: tuple[int, int] = (1, 1)
+    dropout: float = 0.0
+    dtype: Any = jnp.float32
+    axis_name: str | None = DATA
+
+    @nn.compact
+    def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+        axis = batch_axis(self.axis_name)
+        norm = lambda: nn.BatchNorm(
+            use_running_average=not train, momentum=0.9, dtype=self.dtype, axis_name=axis
+        )
+        conv = lambda f, k, s: nn.Conv(f, k, s, use_bias=False, dtype=self.dtype)
+        y = nn.relu(norm()(x))
+        shortcut = x
+        if x.shape[-1] != self.features or self.strides != (1, 1):
+            shortcut = conv(self.features, (1, 1), self.strides)(y)
+        y = conv(self.features, (3, 3), self.strides)(y)
+        y = nn.relu(norm()(y))
+        if self.dropout:
+            y = nn.Dropout(self.dropout, deterministic=not train)(y)
+        y = conv(self.features, (3, 3), (1, 1))(y)
+        return shortcut + y
+
+
+class WideResNet(nn.Module):
+    """WRN-``depth``-``width`` for CIFAR-sized images (any ``[B, H, W, C]``, pooled globally).
+
+    Attributes:
+      depth: ``6n + 4`` (16, 22, 28, 40...): ``n`` blocks per stage.
+      width: the widening factor ``k`` (stages of 16k, 32k, 64k channels).
+      num_classes: number of outputs.
+      dropout: dropout rate inside each block (training only; 0.3 in the paper's runs
+        with dropout).
+      dtype: computation dtype (parameters stay float32; logits are float32).
+      axis_name: the mesh axis BatchNorm averages its statistics over (see
+        :func:`meshensemble.models.batch_axis`).
+
+    Example:
+      >>> WideResNet(depth=28, width=10).check_input((32, 32, 3))   # None: it fits
+    """
+
+    depth: int = 28
+    width: int = 10
+    num_classes: int = 10
+    dropout: float = 0.0
+    dtype: Any = jnp.float32
+    axis_name: str | None = DATA
+
+    def blocks(self) -> int:
+        """Blocks per stage, ``(depth - 4) / 6``.
+
+        Returns:
+          ``n``.
+
+        Raises:
+          UsageError: a depth that is not ``6n + 4`` with ``n >= 1``, or a width below 1.
+
+        Example:
+          >>> WideResNet(depth=28).blocks()
+          4
+        """
+        if self.depth < 10 or (self.depth - 4) % 6 or self.width < 1:
+            raise UsageError(
+                f"WideResNet(depth={self.depth}, width={self.width}): the depth must be 6n + 4 "
+                "(10, 16, 22, 28, 40) and the width >= 1"
+            )
+        return (self.depth - 4) // 6
+
+    def check_input(self, input_shape: tuple[int, ...]) -> None:
+        """Refuses inputs it cannot take: not images ``[H, W, C]``, or a bad depth.
+
+        Args:
+          input_shape: one example's shape.
+
+        Raises:
+          UsageError: one line naming the shape (or the depth) and the fix.
+
+        Example:
+          >>> WideResNet(depth=16, width=2).check_input((8, 8, 1))
+        """
+        check_image_input("wrn", input_shape)
+        self.blocks()
+
+    @nn.compact
+    def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+        n = self.blocks()
+        x = nn.Conv(16, (3, 3), use_bias=False, dtype=self.dtype)(x)
+        for stage in range(3):
+            for j in range(n):
+                strides = (2, 2) if stage > 0 and j == 0 else (1, 1)
+                features = 16 * self.width * 2**stage
+                block = WideBlock(features, strides, self.dropout, self.dtype, self.axis_name)
+                x = block(x, train)
+        x = nn.BatchNorm(
+            use_running_average=not train,
+            momentum=0.9,
+            dtype=self.dtype,
+            axis_name=batch_axis(self.axis_name),
+        )(x)
+        x = jnp.mean(nn.relu(x), axis=(1, 2))
+        return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
+
+
+REGISTRY = {
+    "cnn": CNN,
+    "mlp": MLP,
+    "howto_cnn": HowtoCNN,
+    "resnet": ResNet,
+    "vit": ViT,
+    "resnet20": ResNet20,
+    "wrn": WideResNet,
+}
+"""Model names :func:`get_model` and the CLI's ``--model`` accept. ``cnn`` and ``howto_cnn``
+take images of at least 4x4 (MNIST's ``[B, 28, 28, 1]``, CIFAR's ``[B, 32, 32, 3]``);
+``mlp`` any input, flattened; ``resnet`` (a ResNet-8), ``resnet20`` (the CIFAR ResNet-20)
+and ``wrn`` (WRN-28-10 by default) any image, pooled globally; ``vit`` (a small Vision
+Transformer with logical axis names on its parameters, patches of 4) images whose sides
+its patch size divides. :func:`build_model` fits one to the data."""
 
 
 def get_model(name: str) -> nn.Module:
@@ -282,3 +498,73 @@ def get_model(name: str) -> nn.Module:
     if name not in REGISTRY:
         raise ValueError(f"model {name!r} is unknown; choose one of {', '.join(REGISTRY)}")
     return REGISTRY[name]()
+
+
+def build_model(
+    model: str | nn.Module,
+    input_shape: Sequence[int],
+    num_outputs: int,
+    *,
+    trace: bool = True,
+    **fields: Any,
+) -> nn.Module:
+    """A zoo model (or any Linen model) fitted to the data: its outputs and its input.
+
+    Sets ``num_classes=num_outputs`` (and ``fields``) on the model, asks it whether it can
+    take ``input_shape`` (its ``check_input`` method, where it has one), then, with
+    ``trace``, traces its ``init`` on one float32 example (shapes only, no arrays), so
+    any model that cannot take the input is refused here, in one line. With the defaults
+    of a name and MNIST's shape and 10 outputs, the model is the registry's default.
+
+    Args:
+      model: a name of :data:`REGISTRY`, or a Linen module with a ``num_classes`` field.
+      input_shape: one example's shape, e.g. ``(32, 32, 3)`` or ``(13,)``.
+      num_outputs: the model's outputs (the classes; ``2 * T`` for a Gaussian regression).
+      trace: trace ``init`` on one example to check the input (about a second for a big
+        model); False checks only ``check_input``.
+      **fields: other attributes to set, e.g. ``depth=16, width=4`` for ``"wrn"``.
+
+    Returns:
+      The module.
+
+    Raises:
+      UsageError: an unknown name, an unknown field, ``num_outputs`` below 1, or an input
+        the model cannot take (one line naming the model, the shape and the fix).
+
+    Example:
+      >>> build_model("cnn", (28, 28, 1), 10) == me.models.CNN()   # MNIST: the default
+      True
+      >>> build_model("resnet20", (8, 8, 1), 3).num_classes
+      3
+      >>> build_model("vit", (30, 30, 3), 10)
+      Traceback (most recent call last):
+      ...
+      meshensemble.errors.UsageError: model 'vit': patch_size=4 does not divide the 30x30 ...
+    """
+    if isinstance(num_outputs, bool) or not isinstance(num_outputs, int) or num_outputs < 1:
+        raise UsageError(f"num_outputs={num_outputs!r}; a model needs a positive number of outputs")
+    name = model if isinstance(model, str) else type(model).__name__
+    if isinstance(model, str):
+        if model not in REGISTRY:
+            raise UsageError(f"model {model!r} is unknown; choose one of {', '.join(REGISTRY)}")
+        model = REGISTRY[model]()
+    try:
+        model = model.clone(num_classes=num_outputs, **fields)
+    except TypeError as err:
+        raise UsageError(f"model {name!r}: {err}; pass only fields the model has") from None
+    shape = tuple(int(d) for d in input_shape)
+    check = getattr(model, "check_input", None)
+    if check is not None:
+        check(shape)
+    if trace:
+        try:
+            jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, *shape), jnp.float32))
+        except UsageError:
+            raise
+        except Exception as err:  # any model's own refusal, in one line
+            text = " ".join(str(err).split())[:300] or type(err).__name__
+            raise UsageError(
+                f"model {name!r} cannot take inputs of shape {shape}: {text}; pick another "
+                "model or change its settings"
+            ) from None
+    return model

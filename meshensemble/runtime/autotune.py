@@ -43,12 +43,13 @@ import json
 import math
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+
+from meshensemble.runtime import storage
 
 CHOICES_FILE = "meshensemble-choices.json"
 """File (beside the compilation cache's folder) holding the measured choices."""
@@ -126,8 +127,7 @@ def read_choices(path: str | None, warn: Callable[[str], None] | None = None) ->
     if not path:
         return {}
     try:
-        with open(path) as f:
-            loaded = json.load(f)
+        loaded = storage.read_json(path)
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as err:
@@ -171,15 +171,12 @@ def valid_record(record: Any) -> bool:
 
 def _write_choice(path: str, key: str, record: dict[str, Any]) -> bool:
     """Adds one choice to the file atomically; False when it could not be written."""
-    path = os.path.abspath(path)  # a bare file name ("choices.json"): in the working folder
+    path = storage.absolute(path)  # a bare file name ("choices.json"): the working folder
     try:
         choices = read_choices(path)
         choices[key] = record
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(choices, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        storage.makedirs(os.path.dirname(path))
+        storage.atomic_write_json(path, choices, indent=1, sort_keys=True, allow_nan=True)
     except OSError:
         return False
     return True

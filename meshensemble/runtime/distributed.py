@@ -42,14 +42,16 @@ Generous on purpose: on a loaded machine a peer can take minutes to import JAX a
 (2 processes on 2 busy cores); a run whose peers never come fails after this long, with
 one line naming the coordinator and the timeout."""
 INIT_GRACE = 30
-"""Seconds the runtime's own start-up deadline is set past ours, so ours fires first."""
+"""Seconds the runtime's own start-up deadline is set past ours, so ours fires first (the
+runtime aborts the process, SIGABRT and a C++ stack, when its deadline passes)."""
 DEFAULT_HEARTBEAT_TIMEOUT = 10
 """Seconds without heartbeats before a peer counts as dead (JAX's own default is 100)."""
 SHUTDOWN_TIMEOUT = 300
 """Seconds a process that finished waits at exit for the others to finish too.
 
 A busy machine can put processes tens of seconds apart at the end of a run (process 0
-writes the outputs); a peer that died is not waited for (:func:`hard_exit`)."""
+writes the outputs); the command line does not wait for a peer that died (it leaves with
+one line at once)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +128,11 @@ def initialize(
     Raises:
       ValueError: an incomplete or inconsistent set of values (a
         :class:`~meshensemble.errors.UsageError`).
-      meshensemble.errors.RunFailedError: the processes did not all join within
-        ``init_timeout`` (one line naming this process, the coordinator and the timeout).
+      StartupTimeoutError: the processes did not all join within ``init_timeout`` (a
+        :class:`~meshensemble.errors.RunFailedError`; one line naming this process, the
+        coordinator and the timeout). The runtime's attempt goes on in the background and
+        JAX ends the process if it expires (:class:`StartupTimeoutError`): exit on it.
+      meshensemble.errors.RunFailedError: the runtime refused to start (its first line).
 
     Example:
       >>> me.distributed.initialize()   # no coordinator given or in the environment: one process
@@ -159,14 +164,46 @@ def initialize(
     if jax.config.jax_platforms in (None, "", "cpu") or "cpu" in str(jax.config.jax_platforms):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     where = (coordinator, num_processes, process_id, timeout)
-    # The runtime aborts the process (SIGABRT, a C++ stack) when its own start-up deadline
-    # passes; ours comes first: one line, exit 1.
-    done = threading.Event()
-    late = f"error: {startup_failure('no answer from every process', *where)}"
-    watchdog = threading.Thread(
-        target=lambda: done.wait(timeout) or hard_exit(1, late), daemon=True
+    failed: list[BaseException] = []
+    joining = threading.Thread(
+        target=_join,
+        args=(failed, coordinator, num_processes, process_id, heartbeat_timeout, timeout),
+        name="meshensemble-join",
+        daemon=True,
     )
-    watchdog.start()
+    joining.start()
+    joining.join(timeout)
+    if joining.is_alive():
+        raise StartupTimeoutError(startup_failure("no answer from every process", *where))
+    if failed:
+        text = str(failed[0]).strip()
+        reason = f"{type(failed[0]).__name__}: {text.splitlines()[0][:200] if text else ''}"
+        raise RunFailedError(startup_failure(reason, *where)) from None
+    topo = topology()
+    log.info("%s", topo)
+    return topo
+
+
+class StartupTimeoutError(RunFailedError):
+    """The processes did not all join the coordinator within the start-up timeout.
+
+    The runtime's own attempt cannot be cancelled: it goes on in a background thread, and
+    if the peers never come, JAX's runtime ends the process :data:`INIT_GRACE` seconds
+    after this error (JAX's behaviour, which this library cannot change). A program that
+    catches it should exit (the command line does, with one line and exit status 1).
+    """
+
+
+def _join(
+    failed: list[BaseException],
+    coordinator: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    heartbeat_timeout: int,
+    timeout: int,
+) -> None:
+    """``jax.distributed.initialize`` (in a thread: it blocks until every process joins);
+    its exception, if any, is appended to ``failed``."""
     try:
         jax.distributed.initialize(
             coordinator_address=coordinator,
@@ -177,14 +214,7 @@ def initialize(
             initialization_timeout=timeout + INIT_GRACE,
         )
     except Exception as err:  # noqa: BLE001 (the runtime's errors have no common type)
-        text = str(err).strip()
-        reason = f"{type(err).__name__}: {text.splitlines()[0][:200] if text else ''}"
-        raise RunFailedError(startup_failure(reason, *where)) from None
-    finally:
-        done.set()
-    topo = topology()
-    log.info("%s", topo)
-    return topo
+        failed.append(err)
 
 
 def init_timeout_seconds(value: int | None = None) -> int:
@@ -388,20 +418,6 @@ def agree_max(value: float) -> float:
 
     gathered = multihost_utils.process_allgather(np.float32(value))
     return float(np.max(np.asarray(gathered, np.float32)))
-
-
-def hard_exit(code: int, message: str) -> None:
-    """Prints ``message`` and ends the process now, skipping the runtime's shutdown barrier.
-
-    After a peer dies, the runtime's shutdown waits for it until the heartbeat timeout
-    and then aborts with a long trace; a failed run should instead say what happened in
-    one line and exit promptly.
-    """
-    import sys
-
-    print(message, file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(code)
 
 
 def free_port() -> int:

@@ -1,18 +1,26 @@
 """Checkpoints with orbax-checkpoint: the stacked, sharded ensemble state, the loop
 position and a checksum of every finished checkpoint.
 
-Orbax writes each checkpoint atomically (a temporary folder renamed when complete) and
-restores it onto any mesh. It notices a truncated file but not a flipped bit, so
-:class:`Checkpointer` records each checkpoint's SHA-256 in ``checkpoints/checksums.json``
-when its save finalises: a watcher thread looks every :data:`WATCH_INTERVAL` seconds for
-the folder orbax renames into place, reads it once and writes the checksum. A process
-killed in between (the polling interval plus one read of the checkpoint: milliseconds for
-small ensembles, seconds for gigabytes) leaves a finished checkpoint without a checksum,
-which :func:`restore_checkpoint` reports as "unverified" and uses only if it reads back.
+Orbax writes each checkpoint atomically (locally a temporary folder renamed when complete;
+on ``gs://`` the step folder and a ``commit_success.txt`` written last) and restores it
+onto any mesh; the run folder may be local or on a bucket
+(:mod:`meshensemble.runtime.storage`). Orbax notices a truncated file but not a flipped
+bit, so :class:`Checkpointer` records each checkpoint's SHA-256 in
+``checkpoints/checksums.json`` once orbax says the save is finished: a thread of process
+0 waits on orbax's ``CheckpointManager.wait_until_finished`` (which returns when orbax's
+own finalisation, rename or commit file included, is done in every process), then reads
+the checkpoint once and writes the checksum. (Orbax's ``post_finalization_callback`` comes
+earlier, before that rename or commit file, so it is not used.) A process killed in
+between (one read of the checkpoint: milliseconds for small ensembles, seconds for
+gigabytes) leaves a finished checkpoint without a checksum, which
+:func:`restore_checkpoint` reports as "unverified" and uses only if it reads back.
+Process 0 reads every process's files: the checksum is one digest of the whole folder,
+and combining digests made on each host would need a collective off the main thread or
+a wait for the others' files.
 
-The checksums are written twice, ``checksums.json`` then ``checksums.copy.json`` (each a
-temporary file renamed into place): a lost or garbled ``checksums.json`` falls back to
-the copy, and when neither can be read the restore is refused (never "unverified").
+The checksums are written twice, ``checksums.json`` then ``checksums.copy.json``
+(:mod:`meshensemble.training.checksums`): a lost or garbled ``checksums.json`` falls back
+to the copy, and when neither can be read the restore is refused (never "unverified").
 
 On restore, a checksum mismatch or unreadable files (truncated, garbled) mark a
 checkpoint damaged: it is reported, moved to ``checkpoints_damaged/`` (kept for
@@ -28,15 +36,11 @@ from __future__ import annotations
 
 import errno
 import gc
-import hashlib
 import json
 import logging
 import os
-import shutil
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -44,47 +48,64 @@ import jax
 import orbax.checkpoint as ocp
 
 from meshensemble.core.state import EnsembleState
+from meshensemble.runtime import storage
 from meshensemble.training.bundle import CheckpointError as CheckpointError
 from meshensemble.training.bundle import abstract_state as abstract_state
 from meshensemble.training.bundle import check_structure
 from meshensemble.training.bundle import extract_members as extract_members
 from meshensemble.training.bundle import load_inference as load_inference
 from meshensemble.training.bundle import save_inference as save_inference
+from meshensemble.training.checksums import CHECKSUMS as CHECKSUMS
+from meshensemble.training.checksums import CHECKSUMS_COPY as CHECKSUMS_COPY
+from meshensemble.training.checksums import checkpoint_digest as checkpoint_digest
+from meshensemble.training.checksums import load_checksums as load_checksums
+from meshensemble.training.checksums import read_checksums as read_checksums
+from meshensemble.training.checksums import write_checksums as write_checksums
 
 log = logging.getLogger("meshensemble")
 
 CHECKPOINT_DIR = "checkpoints"
 """Folder under a run's workdir that holds its checkpoints."""
-CHECKSUMS = "checksums.json"
-"""File in the checkpoint folder with the SHA-256 of each finished checkpoint."""
-CHECKSUMS_COPY = "checksums.copy.json"
-"""A second copy of :data:`CHECKSUMS`, read when that one is missing or damaged (a lost
-file never lets a damaged checkpoint through as merely "unverified")."""
-WATCH_INTERVAL = 0.02
-"""Seconds between a checksum watcher's looks for a finished save."""
+SETTLE_INTERVAL = 0.02
+"""Seconds between looks for an abandoned save's last writes, after a save failed."""
 DAMAGED_DIR = "checkpoints_damaged"
 """Folder under a run's workdir that keeps damaged checkpoints for inspection (outside
 :data:`CHECKPOINT_DIR`: orbax never lists them, and the run can save that step again)."""
+
+
+class _Manager(ocp.CheckpointManager):
+    """Orbax's manager, leaving JAX's preemption sync point to the run's stop signal.
+
+    Orbax asks the sync point itself, with checkpoint step numbers, at each save and from
+    its finalisation thread; the sync point remembers the last number it was asked with,
+    so those calls would move it out of the sequence every process follows
+    (:class:`meshensemble.training.guards.StopSignal`) and the agreed step might never
+    come. Orbax only logs what it would learn (its saves here are always forced).
+    """
+
+    def reached_preemption(self, step: int) -> bool:
+        return False
 
 
 def checkpoint_manager(workdir: str, keep: int = 3, create: bool = True) -> ocp.CheckpointManager:
     """An orbax ``CheckpointManager`` for ``workdir/checkpoints`` (asynchronous saves).
 
     Args:
-      workdir: the run's folder.
+      workdir: the run's folder (local, or ``gs://...``).
       keep: how many of the latest checkpoints to keep.
       create: create the folder if missing.
 
     Returns:
       The manager; items ``state`` (the :class:`EnsembleState`) and ``loop`` (a JSON
-      dict with the loop's position).
+      dict with the loop's position). It never asks JAX's preemption sync point (the run's
+      :class:`~meshensemble.training.guards.StopSignal` does).
 
     Example:
       >>> mngr = me.checkpoint_manager("runs/demo")
     """
-    path = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+    path = storage.absolute(storage.join(workdir, CHECKPOINT_DIR))
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create)
-    return ocp.CheckpointManager(path, options=options, item_names=("state", "loop"))
+    return _Manager(path, options=options, item_names=("state", "loop"))
 
 
 def save_checkpoint(
@@ -120,46 +141,18 @@ def save_checkpoint(
     )
 
 
-def checkpoint_digest(path: str) -> str:
-    """SHA-256 over the relative names and contents of every file under ``path``.
-
-    Args:
-      path: a checkpoint's folder.
-
-    Returns:
-      The hex digest.
-
-    Raises:
-      FileNotFoundError: ``path`` is not a folder (a missing checkpoint has no digest;
-        the SHA-256 of nothing would look like one).
-
-    Example:
-      >>> digest = checkpoint_digest("runs/tiny/checkpoints/4")  # 64 hex digits
-    """
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"no checkpoint folder {path}")
-    digest = hashlib.sha256()
-    for root, dirs, files in os.walk(path):
-        dirs.sort()
-        for name in sorted(files):
-            full = os.path.join(root, name)
-            digest.update(os.path.relpath(full, path).encode() + b"\0")
-            with open(full, "rb") as f:
-                for block in iter(lambda f=f: f.read(1 << 20), b""):
-                    digest.update(block)
-    return digest.hexdigest()
-
-
 class Checkpointer:
     """Asynchronous saves with checksums; restores the newest good checkpoint.
 
-    Each save runs in orbax's background thread; a watcher thread records the
-    checkpoint's SHA-256 as soon as orbax has renamed its folder into place (see the
-    module docstring for the window this leaves). Only process 0 writes the checksum
-    file; all processes take part in saves (orbax coordinates multi-process writes).
+    Each save runs in orbax's background threads; a thread of process 0 waits for orbax
+    to say the save is finished and records its SHA-256 then (see the module docstring
+    for the window this leaves). Only process 0 writes the checksum file; all processes
+    take part in saves (orbax coordinates multi-process writes). Opening one installs no
+    process-wide hook; while one is open, orbax's error logs of a failed background save go
+    to DEBUG (the failure is raised as one line instead).
 
     Args:
-      workdir: the run's folder.
+      workdir: the run's folder (local, or ``gs://...``).
       keep: how many checkpoints to keep (at least 2 so there is a previous one to use).
       echo: where one-line reports go.
 
@@ -171,7 +164,7 @@ class Checkpointer:
 
     def __init__(self, workdir: str, keep: int = 3, echo: Callable[[str], None] | None = None):
         self.workdir = workdir
-        self.dir = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+        self.dir = storage.absolute(storage.join(workdir, CHECKPOINT_DIR))
         self.echo = echo or log.info
         self._main = jax.process_index() == 0
         if self._main:
@@ -185,8 +178,9 @@ class Checkpointer:
         _quiet_orbax(True)
         self._lock = threading.Lock()
         self._unhashed: list[int] = []  # saved (or being saved), checksum not yet recorded
-        self._watchers: list[threading.Thread] = []
-        self._watch_error: tuple[int, Exception] | None = None
+        self._recorder: threading.Thread | None = None
+        self._failure: tuple[int, Exception] | None = None  # the save orbax reported failed
+        self._watch_error: tuple[int, Exception] | None = None  # a checksum not written
         self._failed = False
 
     def save(self, step: int, state: EnsembleState, loop: dict[str, Any]) -> None:
@@ -208,18 +202,18 @@ class Checkpointer:
         with self._lock:
             self._unhashed.append(step)
         if self._main:
-            self._watchers = [t for t in self._watchers if t.is_alive()]
-            self._watchers.append(threading.Thread(target=self._watch, args=(step,), daemon=True))
-            self._watchers[-1].start()
+            self._recorder = threading.Thread(target=self._record_when_saved, args=(step,))
+            self._recorder.daemon = True
+            self._recorder.start()
 
-    def _watch(self, step: int) -> None:
-        """Records ``step``'s checksum once orbax has renamed its folder into place."""
-        final = os.path.join(self.dir, str(step))
-        while not os.path.isdir(final):
-            failed = not self.mngr.is_saving_in_progress() and not os.path.isdir(final)
-            if failed or step not in self._unhashed:
-                return  # the main thread reports the failure, or records the checksum
-            time.sleep(WATCH_INTERVAL)
+    def _record_when_saved(self, step: int) -> None:
+        """Waits for orbax to finish saving ``step`` (all processes), then records its
+        checksum; a failure is kept for the main thread to raise."""
+        try:
+            self.mngr.wait_until_finished()
+        except Exception as err:  # orbax raises it once: the main thread raises it then
+            self._failure = (step, err)
+            return
         try:
             self._record([step])
         except Exception as err:  # e.g. no space left for the checksum file
@@ -234,8 +228,8 @@ class Checkpointer:
             if self._main:
                 sums = read_checksums(self.dir)
                 for s in todo:
-                    path = os.path.join(self.dir, str(s))
-                    if os.path.isdir(path):  # absent: deleted already (keep=1)
+                    path = storage.join(self.dir, str(s))
+                    if storage.isdir(path):  # absent: deleted already (keep=1)
                         sums[str(s)] = checkpoint_digest(path)
                 live = set(list_checkpoints(self.workdir))
                 sums = {k: v for k, v in sums.items() if k.isdigit() and int(k) in live}
@@ -245,10 +239,17 @@ class Checkpointer:
     def _finish(self) -> None:
         """Waits for the save in flight and records the checksums not yet recorded."""
         pending = list(self._unhashed)
-        try:
-            self.mngr.wait_until_finished()
-        except Exception as err:
-            raise self._error(pending[-1] if pending else -1, err) from None
+        if self._recorder is not None:
+            self._recorder.join()
+            self._recorder = None
+        failure, self._failure = self._failure, None
+        if failure is None:
+            try:
+                self.mngr.wait_until_finished()
+            except Exception as err:
+                failure = (pending[-1] if pending else -1, err)
+        if failure is not None:
+            raise self._error(*failure) from None
         try:
             self._record(pending)
         except OSError as err:  # e.g. the disk filled up right after the save
@@ -264,7 +265,7 @@ class Checkpointer:
             calm, deadline = time.monotonic(), time.monotonic() + 10
             while time.monotonic() - calm < 1 and time.monotonic() < deadline:
                 calm = calm if not _remove_unfinished(self.dir) else time.monotonic()
-                time.sleep(WATCH_INTERVAL)
+                time.sleep(SETTLE_INTERVAL)
         good = [s for s in list_checkpoints(self.workdir) if s != step]
         prev = f"checkpoint {max(good)} is intact" if good else "no earlier checkpoint exists"
         cause = _save_cause(err)
@@ -290,8 +291,8 @@ class Checkpointer:
             if not self._failed:
                 self._finish()
         finally:
-            for watcher in self._watchers:
-                watcher.join(timeout=60)
+            if self._recorder is not None:
+                self._recorder.join(timeout=60)
             try:
                 self.mngr.close()
             except Exception:
@@ -299,98 +300,6 @@ class Checkpointer:
                     raise
             finally:
                 _quiet_orbax(False)
-
-
-def _read_sums(path: str) -> dict[str, str] | None:
-    """The checksums in ``path``; None when it is missing; raises ValueError when damaged."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(_first_line(err)) from None
-    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
-        raise ValueError("not a JSON object of checksums")
-    return {str(k): v for k, v in data.items()}
-
-
-def read_checksums(directory: str) -> dict[str, str]:
-    """The recorded checksums of a checkpoint folder (``{}`` when there are none).
-
-    ``checksums.json`` is read, or its copy :data:`CHECKSUMS_COPY` when it is missing or
-    damaged; when neither is readable the result is ``{}`` (use :func:`load_checksums` to
-    know why).
-
-    Args:
-      directory: the checkpoint folder (``workdir/checkpoints``).
-
-    Returns:
-      ``{step: sha256}``.
-
-    Example:
-      >>> read_checksums("runs/tiny/checkpoints")
-      {'2': '...', '4': '...'}
-    """
-    try:
-        return load_checksums(directory)[0]
-    except CheckpointError:
-        return {}
-
-
-def load_checksums(directory: str, checkpoints: int = 0) -> tuple[dict[str, str], str | None]:
-    """The recorded checksums, from ``checksums.json`` or else its copy.
-
-    Args:
-      directory: the checkpoint folder.
-      checkpoints: how many finished checkpoints it holds: with two or more, a folder
-        without either file has lost its checksums (a run records them at every save).
-
-    Returns:
-      ``(sums, note)``: ``note`` is one line when the copy was used, else None.
-
-    Raises:
-      CheckpointError: both files are damaged or missing while checkpoints exist that
-        were checksummed; one line naming the file and the fix. Nothing is trusted
-        unverified silently.
-
-    Example:
-      >>> sums, note = load_checksums("runs/tiny/checkpoints", 2)  # note: None, both files read
-    """
-    path, copy = os.path.join(directory, CHECKSUMS), os.path.join(directory, CHECKSUMS_COPY)
-    problems = []
-    for name in (path, copy):
-        try:
-            sums = _read_sums(name)
-        except ValueError as err:
-            problems.append(f"{name} is damaged ({err})")
-            continue
-        if sums is None:
-            problems.append(f"{name} is missing")
-            continue
-        return sums, (f"{problems[0]}; using its copy {name}" if problems else None)
-    damaged = any("damaged" in p for p in problems)
-    if not damaged and checkpoints < 2:
-        return {}, None  # a run stopped before its first checksum was recorded
-    raise CheckpointError(
-        f"{'; '.join(problems)}: the {checkpoints} checkpoint(s) in {directory} cannot be "
-        f"verified; to use them unverified (each is still read back) write {{}} into "
-        f"{path}, or train again"
-    )
-
-
-def write_checksums(directory: str, sums: dict[str, str]) -> None:
-    """Writes ``checksums.json`` and its copy, each atomically (a temporary file renamed).
-
-    Args:
-      directory: the checkpoint folder.
-      sums: ``{step: sha256}``.
-
-    Example:
-      >>> write_checksums("runs/tiny/checkpoints", read_checksums("runs/tiny/checkpoints"))
-    """
-    for name in (CHECKSUMS, CHECKSUMS_COPY):
-        _atomic_json(os.path.join(directory, name), sums)
 
 
 _SAVE_CAUSES = {
@@ -415,14 +324,18 @@ _UNFINISHED = ".orbax-checkpoint-tmp"
 
 
 def _remove_unfinished(directory: str) -> list[str]:
-    """Deletes orbax's unfinished saves (``*.orbax-checkpoint-tmp*``); the names removed."""
+    """Deletes orbax's unfinished saves: ``*.orbax-checkpoint-tmp*`` (a local folder), or
+    a step folder without orbax's commit file (a bucket); the names removed."""
     try:
-        names = sorted(n for n in os.listdir(directory) if _UNFINISHED in n)
+        names = storage.listdir(directory)
     except OSError:
         return []
+    steps = [] if storage.is_local(directory) else [n for n in names if n.isdigit()]
+    done = {str(s) for s in _finished(directory, steps)}
+    names = [n for n in names if _UNFINISHED in n or (n in steps and n not in done)]
     for name in names:
-        path = os.path.join(directory, name)
-        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+        path = storage.join(directory, name)
+        storage.rmtree(path) if storage.isdir(path) else storage.remove(path)
     return names
 
 
@@ -439,55 +352,39 @@ _QUIET = [0]  # open Checkpointers
 
 
 def _quiet_orbax(on: bool) -> None:
-    """Drops orbax's error logs while a Checkpointer is open; see :func:`_drop_leftovers`."""
+    """Drops orbax's error logs while a Checkpointer is open."""
     _QUIET[0] = max(0, _QUIET[0] + (1 if on else -1))
     absl = logging.getLogger("absl")
     absl.addFilter(_drop_orbax_errors) if _QUIET[0] else absl.removeFilter(_drop_orbax_errors)
-    _drop_leftovers()
-
-
-def _drop_leftovers() -> None:
-    """Installs once per process a ``sys.unraisablehook`` that drops the leftovers of a
-    failed orbax operation: "Event loop is closed" from tensorstore writes finishing after
-    the save's event loop ended, and the errors of orbax's abandoned read coroutines when
-    they are garbage-collected. Other unraisable exceptions go to the previous hook."""
-    if getattr(sys.unraisablehook, "meshensemble", False):
-        return
-    previous = sys.unraisablehook
-
-    def hook(unraisable: Any) -> None:
-        names = {f.name for f in traceback.extract_tb(unraisable.exc_traceback)}
-        late = (
-            "call_soon_threadsafe" in names and str(unraisable.exc_value) == "Event loop is closed"
-        )
-        code = getattr(unraisable.object, "cr_code", None)
-        if not late and not (code and f"{os.sep}orbax{os.sep}" in code.co_filename):
-            previous(unraisable)
-
-    hook.meshensemble = True  # type: ignore[attr-defined]
-    sys.unraisablehook = hook
-
-
-def _atomic_json(path: str, value: Any) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=1, allow_nan=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def list_checkpoints(workdir: str) -> list[int]:
     """Steps of the finished checkpoints in ``workdir/checkpoints``, oldest first.
 
+    Finished: a step folder (locally orbax renames it into place when complete), holding
+    orbax's commit file on a bucket (where orbax writes in place and the file comes last).
+
     Example:
       >>> list_checkpoints("runs/tiny")
       [2, 4]
     """
-    path = os.path.join(workdir, CHECKPOINT_DIR)
-    if not os.path.isdir(path):
+    path = storage.join(workdir, CHECKPOINT_DIR)
+    try:
+        names = [n for n in storage.listdir(path) if n.isdigit()]
+    except (FileNotFoundError, NotADirectoryError):
         return []
-    return sorted(int(n) for n in os.listdir(path) if n.isdigit())
+    return _finished(path, names)
+
+
+def _finished(directory: str, names: list[str]) -> list[int]:
+    """The steps of the step folders ``names`` of ``directory`` that orbax finished."""
+    commit = ocp.path.atomicity.COMMIT_SUCCESS_FILE
+    done = (
+        storage.isdir
+        if storage.is_local(directory)
+        else (lambda p: storage.isfile(storage.join(p, commit)))
+    )
+    return sorted(int(n) for n in names if done(storage.join(directory, n)))
 
 
 def restore_checkpoint(
@@ -538,7 +435,7 @@ def restore_checkpoint(
     """
     say = echo or log.warning
     steps = list_checkpoints(workdir)
-    directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+    directory = storage.absolute(storage.join(workdir, CHECKPOINT_DIR))
     if not steps:
         raise FileNotFoundError(
             f"no checkpoint in {directory}; run `meshensemble train --workdir {workdir}` first"
@@ -551,7 +448,6 @@ def restore_checkpoint(
     sums, note = load_checksums(directory, len(steps))
     if note:
         say(note)
-    _drop_leftovers()
     target = abstract_state(ens, sample)
     args = ocp.args.Composite(state=ocp.args.StandardRestore(target), loop=ocp.args.JsonRestore())
     absl = logging.getLogger("absl")
@@ -611,8 +507,8 @@ def _restore_one(
     A checkpoint deleted while it is read (a training job's ``--keep`` clean-up) is told
     apart from a damaged one: its folder is gone afterwards.
     """
-    path = os.path.join(directory, str(s))
-    vanished = lambda: not os.path.isdir(path)
+    path = storage.join(directory, str(s))
+    vanished = lambda: not storage.isdir(path)
     if vanished():
         problems.append(f"checkpoint {s} {_VANISHED}")
         return None
@@ -628,7 +524,7 @@ def _restore_one(
         problems.append(f"checkpoint {s} {_VANISHED}" if vanished() else damaged)
         return None
     try:
-        check_structure(os.path.join(path, "state"), target, f"checkpoint {s} in {directory}")
+        check_structure(storage.join(path, "state"), target, f"checkpoint {s} in {directory}")
         return mngr.restore(s, args=args)
     except CheckpointError:
         if vanished():
@@ -644,7 +540,7 @@ def _restore_one(
         if want is not None or _outside_cause(err):
             raise _restore_error(s, directory, err, verified=want is not None) from None
         problems.append(f"checkpoint {s} is unreadable ({_first_line(err)})")
-        gc.collect()  # orbax's abandoned reads, while _drop_leftovers is in place
+        gc.collect()  # orbax's abandoned reads
         return None
 
 
@@ -683,14 +579,14 @@ def _move_aside(workdir: str, step: int) -> str | None:
     """Moves damaged checkpoint ``step`` to :data:`DAMAGED_DIR`; its new path, or None."""
     if jax.process_index() != 0:
         return None
-    directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
-    root = os.path.abspath(os.path.join(workdir, DAMAGED_DIR))
-    dest, n = os.path.join(root, str(step)), 1
-    while os.path.exists(dest):
-        dest, n = os.path.join(root, f"{step}.{n}"), n + 1
-    try:
-        os.makedirs(root, exist_ok=True)
-        shutil.move(os.path.join(directory, str(step)), dest)
+    directory = storage.absolute(storage.join(workdir, CHECKPOINT_DIR))
+    root = storage.absolute(storage.join(workdir, DAMAGED_DIR))
+    dest, n = storage.join(root, str(step)), 1
+    while storage.exists(dest):
+        dest, n = storage.join(root, f"{step}.{n}"), n + 1
+    try:  # on a bucket a copy, then a delete (storage.move): never neither
+        storage.makedirs(root)
+        storage.move(storage.join(directory, str(step)), dest)
         sums = read_checksums(directory)
         if sums.pop(str(step), None) is not None:
             write_checksums(directory, sums)

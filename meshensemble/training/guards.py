@@ -1,8 +1,9 @@
 """What stops or repairs a run: SIGTERM/SIGINT, and members whose loss became NaN/inf.
 
 :class:`StopSignal` turns SIGTERM/SIGINT into a request the loop honours at the end of the
-running call (after saving a checkpoint); all processes agree on it. Calls are kept short
-enough for that to come within ``TrainConfig.stop_within`` seconds by
+running call (after saving a checkpoint); all processes agree on the step, through JAX's
+preemption sync point when there are several (no collective per call). Calls are kept
+short enough for that to come within ``TrainConfig.stop_within`` seconds by
 :class:`meshensemble.training.pacing.Pacer`.
 :class:`NonFiniteGuard` inspects each chunk's per-member losses one chunk behind (so it
 never stalls the device queue) and either raises :class:`NonFiniteError` or
@@ -20,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import signal
 import threading
 from collections.abc import Callable
@@ -34,6 +36,9 @@ from meshensemble.core.state import EnsembleState
 from meshensemble.errors import RunFailedError
 from meshensemble.runtime.distributed import fetch
 
+PREEMPTED = "a preemption notice (SIGTERM to one of the processes)"
+""":attr:`StopSignal.signal` of processes that stopped at JAX's preemption sync point for a
+SIGTERM (JAX's handler receives it, in whichever process it came to)."""
 MAX_REINITS = 3
 """Re-initialisations allowed per member and per run (a resumed run counts afresh) with
 ``on_nonfinite="reinit"``: a member that becomes non-finite once more stops the run with
@@ -45,17 +50,36 @@ class NonFiniteError(RunFailedError):
     more than :data:`MAX_REINITS` times for one member with ``"reinit"``)."""
 
 
+_SYNC_CALLS = itertools.count(1)
+"""This process's calls of JAX's preemption sync point so far (see :class:`StopSignal`)."""
+
+
 class StopSignal:
     """SIGTERM/SIGINT ask the loop to save at the end of the running call and stop.
 
+    One process: Python handlers record the signal and :meth:`requested` reads the flag.
+    Several processes (``jax.distributed``): JAX's preemption service owns SIGTERM (its
+    handler, installed by ``jax.distributed.initialize``, tells every process through the
+    coordination service), and :meth:`requested` asks
+    ``jax.experimental.multihost_utils.reached_preemption_sync_point``, a local check
+    that returns True in every process at the same call: the one after the furthest
+    process's call when the notice came. A SIGINT (Ctrl-C) is handed to that service as
+    a SIGTERM of this process. So :meth:`requested` costs no cross-process call, and
+    every process must call it equally often: once per chunk, at the same points (the
+    sync point counts calls; the numbers continue across the runs of one process). With
+    JAX's preemption service turned off (``jax_enable_preemption_service``), the processes
+    gather their flags at each call instead (a collective per call).
+
     Attributes:
-      signal: the name of the signal received (``"SIGTERM"``...), ``"a peer's signal"``
-        when another process received it, or None.
+      signal: the name of the signal received (``"SIGTERM"``, ``"SIGINT"``), or
+        :data:`PREEMPTED` when several processes stopped at a preemption notice (JAX's
+        handler receives SIGTERM, so which process got it is not known here; ``"a
+        peer's signal"`` with the service off), or None.
 
     Example:
       >>> stop, step = StopSignal.install(), 0
       >>> try:
-      ...     while not stop.requested(step) and step < 3:   # a run's loop
+      ...     while not stop.requested(step) and step < 3:   # a run's loop, once per chunk
       ...         step += 1
       ... finally:
       ...     stop.uninstall()
@@ -63,43 +87,59 @@ class StopSignal:
       3
     """
 
-    def __init__(self) -> None:
+    def __init__(self, processes: int | None = None) -> None:
         self.signal: str | None = None
         self._old: dict[int, Any] = {}
+        several = (processes or jax.process_count()) > 1
+        service = bool(jax.config.jax_enable_preemption_service)
+        self._synced = several and service
+        self._gathered = several and not service  # JAX's service turned off: a collective
 
     @classmethod
-    def install(cls) -> StopSignal:
+    def install(cls, processes: int | None = None) -> StopSignal:
         """Installs the handlers (in the main thread only; elsewhere signals stay as they are).
+
+        Args:
+          processes: how many processes run (default ``jax.process_count()``).
 
         Returns:
           The new :class:`StopSignal`.
         """
-        stop = cls()
+        stop = cls(processes)
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            mine = (signal.SIGINT,) if stop._synced else (signal.SIGTERM, signal.SIGINT)
+            for sig in mine:  # with several processes SIGTERM stays JAX's
                 stop._old[sig] = signal.signal(sig, stop._handle)
         return stop
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.signal = signal.Signals(signum).name
+        if self._synced:  # JAX's preemption service hears SIGTERM: tell every process
+            signal.raise_signal(signal.SIGTERM)
 
     def requested(self, step: int) -> bool:
-        """Whether to stop after ``step``; all processes agree (the runtime's max).
+        """Whether to stop after ``step``; all processes agree. Call it once per chunk.
 
         Args:
           step: the step just finished (for the reader; the answer does not depend on it).
 
         Returns:
-          True when this process or any other received a signal.
+          True when this process or any other received a signal (with several processes:
+          at the call every process makes alike, the first after the notice reached all).
         """
-        flag = self.signal is not None
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
+        from jax.experimental import multihost_utils
 
-            flag = bool(multihost_utils.process_allgather(np.int32(flag)).max())
-            if flag and self.signal is None:
-                self.signal = "a peer's signal"
-        return flag
+        if self._gathered:
+            flag = np.int32(self.signal is not None)
+            if not multihost_utils.process_allgather(flag).max():
+                return False
+            self.signal = self.signal or "a peer's signal"
+        elif not self._synced:
+            return self.signal is not None
+        elif not multihost_utils.reached_preemption_sync_point(next(_SYNC_CALLS)):
+            return False
+        self.signal = self.signal or PREEMPTED
+        return True
 
     def uninstall(self) -> None:
         """Restores the handlers that were there before :meth:`install`."""

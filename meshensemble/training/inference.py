@@ -9,7 +9,7 @@ temperature None, i.e. the uncalibrated prediction. The file holds
 ``meshensemble evaluate --calibrate`` fits), or a list, one per member.
 
 Example:
-  >>> os.makedirs("runs/mnist/inference")
+  >>> storage.makedirs("runs/mnist/inference")
   >>> write_temperature("runs/mnist/inference", 1.31)
   >>> read_temperature("runs/mnist/inference")
   1.31
@@ -17,13 +17,13 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from typing import Any
 
 import jax
 import numpy as np
+
+from meshensemble.runtime import storage
 
 TEMPERATURE_FILE = "temperature.json"
 """Name of the temperature's file inside an inference bundle's folder."""
@@ -70,7 +70,7 @@ def write_temperature(path: str, temperature: Any) -> None:
       OSError: the file cannot be written.
 
     Example:
-      >>> os.makedirs("runs/mnist/inference")
+      >>> storage.makedirs("runs/mnist/inference")
       >>> write_temperature("runs/mnist/inference", [1.1, 1.2])
       >>> read_temperature("runs/mnist/inference")
       array([1.1, 1.2])
@@ -78,15 +78,11 @@ def write_temperature(path: str, temperature: Any) -> None:
     value = check_temperature(temperature)
     if jax.process_index() != 0:
         return
-    target = os.path.join(path, TEMPERATURE_FILE)
+    target = storage.join(path, TEMPERATURE_FILE)
     if value is None:
-        if os.path.exists(target):
-            os.remove(target)
+        storage.remove(target)
         return
-    tmp = target + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"temperature": value}, f, allow_nan=False)  # checked finite: strict
-    os.replace(tmp, target)
+    storage.atomic_write_json(target, {"temperature": value})  # checked finite: strict
 
 
 def read_temperature(path: str) -> float | np.ndarray | None:
@@ -102,19 +98,18 @@ def read_temperature(path: str) -> float | np.ndarray | None:
       ValueError: the file is corrupt (one line naming it).
 
     Example:
-      >>> os.makedirs("runs/mnist/inference")
+      >>> storage.makedirs("runs/mnist/inference")
       >>> read_temperature("runs/mnist/inference") is None   # nothing written yet
       True
       >>> write_temperature("runs/mnist/inference", 1.31)
       >>> read_temperature("runs/mnist/inference")
       1.31
     """
-    target = os.path.join(path, TEMPERATURE_FILE)
-    if not os.path.exists(target):
+    target = storage.join(path, TEMPERATURE_FILE)
+    if not storage.exists(target):
         return None
     try:
-        with open(target) as f:
-            value = check_temperature(json.load(f)["temperature"])
+        value = check_temperature(storage.read_json(target)["temperature"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         msg = " ".join(str(err).split())
         raise ValueError(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ import jax
 import numpy as np
 
 from meshensemble.errors import RunFailedError
+from meshensemble.runtime import storage
 from meshensemble.training.checkpoint import CHECKPOINT_DIR, list_checkpoints
 from meshensemble.training.config import CONFIG_FILE, METRICS_FILE
 
@@ -194,14 +196,16 @@ def check_writable(workdir: str, what: str = "pass a writable --workdir") -> Non
 def replacing(path: str) -> Iterator[Any]:
     """A text file to write that replaces ``path`` atomically when the block ends.
 
-    The block writes ``path + ".tmp"``, which is renamed over ``path`` once complete (or
-    removed if the block fails), so a reader or a crash never sees half a file.
+    The block writes into memory; when it ends the text is written with
+    :func:`meshensemble.runtime.storage.atomic_write` (a temporary file renamed into place
+    locally, one object on a bucket), and not at all if the block fails, so a reader or a
+    crash never sees half a file.
 
     Args:
-      path: the file to replace.
+      path: the file to replace (local, or ``gs://...``).
 
     Yields:
-      The open temporary file.
+      A text buffer to write into.
 
     Example:
       >>> os.makedirs("runs/mnist")
@@ -210,14 +214,9 @@ def replacing(path: str) -> Iterator[Any]:
       >>> os.listdir("runs/mnist")         # written whole, then renamed into place
       ['config.json']
     """
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            yield f
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    buffer = io.StringIO()
+    yield buffer
+    storage.atomic_write(path, buffer.getvalue())
 
 
 def clear_run(workdir: str) -> None:
