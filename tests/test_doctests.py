@@ -198,6 +198,7 @@ COVERED = [
     "meshensemble.runtime.plugins",
     "meshensemble.runtime.precompile",
     "meshensemble.runtime.storage",
+    "meshensemble.training.backbone",
     "meshensemble.training.bundle",
     "meshensemble.training",
     "meshensemble.training.checkpoint",

@@ -215,6 +215,20 @@ class BatchEnsembleCNN(nn.Module):
         """
         check_image_input("be_cnn", input_shape, min_side=4)
 
+    def member_layout(self) -> dict[str, Any]:
+        """The member layout this model is made for: its shared weights shared.
+
+        Returns:
+          ``{"shared": batchensemble_shared, "frozen": None}``, the ``Ensemble``'s
+          keywords (what ``meshensemble train --model be_*`` passes).
+
+        Example:
+          >>> net = BatchEnsembleCNN()
+          >>> me.Ensemble(net, optax.sgd(0.1), 2, mesh, **net.member_layout()).layout.trivial
+          False
+        """
+        return {"shared": batchensemble_shared, "frozen": None}
+
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         for width in (32, 64):
@@ -245,6 +259,20 @@ class BatchEnsembleMLP(nn.Module):
     features: Sequence[int] = (128,)
     num_classes: int = 10
     fast_init: str = "random_sign"
+
+    def member_layout(self) -> dict[str, Any]:
+        """The member layout this model is made for: its shared weights shared.
+
+        Returns:
+          ``{"shared": batchensemble_shared, "frozen": None}``, the ``Ensemble``'s
+          keywords (what ``meshensemble train --model be_*`` passes).
+
+        Example:
+          >>> net = BatchEnsembleMLP()
+          >>> me.Ensemble(net, optax.sgd(0.1), 2, mesh, **net.member_layout()).layout.trivial
+          False
+        """
+        return {"shared": batchensemble_shared, "frozen": None}
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:

@@ -96,6 +96,18 @@ class LoRA(LinenModel):
         """The filter of the backbone's leaves (:func:`lora_backbone`)."""
         return lora_backbone
 
+    def member_layout(self) -> dict[str, Any]:
+        """The member layout adapters are made for: the backbone frozen and shared.
+
+        Returns:
+          ``{"shared": lora_backbone, "frozen": lora_backbone}``, the ``Ensemble``'s keywords.
+
+        Example:
+          >>> LoRA(me.models.MLP((8,))).member_layout()["frozen"] is lora_backbone
+          True
+        """
+        return {"shared": lora_backbone, "frozen": lora_backbone}
+
     def _adapt(self, next_fun: Any, args: Any, kwargs: Any, context: Any) -> Any:
         layer = context.module
         wanted = context.method_name == "__call__" and isinstance(layer, self.targets)
