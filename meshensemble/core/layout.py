@@ -202,7 +202,7 @@ def frozen_split(tree: PyTree, frozen: tuple[bool, ...] | None) -> tuple[PyTree,
 
 
 def given_values(
-    abstract: PyTree, given: PyTree, shared: PyTree, num_members: int
+    abstract: PyTree, given: PyTree, shared: PyTree, num_members: int, what: str = "params"
 ) -> tuple[PyTree, Any]:
     """Checks the values given for some leaves; returns them on the model's full structure.
 
@@ -213,6 +213,7 @@ def given_values(
       shared: :meth:`Layout.shared_mask` of ``abstract`` (a shared leaf takes the member's
         shape only; a member leaf also ``[num_members, *shape]``, one value per member).
       num_members: ``M``.
+      what: how the messages name the given tree (e.g. ``"--backbone runs/b"``).
 
     Returns:
       ``(full, signature)``: a tree of ``abstract``'s structure with the given values cast
@@ -238,7 +239,7 @@ def given_values(
         if names not in want:
             tops = ", ".join(sorted({p[0] for p in want if p}))
             raise UsageError(
-                f"params: {'/'.join(names)} is not a parameter of the model (its leaves are "
+                f"{what}: {'/'.join(names)} is not a parameter of the model (its leaves are "
                 f"under {tops}); give values at the model's own paths"
             )
         leaf, shape = want[names], tuple(np.shape(value))
@@ -248,8 +249,8 @@ def given_values(
         if not fits:
             per = "" if is_shared[names] else f" (or {(num_members, *leaf.shape)}, one per member)"
             raise UsageError(
-                f"params: {'/'.join(names)} has shape {shape}; the model's is "
-                f"{tuple(leaf.shape)}{per}"
+                f"{what}: {'/'.join(names)} has shape {shape}; the model's is "
+                f"{tuple(leaf.shape)}{per}: give values of this model (the same architecture)"
             )
         have[names] = np.asarray(value, dtype=leaf.dtype)
     full = jax.tree_util.tree_map_with_path(lambda p, _: have.get(path_names(p)), abstract)

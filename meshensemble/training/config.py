@@ -32,7 +32,7 @@ from meshensemble.core.ensemble import STRATEGIES, Ensemble
 from meshensemble.core.mesh import parse_mesh
 from meshensemble.data.augment import AUGMENTS, make_augment
 from meshensemble.models import REGISTRY as MODEL_REGISTRY
-from meshensemble.models import get_model
+from meshensemble.models import get_model, lora
 from meshensemble.models.conv import CONV_CHOICES
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -144,6 +144,15 @@ class TrainConfig:
         choices=lambda: tuple(MODEL_REGISTRY),
     )
     members: int = _field(8, "ensemble size", metavar="M")
+    backbone: str | None = _field(
+        None,
+        "LoRA ensemble: the frozen backbone every member shares, one trained --model (a run "
+        "folder of `meshensemble train --members 1`, or an .npz/.msgpack of its parameters); "
+        "each member trains rank --rank adapters on its dense and convolution layers "
+        "(docs/sharing.md)",
+        metavar="RUN_OR_FILE",
+    )
+    rank: int = _field(4, "the rank of the --backbone adapters", metavar="R")
     mesh: str = _field(
         "",
         "the mesh, e.g. ensemble=4,data=2; empty: all devices, ensemble = gcd(members, "
@@ -336,7 +345,7 @@ class TrainConfig:
                 FutureWarning,
                 stacklevel=2,
             )
-        for name in ("members", "epochs", "batch_size", "eval_batch_size", "keep"):
+        for name in ("members", "epochs", "batch_size", "eval_batch_size", "keep", "rank"):
             _positive_int(name, getattr(self, name))
         for name in ("max_steps", "chunk_steps", "checkpoint_every"):
             if getattr(self, name) is not None:
@@ -364,6 +373,11 @@ class TrainConfig:
         if self.mesh:
             parse_mesh(self.mesh)
         _check_task(self)
+        if self.backbone and hasattr(get_model(self.model), "member_layout"):
+            raise ValueError(
+                f"backbone={self.backbone!r} puts adapters on a plain model, and "
+                f"model={self.model!r} has a member layout of its own; use e.g. --model mlp"
+            )
         if self.conv != "auto" and self.model not in CONV_MODELS:
             raise ValueError(
                 f"conv={self.conv!r} applies to the models {', '.join(CONV_MODELS)}, not "
@@ -536,7 +550,9 @@ def build_ensemble(cfg: TrainConfig, mesh: Mesh, num_train: int, sample: Any = N
         sharded members (``Ensemble``'s ``sample``); default None.
 
     Returns:
-      The ensemble, with on-device normalisation of uint8 images.
+      The ensemble, with on-device normalisation of uint8 images; with the model's member
+      layout (``member_layout()``: ``be_*``), or LoRA adapters on ``cfg.backbone``'s
+      architecture with their layout (the backbone's values come with ``init``).
 
     Example:
       >>> cfg = me.TrainConfig(model="mlp", members=8, batch_size=128)
@@ -548,6 +564,8 @@ def build_ensemble(cfg: TrainConfig, mesh: Mesh, num_train: int, sample: Any = N
     model = get_model(cfg.model)
     if cfg.model in CONV_MODELS:
         model = model.clone(conv=cfg.conv)
+    model = lora(model, rank=cfg.rank) if cfg.backbone else model
+    layout = model.member_layout() if hasattr(model, "member_layout") else {}
     return Ensemble(
         model,
         make_optimizer(cfg, cfg.epochs * steps_per_epoch, steps_per_epoch),
@@ -561,6 +579,7 @@ def build_ensemble(cfg: TrainConfig, mesh: Mesh, num_train: int, sample: Any = N
         augment=make_augment(cfg.augment, cfg.augment_shift),
         shard_members=cfg.shard_members,
         sample=sample,
+        **layout,
     )
 
 

@@ -28,7 +28,9 @@ import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
 from meshensemble import data as data_lib
+from meshensemble.core.derive import member_params
 from meshensemble.core.ensemble import Ensemble
+from meshensemble.core.layout import given_values
 from meshensemble.core.mesh import describe_mesh, idle_devices, make_mesh
 from meshensemble.core.sharding import model_axis_note
 from meshensemble.core.state import EnsembleState
@@ -36,6 +38,7 @@ from meshensemble.data.split import split_validation
 from meshensemble.metrics import prefix_metrics
 from meshensemble.runtime.compilation import CompileLog, enable_compilation_cache
 from meshensemble.runtime.distributed import fetch
+from meshensemble.training.backbone import load_backbone
 from meshensemble.training.checkpoint import (
     CHECKPOINT_DIR,
     Checkpointer,
@@ -369,6 +372,10 @@ def _train(
     if saved is not None:
         restored = restore_checkpoint(cfg.workdir, ens, sample, echo=tell)
         _check_not_past_the_end(cfg, int(restored[2]), plan.steps_per_epoch)
+    elif cfg.backbone:  # a backbone that does not fit is refused before anything is written
+        shapes = member_params(ens.model, ens.input_transform, sample)
+        what, shared = f"--backbone {cfg.backbone}", ens.layout.shared_mask(shapes)
+        given_values(shapes, load_backbone(cfg.backbone), shared, 1, what)
     if jax.process_count() > 1:  # every process decided before process 0 writes anything
         from jax.experimental import multihost_utils
 
@@ -497,7 +504,8 @@ def _start(
             dataset.test_labels,
             cfg.eval_batch_size,
         )
-    return ens.init(init_key, sample), LoopPosition()
+    given = {"params": load_backbone(cfg.backbone)} if cfg.backbone else {}
+    return ens.init(init_key, sample, **given), LoopPosition()
 
 
 def _finish(
