@@ -468,3 +468,33 @@ def test_two_processes_of_four_devices_train_what_one_process_of_eight_does(tmp_
         state, _ = ens.train_step(state, X, Y)
     assert step == 5
     chex.assert_trees_all_close(jax.device_get(restored), jax.device_get(state), atol=1e-6)
+
+
+def test_the_nonfinite_guard_knows_shared_leaves():
+    """A NaN in a shared leaf is every member's; re-initialising some members keeps the
+    shared leaves (a frozen backbone above all), unless they are the non-finite ones."""
+    from meshensemble.training.guards import finite_members, select_members
+
+    need_devices(8)
+    ens = make("lora_mlp")
+    state = ens.init(jax.random.PRNGKey(0), X[:1], params=BACKBONE)
+    fresh = ens.init(jax.random.PRNGKey(1), X[:1])  # another backbone: must not be taken
+    sick = state.replace(
+        shared={
+            **state.shared,
+            "Dense_1": {
+                **state.shared["Dense_1"],
+                "bias": state.shared["Dense_1"]["bias"] * np.nan,
+            },
+        }
+    )
+    assert list(np.asarray(finite_members(state))) == [True] * M
+    assert list(np.asarray(finite_members(sick))) == [False] * M
+    mask = np.arange(M) == 3
+    mixed = select_members(jnp.asarray(mask), fresh, state)
+    chex.assert_trees_all_equal(jax.device_get(mixed.shared), jax.device_get(state.shared))
+    a = np.asarray(mixed.params["Dense_0"]["lora_a"])
+    np.testing.assert_array_equal(a[3], np.asarray(fresh.params["Dense_0"]["lora_a"])[3])
+    np.testing.assert_array_equal(a[2], np.asarray(state.params["Dense_0"]["lora_a"])[2])
+    redone = select_members(jnp.ones(M, bool), fresh, sick)
+    chex.assert_trees_all_equal(jax.device_get(redone.shared), jax.device_get(fresh.shared))
