@@ -130,3 +130,14 @@ def test_a_backbone_that_does_not_fit_is_one_line_and_writes_nothing(
         train(small_config(tmp_path / "bad", backbone=workdir, max_steps=1, **kw), dataset=DATA)
     assert "\n" not in str(err.value)
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_resume_with_another_rank_or_backbone_is_refused(backbone_run, tmp_path):
+    need_devices(8)
+    workdir, params = backbone_run
+    train(small_config(tmp_path / "r", backbone=workdir, rank=2, max_steps=2), dataset=DATA)
+    with pytest.raises(ValueError, match="rank=2, this run has rank=3"):
+        train(small_config(tmp_path / "r", backbone=workdir, rank=3, max_steps=4), dataset=DATA)
+    save_backbone(str(tmp_path / "b.npz"), params)
+    with pytest.raises(ValueError, match="backbone="):
+        train(small_config(tmp_path / "r", backbone=str(tmp_path / "b.npz"), rank=2), dataset=DATA)
