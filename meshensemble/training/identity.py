@@ -92,7 +92,7 @@ def run_fields(cfg: TrainConfig) -> dict[str, Any]:
 
     Example:
       >>> sorted(run_fields(TrainConfig()))[:3]
-      ['augment', 'batch_size', 'bootstrap']
+      ['augment', 'backbone', 'batch_size']
     """
     out = {name: getattr(cfg, name) for name in RUN_FIELDS}
     if cfg.schedule == "constant":
