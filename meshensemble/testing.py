@@ -360,7 +360,7 @@ def single_model_train_step(
             )
         # the global batch is the data shards one after another: [(d b), ...] -> [d, b, ...]
         x = einops.rearrange(x, "(d b) ... -> d b ...", d=data_shards)
-        y = einops.rearrange(y, "(d b) -> d b", d=data_shards)
+        y = einops.rearrange(y, "(d b) ... -> d b ...", d=data_shards)
         for j, (xj, yj) in enumerate(zip(x, y)):
             shard_key = jax.random.fold_in(key, j)
             logits, new_state = model.apply(params, model_state, xj, True, shard_key)

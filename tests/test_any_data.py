@@ -64,7 +64,7 @@ def test_tabular_standardisation_of_real_wine_features():
 
 # ------------------------------------------------------------------ OOD
 def test_ood_shifts_keep_shape_and_dtype_for_images_and_tables():
-    from meshensemble.evaluation.run import NOISE_SEED, ood_images
+    from meshensemble.tasks.ood import NOISE_SEED, ood_images
 
     mnist = me.data.synthetic(20, 8)
     for name in ("noise", "inverted"):  # MNIST's OOD sets, the same arrays

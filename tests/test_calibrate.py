@@ -276,7 +276,7 @@ def test_a_plain_evaluate_keeps_the_calibration_of_its_checkpoint(run, capsys) -
         again = json.load(f)
     assert again["calibration"] == fitted["calibration"]
     assert again["checkpoint_step"] == fitted["checkpoint_step"]
-    again["checkpoint_step"] -= 1  # as if it were fitted for another checkpoint
+    again["calibration"]["fitted_for"]["step"] -= 1  # as if fitted for another checkpoint
     with open(path, "w") as f:
         json.dump(again, f)
     assert cli.main(argv) == 0
@@ -348,6 +348,6 @@ def test_alpha_too_small_for_the_split_is_refused_before_any_work(run, capsys, m
     for alpha, want in ((0.2, ["few for a temperature"]), (0.1, ["few for alpha=0.1", "temp"])):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            me.calibration.run.check_calibrate(workdir, small, alpha, "thr")
+            me.calibration.run.check_calibration(small.validation, alpha, "thr")
         assert [w for w in want if not any(w in str(s.message) for s in seen)] == []
         assert len(seen) == len(want)

@@ -14,7 +14,7 @@ from meshensemble.cli import common
 from meshensemble.cli import evaluate as cli_evaluate
 from meshensemble.cli import train as cli_train
 from meshensemble.training.config import (
-    REGRESSION_ONLY_SOURCES,
+    TABLE_SOURCES,
     config_field,
     field_choices,
     field_help,
@@ -90,7 +90,7 @@ def test_existing_flag_spellings_keep_working(monkeypatch, tmp_path):
 
 def test_evaluate_flags_reuse_the_fields_metadata():
     by_flag = {a.option_strings[0]: a for a in actions(subparser(cli_evaluate))}
-    assert tuple(by_flag["--source"].choices) == data.SOURCES + REGRESSION_ONLY_SOURCES
+    assert tuple(by_flag["--source"].choices) == data.SOURCES + TABLE_SOURCES
     for flag, name in (
         ("--mesh", "mesh"),
         ("--source", "source"),

@@ -27,7 +27,7 @@ from meshensemble import cli
 from meshensemble.cli import train as cli_train
 from meshensemble.runtime import autotune
 from meshensemble.runtime.compilation import ENV_CACHE_DIR, CompileLog
-from meshensemble.training import Feeder, TrainConfig, build_ensemble, loop, train, tuning
+from meshensemble.training import Feeder, TrainConfig, build_ensemble, loop, setup, train, tuning
 from meshensemble.training.loop import run_keys, use_compilation_cache
 from meshensemble.training.tuning import resolve_choices, step_candidate
 
@@ -99,7 +99,7 @@ def roomy_budget(monkeypatch) -> None:
     ticks = itertools.count()
     monkeypatch.setattr(tuning, "planned_steps", lambda cfg, dataset: 10_000)
     timed = functools.partial(tuning.resolve_choices, timer=lambda: float(next(ticks)))
-    monkeypatch.setattr(loop, "resolve_choices", timed)
+    monkeypatch.setattr(setup, "resolve_choices", timed)
 
 
 def test_cache_flags_and_env(tmp_path, monkeypatch):

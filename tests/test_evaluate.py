@@ -18,6 +18,7 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 
 from meshensemble import cli, data, metrics
 from meshensemble import evaluation as evaluate
+from meshensemble.tasks import ood as ood_lib
 from meshensemble.training import TrainConfig, train
 from meshensemble.training import checkpoint as ckpt_lib
 
@@ -80,7 +81,7 @@ def _copy(run, name: str) -> str:
 
 def _assert_same(a: dict, b: dict, atol: float = 1e-5) -> None:
     """The numeric entries both dicts have agree to ``atol``."""
-    shared = [k for k in a if k in b and k not in ("ood_sets",)]
+    shared = [k for k in a if k in b and k not in ("ood_sets", "task")]
     assert shared
     for k in shared:
         # logits (unbounded) differ by float32 rounding between device layouts: a near-tie of
@@ -104,22 +105,22 @@ def test_report_keys_files_and_training_names(run) -> None:
         f"ood_{s}_{m}_{k}"
         for s in ("noise", "inverted")
         for m in ("auroc", "aupr")
-        for k in evaluate.OOD_SCORE_KINDS
+        for k in ood_lib.OOD_SCORE_KINDS
     }
     want |= {
         f"ood_{s}_{m}_auroc_{k}"
         for s in ("noise", "inverted")
         for m in ("member", "mean_member")
-        for k in evaluate.MEMBER_OOD_KINDS
+        for k in ood_lib.MEMBER_OOD_KINDS
     }
-    want |= {"checkpoint_step", "num_test", "ood_sets"}
-    assert set(r) == want
+    want |= {"checkpoint_step", "num_test", "ood_sets", "task"}
+    assert set(r) == want and r["task"] == "classification"
     assert r["checkpoint_step"] == 4 and r["num_test"] == NUM_TEST
     assert r["ood_sets"] == ["noise", "inverted"]
     assert all(len(r[f"test_member_{k}"]) == 4 for k in MEMBER_KEYS)
     with open(os.path.join(run.workdir, evaluate.EVALUATION_FILE)) as f:
         assert json.load(f) == r
-    for name in (evaluate.RELIABILITY_PLOT, evaluate.OOD_PLOT):
+    for name in (ood_lib.RELIABILITY_PLOT, ood_lib.OOD_PLOT):
         path = os.path.join(run.workdir, name)
         assert os.path.getsize(path) > 1000
         with open(path, "rb") as f:
@@ -141,7 +142,7 @@ def test_matches_numpy_and_sklearn(run) -> None:
     _assert_same(host, run.report)
     assert set(host) == {k for k in run.report if k.startswith("test_")}
 
-    noise = evaluate.ood_images("noise", ds.test_images)
+    noise = ood_lib.ood_images("noise", ds.test_images)
     assert noise.shape == ds.test_images.shape and noise.dtype == np.uint8
     mp_noise = np.asarray(ens.predict_members(state, noise))
     s_in, s_out = _entropy(mp.mean(0)), _entropy(mp_noise.mean(0))
@@ -177,7 +178,7 @@ def test_matches_numpy_and_sklearn(run) -> None:
     assert "max_logit" in "\n".join(run.lines) and "energy" in "\n".join(run.lines)
 
     # Reliability-diagram data streamed on the mesh = the host computation.
-    out = evaluate.stream_scores(ens, state, ds.test_images, ds.test_labels, BATCH, 15)
+    out = ood_lib.stream_scores(ens, state, ds.test_images, ds.test_labels, BATCH, 15)
     np.testing.assert_allclose(out["scores"]["entropy"], s_in, atol=1e-5)
     ref = metrics.reliability_diagram_data(mp.mean(0), ds.test_labels, num_bins=15)
     for key in ("accuracy", "confidence", "count", "bin_edges"):
@@ -293,7 +294,7 @@ def test_unwritable_workdir_is_refused_before_any_work(run, capsys) -> None:
 
 
 def test_a_failed_write_is_one_line(run, capsys) -> None:
-    for name in (evaluate.EVALUATION_FILE, evaluate.OOD_PLOT):
+    for name in (evaluate.EVALUATION_FILE, ood_lib.OOD_PLOT):
         workdir = _copy(run, f"blocked_{name}")
         os.remove(os.path.join(workdir, name))
         os.mkdir(os.path.join(workdir, name))  # a folder where the file goes

@@ -221,3 +221,107 @@ def test_mesh_2d(tmp_path, monkeypatch, capsys) -> None:
     assert "ensemble 3    cpu:6     cpu:7     members 6-7" in out
     assert "on mesh ensemble=4 x data=2" in out  # the library's own line: the mesh it used
     assert "  member 7 " in out and "  ensemble " in out  # the final table
+
+
+# --- a task written outside the package ---------------------------------------------
+CUSTOM = EXAMPLES / "custom_task"
+
+
+@pytest.fixture(scope="module")
+def poisson():
+    """``examples/custom_task``'s ``poisson`` and ``main`` modules (importable by name: a
+    run records its task as ``poisson:Poisson``)."""
+    sys.path.insert(0, os.fspath(CUSTOM))
+    try:
+        yield types.SimpleNamespace(
+            task=importlib.import_module("poisson"), main=importlib.import_module("main")
+        )
+    finally:
+        sys.path.remove(os.fspath(CUSTOM))
+        sys.modules.pop("main", None)
+
+
+def test_the_custom_task_runs_every_step_with_nothing_changed_inside(poisson, tmp_path, capsys):
+    """A task of the user's: the Ensemble API, the loop in chunks, a stop and an exact
+    resume, evaluate, predict and export (under ~200 lines, examples/custom_task)."""
+    need_devices(8)
+    lines = sum(len(p.read_text().splitlines()) for p in CUSTOM.glob("*.py"))
+    assert lines < 200
+    workdir = os.fspath(tmp_path / "counts")
+    made = poisson.main.main(["--workdir", workdir, "--epochs", "2"])
+    run, resumed = made["run"], made["resumed"]
+    assert run.history[-1]["step"] == 16 and np.isfinite(run.history[-1]["test_nll"])
+    chex.assert_trees_all_equal(jax.device_get(run.state.params),
+                                jax.device_get(resumed.state.params))  # fmt: skip
+    saved = json.loads((tmp_path / "counts" / "config.json").read_text())
+    assert saved["task"] == "poisson:Poisson" and saved["resolved"]["chunk_steps"] == 4
+    assert made["result"]["test_nll"] == pytest.approx(run.history[-1]["test_nll"], rel=1e-6)
+    data = poisson.main.counts()
+    want = np.asarray(me.distributed.fetch(run.ensemble.predict(run.state, data.x_test[:5])))
+    np.testing.assert_allclose(made["predicted"], want, rtol=1e-5)
+    assert made["meta"]["task"] == "poisson" and made["meta"]["members"] == 4
+    exp = jax.export.deserialize(
+        bytearray((tmp_path / "counts_export" / "ensemble.jax").read_bytes())
+    )
+    got = np.asarray(exp.call(data.x_test[:5])["prediction"])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert "resumed from step 6 to 16" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("backend", ["shard_map", "pmap"])
+def test_the_custom_task_is_mesh_invariant_and_its_members_train_alone(poisson, backend):
+    """The parity suites for the example task: the same members on every mesh shape and
+    backend, and each member equal to one model trained alone with the task's loss."""
+    need_devices(8)
+    import optax
+
+    data = poisson.main.counts(64, 16)
+    x, y = data.x_train[:32], data.y_train[:32]
+
+    def steps(mesh):
+        ens = me.Ensemble(me.models.MLP((16,), num_classes=1), optax.adam(0.01), 8, mesh,
+                          backend=backend, task=poisson.task.Poisson())  # fmt: skip
+        state = ens.init(jax.random.key(0), x[:1])
+        for _ in range(3):
+            state, metrics = ens.train_step(state, x, y)
+        return {"params": state.params, "loss": metrics["loss"], "nll": metrics["ensemble_nll"]}
+
+    shapes = (
+        [(8, 1), (4, 2), (2, 4), (1, 8), (1, 1)] if backend == "shard_map" else [(8, 1), (1, 8)]
+    )
+    me.testing.assert_mesh_invariant(steps, shapes)
+    net, task = me.models.MLP((16,), num_classes=1), poisson.task.Poisson()
+    ens = me.Ensemble(net, optax.adam(0.01), 8, me.make_mesh(4, 2), task=task)
+    me.testing.assert_members_match_single_model_training(ens, jax.random.key(0), x, y)
+
+
+@pytest.mark.slow
+def test_the_custom_task_on_two_processes_equals_one(poisson, tmp_path, monkeypatch):
+    """2 processes x 4 devices train the example task as 1 x 8 (--task poisson:Poisson)."""
+    from meshensemble.runtime.distributed import launch_local
+
+    need_devices(8)
+    data = poisson.main.counts(128, 32)
+    npz = tmp_path / "counts.npz"
+    np.savez(npz, x_train=data.x_train, y_train=data.y_train, x_test=data.x_test,
+             y_test=data.y_test)  # fmt: skip
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([os.fspath(CUSTOM), os.environ.get("PYTHONPATH", "")])
+    )
+    argv = ["train", "--task", "poisson:Poisson", "--source", "npz", "--data-file", str(npz),
+            "--members", "8", "--mesh", "ensemble=4,data=2", "--optimizer", "adam",
+            "--learning-rate", "0.01", "--batch-size", "32", "--max-steps", "3", "--quiet",
+            "--no-compile-cache"]  # fmt: skip
+    assert launch_local([*argv, "--workdir", str(tmp_path / "multi")], 2, 4, timeout=400,
+                        prefix_output=False) == 0  # fmt: skip
+    from meshensemble.cli import main
+
+    assert main([*argv, "--workdir", str(tmp_path / "one")]) == 0
+    for name in ("multi", "one"):
+        assert (
+            json.loads((tmp_path / name / "config.json").read_text())["task"] == "poisson:Poisson"
+        )
+    one = (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()[-1]
+    multi = (tmp_path / "multi" / "metrics.jsonl").read_text().splitlines()[-1]
+    for key, value in json.loads(multi).items():
+        np.testing.assert_allclose(value, json.loads(one)[key], rtol=1e-5, atol=1e-5, err_msg=key)

@@ -156,7 +156,7 @@ def test_the_run_plan_follows_from_the_config_and_data_size():
 
     cfg = me.TrainConfig(members=8, batch_size=100, epochs=3)
     assert plan_training(cfg, 1050, 8, "cpu") == TrainPlan(
-        mesh={"ensemble": 8, "data": 1}, steps_per_epoch=10, total_steps=30, chunk=1
+        mesh={"ensemble": 8, "data": 1}, steps_per_epoch=10, total_steps=30, chunk=1, batch=100
     )
     assert plan_training(cfg, 1050, 8, "gpu").chunk == 10  # an epoch per call
     capped = me.TrainConfig(members=4, batch_size=100, epochs=3, max_steps=7, chunk_steps=5)
@@ -190,7 +190,7 @@ def test_ood_scoring_and_calibration_logits_stream_through_the_one_engine(monkey
     """
     from meshensemble.calibration import run as calibrate_run
     from meshensemble.core import streaming
-    from meshensemble.evaluation import run as evaluation_run
+    from meshensemble.tasks import ood as evaluation_run
 
     ens = me.Ensemble(me.models.MLP((16,)), TX, 2, me.make_mesh(ensemble=2, data=1))
     state = ens.init(jax.random.key(0), IMAGES[:1])
@@ -247,17 +247,17 @@ def test_ood_scores_reduced_on_the_mesh_match_the_whole_array_scores(shape, back
     bin sums equal what the metrics compute from the whole ``[members, N, classes]``.
     """
     need_devices(4)
-    from meshensemble.evaluation import run as evaluation_run
+    from meshensemble.tasks import ood as evaluation_run
 
     ens = me.Ensemble(me.models.MLP((16,)), TX, 4, me.make_mesh(*shape), backend=backend)
     state = ens.init(jax.random.key(1), IMAGES[:1])
     x, y = np.concatenate([IMAGES, IMAGES[:2]]), np.concatenate([LABELS, LABELS[:2]])
     out = evaluation_run.stream_scores(ens, state, x, y, batch_size=4, num_bins=5)
     z = np.asarray(ens.predict_members(state, x, logits=True))
-    for kind in me.evaluation.OOD_SCORE_KINDS:
+    for kind in me.tasks.ood.OOD_SCORE_KINDS:
         want = np.asarray(me.metrics.ood_score_from_logits(z, kind))
         np.testing.assert_allclose(out["scores"][kind], want, rtol=1e-5, atol=1e-6)
-    for kind in me.evaluation.MEMBER_OOD_KINDS:
+    for kind in me.tasks.ood.MEMBER_OOD_KINDS:
         want = np.stack([me.metrics.ood_score_from_logits(z[m][None], kind) for m in range(4)])
         np.testing.assert_allclose(out["member_scores"][kind], want, rtol=1e-5, atol=1e-6)
     p = np.asarray(jax.nn.softmax(z))

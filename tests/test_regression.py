@@ -422,8 +422,8 @@ def test_regression_run_writes_standardised_outputs_and_resumes_exactly(tmp_path
     testing.assert_trees_close(resumed.state.params, whole.state.params, rtol=0, atol=0)
 
     saved = json.loads((tmp_path / "a" / "config.json").read_text())
-    stats_ = saved["resolved"]["standardizer"]
-    np.testing.assert_allclose(stats_["y_mean"], whole.dataset.y_train.mean(0), rtol=1e-5)
+    shift = saved["resolved"]["task"]["target_shift"]
+    np.testing.assert_allclose(shift, whole.dataset.y_train.mean(0), rtol=1e-5)
     assert saved["task"] == "regression" and saved["resolved"]["model"] == "mlp"
     assert (tmp_path / "a" / "regression.png").stat().st_size > 10_000
     last = whole.history[-1]
@@ -452,7 +452,7 @@ def test_regression_cli_on_an_npz_with_a_validation_split(tmp_path, capsys):
     assert not (tmp_path / "w" / "regression.png").exists()  # 3 features: no 1-D figure
     bad = ["train", "--source", "toy1d", "--workdir", str(tmp_path / "c")]
     assert cli.main(bad) == 2
-    assert "source='toy1d' is regression data; add --task regression" in capsys.readouterr().err
+    assert "not class labels; add --task regression" in capsys.readouterr().err
     np.savez(tmp_path / "e.npz", x_train=x, y_train=y)
     assert cli.main([*argv[:6], str(tmp_path / "e.npz"), "--workdir", str(tmp_path / "e")]) == 2
     assert "has no x_test, y_test" in capsys.readouterr().err
@@ -523,40 +523,59 @@ def test_the_diabetes_comparison_runs(capsys):
     assert set(rows["ensemble (8 MLP members, mixture)"]) >= {"nll", "crps", "coverage_90"}
 
 
-def test_the_run_plan_and_epoch_batches_are_pure_and_seeded():
-    run = me.training.regression_run
-    cfg = me.TrainConfig(task="regression", batch_size=8, epochs=40, mesh="ensemble=2,data=4")
-    plan = run.plan_run(cfg, 19, 8)
-    assert (plan.batch, plan.steps, plan.last, plan.every) == (8, 2, 80, 2)
-    rows = run.epoch_batches(cfg, plan, 3, 19)
-    assert rows.shape == (2, 8) and len(set(rows.ravel())) == 16
-    np.testing.assert_array_equal(rows, run.epoch_batches(cfg, plan, 3, 19))
-    per = dataclasses.replace(cfg, shuffle="per-member", members=4)
-    assert run.epoch_batches(per, plan, 3, 19).shape == (2, 4, 8)
+def test_the_run_plan_of_a_small_table_is_pure():
+    """Regression's default batch (None): the whole training split up to 128 rows; the
+    generic plan (the same for every task) refuses a batch the data axis does not divide."""
+    from meshensemble.training.plan import plan_training
+
+    cfg = me.TrainConfig(task="regression", batch_size=None, epochs=40, mesh="ensemble=2,data=4")
+    plan = plan_training(cfg, 16, 8, "cpu")
+    assert (plan.batch, plan.steps_per_epoch, plan.total_steps, plan.eval_every) == (16, 1, 40, 2)
+    assert plan_training(dataclasses.replace(cfg, mesh=""), 300, 8, "cpu").batch == 128
     with pytest.raises(
         ValueError,
-        match=r"the batch of all 3 training rows \(batch_size=8\) "
-        r"is not divisible by the mesh's data axis \(4\); use a mesh",
+        match=r"the batch of all 3 training examples \(batch_size=None\) "
+        r"is not divisible by the mesh's data axis \(4\)",
     ):
-        run.plan_run(cfg, 3, 8)
-    # Rounding 30 down to 28 made the run depend on the mesh: refused, the fix named.
-    with pytest.raises(ValueError, match=r"batch_size=30 .* axis \(4\); use --batch-size 28"):
-        run.plan_run(dataclasses.replace(cfg, batch_size=30), 300, 8)
-    assert run.plan_run(dataclasses.replace(cfg, batch_size=30, mesh=None), 300, 8).batch == 30
+        plan_training(cfg, 3, 8, "cpu")
+    with pytest.raises(ValueError, match=r"batch_size=30 .* axis \(4\); use a --batch-size"):
+        plan_training(dataclasses.replace(cfg, batch_size=30), 300, 8, "cpu")
 
 
 @pytest.mark.parametrize(
     "kw, match",
     [
-        ({"bootstrap": True}, r"bootstrap=True is not available with task='regression'"),
-        ({"source": "sample"}, r"source='sample' holds images and class labels"),
-        ({"task": "classification", "source": "diabetes"}, r"add --task regression"),
-        ({"model": "resnet"}, r"model='resnet' takes images; .* use --model mlp"),
+        ({"source": "sample"}, r"mnist has class labels \(4000,\) .*drop --task regression"),
+        ({"task": "classification", "source": "diabetes"}, r"not class labels; add --task regr"),
+        ({"model": "resnet"}, r"model='resnet' cannot take inputs of shape \[N, 1\] .*--model mlp"),
+        ({"augment": "shift"}, r"augment='shift' shifts or crops images .* at none"),
+        ({"label_smoothing": 0.1}, r"label_smoothing=0.1 is for class labels"),
+        ({"validation": 19}, r"1 training row\(s\) after the validation split"),
     ],
 )
-def test_regression_config_errors(kw, match):
-    with pytest.raises(ValueError, match=match):
-        me.TrainConfig(**({"task": "regression"} | kw)).validate()
+def test_regression_run_refusals(kw, match, tmp_path):
+    """Options and data a regression run cannot take: one line, nothing written."""
+    cfg = me.TrainConfig(**({"task": "regression", "source": "toy1d", "batch_size": None,
+                             "workdir": str(tmp_path / "w")} | kw))  # fmt: skip
+    with pytest.raises((ValueError, me.DataError), match=match) as err:
+        me.training.train(cfg)
+    assert "\n" not in str(err.value) and not (tmp_path / "w").exists()
+
+
+def test_constant_targets_are_refused_in_one_line(tmp_path):
+    """A table whose targets never vary trained with exit 0 and no word (issue 37)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 2)).astype(np.float32)
+    path = tmp_path / "flat.npz"
+    np.savez(path, x_train=x[:32], y_train=np.full(32, 3.0, np.float32), x_test=x[32:],
+             y_test=np.full(8, 3.0, np.float32))  # fmt: skip
+    cfg = me.TrainConfig(task="regression", source="npz", data_file=str(path), batch_size=None,
+                         workdir=str(tmp_path / "w"))  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"y_train \(32, 1\) is constant in target column\(s\) \[0\]"
+    ):
+        me.training.train(cfg)
+    assert not (tmp_path / "w").exists()
 
 
 def test_metrics_from_member_arrays_equal_the_streamed_evaluation():
@@ -621,7 +640,7 @@ def test_a_regression_run_failing_before_its_first_checkpoint_leaves_nothing(tmp
     def boom(self, *args, **kwargs):
         raise RuntimeError("boom in the first step")
 
-    monkeypatch.setattr(me.Ensemble, "train_step", boom)
+    monkeypatch.setattr(me.training.Feeder, "run", boom)
     workdir = tmp_path / "r"
     argv = ["train", "--task", "regression", "--source", "toy1d", "--members", "2"]
     assert cli.main([*argv, "--mesh", "ensemble=2,data=1", "--workdir", str(workdir)]) == 1

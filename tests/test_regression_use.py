@@ -18,7 +18,8 @@ from conftest import need_devices
 
 import meshensemble as me
 from meshensemble import calibration, cli
-from meshensemble.training.regression_run import build_regression_ensemble, split_validation
+from meshensemble.training.restore import run_mesh
+from meshensemble.training.rundata import input_record
 
 ALPHA = 0.1
 VALIDATION = 100
@@ -43,11 +44,15 @@ def _reference(workdir: str, data: me.data.RegressionData, mesh: str, **fields):
     ``fields`` override its config (e.g. ``shard_members=False``)."""
     saved = json.loads(pathlib.Path(workdir, "config.json").read_text())
     cfg = me.TrainConfig(**{k: v for k, v in saved.items() if k != "resolved"} | fields)
-    train, val = split_validation(data, cfg.validation, cfg.seed)
-    stats = me.data.standardizer(train)
+    split = me.data.split_validation(data, cfg.validation, cfg.seed)
+    train, val = split.train, (split.x, split.y)
+    task = me.tasks.Regression().for_data(train, {})
+    stats = input_record(train.x_train)["stats"]
     steps = saved["resolved"]["steps_per_epoch"]
-    ens = build_regression_ensemble(cfg, me.evaluation.regression.run_mesh(mesh, 4), stats, 1,
-                                    steps)  # fmt: skip
+    ens = me.training.build_ensemble(
+        cfg, run_mesh(mesh, 4), train.num_train, train.x_train[:1], task=task,
+        input_stats=stats, steps_per_epoch=steps,
+    )  # fmt: skip
     state, _, step = me.restore_checkpoint(workdir, ens, data.x_test[:1], move_damaged=False)
     return types.SimpleNamespace(ens=ens, state=state, step=step, val=val)
 
@@ -113,7 +118,7 @@ def test_calibrate_fits_on_validation_and_covers_the_test_split(run):
 
 def test_predictor_equals_ensemble_predict_and_applies_the_calibration(run, tmp_path):
     p = me.load_predictor(run.workdir, mesh="ensemble=2,data=4", batch_size=24)
-    assert isinstance(p, me.serving.RegressionPredictor)
+    assert isinstance(p, me.Predictor) and p.task.name == "regression"
     x = run.data.x_test[:37]
     want = me.distributed.fetch(run.ref.ens.predict(run.ref.state, x))
     raw = p.predict(x, scale=False)
@@ -157,7 +162,7 @@ def test_export_equals_predict_for_batches_of_1_and_7(run, tmp_path):
     assert meta["variance_scale"] == cal["variance_scale"]
     assert meta["conformal"] == {"quantile": cal["conformal"]["quantile"], "alpha": ALPHA}
     saved = json.loads(pathlib.Path(run.workdir, "config.json").read_text())["resolved"]
-    assert meta["standardizer"] == saved["standardizer"]
+    assert meta["preprocessing"] == {"task": saved["task"], "input": saved["input"]}
     exp = jax.export.deserialize(bytearray(pathlib.Path(out, "ensemble.jax").read_bytes()))
     p = me.load_predictor(run.workdir)
     for n in (1, 7):
@@ -165,7 +170,7 @@ def test_export_equals_predict_for_batches_of_1_and_7(run, tmp_path):
         got, want = exp.call(x), p.outputs(x, members=True)
         for k in ("mean", "variance", "member_mean", "member_variance"):
             np.testing.assert_allclose(np.asarray(got[k]), want[k], rtol=1e-5, atol=1e-5)
-        lower, upper = me.serving.regression.intervals_from(got["mean"], got["variance"], meta)
+        lower, upper = me.tasks.regression.intervals_from(got["mean"], got["variance"], meta)
         np.testing.assert_allclose(upper, want["upper"], rtol=1e-5, atol=1e-4)
 
 
@@ -227,8 +232,9 @@ def test_one_line_refusals(run, tmp_path, capsys):
     _refused(capsys, ["evaluate", "--workdir", novalid, "--calibrate"], "no validation split")
     small = ["evaluate", "--workdir", run.plain, "--calibrate", "--alpha", "0.005"]
     _refused(capsys, small, "too small for the run's 100 validation scores")
-    _refused(capsys, [*small[:3], "--conformal", "aps"], "is for classification sets")
-    _refused(capsys, [*small[:3], "--ood", "inverted"], "is a regression run: OOD sets")
+    _refused(capsys, [*small[:4], "--conformal", "aps"], "is for classification sets")
+    _refused(capsys, [*small[:3], "--conformal", "aps"], "add --calibrate, or drop --conformal")
+    _refused(capsys, [*small[:3], "--ood", "inverted"], "task 'regression' offers no OOD sets")
     assert not os.path.exists(os.path.join(run.plain, "evaluation.json"))
     _refused(capsys, ["train", "--task", "classification", "--workdir", run.plain],
              "holds a regression run, which a resumed command continues")  # fmt: skip
@@ -239,12 +245,14 @@ def test_one_line_refusals(run, tmp_path, capsys):
     arrays["y_test"] = arrays["y_test"] + 1
     np.savez(other, **arrays)
     _refused(capsys, ["evaluate", "--workdir", run.plain, "--data-file", str(other)],
-             "drop --source/--data-file to load what it recorded")  # fmt: skip
+             "drop --source/--data-file/--data-dir to load what it recorded")  # fmt: skip
     assert not os.path.exists(os.path.join(run.plain, "evaluation.json"))
     changed = os.fspath(tmp_path / "changed")  # the recorded file itself changed
     shutil.copytree(run.plain, changed)
-    _edit_config(changed, data_file=str(other))
-    _refused(capsys, ["evaluate", "--workdir", changed], "the test split(s) of this data")
+    saved = json.loads(pathlib.Path(changed, "config.json").read_text())
+    saved["resolved"]["data_identity"]["data_file"] = str(other)  # where the run's data is
+    _edit_config(changed, data_file=str(other), resolved=saved["resolved"])
+    _refused(capsys, ["evaluate", "--workdir", changed], "the test split of this data")
     _refused(capsys, ["evaluate", "--workdir", changed], "has changed since it was trained")
 
     np.save(tmp_path / "x3.npy", np.zeros((4, 3), np.float32))

@@ -43,8 +43,15 @@ def _reference(workdir: str, mesh: str, temperature=None):
     return types.SimpleNamespace(ens=ens, state=state, step=step)
 
 
+def _identity(workdir: str, step: int) -> dict:
+    """The run identity a calibration of ``workdir``'s checkpoint ``step`` is fitted for."""
+    cfg = me.training.restore.load_run_config(workdir)
+    return me.training.restore.run_identity(workdir, cfg, step)
+
+
 def _write_calibration(workdir: str, step: int) -> None:
-    section = {"temperature": T, "conformal": {"method": "thr", "alpha": 0.1, "threshold": Q}}
+    section = {"temperature": T, "conformal": {"method": "thr", "alpha": 0.1, "threshold": Q},
+               "fitted_for": _identity(workdir, step)}  # fmt: skip
     with open(os.path.join(workdir, "evaluation.json"), "w") as f:
         json.dump({"checkpoint_step": step, "calibration": section}, f)
 
@@ -119,11 +126,12 @@ def test_predictor_equals_ensemble_predict_on_the_restored_state(run, mesh):
     np.testing.assert_array_equal(out["prediction_set"], sets)
     np.testing.assert_array_equal(p.prediction_sets(run.images), sets)
     assert 0 < sets.sum() < sets.size and (sets.sum(-1) != 1).any()  # not trivial sets
-    assert set(p.uncertainty(run.images)) == set(predictor.UNCERTAINTY_KEYS)
+    assert set(p.uncertainty(run.images)) == set(me.tasks.classification.UNCERTAINTY_KEYS)
 
 
 def test_calibration_of_another_checkpoint_or_none_gives_no_sets(run):
-    cal, why = predictor.read_calibration(run.workdir, 10**6)
+    task, ident = me.tasks.Classification(), _identity(run.workdir, run.ref.step)
+    cal, why = predictor.read_calibration(run.workdir, task, 10**6, ident)
     assert cal is None and "is of checkpoint" in why
     p = me.load_predictor(run.plain)
     assert p.calibration is None and "prediction_set" not in p.outputs(run.images[:3])
@@ -399,9 +407,11 @@ def test_reads_the_calibration_evaluate_calibrate_writes(run, tmp_path):
     x, y = run.images, np.asarray(data.synthetic(NUM_TRAIN, NUM_TEST, seed=3).test_labels)
     y = np.where(np.arange(len(y)) % 3 == 0, (y + 1) % 10, y)  # some wrong: T is no bound
     section, _ = calibrate_ensemble(run.ref.ens, run.ref.state, (x, y), (x, y), 0.2, "aps")
-    result = {"checkpoint_step": run.ref.step, "calibration": section}  # as evaluate_run
-    (tmp_path / "evaluation.json").write_text(json.dumps(result))
-    cal, why = predictor.read_calibration(str(tmp_path), run.ref.step)
+    ident = _identity(run.workdir, run.ref.step)
+    result = {"checkpoint_step": run.ref.step, "calibration": section | {"fitted_for": ident}}
+    (tmp_path / "evaluation.json").write_text(json.dumps(result))  # as evaluate_run writes it
+    task = me.tasks.Classification()
+    cal, why = predictor.read_calibration(str(tmp_path), task, run.ref.step, ident)
     assert why == "" and cal.temperature == section["temperature"]
     assert (cal.method, cal.alpha) == ("aps", 0.2)
     assert cal.threshold == section["conformal"]["threshold"]

@@ -22,7 +22,8 @@ from conftest import need_devices
 import meshensemble as me
 from meshensemble import cli
 from meshensemble.cli import train as cli_train
-from meshensemble.training import Feeder, TrainConfig, build_ensemble, final_table, train
+from meshensemble.tasks.classification import final_table
+from meshensemble.training import Feeder, TrainConfig, build_ensemble, train
 from meshensemble.training.guards import NonFiniteGuard
 
 DATA = me.data.synthetic(num_train=192, num_test=40, seed=0)

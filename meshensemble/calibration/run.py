@@ -2,10 +2,10 @@
 
 :func:`calibrate_ensemble` fits a temperature ("pool, then calibrate") and a split-conformal
 threshold on a run's validation split and scores the test set before and after;
-:func:`calibration_line` summarises it, :func:`write_calibration_plot` draws it.
-:func:`check_calibrate` and :func:`check_split` are the one-line refusals
-:func:`meshensemble.evaluation.evaluate_run` runs before any work. The names stay importable
-from :mod:`meshensemble.evaluation`.
+:func:`calibration_line` summarises it, :func:`draw_calibration` draws it.
+:func:`check_calibration` and :func:`check_split` are the one-line refusals run before
+any work (the classification task's calibrator, :class:`meshensemble.tasks.Classification`,
+calls them; :func:`meshensemble.evaluation.evaluate_run` asks the task).
 
 Example:
   >>> val, test = (val_images, val_labels), (test_images, test_labels)
@@ -19,7 +19,6 @@ Example:
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,7 +37,6 @@ from meshensemble.calibration.temperature import apply_temperature, ensemble_log
 from meshensemble.core import streaming
 from meshensemble.runtime.distributed import fetch
 from meshensemble.training.identity import read_saved_config
-from meshensemble.training.outputs import writing
 
 TEMPERATURE_BOUNDS = (1e-3, 1e3)
 """Range searched for T; a fit at a bound (the NLL still falls there) is refused, not applied
@@ -50,33 +48,30 @@ CALIBRATION_PLOT = "calibration.png"
 """Reliability before / after temperature scaling and the conformal set-size histogram."""
 
 
-def check_calibrate(
-    workdir: str, cfg: Any, alpha: float, method: str, note: Callable[[str], None] | None = None
+def check_calibration(
+    n: int, alpha: float, method: str, note: Callable[[str], None] | None = None
 ) -> None:
-    """One-line refusals before any work, from the run's ``config.json``.
+    """One-line refusals of a classification calibration on ``n`` validation examples.
 
-    Refuses no validation split, a bad alpha or method, and an alpha too small for the
-    split (split conformal needs ``n >= 1 / alpha - 1``); warns when the split is small for
-    the alpha (``n + 1 < 10 / alpha``: the coverage then exceeds ``1 - alpha`` by up to
-    ``1 / (n + 1)``, more than a tenth of alpha) or for a temperature (fewer than
+    Refuses a bad alpha or method, and an alpha too small for the split (split conformal
+    needs ``n >= 1 / alpha - 1``); warns when the split is small for the alpha (``n + 1 <
+    10 / alpha``: the coverage then exceeds ``1 - alpha`` by up to ``1 / (n + 1)``, more
+    than a tenth of alpha) or for a temperature (fewer than
     :data:`MIN_TEMPERATURE_EXAMPLES`). A warning goes to ``note`` as one line when given
     (the CLI prints it), else to :func:`warnings.warn`.
 
     Raises:
       ValueError: one line naming the problem and the fix.
+
+    Example:
+      >>> check_calibration(1000, 0.1, "thr")   # None: a split large enough
     """
-    if not cfg.validation:
-        raise ValueError(
-            f"run {workdir} has no validation split to calibrate on (the test set is never "
-            "used for fitting); train with --validation N first"
-        )
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
         raise ValueError(f"alpha={alpha!r} must lie in (0, 1), e.g. 0.1 for 90% coverage")
     if method not in METHODS:
         raise ValueError(f"unknown conformal method {method!r}; use {METHODS}")
-    n = int(cfg.validation)
     warn = note or (lambda msg: warnings.warn(msg, stacklevel=3))
-    check_alpha_for(n, alpha, f"the {n} validation examples of run {workdir}")
+    check_alpha_for(n, alpha, f"the {n} validation examples")
     if n + 1 < 10 / alpha:
         warn(
             f"{n} validation examples are few for alpha={alpha:g}: the sets cover up to "
@@ -279,15 +274,20 @@ def calibration_line(section: Mapping[str, Any]) -> str:
     )
 
 
-def write_calibration_plot(workdir: str, section: Mapping[str, Any], curves: Any) -> None:
+def draw_calibration(path: str, section: Mapping[str, Any], curves: Any) -> None:
+    """Draws ``calibration.png``: reliability before/after ``T``, the set sizes.
+
+    Example:
+      >>> val, test = (val_images, val_labels), (test_images, test_labels)
+      >>> section, curves = calibrate_ensemble(ens, state, val, test, alpha=0.1)
+      >>> draw_calibration("calibration.png", section, curves)
+    """
     from meshensemble import plots
 
-    path = os.path.join(workdir, CALIBRATION_PLOT)
     b, a, c = section["before"], section["after"], section["conformal"]
     labelled = {
         f"ensemble (ECE {b['ece']:.4f})": curves["before"],
         f"T={section['temperature']:.3f} (ECE {a['ece']:.4f})": curves["after"],
     }
     title = f"{c['method']}, alpha={c['alpha']:g}"
-    with writing(path):
-        plots.calibration_summary(labelled, c["set_size_counts"], path, title)
+    plots.calibration_summary(labelled, c["set_size_counts"], path, title)

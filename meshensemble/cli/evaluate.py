@@ -10,7 +10,7 @@ Example:
   >>> main(["evaluate", "--workdir", "runs/tiny", "--ood", "noise"])
   data: MNIST from ...mnist.npz ...
   ...
-  wrote evaluation.json, reliability_diagram.png and ood_histogram.png to runs/tiny
+  wrote evaluation.json, ood_histogram.png and reliability_diagram.png to runs/tiny
   0
 """
 
@@ -26,15 +26,7 @@ from meshensemble.cli.common import (
     add_field_flag,
     setup_devices,
 )
-from meshensemble.evaluation import (
-    CALIBRATION_PLOT,
-    DEFAULT_OOD,
-    EVALUATION_FILE,
-    OOD_PLOT,
-    OOD_SETS,
-    RELIABILITY_PLOT,
-    evaluate_run,
-)
+from meshensemble.evaluation import CALIBRATION_PLOT, EVALUATION_FILE, evaluate_run
 from meshensemble.training.config import config_field, field_help
 
 
@@ -59,10 +51,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "evaluate",
         help="evaluate a trained run: test metrics, calibration, OOD detection",
         description=(
-            "Evaluate a trained run: test metrics of the ensemble and its members, "
-            "OOD detection (AUROC/AUPR of max_prob, entropy and mutual information) and "
-            f"calibration. Writes {EVALUATION_FILE}, {RELIABILITY_PLOT} and {OOD_PLOT} to "
-            "the workdir."
+            "Evaluate a trained run as its task scores it: test metrics of the ensemble and "
+            "its members, what the task adds (classification: OOD detection, AUROC/AUPR of "
+            "max_prob, entropy and mutual information, and the reliability diagram) and "
+            f"calibration. Writes {EVALUATION_FILE} and the task's figures to the workdir."
         ),
     )
     p.set_defaults(run=run)
@@ -77,8 +69,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add(
         "--ood",
         action="append",
-        choices=OOD_SETS,
-        help=f"an OOD set; repeat for several (default: {' and '.join(DEFAULT_OOD)})",
+        metavar="SET",
+        help="an OOD set of the run's task; repeat for several (classification: noise, "
+        "inverted, fashion_mnist; default the task's own: noise and inverted)",
     )
     add("--ood-file", help="a Keras-layout Fashion-MNIST .npz for --ood fashion_mnist")
     add_fake_devices_flag(p)
@@ -130,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     evaluate_run(
         args.workdir,
         checkpoint=args.checkpoint,
-        ood=tuple(args.ood) if args.ood else DEFAULT_OOD,
+        ood=tuple(args.ood) if args.ood else None,
         mesh=args.mesh,
         batch_size=args.eval_batch_size,
         num_bins=args.num_bins,

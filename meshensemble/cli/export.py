@@ -29,7 +29,7 @@ from meshensemble.cli.common import (
 )
 from meshensemble.serving.export import ARTIFACT_FILE, METADATA_FILE, PLATFORMS, export_ensemble
 from meshensemble.serving.predictor import load_predictor
-from meshensemble.training.outputs import check_writable
+from meshensemble.training.outputs import check_writable, note_output
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -54,9 +54,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="export a trained run as a jax.export artifact (JAX alone runs it)",
         description=(
             f"Export a trained run: DIR/{ARTIFACT_FILE} (jax.export.Exported.serialize() of "
-            "the ensemble's prediction, parameters embedded, raw uint8 images in, symbolic "
-            f"batch) and DIR/{METADATA_FILE} (input, classes, temperature, conformal "
-            "threshold, data identity, versions)."
+            "the ensemble's prediction as the run's task exports it, parameters embedded, "
+            f"raw inputs in, symbolic batch) and DIR/{METADATA_FILE} (input, the task's "
+            "outputs and calibration, preprocessing, data identity, versions)."
         ),
     )
     p.set_defaults(run=run)
@@ -100,17 +100,14 @@ def run(args: argparse.Namespace) -> int:
     for line in notes:
         print(line, file=sys.stderr)
     meta = export_ensemble(predictor, args.out, platforms)
-    if meta.get("task") == "regression":
-        scale = meta["variance_scale"]
-        cal = "uncalibrated" if scale is None else f"variance scale {scale:.4g}"
-        what = f"{meta['targets']} targets"
-    else:
-        t = meta["temperature"]
-        cal = "uncalibrated" if t is None else f"temperature {t:.4g}"
-        what = f"{meta['classes']} classes"
+    note_output(args.workdir, os.path.join(args.out, ARTIFACT_FILE))  # a folder inside the run's
+    note_output(args.workdir, os.path.join(args.out, METADATA_FILE))
+    cal = predictor.calibration
+    how = "uncalibrated" if cal is None else predictor.task.calibration_summary(cal, True, {})
+    width = f", {meta['classes']} classes" if meta.get("classes") else ""
+    width += f", {meta['targets']} targets" if meta.get("targets") else ""
     print(
-        f"wrote {ARTIFACT_FILE} and {METADATA_FILE} to {args.out}: {meta['members']} members, "
-        f"{what}, checkpoint {meta['checkpoint_step']}, {cal}, for "
-        f"{', '.join(meta['platforms'])}"
+        f"wrote {ARTIFACT_FILE} and {METADATA_FILE} to {args.out}: {meta['members']} members"
+        f"{width}, checkpoint {meta['checkpoint_step']}, {how}, for {', '.join(meta['platforms'])}"
     )
     return 0

@@ -1,10 +1,11 @@
-"""``meshensemble predict``: a trained run's predictions on new images, to ``.npz`` or ``.csv``.
+"""``meshensemble predict``: a trained run's predictions on new inputs, to ``.npz`` or ``.csv``.
 
-Reads a ``.npy`` (memory-mapped), a ``.npz`` or a folder of PNG/JPEG images
-(:func:`meshensemble.serving.open_images`), streams it through the run's ensemble on this
-machine's devices (:meth:`meshensemble.Predictor.outputs`) and writes the result
-atomically (:func:`meshensemble.serving.outputs.write_predictions`). Every bad value is
-refused in one line before anything is written.
+One path for every task: reads a ``.npy`` (memory-mapped), a ``.npz`` or (for images) a
+folder of PNG/JPEG images (:func:`meshensemble.serving.open_inputs`), streams it through
+the run's ensemble on this machine's devices (:meth:`meshensemble.Predictor.outputs`: what
+the run's task serves) and writes the result atomically
+(:func:`meshensemble.serving.outputs.write_predictions`). Every bad value is refused in one
+line before anything is written.
 
 Example:
   >>> from meshensemble.cli import main
@@ -28,12 +29,14 @@ from meshensemble.cli.common import (
     add_field_flag,
     setup_devices,
 )
-from meshensemble.evaluation import load_run_config
-from meshensemble.serving.inputs import open_features, open_images
+from meshensemble.serving.inputs import open_inputs
 from meshensemble.serving.outputs import check_out_file, write_predictions
-from meshensemble.serving.predictor import IMAGE_DTYPE, load_predictor, read_calibration
+from meshensemble.serving.predictor import load_predictor, read_calibration
 from meshensemble.training.checkpoint import list_checkpoints
 from meshensemble.training.config import config_field, field_help
+from meshensemble.training.identity import read_saved_config
+from meshensemble.training.outputs import note_output
+from meshensemble.training.restore import load_run_config, run_identity, run_task
 
 PROGRESS_MIN = 10_000
 """Inputs of at least this many images show a progress bar on stderr (unless ``--quiet``)."""
@@ -59,12 +62,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     """
     p = sub.add_parser(
         "predict",
-        help="predict new images with a trained run: probabilities, uncertainty, sets",
+        help="predict new inputs with a trained run: what its task serves",
         description=(
-            "Predict new images with a trained run: the ensemble's probabilities "
-            "(calibrated when `evaluate --calibrate` was run), label, confidence, entropy, "
-            "mutual information and, for a calibrated run, conformal prediction sets. "
-            "Writes a .npz (arrays) or a .csv (one row per image)."
+            "Predict new inputs with a trained run: what its task serves (classification: "
+            "the ensemble's probabilities, label, confidence, entropy, mutual information "
+            "and conformal prediction sets; regression: the mixture's mean, variance and its "
+            "parts, and conformal intervals), calibrated when `evaluate --calibrate` fitted "
+            "a calibration for this very run. Writes a .npz (arrays) or a .csv (a row each)."
         ),
     )
     p.set_defaults(run=run)
@@ -129,96 +133,45 @@ def run(args: argparse.Namespace) -> int:
             f"--members writes every member's arrays [members, N, ...], which {args.out} "
             "(one row per example) cannot hold; use --out FILE.npz, or drop --members"
         )
-    regression = load_run_config(args.workdir).task == "regression"
-    wrong = "--no-temperature" if regression else "--no-variance-scale"
-    if args.no_temperature if regression else args.no_variance_scale:
-        kind = "regression" if regression else "classification"
-        raise ValueError(f"{wrong} does not apply to {args.workdir}, a {kind} run; drop it")
-    if regression:
-        return run_regression(args)
-    from meshensemble.data import IMAGE_SHAPE
-
-    images = open_images(args.input, IMAGE_SHAPE, IMAGE_DTYPE)
+    cfg = load_run_config(args.workdir)
+    task = run_task(cfg, (read_saved_config(args.workdir) or {}).get("resolved") or {})
+    for flag, given in (("no_temperature", args.no_temperature),
+                        ("no_variance_scale", args.no_variance_scale)):  # fmt: skip
+        if given and flag != task.uncalibrated_flag:
+            raise ValueError(
+                f"--{flag.replace('_', '-')} does not apply to {args.workdir}, a {task.name} "
+                "run; drop it"
+            )
     if args.sets:  # before restoring: the newest (or named) checkpoint must be calibrated
         steps = list_checkpoints(args.workdir)
         step = args.checkpoint if args.checkpoint is not None else max(steps, default=None)
-        cal, why = read_calibration(args.workdir, step) if step is not None else (1, "")
-        if cal is None:
-            raise ValueError(f"no prediction sets: {why}")
-    notes: list[str] = []  # a damaged checkpoint skipped: said once the restore succeeded
+        if step is not None:
+            ident = run_identity(args.workdir, cfg, step)
+            cal, why = read_calibration(args.workdir, task, step, ident)
+            if cal is None:
+                raise ValueError(f"no {task.conformal_name}: {why}")
+    notes: list[str] = []  # said once the restore succeeded (a damaged checkpoint skipped...)
     predictor = load_predictor(
-        args.workdir,
-        args.mesh,
-        checkpoint=args.checkpoint,
-        batch_size=args.eval_batch_size,
+        args.workdir, args.mesh, checkpoint=args.checkpoint, batch_size=args.eval_batch_size,
         echo=notes.append,
-    )
+    )  # fmt: skip
     for line in notes:
         print(line, file=sys.stderr)
+    x = open_inputs(args.input, predictor.input_shape, predictor.input_dtype)
     if args.sets:
         predictor.check_sets()
     from tqdm import tqdm
 
-    quiet = args.quiet or len(images) < PROGRESS_MIN
-    with tqdm(total=len(images), unit="img", file=sys.stderr, disable=quiet, leave=False) as bar:
+    quiet = args.quiet or len(x) < PROGRESS_MIN
+    with tqdm(total=len(x), unit="ex", file=sys.stderr, disable=quiet, leave=False) as bar:
         out = predictor.outputs(
-            images,
-            members=args.members,
-            temperature=not args.no_temperature,
-            sets=True if args.sets else None,
-            progress=bar.update,
-        )
-    write_predictions(args.out, out, images.names)
+            x, members=args.members, calibrated=not (args.no_temperature or args.no_variance_scale),
+            sets=True if args.sets else None, progress=bar.update,
+        )  # fmt: skip
+    write_predictions(args.out, out, getattr(x, "names", None), task.csv_keys(out))
+    note_output(args.workdir, args.out)  # inside the run's folder: train --overwrite removes it
     if not args.quiet:
         print(summary(predictor, out, args))
-    return 0
-
-
-def run_regression(args: argparse.Namespace) -> int:
-    """``meshensemble predict`` on a regression run: features in, the mixture's moments out.
-
-    Writes ``mean``, ``variance``, ``aleatoric``, ``epistemic`` ``[N, T]`` (variances
-    scaled when calibrated, unless ``--no-variance-scale``), ``lower``/``upper`` when
-    calibrated, ``member_mean``/``member_variance`` with ``--members``.
-
-    Returns:
-      0 on success.
-    """
-    notes: list[str] = []
-    predictor = load_predictor(
-        args.workdir,
-        args.mesh,
-        checkpoint=args.checkpoint,
-        batch_size=args.eval_batch_size,
-        echo=notes.append,
-    )
-    for line in notes:
-        print(line, file=sys.stderr)
-    x = open_features(args.input, predictor.num_features)
-    if args.sets:
-        predictor.check_intervals()
-    from tqdm import tqdm
-
-    quiet = args.quiet or len(x) < PROGRESS_MIN
-    with tqdm(total=len(x), unit="row", file=sys.stderr, disable=quiet, leave=False) as bar:
-        out = predictor.outputs(
-            x,
-            members=args.members,
-            scale=not args.no_variance_scale,
-            intervals=True if args.sets else None,
-            progress=bar.update,
-        )
-    write_predictions(args.out, out)
-    if not args.quiet:
-        cal = predictor.calibration
-        how = "uncalibrated"
-        if cal is not None:
-            s = "not applied" if args.no_variance_scale else "applied"
-            how = f"variance scale {cal.variance_scale:.4g} {s}, intervals at alpha={cal.alpha:g}"
-        print(
-            f"wrote {len(x)} predictions ({', '.join(out)}) to {args.out}: checkpoint "
-            f"{predictor.step} of {args.workdir}, {how}"
-        )
     return 0
 
 
@@ -228,20 +181,18 @@ def summary(predictor: Any, out: dict[str, Any], args: argparse.Namespace) -> st
     Example:
       >>> predictor = me.load_predictor("runs/tiny")
       >>> out = predictor.outputs(images[:12])
-      >>> args = argparse.Namespace(out="p.npz", workdir="runs/tiny", no_temperature=False)
+      >>> args = argparse.Namespace(out="p.npz", workdir="runs/tiny", no_temperature=False,
+      ...                           no_variance_scale=False)
       >>> summary(predictor, out, args)
       'wrote 12 predictions (probs, label, ...) to p.npz: checkpoint 4 of runs/tiny, ...'
     """
-    cal = predictor.calibration
-    if cal is None:
-        how = "uncalibrated"
-    else:
-        t = "not applied" if args.no_temperature else "applied"
-        how = f"temperature {cal.temperature:.4g} {t}"
-        if "prediction_set" in out:
-            how += f", {cal.method} sets at alpha={cal.alpha:g}"
-    keys = ", ".join(out)
+    cal, task = predictor.calibration, predictor.task
+    how = "uncalibrated"
+    if cal is not None:
+        off = args.no_temperature or args.no_variance_scale
+        how = task.calibration_summary(cal, not off, out)
+    n = len(next(iter(out.values()), []))
     return (
-        f"wrote {len(out['label'])} predictions ({keys}) to {args.out}: checkpoint "
+        f"wrote {n} predictions ({', '.join(out)}) to {args.out}: checkpoint "
         f"{predictor.step} of {args.workdir}, {how}"
     )

@@ -23,10 +23,12 @@ Example:
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import PartitionSpec
@@ -36,6 +38,7 @@ from meshensemble.runtime.plugins import load_object
 
 __all__ = [
     "EvalSums",
+    "LocalReducer",
     "Reducer",
     "Task",
     "check_task",
@@ -118,16 +121,66 @@ class Reducer(Protocol):
         meets once (members passed round the ``ensemble`` ring), summed."""
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalReducer:
+    """A :class:`Reducer` over members all held in one place (no mesh, no collectives).
+
+    What an exported artifact (every member on one device) and a task's own tests use:
+    ``mean``/``sum``/``max``/``min`` over the leading member axis, ``pool`` and the data
+    reductions the identity, ``pairs`` one call on the whole stack.
+
+    Attributes:
+      members: ``M``.
+
+    Example:
+      >>> LocalReducer(2).mean(jnp.array([[1.0], [3.0]]))
+      Array([2.], dtype=float32)
+    """
+
+    members: int
+
+    def mean(self, x: PyTree) -> PyTree:
+        """The mean over the member axis 0."""
+        return jax.tree.map(lambda v: jnp.mean(v, axis=0), x)
+
+    def sum(self, x: PyTree) -> PyTree:
+        """The sum over the member axis 0."""
+        return jax.tree.map(lambda v: jnp.sum(v, axis=0), x)
+
+    def max(self, x: PyTree) -> PyTree:
+        """The maximum over the member axis 0."""
+        return jax.tree.map(lambda v: jnp.max(v, axis=0), x)
+
+    def min(self, x: PyTree) -> PyTree:
+        """The minimum over the member axis 0."""
+        return jax.tree.map(lambda v: jnp.min(v, axis=0), x)
+
+    def pool(self, x: PyTree) -> PyTree:
+        """``x``: every member is local, so the local mean is the mean."""
+        return x
+
+    def data_mean(self, x: PyTree) -> PyTree:
+        """``x``: the whole batch is here."""
+        return x
+
+    def data_sum(self, x: PyTree) -> PyTree:
+        """``x``: the whole batch is here."""
+        return x
+
+    def pairs(self, fn: Callable[[PyTree, PyTree], jax.Array], x: PyTree) -> jax.Array:
+        """``fn(x, x)``: every pair of members is in the one stack."""
+        return fn(x, x)
+
+
 class EvalSums(NamedTuple):
     """What a task's per-device evaluation returns for one batch, by layout.
 
-    Attributes:
-      totals: sums over the batch, the same on every device (replicated), e.g. ``{"nll":
-        [], "count": []}``; the batches' are added on the host.
-      members: per-member sums, leaves ``[m, ...]`` (split over ``ensemble``), added too.
-      examples: per-example values, leaves ``[b, ...]`` (split over ``data``), concatenated
-        over batches (the padding's rows dropped).
-      member_examples: per-member, per-example values ``[m, b, ...]``, concatenated on axis 1.
+    Its four fields: ``totals``, sums over the batch, the same on every device
+    (replicated), e.g. ``{"nll": [], "count": []}``, the batches' added on the host;
+    ``members``, per-member sums, leaves ``[m, ...]`` (split over ``ensemble``), added too;
+    ``examples``, per-example values, leaves ``[b, ...]`` (split over ``data``),
+    concatenated over batches (the padding's rows dropped); ``member_examples``,
+    per-member, per-example values ``[m, b, ...]``, concatenated on axis 1.
 
     Example:
       >>> EvalSums({"count": jnp.float32(3)})._fields
@@ -160,9 +213,16 @@ class Task(abc.ABC):
 
     Attributes:
       name: the registered name, recorded in ``config.json`` (``--task NAME``).
-      target_ndim: dimensions of one example's target: 0 for a class id, 1 for a row.
-      target_dtype: the dtype targets are placed on the devices with.
+      target_ndim, target_dtype: the dimensions of one example's target (0 for a class id,
+        1 for a row) and the dtype targets are placed on the devices with.
       input_word, target_word: what messages call a batch's inputs and targets.
+      auto_source: the data ``--source auto`` loads for this task when no file is given
+        (None: the default chain, MNIST).
+      uncalibrated_flag: the ``predict`` flag that writes outputs without the calibration's
+        scale (``"no_temperature"``, ``"no_variance_scale"``), or None.
+      conformal_name, conformal_view: what the calibrated conformal outputs are called
+        (e.g. ``"prediction sets"``) and the :meth:`view` that returns them (``"sets"``,
+        ``"intervals"``; ``""``: none).
       member_metric_names: what :meth:`member_metrics` returns (per member, ``[m]``).
       ensemble_metric_names: what :meth:`ensemble_metrics` returns; the train step reports
         them as ``ensemble_<name>`` (scalars; NaN for per-member batches).
@@ -178,6 +238,10 @@ class Task(abc.ABC):
     target_dtype: ClassVar[Any] = np.int32
     input_word: ClassVar[str] = "inputs"
     target_word: ClassVar[str] = "targets"
+    conformal_name: ClassVar[str] = "conformal outputs"
+    conformal_view: ClassVar[str] = ""
+    auto_source: ClassVar[str | None] = None
+    uncalibrated_flag: ClassVar[str | None] = None
     member_metric_names: ClassVar[tuple[str, ...]] = ()
     ensemble_metric_names: ClassVar[tuple[str, ...]] = ()
     cli_defaults: ClassVar[Mapping[str, Any]] = {}
@@ -252,13 +316,52 @@ class Task(abc.ABC):
             {"member_prediction": preds} if members else {}
         )
 
-    def finish(self, out: dict[str, Any], calibration: Any, **options) -> dict[str, Any]:
-        """The served arrays of a batch on the host, ``calibration`` applied (default: as is)."""
+    def finish(
+        self, out: dict[str, Any], calibration: Any, calibrated: bool, sets: bool
+    ) -> dict[str, Any]:
+        """A served batch on the host (numpy), with the run's calibration applied.
+
+        Args:
+          out: :meth:`serve`'s two dicts merged, numpy, padding dropped.
+          calibration: :meth:`read_calibration`'s object, or None (uncalibrated).
+          calibrated: apply the calibration's scale (``predict --no-temperature`` /
+            ``--no-variance-scale`` turn it off).
+          sets: add the calibration's conformal outputs (prediction sets, intervals).
+
+        Returns:
+          The arrays ``predict`` writes (default: ``out`` as it is).
+        """
         return dict(out)
 
-    def output_keys(self, members: bool, calibrated: bool) -> tuple[str, ...]:
-        """The keys ``predict`` writes, in order (default :meth:`serve`'s)."""
-        return ("prediction",) + (("member_prediction",) if members else ())
+    def csv_keys(self, out: Mapping[str, Any]) -> list[str]:
+        """The arrays of ``out`` a ``predict --out FILE.csv`` writes (default: those without
+        a member axis)."""
+        return [k for k in out if not k.startswith("member_")]
+
+    def view(self, out: dict[str, Any], which: str) -> Any:
+        """What ``Predictor.predict`` / ``predict_members`` / ``uncertainty`` /
+        ``prediction_sets`` / ``intervals`` return from :meth:`finish`'s arrays.
+
+        Args:
+          out: :meth:`finish`'s dict; which: ``"predict"``, ``"members"``,
+            ``"uncertainty"``, ``"sets"`` or ``"intervals"``.
+
+        Raises:
+          ValueError: the task has no such output (one line).
+        """
+        keys = {"predict": "prediction", "members": "member_prediction"}
+        if which not in keys:
+            raise ValueError(f"a {self.name} run has no {which.replace('_', ' ')}")
+        return out[keys[which]]
+
+    def exported(self, per_example: dict, per_member: dict, calibration: Any) -> dict:
+        """The exported artifact's outputs from :meth:`serve`'s (jit-able; default both)."""
+        return {**per_example, **per_member}
+
+    def export_metadata(self, calibration: Any, width: int) -> dict[str, Any]:
+        """The task's entries of ``export.json`` (outputs, calibration; ``width``: the
+        model's output width); default none."""
+        return {}
 
     def tempered(
         self,
@@ -279,8 +382,9 @@ class Task(abc.ABC):
           ValueError: the task has no temperature or logits (the default, one line).
         """
         raise ValueError(
-            f"temperature and logits are options of classification ensembles; task "
-            f"{self.name!r} has neither: drop them"
+            f"temperature and logits are for classification ensembles; task {self.name!r} has "
+            "neither (scale a regression ensemble's variance with "
+            "me.calibration.fit_variance_scale instead)"
         )
 
     def ood_sums(
@@ -325,7 +429,7 @@ class Task(abc.ABC):
         """This task set up for a run on ``dataset`` (e.g. statistics of its train split).
 
         Args:
-          dataset: the run's data after the validation split.
+          dataset: the run's data after the validation split (None: the options alone).
           options: the run's ``TrainConfig`` fields (as a dict).
 
         Returns:
@@ -351,7 +455,93 @@ class Task(abc.ABC):
         ``resolved``); default ``cls()``."""
         return cls()
 
-    # ------------------------------------------------------------ reports
+    # ------------------------------------------------------------ calibration
+    def check_calibration(
+        self, n: int, alpha: float, method: str, note: Callable[[str], None]
+    ) -> None:
+        """Refuses (one line) a calibration on ``n`` validation examples, before any work.
+
+        Args:
+          n: the validation split's examples; alpha: the conformal miscoverage;
+          method: the conformal score's name; note: where a warning line goes.
+
+        Raises:
+          ValueError: a bad option or too few examples (default: the task has no
+            calibrator).
+        """
+        raise ValueError(f"task {self.name!r} has no calibration; drop --calibrate")
+
+    def calibrate(self, ens: Any, state: Any, validation: Any, test: Any, **options) -> tuple:
+        """Fits the calibrator on ``validation = (x, y)``, scores ``test``.
+
+        ``options``: ``alpha``, ``method``, ``batch_size``, ``num_bins``.
+
+        Returns:
+          ``(section, figures)``: ``evaluation.json``'s ``calibration`` (JSON) and
+          ``{file name: draw(path)}``.
+        """
+        raise ValueError(f"task {self.name!r} has no calibration; drop --calibrate")
+
+    def read_calibration(self, section: Mapping[str, Any]) -> Any:
+        """The object :meth:`finish` applies, from a saved ``calibration`` section.
+
+        Raises:
+          ValueError: a corrupt section (the message says which part).
+        """
+        raise ValueError(f"task {self.name!r} has no calibration")
+
+    def calibration_summary(self, calibration: Any, applied: bool, out: Mapping) -> str:
+        """How ``predict``'s line describes the calibration it used (``applied``: its scale
+        was applied; ``out``: the arrays written)."""
+        return "calibrated" if applied else "calibration not applied"
+
+    def calibration_line(self, section: Mapping[str, Any]) -> str:
+        """One line summarising a ``calibration`` section."""
+        return f"calibration: {', '.join(sorted(section))}"
+
+    # ------------------------------------------------------------ evaluation of a run
+    default_ood: ClassVar[tuple[str, ...]] = ()
+
+    def record_scores(self, scores: Mapping[str, Any], split: str) -> dict[str, Any]:
+        """:meth:`finalize`'s scores as ``metrics.jsonl`` and ``evaluation.json`` name them."""
+        return {f"{split}_{k}": v for k, v in scores.items()}
+
+    def check_ood(self, names: Any, dataset_name: str, ood_file: Any) -> list[str]:
+        """The OOD set names ``evaluate`` uses, checked before any work (one line).
+
+        Args:
+          names: the sets asked for (``()``: none); dataset_name: the run's dataset;
+          ood_file: a file for one of them, or None.
+
+        Raises:
+          ValueError: the task has no such set (default: it has none).
+        """
+        if list(names) or ood_file is not None:
+            raise ValueError(f"task {self.name!r} offers no OOD sets; drop --ood and --ood-file")
+        return []
+
+    def evaluate_more(self, ens: Any, state: Any, data: Any, ood: Any, **options) -> tuple:
+        """What ``evaluate`` adds to the test scores (e.g. OOD detection, reliability).
+
+        Args:
+          ens, state: the restored run; data: its :class:`~meshensemble.data.Dataset`.
+          ood: OOD set names (``()``: none).
+          options: ``result`` (the test scores so far), ``batch_size``, ``num_bins``,
+            ``ood_file``, ``data_dir``, ``say``.
+
+        Returns:
+          ``(scores, figures)``: entries added to the result, and ``{file name:
+          draw(path)}``; default ``({}, {})``.
+
+        """
+        return {}, {}
+
+    def report(self, result: Mapping[str, Any]) -> str:
+        """The text ``evaluate`` prints of its result (default: the test scores)."""
+        return ", ".join(f"{k} {v:.4f}" for k, v in result.items() if k.startswith("test_") and
+                         _num(v))  # fmt: skip
+
+    # ------------------------------------------------------------ reports of a run
     def epoch_line(self, record: Mapping[str, Any], epochs: int, seconds: float) -> str:
         """The line printed after each evaluation of a run (default: its test scores)."""
         loss = record.get("train_mean_member_loss", float("nan"))
@@ -371,8 +561,8 @@ class Task(abc.ABC):
 
         Args:
           history: the run's ``metrics.jsonl`` records.
-          predict: ``(x, members) -> host outputs`` of the trained ensemble (every process
-            calls it; only process 0 draws).
+          predict: ``x -> (ensemble's prediction, members' predictions)`` of the trained
+            ensemble, on the host (every process calls it; only process 0 draws).
           train: ``(x_train, y_train)``.
         """
         return {}

@@ -138,7 +138,8 @@ class ArraySource:
           indices: int ``S``.
 
         Returns:
-          ``(images, labels)``: uint8 ``S + [28, 28, 1]`` and int32 ``S``.
+          ``(inputs, targets)``: e.g. uint8 ``S + [28, 28, 1]`` and int32 ``S``, or float
+          ``S + [F]`` and ``S + [T]``.
         """
         return self.images[indices], self.labels[indices]
 

@@ -2,13 +2,14 @@
 
 ``DIR/ensemble.jax`` (:data:`ARTIFACT_FILE`) holds the bytes of
 ``jax.export.Exported.serialize()`` of the prediction function with the parameters
-embedded as constants, the input transform included (it takes the raw uint8 images
-``[N, 28, 28, 1]`` that ``meshensemble predict`` takes), a symbolic batch dimension, lowered
-for ``cpu`` and ``cuda`` (and ``tpu`` where the installed JAX can). It returns
-``{"probs": [N, classes], "member_probs": [members, N, classes]}``, ``probs`` with the
-run's calibrated temperature when it has one. ``DIR/export.json`` (:data:`METADATA_FILE`)
-says what it takes and what it was made from, and holds the conformal threshold to build
-prediction sets without this library::
+embedded as constants, the input transform included (it takes the raw inputs that
+``meshensemble predict`` takes, e.g. uint8 images ``[N, 28, 28, 1]``), a symbolic batch
+dimension, lowered for ``cpu`` and ``cuda`` (and ``tpu`` where the installed JAX can). It
+returns what the run's task exports (:meth:`meshensemble.tasks.Task.exported`: for
+classification ``{"probs": [N, classes], "member_probs": [members, N, classes]}``, ``probs``
+with the run's calibrated temperature when it has one). ``DIR/export.json``
+(:data:`METADATA_FILE`) says what it takes and what it was made from, and holds the
+conformal threshold (or quantile) to build sets (or intervals) without this library::
 
     import json, jax, numpy as np
     exp = jax.export.deserialize(bytearray(open("DIR/ensemble.jax", "rb").read()))
@@ -24,21 +25,18 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import inspect
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
-from meshensemble import calibration
 from meshensemble.core import steps
-from meshensemble.numerics import temperature as temperature_lib
+from meshensemble.core.tasks import LocalReducer
 from meshensemble.runtime.distributed import fetch
 from meshensemble.serving.outputs import atomic_write
 from meshensemble.serving.predictor import Predictor
-from meshensemble.serving.regression import regression_metadata, regression_prediction_function
 from meshensemble.training.outputs import check_writable, dumps_strict
 
 ARTIFACT_FILE = "ensemble.jax"
@@ -52,19 +50,23 @@ BATCH_DIM = "batch"
 
 
 def prediction_function(predictor: Predictor) -> Callable[[jax.Array], dict[str, jax.Array]]:
-    """The ensemble's prediction as a pure function of raw images, parameters embedded.
+    """The ensemble's prediction as a pure function of raw inputs, parameters embedded.
 
-    Every member's softmax comes from :func:`meshensemble.core.steps.member_probs` (the
-    per-device function of ``Ensemble.predict``) on one device with all members local
-    (FSDP parameters gathered on the host first), so the input transform, the compute dtype
-    and the member strategy are the run's own.
+    Every member's outputs come from :func:`meshensemble.core.steps.member_logits` (what
+    ``Ensemble.predict`` runs per device) on one device with all members local (FSDP
+    parameters gathered on the host first), so the input transform, the compute dtype and
+    the member strategy are the run's own; the task combines them
+    (:meth:`~meshensemble.tasks.Task.serve` with a
+    :class:`~meshensemble.core.tasks.LocalReducer`) and applies its calibration
+    (:meth:`~meshensemble.tasks.Task.exported`).
 
     Args:
       predictor: a :class:`~meshensemble.serving.predictor.Predictor`.
 
     Returns:
-      ``fn(images [N, *image_shape] uint8) -> {"probs": [N, classes], "member_probs":
-      [members, N, classes]}``; ``probs`` calibrated when the run is.
+      ``fn(x [N, *input_shape]) -> dict``: classification ``{"probs": [N, classes],
+      "member_probs": [members, N, classes]}`` (``probs`` calibrated when the run is);
+      regression ``{"mean", "variance" [N, T], "member_mean", "member_variance"}``.
 
     Example:
       >>> fn = prediction_function(predictor)
@@ -72,17 +74,13 @@ def prediction_function(predictor: Predictor) -> Callable[[jax.Array], dict[str,
       (32, 10)
     """
     cfg = dataclasses.replace(predictor.ensemble.step_config(), gather_axes=None, augment=None)
-    state = predictor.state
     # On the host, whole (FSDP slices gathered); the optimizer state is not needed.
-    host = fetch(state.replace(opt_state=None))
-    t = predictor.temperature
+    host = fetch(predictor.state.replace(opt_state=None))
+    task, cal, local = predictor.task, predictor.calibration, LocalReducer(predictor.num_members)
 
-    def fn(images: jax.Array) -> dict[str, jax.Array]:
-        member = steps.member_probs(cfg, host, images)
-        probs = jnp.mean(member, axis=0)
-        if t is not None:
-            probs = temperature_lib.tempered(probs, jnp.float32(t))
-        return {"probs": probs, "member_probs": member}
+    def fn(x: jax.Array) -> dict[str, jax.Array]:
+        per_example, per_member = task.serve(steps.member_logits(cfg, host, x), local, True)
+        return task.exported(per_example, per_member, cal)
 
     return fn
 
@@ -104,10 +102,8 @@ def export_artifact(predictor: Predictor, platforms: Sequence[str] = PLATFORMS) 
       ('cpu', 'cuda', 'tpu')
     """
     (b,) = jax.export.symbolic_shape(BATCH_DIM)
-    spec = jax.ShapeDtypeStruct((b, *predictor.image_shape), predictor.image_dtype)
-    regression = getattr(predictor, "task", "") == "regression"
-    make = regression_prediction_function if regression else prediction_function
-    fn = jax.jit(make(predictor))
+    spec = jax.ShapeDtypeStruct((b, *predictor.input_shape), predictor.input_dtype)
+    fn = jax.jit(prediction_function(predictor))
     try:
         return jax.export.export(fn, platforms=tuple(platforms))(spec)
     except Exception:
@@ -127,44 +123,21 @@ def export_metadata(predictor: Predictor, exported: Any) -> dict[str, Any]:
         version = importlib.metadata.version("meshensemble")
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
-    common = {
+    dtype = predictor.input_dtype
+    pixels = {"range": [0, 255]} if dtype == np.uint8 else {}
+    return {
+        "artifact": ARTIFACT_FILE,
+        "task": predictor.task.name,
+        "input": {"shape": [BATCH_DIM, *predictor.input_shape], "dtype": str(dtype), **pixels},
+        **predictor.task.export_metadata(predictor.calibration, predictor.num_classes),
+        "members": predictor.num_members,
+        "preprocessing": {"task": predictor.task.record(), "input": predictor.input_record},
         "platforms": list(exported.platforms),
         "model": predictor.model,
         "workdir": os.path.abspath(predictor.workdir),
         "checkpoint_step": predictor.step,
         "data_identity": predictor.data_identity,
         "versions": {"meshensemble": version, "jax": jax.__version__},
-    }
-    if getattr(predictor, "task", "") == "regression":
-        return {"artifact": ARTIFACT_FILE, **regression_metadata(predictor), **common}
-    cal = predictor.calibration
-    scores = inspect.signature(calibration.conformal_scores).parameters
-    conformal = None
-    if cal is not None:
-        conformal = {
-            "method": cal.method,
-            "alpha": cal.alpha,
-            "threshold": cal.threshold,
-            "k_reg": scores["k_reg"].default,
-            "lam": scores["lam"].default,
-            "randomized": False,
-        }
-    return {
-        "artifact": ARTIFACT_FILE,
-        "input": {
-            "shape": [BATCH_DIM, *predictor.image_shape],
-            "dtype": str(predictor.image_dtype),
-            "range": [0, 255],
-        },
-        "outputs": {
-            "probs": ["batch", "classes"],
-            "member_probs": ["members", "batch", "classes"],
-        },
-        "classes": predictor.num_classes,
-        "members": predictor.num_members,
-        "temperature": predictor.temperature,
-        "conformal": conformal,
-        **common,
     }
 
 
@@ -173,17 +146,15 @@ def export_ensemble(
 ) -> dict[str, Any]:
     """Writes ``out/ensemble.jax`` and ``out/export.json`` (each atomically).
 
-    ``export.json`` holds ``input`` (``shape`` ``["batch", 28, 28, 1]``, ``dtype``,
-    ``range``), ``outputs``, ``classes``, ``members``, ``temperature`` (None when
-    uncalibrated), ``conformal`` (``method``, ``alpha``, ``threshold``, ``k_reg``, ``lam``;
-    None when uncalibrated), ``platforms``, ``model``, ``workdir``, ``checkpoint_step``,
-    ``data_identity`` and ``versions`` (meshensemble, jax). For a regression run
-    (:class:`~meshensemble.serving.regression.RegressionPredictor`) the artifact takes
-    float32 features ``["batch", F]`` and returns ``mean``, ``variance`` (scaled when
-    calibrated), ``member_mean`` and ``member_variance``; ``export.json`` holds ``task``,
-    ``targets``, ``standardizer``, ``variance_scale`` and ``conformal`` (``quantile``,
-    ``alpha``) instead of the classification entries
-    (:func:`~meshensemble.serving.regression.regression_metadata`).
+    ``export.json`` holds ``task``, ``input`` (``shape`` e.g. ``["batch", 28, 28, 1]``,
+    ``dtype``, and ``range`` for uint8 pixels), the task's entries
+    (:meth:`~meshensemble.tasks.Task.export_metadata`: for classification ``outputs``,
+    ``classes``, ``temperature`` and ``conformal`` (``method``, ``alpha``, ``threshold``,
+    ``k_reg``, ``lam``), None when uncalibrated; for regression ``outputs``, ``targets``,
+    ``variance_scale`` and ``conformal`` (``quantile``, ``alpha``)), ``members``,
+    ``preprocessing`` (the task's record and the input's statistics, which the artifact
+    applies itself), ``platforms``, ``model``, ``workdir``, ``checkpoint_step``,
+    ``data_identity`` and ``versions`` (meshensemble, jax).
 
     Args:
       predictor: from :func:`~meshensemble.serving.predictor.load_predictor`.

@@ -33,7 +33,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 NPZ_IMAGE_KEYS = ("images", "x_test", "x")
 """Keys of a ``.npz`` input tried in this order for the images."""
 NPZ_FEATURE_KEYS = ("x", "x_test", "features")
-"""Keys of a ``.npz`` input tried in this order for a regression run's features."""
+"""Keys of a ``.npz`` input tried in this order for a run's features ``[N, F]``."""
 GRAY_MODES = ("L", "1", "P")
 """Pillow modes accepted (and read as 8-bit grayscale) for a one-channel run."""
 
@@ -146,7 +146,7 @@ def as_images(images: Any, shape: Sequence[int], dtype: Any) -> Images:
 
 
 def as_features(x: Any, features: int, where: str = "x") -> np.ndarray:
-    """A regression run's input checked: a real ``[N, F]`` array (not copied, not cast).
+    """A run's features checked: a real ``[N, F]`` array (not copied, not cast).
 
     Args:
       x: ``[N, F]`` numbers (a numpy array, a memory map, anything ``np.asarray`` takes).
@@ -176,7 +176,7 @@ def as_features(x: Any, features: int, where: str = "x") -> np.ndarray:
 
 
 def open_features(path: str, features: int) -> np.ndarray:
-    """A regression run's new inputs from a ``.npy`` (memory-mapped) or ``.npz`` file.
+    """A run's new features from a ``.npy`` (memory-mapped) or ``.npz`` file.
 
     Args:
       path: a ``.npy`` of ``[N, F]`` numbers, or a ``.npz`` holding one under a key of
@@ -201,6 +201,42 @@ def open_features(path: str, features: int) -> np.ndarray:
         raise ValueError(f"--input {path}: give a .npy or .npz of features [N, {features}]")
     rows = _load_npy(path) if kind == ".npy" else _load_npz(path, NPZ_FEATURE_KEYS)
     return as_features(rows, features, f"--input {path}")
+
+
+def as_inputs(x: Any, shape: Sequence[int], dtype: Any) -> Any:
+    """A run's input checked: images of integer pixels (:func:`as_images`), else features.
+
+    Args:
+      x: the inputs ``[N, ...]``.
+      shape: one example's shape in the run; dtype: the run's input dtype.
+
+    Returns:
+      An :class:`Images` (integer pixels) or the ``[N, F]`` array (float features).
+
+    Raises:
+      ValueError: another shape or dtype, or no rows (one line).
+
+    Example:
+      >>> as_inputs(np.zeros((3, 2)), (2,), np.float32).shape
+      (3, 2)
+    """
+    if np.issubdtype(np.dtype(dtype), np.integer) or len(shape) != 1:
+        return as_images(x, shape, dtype)
+    return as_features(x, int(shape[0]))
+
+
+def open_inputs(path: str, shape: Sequence[int], dtype: Any) -> Any:
+    """A run's new inputs from ``path``: :func:`open_images` for images, else
+    :func:`open_features` (float features ``[N, F]``).
+
+    Example:
+      >>> np.save("new.npy", np.zeros((5, 10), np.float32))
+      >>> open_inputs("new.npy", (10,), np.float32).shape
+      (5, 10)
+    """
+    if np.issubdtype(np.dtype(dtype), np.integer) or len(shape) != 1:
+        return open_images(path, shape, dtype)
+    return open_features(path, int(shape[0]))
 
 
 def _load_npy(path: str) -> np.ndarray:

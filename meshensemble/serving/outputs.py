@@ -10,7 +10,8 @@ Example:
   >>> check_out_file("preds.csv")
   '.csv'
   >>> names = [f"digit_{i}.png" for i in range(len(images))]
-  >>> write_predictions("preds.csv", predictor.outputs(images), names)
+  >>> out = predictor.outputs(images)
+  >>> write_predictions("preds.csv", out, names, predictor.task.csv_keys(out))
   >>> open("preds.csv").readline().strip()
   'name,label,confidence,entropy,mutual_information'
 """
@@ -30,11 +31,7 @@ from meshensemble.training.outputs import check_writable, writing
 
 OUT_SUFFIXES = (".npz", ".csv")
 """The kinds of ``--out`` file ``meshensemble predict`` writes."""
-CSV_COLUMNS = ("label", "confidence", "entropy", "mutual_information")
 """Columns of a ``.csv`` after ``index`` (or ``name``), before ``prediction_set``."""
-REGRESSION_COLUMNS = ("mean", "variance", "aleatoric", "epistemic", "lower", "upper")
-"""Columns of a regression run's ``.csv`` (one per target each), those present."""
-
 
 def check_out_file(path: str) -> str:
     """Refuses a ``--out`` file that is of an unknown kind or cannot be written.
@@ -102,23 +99,26 @@ def atomic_write(path: str, data: bytes | Callable[[Any], Any]) -> None:
 
 
 def write_predictions(
-    path: str, out: Mapping[str, np.ndarray], names: Sequence[str] | None = None
+    path: str,
+    out: Mapping[str, np.ndarray],
+    names: Sequence[str] | None = None,
+    columns: Sequence[str] | None = None,
 ) -> None:
     """Writes a prediction's arrays to ``path`` (``.npz``: every array; ``.csv``: a row each).
 
     The ``.npz`` holds every array of ``out`` under its key, plus ``names`` (the input
     folder's file names) when given. The ``.csv`` has a header and one row per example:
-    ``index`` (or ``name``), ``label``, ``confidence``, ``entropy``,
-    ``mutual_information`` and, when ``out`` has sets, ``prediction_set`` (the classes in
-    the set, separated by spaces; empty for an empty set). For a regression run's
-    outputs (``mean`` ``[N, T]``...) the columns are ``mean``, ``variance``,
-    ``aleatoric``, ``epistemic`` and, when calibrated, ``lower``, ``upper``, each
-    suffixed ``_t`` per target when ``T > 1``.
+    ``index`` (or ``name``), then ``columns`` (the task's ``csv_keys``: e.g. ``label``,
+    ``confidence``, ``entropy``, ``mutual_information``, ``prediction_set`` for
+    classification; ``mean``, ``variance``, ... for regression): an ``[N]`` array is one
+    column, a float ``[N, T]`` array ``T`` columns (suffixed ``_t`` when ``T > 1``), a bool
+    ``[N, C]`` array (a set) one column of the members' indices separated by spaces.
 
     Args:
       path: the ``.npz`` or ``.csv`` file (checked by :func:`check_out_file`).
       out: the arrays of :meth:`~meshensemble.serving.predictor.Predictor.outputs`.
       names: the examples' names, or None to number them.
+      columns: the ``.csv``'s columns (default every array without a member axis).
 
     Raises:
       meshensemble.training.OutputError: the file could not be written.
@@ -129,8 +129,10 @@ def write_predictions(
       ['confidence', 'entropy', 'label', 'mutual_information', 'probs']
     """
     if path.lower().endswith(".csv"):
-        rows = _write_regression_csv if "mean" in out else _write_csv
-        atomic_write(path, lambda f: rows(f, out, names))
+        keys = list(columns) if columns is not None else [
+            k for k in out if not k.startswith("member_")
+        ]  # fmt: skip
+        atomic_write(path, lambda f: _write_csv(f, out, names, keys))
         return
     arrays = dict(out)
     if names is not None:
@@ -138,34 +140,28 @@ def write_predictions(
     atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
-def _write_csv(f: Any, out: Mapping[str, np.ndarray], names: Sequence[str] | None) -> None:
-    text = io.TextIOWrapper(f, encoding="utf-8", newline="")
-    rows = csv.writer(text)
-    sets = out.get("prediction_set")
-    head = ["name" if names is not None else "index", *CSV_COLUMNS]
-    rows.writerow(head + (["prediction_set"] if sets is not None else []))
-    n = len(out["label"])
-    for i in range(n):
-        row = [names[i] if names is not None else i, int(out["label"][i])]
-        row += [f"{float(out[k][i]):.6g}" for k in CSV_COLUMNS[1:]]
-        if sets is not None:
-            row.append(" ".join(map(str, np.flatnonzero(sets[i]))))
-        rows.writerow(row)
-    text.flush()
-    text.detach()
+def _cells(v: np.ndarray, key: str) -> tuple[list[str], Any]:
+    """The header names of one array and a function of the row index giving its cells."""
+    if v.dtype == bool and v.ndim == 2:
+        return [key], lambda i: [" ".join(map(str, np.flatnonzero(v[i])))]
+    if np.issubdtype(v.dtype, np.integer):
+        return [key], lambda i: [str(int(v[i]))]
+    if v.ndim == 1:
+        return [key], lambda i: [f"{float(v[i]):.8g}"]
+    t = v.shape[1]
+    heads = [key] if t == 1 else [f"{key}_{j}" for j in range(t)]
+    return heads, lambda i: [f"{float(v[i, j]):.8g}" for j in range(t)]
 
 
-def _write_regression_csv(
-    f: Any, out: Mapping[str, np.ndarray], names: Sequence[str] | None
+def _write_csv(
+    f: Any, out: Mapping[str, np.ndarray], names: Sequence[str] | None, keys: Sequence[str]
 ) -> None:
     text = io.TextIOWrapper(f, encoding="utf-8", newline="")
     rows = csv.writer(text)
-    keys = [k for k in REGRESSION_COLUMNS if k in out]
-    t = out["mean"].shape[1]
-    cols = [k if t == 1 else f"{k}_{j}" for k in keys for j in range(t)]
-    rows.writerow(["name" if names is not None else "index", *cols])
-    for i in range(len(out["mean"])):
-        values = [f"{float(out[k][i, j]):.8g}" for k in keys for j in range(t)]
-        rows.writerow([names[i] if names is not None else i, *values])
+    parts = [_cells(np.asarray(out[k]), k) for k in keys]
+    rows.writerow(["name" if names is not None else "index", *(h for p in parts for h in p[0])])
+    n = len(next(iter(out.values())))
+    for i in range(n):
+        rows.writerow([names[i] if names is not None else i, *(c for p in parts for c in p[1](i))])
     text.flush()
     text.detach()

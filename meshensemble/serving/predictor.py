@@ -1,12 +1,15 @@
 """A trained run, ready to predict: :func:`load_predictor` and :class:`Predictor`.
 
-:func:`load_predictor` rebuilds a run's ensemble from its ``config.json`` on any mesh,
-restores its newest checkpoint (read-only: nothing in the workdir changes) and reads the
-calibration ``meshensemble evaluate --calibrate`` wrote to ``evaluation.json`` (the
-temperature, and the conformal threshold, method and alpha) when it belongs to that
-checkpoint. :meth:`Predictor.outputs` streams images through the mesh with the host
-streaming engine (:func:`meshensemble.core.streaming.stream`: padded, masked batches, a
-bounded number in flight); ``meshensemble predict`` and every method here use it.
+:func:`load_predictor` restores a run on any mesh (:func:`meshensemble.training.restore.
+restore_run`: nothing in the workdir changes) and reads the calibration ``meshensemble
+evaluate --calibrate`` wrote to ``evaluation.json`` when it was fitted for this very run
+and checkpoint (:func:`read_calibration`: the run's identity, not the step alone). A
+:class:`Predictor` streams inputs through the mesh with the host streaming engine
+(:func:`meshensemble.core.streaming.stream`: padded, masked batches, a bounded number in
+flight) and asks the run's task what to serve (:meth:`meshensemble.tasks.Task.serve`,
+``finish``, ``view``): probabilities, uncertainty and prediction sets for classification,
+the Gaussian mixture's moments and conformal intervals for regression, anything a user's
+task defines. ``meshensemble predict`` and every method here use it.
 
 Example:
   >>> predictor = me.load_predictor("runs/tiny")   # a trained, calibrated run
@@ -20,150 +23,117 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
 import logging
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
 
-from meshensemble import calibration
 from meshensemble.core import steps, streaming
-from meshensemble.core.mesh import BATCH, MEMBER_BATCH, make_mesh, parse_mesh
+from meshensemble.core.mesh import BATCH, MEMBER_BATCH
 from meshensemble.data import IMAGE_SHAPE
-from meshensemble.evaluation import EVALUATION_FILE, load_run_config
-from meshensemble.numerics import temperature as temperature_lib
-from meshensemble.numerics.statmath import shannon_entropy
-from meshensemble.serving.inputs import as_images
-from meshensemble.serving.regression import RegressionPredictor, load_regression_predictor
-from meshensemble.training import build_ensemble, default_mesh_shape
-from meshensemble.training.checkpoint import restore_checkpoint
-from meshensemble.training.identity import read_saved_config
+from meshensemble.evaluation import EVALUATION_FILE
+from meshensemble.runtime import storage
+from meshensemble.serving.inputs import as_inputs
+from meshensemble.training.config import model_name
+from meshensemble.training.restore import restore_run, run_identity, run_mesh
 
 log = logging.getLogger("meshensemble")
 
-IMAGE_DTYPE = np.uint8
-"""The pixel dtype every run trains on (images ``[N, *IMAGE_SHAPE]`` in ``0..255``)."""
-UNCERTAINTY_KEYS = ("label", "confidence", "entropy", "mutual_information")
-"""The per-example fields of :meth:`Predictor.uncertainty`, each ``[N]``."""
-OUTPUT_KEYS = ("probs", *UNCERTAINTY_KEYS, "prediction_set", "member_probs")
-"""The arrays of :meth:`Predictor.outputs` (and ``meshensemble predict``'s ``.npz``), in order."""
+predictor_mesh = run_mesh
+"""The mesh a predictor runs on (:func:`meshensemble.training.restore.run_mesh`)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Calibration:
-    """What ``meshensemble evaluate --calibrate`` fitted for one checkpoint of a run.
+def read_calibration(
+    workdir: str,
+    task: Any,
+    step: int,
+    identity: Mapping[str, Any],
+    note: Callable[[str], Any] | None = None,
+) -> tuple[Any, str]:
+    """The calibration ``evaluation.json`` holds for this run's checkpoint ``step``, if any.
 
-    Attributes:
-      temperature: ``T`` of "pool, then calibrate": ``softmax(log(mean_m p_m) / T)``.
-      threshold: the split-conformal threshold ``q`` of the calibrated probabilities.
-      method: the conformal score (one of :data:`meshensemble.calibration.METHODS`).
-      alpha: the miscoverage rate the threshold was fitted for.
-      step: the checkpoint it belongs to.
-    """
-
-    temperature: float
-    threshold: float
-    method: str
-    alpha: float
-    step: int
-
-
-def read_calibration(workdir: str, step: int) -> tuple[Calibration | None, str]:
-    """The calibration of checkpoint ``step`` in ``workdir/evaluation.json``, if any.
+    A calibration counts only when its ``fitted_for`` equals ``identity`` (the run's data,
+    seed, step and checkpoint digest, :func:`meshensemble.training.restore.run_identity`):
+    one fitted for another checkpoint, another run (a ``train --overwrite`` since), or
+    written before calibrations named their run is not applied.
 
     Args:
-      workdir: the run's folder.
-      step: the restored checkpoint; a calibration of another checkpoint does not count.
+      workdir: the run's folder; task: its task (reads the section).
+      step: the restored checkpoint; identity: its run identity.
+      note: gets one line when a calibration is there but not applied (another run's, or
+        an older version's); None: nothing is said.
 
     Returns:
-      ``(calibration, why)``: None and the reason (for messages) when there is none.
+      ``(calibration, why)``: the task's calibration object, or None and the reason (one
+      line, for messages).
 
     Raises:
-      ValueError: ``evaluation.json`` exists but its calibration section is corrupt.
+      ValueError: ``evaluation.json``'s calibration section is corrupt.
 
     Example:
-      >>> cal, why = read_calibration("runs/mnist", 938)   # no evaluation.json there
+      >>> from meshensemble.training.restore import load_run_config
+      >>> ident = run_identity("runs/mnist", me.TrainConfig(), 938)
+      >>> cal, why = read_calibration("runs/mnist", me.tasks.Classification(), 938, ident)
       >>> cal is None
       True
       >>> print(why)
       run runs/mnist is not calibrated (no evaluation.json); run `meshensemble evaluate
       --workdir runs/mnist --calibrate` first
     """
-    path = os.path.join(workdir, EVALUATION_FILE)
+    path = storage.join(workdir, EVALUATION_FILE)
     fix = f"run `meshensemble evaluate --workdir {workdir} --calibrate` first"
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         return None, f"run {workdir} is not calibrated (no {EVALUATION_FILE}); {fix}"
     try:
-        with open(path) as f:
-            saved = json.load(f)
-        section = saved.get("calibration")
+        section = storage.read_json(path).get("calibration")
         if section is None:
             return None, f"run {workdir} is not calibrated ({path} has none); {fix}"
-        held = int(saved["checkpoint_step"])
-        if held != step:
-            return None, (
-                f"the calibration in {path} is of checkpoint {held}, not {step}; {fix} again"
+        fitted = section.get("fitted_for")
+        stale = None
+        if not isinstance(fitted, dict):
+            stale = f"the calibration in {path} names no run (an older version wrote it)"
+        elif fitted.get("step") != step:
+            why = f"the calibration in {path} is of checkpoint {fitted.get('step')}, not {step}"
+            return None, f"{why}; {fix} again (with --checkpoint {step})"
+        elif other := [k for k in ("data", "seed", "checkpoint") if fitted[k] != identity[k]]:
+            stale = (
+                f"the calibration in {path} was fitted for another run (its {', '.join(other)} "
+                "differ from this checkpoint's: trained again since)"
             )
-        conformal = section["conformal"]
-        cal = Calibration(
-            float(section["temperature"]),
-            float(conformal["threshold"]),
-            str(conformal["method"]),
-            float(conformal["alpha"]),
-            held,
-        )
+        if stale is not None:
+            if note is not None:
+                note(f"note: {stale}: not applied")
+            return None, f"{stale}; {fix} again"
+        return task.read_calibration(section), ""
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         msg = " ".join(str(err).split())
         raise ValueError(
             f"{path}: corrupt calibration ({type(err).__name__}: {msg}); {fix}"
         ) from None
-    if cal.method not in calibration.METHODS or not cal.temperature > 0:
-        raise ValueError(f"{path}: corrupt calibration ({cal}); {fix}")
-    return cal, ""
-
-
-@functools.partial(jax.jit, static_argnames=("with_calibrated",))
-def _finish(out: dict[str, jax.Array], t: Any, t_cal: Any, with_calibrated: bool) -> dict:
-    """Per-example fields from :func:`meshensemble.core.steps.prediction_summaries`."""
-    pooled = out["probs"]
-    probs = pooled if t is None else temperature_lib.tempered(pooled, t)
-    res = {
-        "probs": probs,
-        "label": jnp.argmax(probs, axis=-1).astype(jnp.int32),
-        "confidence": jnp.max(probs, axis=-1),
-        "entropy": shannon_entropy(probs),
-        "mutual_information": jnp.maximum(shannon_entropy(pooled) - out["expected_entropy"], 0.0),
-    }
-    if "member_probs" in out:
-        res["member_probs"] = out["member_probs"]
-    if with_calibrated:
-        res["calibrated"] = temperature_lib.tempered(pooled, t_cal)
-    return res
 
 
 class Predictor:
     """A restored ensemble with its calibration; every method streams through the mesh.
 
-    Build one with :func:`load_predictor`. Images are ``[N, H, W, C]`` (or ``[N, H, W]``
-    for one channel) in the run's dtype and range (uint8 ``0..255``), a numpy array, a
-    memory map, or :class:`~meshensemble.serving.inputs.Images`.
+    Build one with :func:`load_predictor`. Inputs have the run's shape and dtype: uint8
+    images ``[N, H, W, C]`` (or ``[N, H, W]`` for one channel), float features ``[N, F]``
+    (cast to the run's dtype a batch at a time); a numpy array, a memory map, or
+    :class:`~meshensemble.serving.inputs.Images`. What comes out is the task's.
 
     Attributes:
-      ensemble: the :class:`meshensemble.Ensemble` (on the predictor's mesh).
+      ensemble: the :class:`meshensemble.Ensemble` (on the predictor's mesh); task: its task.
       state: the restored state.
       step: the checkpoint's step.
       workdir: the run's folder.
-      calibration: the run's :class:`Calibration`, or None.
+      calibration: the task's calibration object for this checkpoint, or None.
       uncalibrated_reason: why ``calibration`` is None ("" otherwise).
-      image_shape: one image's shape, e.g. ``(28, 28, 1)``; image_dtype: ``uint8``.
-      num_classes: the classes; num_members: the members.
+      input_shape, input_dtype: one input's shape and dtype (also ``image_shape``,
+        ``image_dtype``); input_record: them and the features' statistics (what
+        ``config.json`` records of the run's input).
+      num_classes: the model's output width (the classes of a classification run).
+      num_members: the members.
       data_identity: the run's data as ``config.json`` records it (``{}`` if absent).
       model: the run's model name.
       batch_size: examples per compiled call.
@@ -176,66 +146,83 @@ class Predictor:
         *,
         step: int,
         workdir: str,
-        calibration: Calibration | None,
+        calibration: Any = None,
         uncalibrated_reason: str = "",
-        num_classes: int,
+        num_classes: int | None = None,
         data_identity: Mapping[str, Any] | None = None,
         model: str = "",
         batch_size: int = 1000,
+        sample: Any = None,
+        input_stats: Any = None,
     ) -> None:
-        """Use :func:`load_predictor`; the arguments are its attributes."""
+        """Use :func:`load_predictor`; the arguments are its attributes (``sample``: one
+        input row, default an MNIST image; ``input_stats``: the features' statistics)."""
         self.ensemble, self.state, self.step, self.workdir = ensemble, state, step, workdir
+        self.task = ensemble.task
         self.calibration, self.uncalibrated_reason = calibration, uncalibrated_reason
-        self.num_classes, self.num_members = int(num_classes), int(ensemble.num_members)
+        sample = np.zeros((1, *IMAGE_SHAPE), np.uint8) if sample is None else np.asarray(sample)
+        self.input_shape, self.input_dtype = tuple(sample.shape[1:]), np.dtype(sample.dtype)
+        self.image_shape, self.image_dtype = self.input_shape, self.input_dtype
+        self.input_record = {"shape": list(self.input_shape), "dtype": str(self.input_dtype),
+                             "stats": input_stats}  # fmt: skip
+        self.num_classes = num_classes or ensemble.num_classes(state, sample)
+        self.num_members = int(ensemble.num_members)
         self.data_identity, self.model = dict(data_identity or {}), model
-        self.image_shape, self.image_dtype = tuple(IMAGE_SHAPE), np.dtype(IMAGE_DTYPE)
         streaming.batch_size_for(batch_size, 1, 1)  # a positive integer, or one line
         self.batch_size = int(batch_size)
 
     @property
     def temperature(self) -> float | None:
-        """The calibrated temperature, or None for an uncalibrated run."""
-        return None if self.calibration is None else self.calibration.temperature
+        """The calibrated temperature (classification), or None."""
+        return getattr(self.calibration, "temperature", None)
 
-    def check_sets(self) -> Calibration:
-        """The calibration prediction sets need; raises for an uncalibrated run.
+    @property
+    def variance_scale(self) -> float | None:
+        """The calibrated variance scale (regression), or None."""
+        return getattr(self.calibration, "variance_scale", None)
+
+    def check_sets(self) -> Any:
+        """The calibration conformal outputs need; raises for an uncalibrated run.
 
         Raises:
           ValueError: one line saying why there is no calibration and how to get one.
         """
         if self.calibration is None:
-            raise ValueError(f"no prediction sets: {self.uncalibrated_reason}")
+            raise ValueError(f"no {self.task.conformal_name}: {self.uncalibrated_reason}")
         return self.calibration
 
     def outputs(
         self,
-        images: Any,
+        x: Any,
         *,
         members: bool = False,
-        temperature: bool = True,
+        calibrated: bool = True,
         sets: bool | None = None,
         progress: Callable[[int], Any] | None = None,
+        **aliases: bool | None,
     ) -> dict[str, np.ndarray]:
         """Every per-example output in one streamed pass (what ``meshensemble predict`` writes).
 
         Args:
-          images: ``[N, ...]`` images (see the class).
-          members: also return ``member_probs``.
-          temperature: apply the calibrated temperature to ``probs`` (when calibrated).
-          sets: add ``prediction_set``; None: when the run is calibrated; True raises for
-            an uncalibrated run. Sets always use the calibrated probabilities (the
-            threshold was fitted on them), whatever ``temperature`` says.
+          x: ``[N, ...]`` inputs (see the class).
+          members: also return each member's outputs (e.g. ``member_probs``).
+          calibrated: apply the calibration's scale (temperature, variance scale) when
+            calibrated; ``temperature=`` / ``scale=`` are its old names.
+          sets: add the conformal outputs (``prediction_set``, ``lower``/``upper``); None:
+            when the run is calibrated; True raises for an uncalibrated run (``intervals=``
+            is its old name). They always use the calibrated scale.
           progress: called with the examples done after each batch.
 
         Returns:
-          numpy ``probs [N, classes]`` (the mean of the members' softmax, calibrated unless
-          ``temperature=False``), ``label [N]``, ``confidence [N]`` (max prob),
-          ``entropy [N]`` (of ``probs``), ``mutual_information [N]`` (of the members'
-          uncalibrated softmax), and ``prediction_set [N, classes]`` bool,
-          ``member_probs [members, N, classes]`` as asked.
+          numpy arrays, the task's :meth:`~meshensemble.tasks.Task.finish` in order, the
+          members' last (classification: ``probs``, ``label``, ``confidence``, ``entropy``,
+          ``mutual_information``, ``prediction_set``, ``member_probs``; regression:
+          ``mean``, ``variance``, ``aleatoric``, ``epistemic``, ``lower``, ``upper``,
+          ``member_mean``, ``member_variance``).
 
         Raises:
-          ValueError: images of another shape or dtype, none, or sets of an uncalibrated run.
+          ValueError: inputs of another shape or dtype, none, conformal outputs of an
+            uncalibrated run, or an unknown keyword.
 
         Example:
           >>> out = predictor.outputs(images, members=True)
@@ -244,140 +231,123 @@ class Predictor:
           >>> sorted(out)
           ['confidence', 'entropy', 'label', 'member_probs', 'mutual_information', 'probs']
         """
-        images = as_images(images, self.image_shape, self.image_dtype)
+        calibrated, sets = self._options(calibrated, sets, aliases)
+        members = bool(members)
+        x = as_inputs(x, self.input_shape, self.input_dtype)
         cal = self.check_sets() if sets else (self.calibration if sets is None else None)
-        t = self.temperature if temperature else None
-        t = None if t is None else np.float32(t)
-        t_cal = None if cal is None else np.float32(cal.temperature)
-        program = self._program(bool(members))
-        ens, state = self.ensemble, self.state
+        program, state, ens, task = self._program(members), self.state, self.ensemble, self.task
+        n, result = len(x), {}
 
-        def fn(x: np.ndarray, mask: np.ndarray) -> Any:
-            out = program(state, ens.place(x))
-            return _finish(out, t, t_cal, with_calibrated=cal is not None)
-
-        n, result = len(images), {}
-
-        def sink(start: int, out: dict[str, np.ndarray]) -> None:
-            if cal is not None:
-                calibrated = out.pop("calibrated")
-                sets = calibration.prediction_sets(calibrated, cal.threshold, cal.method)
-                out["prediction_set"] = np.asarray(sets)
+        def sink(start: int, out: dict[str, Any]) -> None:
+            out = task.finish({**out["x"], **out["m"]}, self.calibration, calibrated, bool(cal))
             for key, v in out.items():
-                axis = 1 if key == "member_probs" else 0
+                axis = 1 if key.startswith("member_") else 0
                 if key not in result:
                     shape = list(v.shape)
                     shape[axis] = n
                     result[key] = np.empty(shape, v.dtype)
-                index = (slice(None),) * axis + (slice(start, start + v.shape[axis]),)
-                result[key][index] = v
+                result[key][(slice(None),) * axis + (slice(start, start + v.shape[axis]),)] = v
 
+        def run(xb: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
+            per_example, per_member = program(state, ens.place(xb))
+            return {"x": per_example, "m": per_member}  # per member: examples on axis 1
+
+        floats = np.issubdtype(self.input_dtype, np.floating)
         streaming.stream(
-            fn,
-            images,
-            self.batch_size,
-            ens.data_size,
-            sink,
-            axes={"member_probs": 1},
-            progress=progress,
-        )
-        return {k: result[k] for k in OUTPUT_KEYS if k in result}
+            run, x, self.batch_size, ens.data_size, sink, progress=progress, axes={"m": 1},
+            prepare=(lambda rows: np.asarray(rows, self.input_dtype)) if floats else None,
+        )  # fmt: skip
+        return {k: result[k] for k in sorted(result, key=lambda k: k.startswith("member_"))}
+
+    def _offers(self, which: str) -> None:
+        """Raises the task's one line when it has no such conformal output."""
+        if self.task.conformal_view != which:
+            self.task.view({}, which)
+
+    def _options(self, calibrated: bool, sets: bool | None, aliases: Mapping) -> tuple:
+        unknown = set(aliases) - {"temperature", "scale", "intervals"}
+        if unknown:
+            raise ValueError(f"unknown option(s) {sorted(unknown)}; use calibrated= or sets=")
+        for old in ("temperature", "scale"):
+            calibrated = calibrated if aliases.get(old) is None else bool(aliases[old])
+        return calibrated, sets if aliases.get("intervals") is None else aliases["intervals"]
 
     def _program(self, members: bool) -> Callable[..., Any]:
-        specs = {"probs": BATCH, "expected_entropy": BATCH}
-        if members:
-            specs["member_probs"] = MEMBER_BATCH
         return self.ensemble.build(
-            ("prediction_summaries", members),
-            lambda cfg: functools.partial(steps.prediction_summaries, cfg, members),
+            ("serve", members),
+            lambda cfg: functools.partial(steps.served, cfg, members),
             (self.ensemble.state_spec, BATCH),
-            specs,
+            (BATCH, MEMBER_BATCH),
         )
 
-    def predict(self, images: Any, temperature: bool = True) -> np.ndarray:
-        """The ensemble's probabilities ``[N, classes]`` (calibrated when the run is).
+    def predict(self, x: Any, calibrated: bool = True, **aliases: bool) -> Any:
+        """The ensemble's prediction, calibrated when the run is (and ``calibrated``).
 
-        Args:
-          images: ``[N, ...]`` images.
-          temperature: apply the run's calibrated temperature (if any).
-
-        Returns:
-          float32 numpy ``[N, classes]``: ``Ensemble.predict(state, images, temperature=T)``.
+        Classification: probabilities ``[N, classes]``, ``Ensemble.predict(state, x,
+        temperature=T)``; regression: the mixture's ``mean``, ``variance``,
+        ``aleatoric``, ``epistemic`` ``[N, T]`` (variances scaled). ``temperature=`` /
+        ``scale=`` are ``calibrated``'s old names.
 
         Raises:
-          ValueError: images of another shape or dtype, or none.
+          ValueError: inputs of another shape or dtype, or none.
 
         Example:
           >>> predictor.predict(images).argmax(-1).shape   # the classes, [N]
           (32,)
         """
-        return self.outputs(images, temperature=temperature, sets=False)["probs"]
+        out = self.outputs(x, calibrated=calibrated, sets=False, **aliases)
+        return self.task.view(out, "predict")
 
-    def predict_members(self, images: Any) -> np.ndarray:
-        """Every member's softmax ``[members, N, classes]`` (no temperature).
-
-        Raises:
-          ValueError: images of another shape or dtype, or none.
+    def predict_members(self, x: Any) -> Any:
+        """Every member's prediction (never calibrated): e.g. softmax ``[members, N, classes]``.
 
         Example:
           >>> predictor.predict_members(images).shape  # (members, N, 10)
           (2, 32, 10)
         """
-        return self.outputs(images, members=True, sets=False)["member_probs"]
+        return self.task.view(self.outputs(x, members=True, sets=False), "members")
 
-    def uncertainty(self, images: Any) -> dict[str, np.ndarray]:
-        """Per-example ``label``, ``confidence``, ``entropy``, ``mutual_information``, ``[N]``.
-
-        Raises:
-          ValueError: images of another shape or dtype, or none.
+    def uncertainty(self, x: Any) -> dict[str, np.ndarray]:
+        """Per-example uncertainty (classification: ``label``, ``confidence``, ``entropy``,
+        ``mutual_information``; regression: the variance and its two parts).
 
         Example:
           >>> predictor.uncertainty(images)["mutual_information"].shape  # (N,)
           (32,)
         """
-        out = self.outputs(images, sets=False)
-        return {k: out[k] for k in UNCERTAINTY_KEYS}
+        return self.task.view(self.outputs(x, sets=False), "uncertainty")
 
-    def prediction_sets(self, images: Any) -> np.ndarray:
+    def prediction_sets(self, x: Any) -> np.ndarray:
         """Conformal prediction sets at the run's alpha: bool ``[N, classes]``.
 
-        ``me.calibration.prediction_sets(calibrated_probs, threshold, method)`` with the
-        run's calibrated temperature, threshold and method.
-
         Raises:
-          ValueError: the run is not calibrated (run ``meshensemble evaluate
-            --calibrate``), or bad images.
+          ValueError: the run is not calibrated (run ``meshensemble evaluate --calibrate``),
+            its task has no sets, or bad inputs.
 
         Example:
+          >>> from meshensemble.tasks.classification import Calibration
           >>> cal = Calibration(temperature=1.0, threshold=0.9, method="thr", alpha=0.1, step=20)
           >>> calibrated = me.Predictor(ens, state, step=20, workdir="run", calibration=cal,
           ...                           num_classes=10)
           >>> calibrated.prediction_sets(images).sum(-1).shape  # set sizes, [N]
           (32,)
         """
-        return self.outputs(images, sets=True)["prediction_set"]
+        self._offers("sets")
+        return self.task.view(self.outputs(x, sets=True), "sets")
 
+    def intervals(self, x: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Conformal intervals ``(lower, upper)`` ``[N, T]`` at a regression run's alpha.
 
-def predictor_mesh(mesh: Any, members: int) -> Mesh:
-    """The mesh a predictor runs on: a ``Mesh``, ``"ensemble=E,data=D"``, a dict or None.
+        Raises:
+          ValueError: the run is not calibrated, or its task has no intervals.
 
-    None (or ``""``) takes every device with ``ensemble = gcd(members, devices)``.
-
-    Example:
-      >>> dict(predictor_mesh("ensemble=4,data=2", 8).shape)
-      {'ensemble': 4, 'data': 2}
-    """
-    if isinstance(mesh, Mesh):
-        return mesh
-    if mesh is None or mesh == "":
-        shape = default_mesh_shape(members, jax.device_count())
-    else:
-        shape = (
-            parse_mesh(mesh)
-            if isinstance(mesh, str)
-            else {k: int(v) for k, v in dict(mesh).items()}
-        )
-    return make_mesh(shape.get("ensemble"), shape.get("data", 1), shape.get("model"))
+        Example:
+          >>> lower, upper = me.load_predictor("runs/toy").intervals(np.zeros((5, 1), np.float32))
+          >>> lower.shape, bool((lower < upper).all())
+          ((5, 1), True)
+        """
+        self._offers("intervals")
+        return self.task.view(self.outputs(x, sets=True), "intervals")
 
 
 def load_predictor(
@@ -387,13 +357,8 @@ def load_predictor(
     checkpoint: int | None = None,
     batch_size: int = 1000,
     echo: Callable[[str], Any] | None = None,
-) -> Predictor | RegressionPredictor:
+) -> Predictor:
     """Loads a trained run for prediction on any mesh (nothing in the workdir changes).
-
-    A regression run (``task="regression"``) gives a
-    :class:`~meshensemble.serving.regression.RegressionPredictor` (features ``[N, F]`` in,
-    the mixture's ``mean``/``variance``/``aleatoric``/``epistemic`` out, conformal
-    intervals when calibrated); a classification run a :class:`Predictor`.
 
     Args:
       workdir: the run's folder (``config.json``, ``checkpoints/``).
@@ -401,10 +366,11 @@ def load_predictor(
         device (``ensemble = gcd(members, devices)``).
       checkpoint: the step to restore; default the newest good one.
       batch_size: examples per compiled call.
-      echo: where notes go (a damaged checkpoint skipped); default logging.
+      echo: where notes go (a damaged checkpoint skipped, a calibration not applied
+        because it was fitted for another run); default logging.
 
     Returns:
-      A :class:`Predictor` (or a ``RegressionPredictor`` for a regression run).
+      A :class:`Predictor` of the run's task.
 
     Raises:
       FileNotFoundError: no run folder, no ``config.json``, or no checkpoint.
@@ -417,29 +383,14 @@ def load_predictor(
       >>> predictor.predict(images).shape
       (32, 10)
     """
-    cfg = load_run_config(workdir)
-    if cfg.task == "regression":  # features [N, F] -> Gaussian mixture moments, intervals
-        return load_regression_predictor(
-            workdir, cfg, mesh, checkpoint=checkpoint, batch_size=batch_size, echo=echo
-        )
     streaming.batch_size_for(batch_size, 1, 1)
-    resolved = (read_saved_config(workdir) or {}).get("resolved") or {}
-    identity = resolved.get("data_identity") or {}
-    num_train = max(int(identity.get("num_train") or cfg.batch_size) - cfg.validation, 1)
-    sample = np.zeros((1, *IMAGE_SHAPE), IMAGE_DTYPE)
-    ens = build_ensemble(cfg, predictor_mesh(mesh, cfg.members), num_train, sample)
     say = echo or log.warning
-    state, _, step = restore_checkpoint(workdir, ens, sample, checkpoint, say, move_damaged=False)
-    cal, why = read_calibration(workdir, step)
+    run = restore_run(workdir, mesh, checkpoint, echo=say)
+    identity = run_identity(workdir, run.cfg, run.step)
+    cal, why = read_calibration(workdir, run.task, run.step, identity, note=say)
+    model = run.resolved.get("model") or model_name(run.cfg, run.sample)
     return Predictor(
-        ens,
-        state,
-        step=step,
-        workdir=workdir,
-        calibration=cal,
-        uncalibrated_reason=why,
-        num_classes=ens.num_classes(state, sample),
-        data_identity=identity,
-        model=cfg.model,
-        batch_size=batch_size,
-    )
+        run.ensemble, run.state, step=run.step, workdir=workdir, calibration=cal,
+        uncalibrated_reason=why, data_identity=run.identity, model=model,
+        batch_size=batch_size, sample=run.sample, input_stats=run.input_stats,
+    )  # fmt: skip

@@ -8,8 +8,9 @@ from it), :mod:`~meshensemble.training.loop` (:func:`train`),
 :mod:`~meshensemble.training.identity` (what defines a run, for resuming),
 :mod:`~meshensemble.training.outputs` (files and printed lines),
 :mod:`~meshensemble.training.checkpoint` and :mod:`~meshensemble.training.bundle` (the
-state's structure checks and the inference bundle),
-:mod:`~meshensemble.training.regression_run` (``--task regression``).
+state's structure checks and the inference bundle), :mod:`~meshensemble.training.rundata`
+(the run's data, checked by its task), :mod:`~meshensemble.training.restore` (a finished
+run rebuilt and restored: what evaluate, predict and export take). One loop for every task.
 
 Example:
   >>> cfg = me.TrainConfig(model="mlp", members=4, epochs=1, batch_size=32, source="npz",
@@ -22,7 +23,9 @@ Example:
 """
 
 from meshensemble.training import checkpoint as checkpoint
-from meshensemble.training import regression_run as regression_run
+from meshensemble.training import restore as restore
+from meshensemble.training import rundata as rundata
+from meshensemble.training import setup as setup
 from meshensemble.training import tuning as tuning
 from meshensemble.training.config import CONFIG_FILE as CONFIG_FILE
 from meshensemble.training.config import CONV_MODELS as CONV_MODELS
@@ -32,8 +35,6 @@ from meshensemble.training.config import OPTIMIZERS as OPTIMIZERS
 from meshensemble.training.config import PRECISIONS as PRECISIONS
 from meshensemble.training.config import SCHEDULES as SCHEDULES
 from meshensemble.training.config import SHUFFLES as SHUFFLES
-from meshensemble.training.config import TASK_DEFAULTS as TASK_DEFAULTS
-from meshensemble.training.config import TASKS as TASKS
 from meshensemble.training.config import TrainConfig as TrainConfig
 from meshensemble.training.config import build_ensemble as build_ensemble
 from meshensemble.training.config import default_chunk_steps as default_chunk_steps
@@ -50,7 +51,6 @@ from meshensemble.training.loop import train as train
 from meshensemble.training.loop import use_compilation_cache as use_compilation_cache
 from meshensemble.training.outputs import OutputError as OutputError
 from meshensemble.training.outputs import RunWriter as RunWriter
-from meshensemble.training.outputs import final_table as final_table
 
 __all__ = [
     "CONFIG_FILE",
@@ -62,8 +62,6 @@ __all__ = [
     "RUN_FIELDS",
     "SCHEDULES",
     "SHUFFLES",
-    "TASK_DEFAULTS",
-    "TASKS",
     "Feeder",
     "LoopPosition",
     "NonFiniteError",
@@ -75,10 +73,11 @@ __all__ = [
     "checkpoint",
     "default_chunk_steps",
     "default_mesh_shape",
-    "final_table",
     "make_optimizer",
     "with_task_defaults",
-    "regression_run",
+    "restore",
+    "rundata",
+    "setup",
     "run_keys",
     "train",
     "tuning",

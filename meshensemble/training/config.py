@@ -13,7 +13,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import math
 import textwrap
@@ -21,8 +20,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
@@ -30,6 +29,7 @@ from meshensemble import data as data_lib
 from meshensemble.core.backends import BACKENDS
 from meshensemble.core.ensemble import STRATEGIES, Ensemble
 from meshensemble.core.mesh import parse_mesh
+from meshensemble.core.tasks import Task, task_class
 from meshensemble.data.augment import AUGMENTS, make_augment
 from meshensemble.models import REGISTRY as MODEL_REGISTRY
 from meshensemble.models import get_model, lora
@@ -51,36 +51,33 @@ CONFIG_FILE = "config.json"
 """The run's config in its workdir: every field plus a ``resolved`` entry."""
 METRICS_FILE = "metrics.jsonl"
 """One JSON record per evaluation in the run's workdir."""
-TASKS = ("classification", "regression")
-"""Values of ``TrainConfig.task``."""
-REGRESSION_ONLY_SOURCES = ("toy1d", "diabetes")
-"""``TrainConfig.source`` values of regression runs only (``npz`` and ``auto`` serve both)."""
-TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    "regression": {"optimizer": "adam", "learning_rate": 0.01, "epochs": 100},
-}
-"""Defaults a task puts in place of the classification ones, for the fields the user did
-not set (``meshensemble train`` applies them with :func:`with_task_defaults` before
-``config.json`` is written, which records them). The regression ones train the 1-D toy
-and diabetes to a sane fit: SGD 0.1 for 10 epochs (10 steps on the toy's 20 rows) did not.
-"""
+TABLE_SOURCES = ("toy1d", "diabetes")
+"""``TrainConfig.source`` values of tables with float targets (``npz`` and ``auto`` serve
+every kind of data); the task checks the data it gets."""
+EVALUATIONS = 20
+"""About how many evaluations (and checkpoints) a run makes when ``eval_every`` is None."""
 
 
 def with_task_defaults(values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` plus the task's :data:`TASK_DEFAULTS` for the fields it does not hold.
+    """``values`` plus the task's ``cli_defaults`` for the fields it does not hold.
 
     Args:
       values: ``TrainConfig`` field values that were given (flags, ``--config``, a resumed
         run's ``config.json``); a missing ``task`` is the default task.
 
     Returns:
-      A new dict: given values always win.
+      A new dict: given values always win (``meshensemble train`` applies it before
+      ``config.json`` is written, which records the result).
+
+    Raises:
+      ValueError: an unknown task.
 
     Example:
       >>> with_task_defaults({"task": "regression", "learning_rate": 0.05})["optimizer"]
       'adam'
     """
-    task = values.get("task", TrainConfig.task)
-    return {**TASK_DEFAULTS.get(task, {}), **values}
+    task = task_class(values.get("task", TrainConfig.task))
+    return {**task.cli_defaults, **values}
 
 
 def _field(
@@ -117,18 +114,20 @@ class TrainConfig:
     dataset: str = _field("mnist", "the dataset", choices=data_lib.DATASETS)
     task: str = _field(
         "classification",
-        "classification (integer labels, the members' softmax averaged) or regression "
-        "(float targets, Gaussian members, their mixture; sources npz, toy1d, diabetes; "
-        "model mlp by default; see docs/regression.md)",
-        choices=TASKS,
+        "a registered task (classification: integer labels, the members' softmax averaged; "
+        "regression: float targets, Gaussian members, their mixture, see docs/regression.md) "
+        "or a Task subclass as module:Class (docs/tasks.md); a task's own defaults apply to "
+        "the flags not given",
+        metavar="TASK",
     )
     source: str = _field(
         "auto",
         "where the data comes from (see meshensemble.data.load_dataset): auto tries "
         "data_file, TFDS's prepared data, a TFDS download, then the embedded MNIST sample "
-        "(with --task regression: data_file, else the toy1d toy); "
+        "(a task may name its own: --task regression's is the toy1d toy); toy1d and "
+        "diabetes are tables with float targets; "
         "arrayrecord reads the files of `meshensemble convert` in data_dir a batch at a time",
-        choices=data_lib.SOURCES + REGRESSION_ONLY_SOURCES,
+        choices=data_lib.SOURCES + TABLE_SOURCES,
     )
     data_file: str | None = _field(
         None,
@@ -197,8 +196,11 @@ class TrainConfig:
         "epochs to train (a decaying schedule spans them); --task regression: 100 unless given",
         metavar="N",
     )
-    batch_size: int = _field(
-        128, "global batch size (every member sees this many examples a step)", metavar="B"
+    batch_size: int | None = _field(
+        128,
+        "global batch size (every member sees this many examples a step); none: the whole "
+        "training split, at most 128 (--task regression's default, for small tables)",
+        metavar="B",
     )
     optimizer: str = _field(
         "sgd", "the optimizer; --task regression: adam unless given", choices=OPTIMIZERS
@@ -268,6 +270,13 @@ class TrainConfig:
         metavar="SECONDS",
     )
     eval_batch_size: int = _field(1000, "examples per evaluation call", metavar="B")
+    eval_every: int | None = _field(
+        None,
+        "evaluate (test split, and the validation split when held out) and save a checkpoint "
+        "every N epochs, and at the end; none: about 20 times a run (every epochs // 20 "
+        "epochs, at least every epoch)",
+        metavar="N",
+    )
     streaming: bool = _field(
         False, "deprecated spelling of --input stream (feed host batches, one step per call)"
     )
@@ -295,7 +304,9 @@ class TrainConfig:
         "runs/mnist", "where config, metrics, plots and checkpoints go", metavar="DIR"
     )
     tensorboard: bool = _field(False, "also write TensorBoard event files (needs tensorboardX)")
-    checkpoint: bool = _field(True, "save the state at each epoch end and at the end")
+    checkpoint: bool = _field(
+        True, "save the state at each evaluation (see eval_every) and at the end"
+    )
     checkpoint_every: int | None = _field(
         None,
         "also save every this many steps (a call of K steps ends at each such step)",
@@ -345,9 +356,9 @@ class TrainConfig:
                 FutureWarning,
                 stacklevel=2,
             )
-        for name in ("members", "epochs", "batch_size", "eval_batch_size", "keep", "rank"):
+        for name in ("members", "epochs", "eval_batch_size", "keep", "rank"):
             _positive_int(name, getattr(self, name))
-        for name in ("max_steps", "chunk_steps", "checkpoint_every"):
+        for name in ("batch_size", "max_steps", "chunk_steps", "checkpoint_every", "eval_every"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -372,7 +383,7 @@ class TrainConfig:
             )
         if self.mesh:
             parse_mesh(self.mesh)
-        _check_task(self)
+        task_class(self.task)  # a registered name or module:Class, else one line
         if self.backbone and hasattr(get_model(self.model), "member_layout"):
             raise ValueError(
                 f"backbone={self.backbone!r} puts adapters on a plain model, and "
@@ -384,38 +395,6 @@ class TrainConfig:
                 f"model={self.model!r}; leave conv at 'auto'"
             )
         return self
-
-
-def _check_task(cfg: TrainConfig) -> None:
-    """One-line ValueError for a source or option the task does not have."""
-    task, source = cfg.task, cfg.source
-    if task == "classification" and source in REGRESSION_ONLY_SOURCES:
-        raise ValueError(f"source={source!r} is regression data; add --task regression")
-    if task != "regression":
-        return
-    if source not in ("auto", "npz", *REGRESSION_ONLY_SOURCES):
-        raise ValueError(
-            f"source={source!r} holds images and class labels, not regression data; use "
-            "--source npz --data-file PATH, --source toy1d or --source diabetes"
-        )
-    if cfg.model not in ("cnn", "mlp"):  # cnn: the classification default, means mlp
-        raise ValueError(
-            f"model={cfg.model!r} takes images; a regression run's members take features "
-            "[N, F]: use --model mlp (the default), or any model from Python with "
-            "me.Ensemble(..., task=me.tasks.Regression(T))"
-        )
-    unsupported = {
-        "bootstrap": cfg.bootstrap,
-        "augment": cfg.augment != "none",
-        "label_smoothing": cfg.label_smoothing != 0,
-        "input": cfg.input == "stream" or cfg.streaming,
-    }
-    for name, used in unsupported.items():
-        if used:
-            raise ValueError(
-                f"{name}={getattr(cfg, name)!r} is not available with task='regression'; "
-                f"leave --{name.replace('_', '-')} at its default"
-            )
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -535,7 +514,56 @@ def make_optimizer(
     return base
 
 
-def build_ensemble(cfg: TrainConfig, mesh: Mesh, num_train: int, sample: Any = None) -> Ensemble:
+def model_name(cfg: TrainConfig, sample: Any = None) -> str:
+    """The member model's name: ``cfg.model``, or ``mlp`` for the default ``cnn`` on inputs
+    that are not images (``[N, F]`` features).
+
+    Example:
+      >>> model_name(TrainConfig(), np.zeros((1, 10), np.float32))
+      'mlp'
+    """
+    flat = sample is not None and np.ndim(sample) < 4
+    return "mlp" if cfg.model == TrainConfig.model and flat else cfg.model
+
+
+def input_transform(sample: Any, stats: Any = None) -> Callable[[Any], Any] | None:
+    """What the members apply to their inputs on device: from the inputs' dtype.
+
+    Integer pixels (uint8 images) are scaled to ``[0, 1]`` (:func:`meshensemble.data.normalize`);
+    float features are standardised with the training split's ``stats`` (``{"mean",
+    "std"}`` per feature, the last axis), when there are some.
+
+    Args:
+      sample: an input batch (its dtype decides), or None (images).
+      stats: the training split's per-feature ``mean`` and ``std`` (lists), or None.
+
+    Returns:
+      ``fn(x) -> x`` (jit-able), or None.
+
+    Example:
+      >>> fn = input_transform(np.zeros((1, 2), np.float32), {"mean": [1, 2], "std": [2, 2]})
+      >>> np.asarray(fn(np.ones((1, 2), np.float32))).tolist()
+      [[0.0, -0.5]]
+    """
+    if sample is None or np.issubdtype(np.dtype(sample.dtype), np.integer):
+        return data_lib.normalize
+    if not stats:
+        return None
+    mean, std = (np.asarray(stats[k], np.float32) for k in ("mean", "std"))
+    row = lambda v, x: v.reshape((1,) * (x.ndim - 1) + (-1,))  # [F] over [..., F]
+    return lambda x: (x - row(mean, x)) / row(std, x)
+
+
+def build_ensemble(
+    cfg: TrainConfig,
+    mesh: Mesh,
+    num_train: int,
+    sample: Any = None,
+    *,
+    task: Task | None = None,
+    input_stats: Any = None,
+    steps_per_epoch: int | None = None,
+) -> Ensemble:
     """The :class:`meshensemble.Ensemble` a run's config describes, on ``mesh``.
 
     The learning-rate schedule spans ``cfg.epochs`` epochs of ``num_train`` examples (not
@@ -546,13 +574,18 @@ def build_ensemble(cfg: TrainConfig, mesh: Mesh, num_train: int, sample: Any = N
       cfg: the run's config.
       mesh: the mesh to run on (it may differ from the one the run was trained on).
       num_train: training examples, for the steps per epoch.
-      sample: inputs of the data's shape (``images[:1]``), for ``ens.state_spec`` of
-        sharded members (``Ensemble``'s ``sample``); default None.
+      sample: inputs of the data's shape (``images[:1]``): the inputs' dtype chooses the
+        input transform (:func:`input_transform`), and ``ens.state_spec`` of sharded
+        members follows their shape; default None (uint8 images).
+      task: the run's task, set up for its data (default ``cfg.task``'s class with the
+        config's options, e.g. ``label_smoothing``); its output width sets the model's.
+      input_stats: the training split's feature statistics (float features).
+      steps_per_epoch: the run's, when recorded (default ``num_train // batch_size``).
 
     Returns:
-      The ensemble, with on-device normalisation of uint8 images; with the model's member
-      layout (``member_layout()``: ``be_*``), or LoRA adapters on ``cfg.backbone``'s
-      architecture with their layout (the backbone's values come with ``init``).
+      The ensemble; with the model's member layout (``member_layout()``: ``be_*``), or
+      LoRA adapters on ``cfg.backbone``'s architecture with their layout (the backbone's
+      values come with ``init``).
 
     Example:
       >>> cfg = me.TrainConfig(model="mlp", members=8, batch_size=128)
@@ -560,56 +593,33 @@ def build_ensemble(cfg: TrainConfig, mesh: Mesh, num_train: int, sample: Any = N
       >>> ens.num_members, ens.input_transform is not None
       (8, True)
     """
-    steps_per_epoch = max(num_train // cfg.batch_size, 1)
-    model = get_model(cfg.model)
-    if cfg.model in CONV_MODELS:
+    steps = steps_per_epoch or max(num_train // (cfg.batch_size or num_train or 1), 1)
+    if task is None:  # the config's task with its options (no data: no statistics)
+        task = task_class(cfg.task)().for_data(None, dataclasses.asdict(cfg))
+    name = model_name(cfg, sample)
+    model = get_model(name)
+    width = task.output_width()
+    if width is not None and getattr(model, "num_classes", width) != width:
+        model = model.clone(num_classes=width)  # the zoo's models take it from the task
+    if name in CONV_MODELS:
         model = model.clone(conv=cfg.conv)
     model = lora(model, rank=cfg.rank) if cfg.backbone else model
     layout = model.member_layout() if hasattr(model, "member_layout") else {}
     return Ensemble(
         model,
-        make_optimizer(cfg, cfg.epochs * steps_per_epoch, steps_per_epoch),
+        make_optimizer(cfg, cfg.epochs * steps, steps),
         cfg.members,
         mesh,
         backend=cfg.backend,
         member_strategy=cfg.member_strategy,
-        input_transform=data_lib.normalize,
+        input_transform=input_transform(sample, input_stats),
         compute_dtype=PRECISIONS[cfg.precision],
-        loss_fn=smoothed_cross_entropy(cfg.label_smoothing) if cfg.label_smoothing else None,
         augment=make_augment(cfg.augment, cfg.augment_shift),
         shard_members=cfg.shard_members,
+        task=task,
         sample=sample,
         **layout,
     )
-
-
-def smoothed_cross_entropy(smoothing: float) -> Callable[[Any, Any], Any]:
-    """The per-example cross-entropy against labels smoothed by ``smoothing``.
-
-    The target of an example of class ``y`` is ``(1 - smoothing) * one_hot(y) + smoothing /
-    classes`` (``optax.smooth_labels``).
-
-    Args:
-      smoothing: in ``[0, 1)``.
-
-    Returns:
-      ``loss_fn(logits [B, C], labels [B]) -> [B]``.
-
-    Raises:
-      ValueError: ``smoothing`` outside ``[0, 1)``.
-
-    Example:
-      >>> loss = smoothed_cross_entropy(0.1)(jnp.zeros((2, 10)), jnp.array([1, 2]))
-      >>> np.round(np.asarray(loss), 4)   # uniform logits: log 10 whatever the smoothing
-      array([2.3026, 2.3026], dtype=float32)
-    """
-    _number("label_smoothing", smoothing, "in [0, 1)", lambda v: 0 <= v < 1)
-    return functools.partial(_smoothed_loss, float(smoothing))
-
-
-def _smoothed_loss(smoothing: float, logits: Any, labels: Any) -> Any:
-    targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), smoothing)
-    return optax.softmax_cross_entropy(logits, targets)
 
 
 def default_mesh_shape(members: int, devices: int) -> dict[str, int]:

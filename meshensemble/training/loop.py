@@ -10,15 +10,15 @@ Example:
   >>> cfg = me.TrainConfig(model="mlp", members=4, epochs=1, batch_size=32, source="npz",
   ...                      data_file="mnist.npz", workdir="runs/r")
   >>> result = me.training.train(cfg, echo=lambda line: None)   # no printed lines
-  >>> sorted(os.listdir("runs/r"))
+  >>> import os
+  >>> sorted(os.listdir("runs/r"))   # outputs.json: the figures, for --overwrite to remove
   ['checkpoints', 'compile.json', 'config.json', 'learning_curves.png', 'members.png',
-   'metrics.jsonl']
+   'metrics.jsonl', 'outputs.json']
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,52 +28,36 @@ import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
 from meshensemble import data as data_lib
-from meshensemble.core.derive import member_params
 from meshensemble.core.ensemble import Ensemble
-from meshensemble.core.layout import given_values
-from meshensemble.core.mesh import describe_mesh, idle_devices, make_mesh
+from meshensemble.core.mesh import describe_mesh, idle_devices
 from meshensemble.core.sharding import model_axis_note
 from meshensemble.core.state import EnsembleState
-from meshensemble.data.split import split_validation
-from meshensemble.metrics import prefix_metrics
+from meshensemble.core.tasks import Task
 from meshensemble.runtime.compilation import CompileLog, enable_compilation_cache
 from meshensemble.runtime.distributed import fetch
 from meshensemble.training.backbone import load_backbone
 from meshensemble.training.checkpoint import (
-    CHECKPOINT_DIR,
     Checkpointer,
-    list_checkpoints,
-    restore_checkpoint,
 )
 from meshensemble.training.config import (
-    CONFIG_FILE,
-    METRICS_FILE,
     TrainConfig,
-    build_ensemble,
 )
-from meshensemble.training.feeder import Feeder, check_lazy_input
+from meshensemble.training.feeder import Feeder
 from meshensemble.training.guards import NonFiniteGuard, StopSignal
-from meshensemble.training.identity import (
-    agree_data,
-    check_same_run,
-    data_identity,
-    read_saved_config,
-    run_fields,
-)
 from meshensemble.training.outputs import (
     Progress,
     RunWriter,
     check_writable,
     clear_run,
-    epoch_line,
-    final_table,
     restore_nonfinite,
     strict_json,
     unfinished_run,
 )
 from meshensemble.training.pacing import Pacer
-from meshensemble.training.plan import TrainPlan, plan_training
-from meshensemble.training.tuning import concrete, resolve_choices
+from meshensemble.training.plan import TrainPlan
+from meshensemble.training.rundata import RunData
+from meshensemble.training.setup import prepare, resolved_record, saved_run, with_task
+from meshensemble.training.setup import run_keys as run_keys
 
 AHEAD_OF_TIME = True
 """Whether a fresh run compiles its training chunk and its evaluation in threads while the
@@ -182,8 +166,15 @@ def train(
     echo: Callable[[str], None] | None = None,
     *,
     source: Any = None,
+    task: Task | type[Task] | None = None,
 ) -> TrainResult:
     """Trains an ensemble as ``cfg`` says and writes the run's outputs to ``cfg.workdir``.
+
+    One loop for every task: the task (``cfg.task``, or ``task``) says what the members
+    output and learn, what a step reports and an evaluation scores, and how the run is
+    reported; everything else is the same for all (K-step chunks from on-device data or a
+    streamed input, bagging, augmentation, the compilation cache and log, the auto-tuner,
+    ahead-of-time compilation, pacing, the non-finite guard, the stop signal, resuming).
 
     With ``cfg.compile_cache`` (the default) JAX's persistent compilation cache is turned
     on first (:func:`use_compilation_cache`: this sets JAX's global cache options for the
@@ -203,26 +194,24 @@ def train(
 
     Args:
       cfg: the run's config.
-      dataset: data to use instead of loading ``cfg.dataset`` from ``cfg.source``.
+      dataset: data to use instead of loading it from ``cfg``'s data settings.
       echo: where human-readable lines go (default ``print`` on process 0; with
         ``cfg.quiet`` only the final table and the lines about resuming, stopping or
         re-initialising members).
       source: for a streamed run (``cfg.input``), where the training examples are read
         (a :mod:`meshensemble.data.stream` source, e.g. ArrayRecord files, holding the
         examples of ``dataset``'s train split in the same order); default those arrays.
-
-    With ``cfg.task == "regression"`` the run is
-    :func:`meshensemble.training.regression_run.train_regression`'s (Gaussian members on
-    float targets, see docs/regression.md).
+      task: a :class:`meshensemble.tasks.Task` (instance or class) to train instead of
+        ``cfg.task``'s; the run records it (its registered name, else ``module:Class``,
+        which ``evaluate``/``predict``/``export`` import again).
 
     Returns:
-      A :class:`TrainResult` (a
-      :class:`~meshensemble.training.regression_run.RegressionResult` for regression).
+      A :class:`TrainResult`.
 
     Raises:
       ValueError: a bad config value, a workdir that is not writable, or a workdir that
-        holds another run (one line naming the difference and the fixes);
-        :class:`meshensemble.data.DataError` for data.
+        holds another run (one line naming the difference and the fixes); data the task
+        refuses; :class:`meshensemble.data.DataError` for data.
       meshensemble.training.NonFiniteError: a member's loss became NaN/inf
         (``on_nonfinite="stop"``).
       meshensemble.CheckpointError: a checkpoint could not be written.
@@ -237,16 +226,13 @@ def train(
       >>> 0 <= result.history[-1]["test_ensemble_accuracy"] <= 1
       True
     """
+    cfg, task = with_task(cfg, task)
     cfg.validate()
-    if cfg.task == "regression":  # the Gaussian regression run (--task regression)
-        from meshensemble.training import regression_run
-
-        return regression_run.train_regression(cfg, echo)
     stop = StopSignal.install()  # from the start: a SIGTERM during compilation counts too
     try:
         cache_dir = use_compilation_cache(cfg)
         with CompileLog() as log:
-            return _train(cfg, dataset, echo, stop, log, cache_dir, source)
+            return _train(cfg, dataset, echo, stop, log, cache_dir, source, task)
     finally:
         stop.uninstall()
 
@@ -286,66 +272,8 @@ def use_compilation_cache(cfg: TrainConfig) -> str | None:
     return path
 
 
-@jax.jit
-def _split_seed(seed: jax.Array) -> tuple[jax.Array, jax.Array]:
-    init_key, order_key = jax.random.split(jax.random.key(seed))
-    return init_key, order_key
-
-
-def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
-    """The run's two keys, ``jax.random.split(jax.random.key(seed))``, in one program.
-
-    Args:
-      seed: ``TrainConfig.seed``.
-
-    Returns:
-      ``(init_key, order_key)``, typed keys equal to the split of ``jax.random.key(seed)``.
-
-    Example:
-      >>> init_key, order_key = run_keys(0)
-      >>> bool((jax.random.key_data(init_key) == jax.random.key_data(
-      ...     jax.random.split(jax.random.key(0))[0])).all())
-      True
-    """
-    if -(2**31) <= seed < 2**31:
-        return _split_seed(np.int32(seed))
-    init_key, order_key = jax.random.split(jax.random.key(seed))
-    return init_key, order_key
-
-
-def _held(workdir: str) -> list[str]:
-    names = (CONFIG_FILE, METRICS_FILE, CHECKPOINT_DIR)
-    return [n for n in names if os.path.exists(os.path.join(workdir, n))]
-
-
-def _saved_run(cfg: TrainConfig) -> dict[str, Any] | None:
-    """The saved config of the run to resume, or None to start afresh; refuses to clobber."""
-    held = _held(cfg.workdir)
-    if not held or cfg.overwrite:
-        return None
-    where = f"workdir {cfg.workdir} holds a run ({', '.join(held)})"
-    if not cfg.resume:
-        raise ValueError(
-            f"{where}; --no-resume would overwrite it: add --overwrite, or resume it, or use "
-            "another --workdir"
-        )
-    if not list_checkpoints(cfg.workdir):
-        raise ValueError(
-            f"{where} but no checkpoint to resume from; add --overwrite to start over, or use "
-            "another --workdir"
-        )
-    saved = read_saved_config(cfg.workdir)
-    if saved is None:
-        raise ValueError(
-            f"{where} but no {CONFIG_FILE} saying which run it is; add --overwrite to start "
-            "over, or use another --workdir"
-        )
-    check_same_run(cfg.workdir, saved, run_fields(cfg))
-    return saved
-
-
 def _train(
-    cfg: TrainConfig, dataset, echo, stop: StopSignal, log, cache_dir, source=None
+    cfg: TrainConfig, dataset, echo, stop: StopSignal, log, cache_dir, source, task: Task
 ) -> TrainResult:
     t0 = time.perf_counter()
     main = jax.process_index() == 0  # only process 0 prints and writes the run's files
@@ -353,121 +281,51 @@ def _train(
     say = echo or (quiet if cfg.quiet or not main else print)
     tell = echo or (print if main else quiet)  # final table, resumes, stops: even when quiet
     check_writable(cfg.workdir)  # before any work
-    saved = _saved_run(cfg)
-    dataset, identity, held_out = _training_data(cfg, dataset, saved, say)
-    platform = jax.devices()[0].platform
-    plan = plan_training(cfg, len(dataset.train_labels), jax.device_count(), platform)
-    mesh = make_mesh(**plan.mesh)
-    init_key, order_key = run_keys(cfg.seed)
-    recorded = saved.get("resolved") if saved is not None else None
-    feeder_for = lambda e: Feeder(  # the run's feeder of an ensemble: the tuner times it
-        e, dataset, cfg, order_key, plan.chunk, plan.steps_per_epoch, source=source
+    saved = saved_run(cfg)
+    setup = prepare(cfg, dataset, saved, task, source, cache_dir, say, tell)
+    ens, plan, choice, sample, restored = (
+        setup.ens,
+        setup.plan,
+        setup.choice,
+        setup.sample,
+        setup.restored,
     )
-    choice = resolve_choices(cfg, mesh, dataset, init_key, cache_dir, recorded, feeder=feeder_for)
-    sample = dataset.train_images[:1]
-    ens = choice.ensemble or build_ensemble(
-        concrete(cfg, choice.member_strategy, choice.conv), mesh, len(dataset.train_labels), sample
-    )
-    restored = None
-    if saved is not None:
-        restored = restore_checkpoint(cfg.workdir, ens, sample, echo=tell)
-        _check_not_past_the_end(cfg, int(restored[2]), plan.steps_per_epoch)
-    elif cfg.backbone:  # a backbone that does not fit is refused before anything is written
-        shapes = member_params(ens.model, ens.input_transform, sample)
-        what, shared = f"--backbone {cfg.backbone}", ens.layout.shared_mask(shapes)
-        given_values(shapes, load_backbone(cfg.backbone), shared, 1, what)
     if jax.process_count() > 1:  # every process decided before process 0 writes anything
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices("meshensemble: workdir checked")
-    if cfg.overwrite and main:
+    if cfg.overwrite and main:  # only process 0 clears, after every process checked
         clear_run(cfg.workdir)
-    resolved = _resolved(plan, choice.resolved(), cache_dir, dataset, identity, held_out)
+    resolved = resolved_record(
+        plan, choice.resolved(), cache_dir, setup.data, ens.task, cfg, sample
+    )
     keep_until = None if restored is None else restored[2]
     with unfinished_run(cfg.workdir, fresh=restored is None, enabled=main):
         writer = RunWriter(
             cfg.workdir, enabled=main, tensorboard=cfg.tensorboard, keep_until=keep_until
         )
         writer.write_config(cfg, resolved)
-        say(_ensemble_line(cfg, ens, plan, platform))
+        say(_ensemble_line(cfg, ens, plan, jax.devices()[0].platform))
         for line in choice.lines() if choice.how != "given" else ():
             say(line)
-        feeder = choice.feeder or feeder_for(ens)  # the tuner's: its chunk already compiled
+        feeder = choice.feeder or setup.feeder_for(ens)  # the tuner's: its chunk compiled
         say(feeder.input_why)
-        state, pos = _start(cfg, ens, feeder, dataset, restored, init_key, sample, tell)
+        init_key, train = setup.init_key, setup.data.train
+        state, pos = _start(cfg, ens, feeder, train, restored, init_key, sample, tell)
         note = model_axis_note(ens, state, sample)  # a model axis that splits nothing
         if note is not None:
             tell(note)
         ckpt = Checkpointer(cfg.workdir, cfg.keep, echo=tell) if cfg.checkpoint else None
         guard = NonFiniteGuard(ens, cfg.on_nonfinite, init_key, sample)
-        run = _Run(cfg, ens, dataset, feeder, guard, ckpt, writer, stop, say, tell, t0, log)
+        data = setup.data
+        run = _Run(cfg, ens, data, feeder, guard, ckpt, writer, stop, say, tell, t0, log, plan)
         run.pacer = Pacer(1 if feeder.streaming else plan.chunk, cfg.stop_within)
-        k, steps = plan.chunk, plan.steps_per_epoch
         try:
-            state, pos, saved_at = run.loop(state, pos, steps, plan.total_steps, k, main)
+            state, pos, saved_at = run.loop(state, pos, main)
         finally:
             if ckpt is not None:
                 ckpt.close()
         return _finish(cfg, run, state, pos, saved_at)
-
-
-def _resolved(
-    plan: TrainPlan,
-    choices: dict[str, Any],
-    cache_dir: Any,
-    dataset: Any,
-    identity: dict[str, Any],
-    held_out: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """What config.json records of the run beside its config (``resolved``)."""
-    return {
-        "mesh": plan.mesh,
-        "chunk_steps": plan.chunk,
-        **choices,
-        "compile_cache": cache_dir,
-        "data": dataset.note,
-        "data_identity": identity,
-        "validation": held_out,
-        "devices": jax.device_count(),
-        "platform": jax.devices()[0].platform,
-        "jax": jax.__version__,
-    }
-
-
-def _training_data(
-    cfg: TrainConfig, dataset: Any, saved: dict[str, Any] | None, say: Callable[[str], None]
-) -> tuple[Any, dict[str, Any], dict[str, Any] | None]:
-    """The run's training data (loaded when not given), its identity and validation split.
-
-    Every process checks it holds the same data, and a resumed run that it is the run's.
-    """
-    origin = "object" if dataset is not None else "config"  # evaluate reloads only "config"
-    if dataset is None:
-        streamed = cfg.input == "stream" or cfg.streaming  # tfds then opens a lazy train split
-        dataset = data_lib.load_dataset(
-            cfg.dataset, cfg.source, cfg.data_file, cfg.data_dir, log=say, stream=streamed
-        )
-    check_lazy_input(cfg, dataset)  # a lazy train split never goes to the devices whole
-    identity = data_identity(dataset, cfg.data_file, cfg.validation, cfg.seed, origin=origin)
-    agree_data(identity, dataset.note)  # every process the same data, or all stop
-    if saved is not None:
-        check_same_run(cfg.workdir, saved, run_fields(cfg), identity)
-    held_out = None  # the validation split: never trained on; recorded in config.json
-    if cfg.validation:
-        split = split_validation(dataset, cfg.validation, cfg.seed, batch_size=cfg.batch_size)
-        dataset, held_out = split.train, split.record()
-    return dataset, identity, held_out
-
-
-def _check_not_past_the_end(cfg: TrainConfig, step: int, steps_per_epoch: int) -> None:
-    """Refuses a resume whose ``epochs`` end before the checkpoint (config.json would lie)."""
-    if step > cfg.epochs * steps_per_epoch:
-        need = -(-step // steps_per_epoch)
-        raise ValueError(
-            f"checkpoint {step} in {cfg.workdir} is past the end of an --epochs {cfg.epochs} "
-            f"run (step {cfg.epochs * steps_per_epoch}); give --epochs {need} or more, or "
-            "--overwrite to start over"
-        )
 
 
 def _ensemble_line(cfg: TrainConfig, ens: Ensemble, plan: TrainPlan, platform: str) -> str:
@@ -499,10 +357,7 @@ def _start(
     if AHEAD_OF_TIME:  # the chunk compiles in a thread while the initialisation does
         feeder.compile_ahead(lambda: ens.init(init_key, sample))
         feeder.compile_eval_ahead(
-            lambda: ens.init(init_key, sample),
-            dataset.test_images,
-            dataset.test_labels,
-            cfg.eval_batch_size,
+            lambda: ens.init(init_key, sample), dataset.x_test, dataset.y_test, cfg.eval_batch_size
         )
     given = {"params": load_backbone(cfg.backbone)} if cfg.backbone else {}
     return ens.init(init_key, sample, **given), LoopPosition()
@@ -511,31 +366,32 @@ def _start(
 def _finish(
     cfg: TrainConfig, run: _Run, state: EnsembleState, pos: LoopPosition, saved_at: Any
 ) -> TrainResult:
-    """Writes the compile log, plots and final table (or says where a stop left the run)."""
-    say, tell, writer, ckpt = run.say, run.tell, run.writer, run.ckpt
+    """Writes the compile log and the task's figures and final table (or says where a stop
+    left the run)."""
+    say, tell, writer, ckpt, task = run.say, run.tell, run.writer, run.ckpt, run.ens.task
     seconds = time.perf_counter() - run.t0
     compiled = run.log.summary()
     if not run.compile_reported:
         say(run.log.line())
     writer.write_compile(compiled)
     history = writer.history
-    if run.stop.signal is not None:
+    dataset = run.data.train  # the examples trained on (and the test split)
+    if run.stopped or run.stop.signal is not None:
         where = "no checkpoint"
         if saved_at is not None and ckpt is not None:
             where = f"saved checkpoint {saved_at} in {ckpt.dir}"
-        tell(
-            f"stopped by {run.stop.signal} at step {pos.step}: {where}; run the same command "
-            "to resume"
-        )
-        return TrainResult(
-            run.ens, state, history, run.dataset, seconds, True, compiled, run.stop.signal
-        )
-    writer.plots(history)
+        signal = run.stop.signal or "a stop request"
+        tell(f"stopped by {signal} at step {pos.step}: {where}; run the same command to resume")
+        return TrainResult(run.ens, state, history, dataset, seconds, True, compiled, signal)
+    train = run.data.train
+    predict = lambda x: fetch((run.ens.predict(state, x), run.ens.predict_members(state, x)))
+    writer.figures(task.run_figures(history, predict, (train.x_train, train.y_train)))
     writer.close()
-    if history:
-        tell(final_table(history[-1]))
+    table = task.final_table(history[-1]) if history else ""
+    if table:
+        tell(table)
     say(f"done in {seconds:.1f}s; outputs in {cfg.workdir}")
-    return TrainResult(run.ens, state, history, run.dataset, seconds, False, compiled)
+    return TrainResult(run.ens, state, history, dataset, seconds, False, compiled)
 
 
 @dataclasses.dataclass
@@ -544,7 +400,7 @@ class _Run:
 
     cfg: TrainConfig
     ens: Ensemble
-    dataset: data_lib.Dataset
+    data: RunData
     feeder: Feeder
     guard: NonFiniteGuard
     ckpt: Checkpointer | None
@@ -554,30 +410,38 @@ class _Run:
     tell: Callable[[str], None]
     t0: float
     log: CompileLog
+    plan: TrainPlan
     compile_reported: bool = False
+    stopped: bool = False
     pacer: Pacer = dataclasses.field(default_factory=lambda: Pacer(1, 0.0))
 
     def last_checkpoint(self) -> int | None:
         return self.ckpt.mngr.latest_step() if self.ckpt is not None else None
 
-    def loop(self, state, pos: LoopPosition, steps_per_epoch, total_steps, k, main):
-        """Runs chunks until ``total_steps`` or a stop signal; returns the state, position
+    def calls(self, pos: LoopPosition) -> int:
+        """The steps of the next call: up to K, the epoch's end, a checkpoint step, the
+        run's end, cut to honour ``stop_within`` (one when streaming)."""
+        cfg, plan = self.cfg, self.plan
+        n = min(plan.chunk, plan.steps_per_epoch - pos.epoch_step, plan.total_steps - pos.step)
+        if cfg.checkpoint_every:  # a checkpoint step ends a call
+            n = min(n, cfg.checkpoint_every - pos.step % cfg.checkpoint_every)
+        return 1 if self.feeder.streaming else self.pacer.count(n)  # within stop_within
+
+    def loop(self, state, pos: LoopPosition, main):
+        """Runs chunks until the run's end or a stop signal; returns the state, position
         and the step of the last checkpoint saved (or None)."""
-        cfg, guard = self.cfg, self.guard
+        cfg, guard, plan, steps = self.cfg, self.guard, self.plan, self.plan.steps_per_epoch
         zeros = np.zeros((cfg.members,), np.float32)
         pos.loss_sum = zeros if pos.loss_sum is None else np.asarray(pos.loss_sum, np.float32)
-        if pos.epoch_step == steps_per_epoch:
+        if pos.epoch_step == steps:
             pos.epoch, pos.epoch_step = pos.epoch + 1, 0
         progress = Progress(self.say, enabled=main and not cfg.quiet)
         saved_at = None
         try:
-            while pos.step < total_steps:
+            while pos.step < plan.total_steps:
                 if not progress.started:
-                    progress.start(pos.epoch, cfg.epochs, steps_per_epoch, pos.epoch_step)
-                n = min(k, steps_per_epoch - pos.epoch_step, total_steps - pos.step)
-                if cfg.checkpoint_every:  # a checkpoint step ends a call
-                    n = min(n, cfg.checkpoint_every - pos.step % cfg.checkpoint_every)
-                n = 1 if self.feeder.streaming else self.pacer.count(n)  # within stop_within
+                    progress.start(pos.epoch, cfg.epochs, steps, pos.epoch_step)
+                n = self.calls(pos)
                 started = self.pacer.start()
                 state, metrics = self.feeder.run(state, pos.epoch, pos.epoch_step, n)
                 self.pacer.observe(n, metrics["loss"], started)
@@ -587,47 +451,56 @@ class _Run:
                 pos.pending.append(metrics["loss"])  # summed on the host, never waited for
                 if len(pos.pending) > SETTLE_EVERY:
                     pos.settle(keep=2)
-                pos.loss_count += n
-                pos.step += n
-                pos.epoch_step += n
+                pos.loss_count, pos.step, pos.epoch_step = (
+                    pos.loss_count + n,
+                    pos.step + n,
+                    (pos.epoch_step + n),
+                )
                 progress.update(n, metrics)
-                epoch_done = pos.epoch_step == steps_per_epoch
-                last = pos.step == total_steps
-                if epoch_done or last:
+                epoch_done, last = pos.epoch_step == steps, pos.step == plan.total_steps
+                evaluated = last or (epoch_done and pos.epoch % plan.eval_every == 0)
+                if evaluated:
                     progress.close()
                     state = guard.flush(state, self.tell, self.last_checkpoint)
                     self.evaluate(state, pos)
-                    if epoch_done:  # a split epoch keeps its sum: its record covers it all
-                        pos.loss_sum, pos.loss_count = np.zeros_like(pos.loss_sum), 0
+                if epoch_done:  # a split epoch keeps its sum: its record covers it all
+                    pos.loss_sum, pos.loss_count, pos.pending = np.zeros_like(pos.loss_sum), 0, []
+                    progress.close()
                 every = cfg.checkpoint_every
-                due = epoch_done or last or (every and pos.step // every > (pos.step - n) // every)
-                stopping = self.stop.requested(pos.step)
+                due = evaluated or (every and pos.step // every > (pos.step - n) // every)
+                stopping = self.stop.requested(pos.step)  # once per call, never per step
                 if self.ckpt is not None and (due or stopping):
-                    state = guard.flush(state, self.tell, self.last_checkpoint)
+                    state = guard.flush(state, self.tell, self.last_checkpoint)  # never unchecked
                     self.ckpt.save(pos.step, state, {**pos.to_json(), **self.feeder.input_state()})
                     saved_at = pos.step
                 if epoch_done:
                     pos.epoch, pos.epoch_step = pos.epoch + 1, 0
                 if stopping:
+                    self.stopped = True
                     break
         finally:
             progress.close()
         return state, pos, saved_at
 
     def evaluate(self, state: EnsembleState, pos: LoopPosition) -> None:
-        """Evaluates on the test set and writes the record (train loss of the epoch so far)."""
-        ds, cfg = self.dataset, self.cfg
-        ev = self.ens.evaluate(state, ds.test_images, ds.test_labels, cfg.eval_batch_size)
+        """Evaluates on the test split (and the validation split, when held out) and writes
+        the record (the train loss of the epoch so far)."""
+        cfg, task, test = self.cfg, self.ens.task, self.data.dataset
         record: dict[str, Any] = {"epoch": pos.epoch, "step": pos.step}
         pos.settle()
         if pos.loss_count:
             losses = np.asarray(pos.loss_sum, np.float64) / pos.loss_count
             record["train_loss"] = [float(v) for v in losses]
             record["train_mean_member_loss"] = float(losses.mean())
-        record.update(prefix_metrics(ev, "test"))
+        sets = {"test": (test.x_test, test.y_test)}
+        if self.data.validation is not None:
+            sets["val"] = self.data.validation
+        for name, (x, y) in sets.items():
+            scores = self.ens.evaluate(state, x, y, cfg.eval_batch_size)
+            record.update(task.record_scores(scores, name))
         self.writer.history.append(record)
         self.writer.write_metrics(record)
-        self.say(epoch_line(record, cfg.epochs, time.perf_counter() - self.t0))
+        self.say(task.epoch_line(record, cfg.epochs, time.perf_counter() - self.t0))
         if not self.compile_reported:  # the run's programs are all compiled by now
             self.compile_reported = True
             self.say(self.log.line())

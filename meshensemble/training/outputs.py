@@ -1,9 +1,8 @@
 """A run's outputs: the workdir checks, its files, and what a person reads while it runs.
 
 :class:`RunWriter` writes ``config.json``, ``metrics.jsonl``, TensorBoard events and the
-plots (process 0 only); a failed write raises :class:`OutputError`, one line naming the
-file. :class:`Progress` shows the live loss; :func:`epoch_line` and :func:`final_table`
-format the records.
+task's figures (process 0 only); a failed write raises :class:`OutputError`, one line
+naming the file. :class:`Progress` shows the live loss (the task formats the records).
 
 Example:
   >>> check_writable("runs/mnist")            # None: the folder can be made
@@ -21,7 +20,6 @@ import dataclasses
 import io
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -36,8 +34,6 @@ from meshensemble.runtime import storage
 from meshensemble.training.checkpoint import CHECKPOINT_DIR, list_checkpoints
 from meshensemble.training.config import CONFIG_FILE, METRICS_FILE
 
-PLOTS = ("learning_curves.png", "members.png")
-"""The plots a run writes to its workdir."""
 TENSORBOARD_DIR = "tensorboard"
 COMPILE_FILE = "compile.json"
 """The run's compile report in its workdir: the summary of a
@@ -45,6 +41,18 @@ COMPILE_FILE = "compile.json"
 ``cache_hits``, ``cache_misses``, ``by_program``: the run's own programs; ``tuning``: the
 candidates the auto-tuner compiled, at its first use only) of this command."""
 """Folder of the TensorBoard event files under the workdir."""
+
+
+EVALUATION_FILE = "evaluation.json"
+"""What ``meshensemble evaluate`` writes into a run's folder (its scores and calibration)."""
+OUTPUTS_FILE = "outputs.json"
+"""The list of every other file the run's commands wrote into its folder (figures, a
+``predict --out`` or ``export --out`` inside it): what ``train --overwrite`` removes."""
+OLDER_OUTPUTS = (
+    "learning_curves.png", "members.png", "regression.png", "reliability_diagram.png",
+    "ood_histogram.png", "calibration.png",
+)  # fmt: skip
+"""Figures runs wrote before :data:`OUTPUTS_FILE` listed them (removed with them)."""
 
 
 NONFINITE_NOTE = "nonfinite"
@@ -219,8 +227,41 @@ def replacing(path: str) -> Iterator[Any]:
     storage.atomic_write(path, buffer.getvalue())
 
 
+def note_output(workdir: str, path: str) -> None:
+    """Adds ``path`` to the run's :data:`OUTPUTS_FILE` when it lies inside ``workdir``.
+
+    Args:
+      workdir: the run's folder; path: a file a command wrote (process 0 calls this).
+
+    Example:
+      >>> os.makedirs("runs/x")
+      >>> note_output("runs/x", "runs/x/preds.npz"); note_output("runs/x", "/tmp/elsewhere")
+      >>> json.load(open("runs/x/outputs.json"))
+      ['preds.npz']
+    """
+    top, full = storage.absolute(workdir).rstrip("/") + "/", storage.absolute(path)
+    if not full.startswith(top) or not storage.isdir(workdir):
+        return
+    listing, held = storage.join(workdir, OUTPUTS_FILE), _listed(workdir)
+    if full[len(top) :] not in held:
+        with writing(listing):
+            storage.atomic_write_json(listing, [*held, full[len(top) :]])
+
+
+def _listed(workdir: str) -> list[str]:
+    """The files :data:`OUTPUTS_FILE` lists (none when it is missing or unreadable)."""
+    try:
+        return [str(v) for v in storage.read_json(storage.join(workdir, OUTPUTS_FILE))]
+    except (OSError, ValueError, TypeError):
+        return []
+
+
 def clear_run(workdir: str) -> None:
-    """Deletes a run's outputs from ``workdir`` (for ``overwrite``); other files stay.
+    """Deletes every output of the run in ``workdir`` (for ``overwrite``); other files stay.
+
+    Its config, metrics, compile log, checkpoints, TensorBoard events, ``evaluation.json``,
+    and every file :data:`OUTPUTS_FILE` lists (figures, predictions or exports written
+    inside the folder), and the figures older runs wrote before that list existed.
 
     Example:
       >>> os.makedirs("runs/mnist/checkpoints/469")
@@ -228,12 +269,13 @@ def clear_run(workdir: str) -> None:
       >>> os.listdir("runs/mnist")
       []
     """
-    for name in (CHECKPOINT_DIR, TENSORBOARD_DIR):
-        shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
-    for name in (CONFIG_FILE, METRICS_FILE, COMPILE_FILE, *PLOTS):
-        path = os.path.join(workdir, name)
-        if os.path.isfile(path) or os.path.islink(path):
-            os.remove(path)
+    names = (CONFIG_FILE, METRICS_FILE, COMPILE_FILE, EVALUATION_FILE, *OLDER_OUTPUTS)
+    for name in (CHECKPOINT_DIR, TENSORBOARD_DIR, *names, *_listed(workdir), OUTPUTS_FILE):
+        path = storage.join(workdir, name)
+        if storage.isdir(path):
+            storage.rmtree(path)
+        elif storage.exists(path):
+            storage.remove(path)
 
 
 @contextlib.contextmanager
@@ -383,80 +425,21 @@ class RunWriter:
                     self.tb.add_scalar(name, value, record["step"])
             self.tb.flush()
 
-    def plots(self, history: list[dict[str, Any]]) -> None:
-        """Draws ``learning_curves.png`` and ``members.png`` from the records."""
-        if not self.enabled or not history:
+    def figures(self, drawn: dict[str, Callable[[str], None]]) -> None:
+        """Draws each ``{file name: draw(path)}`` in the workdir, listed in :data:`OUTPUTS_FILE`."""
+        if not self.enabled:
             return
-        from meshensemble import plots
-
         after = " (the trained checkpoint and metrics.jsonl are saved)"
-        curves, members = (os.path.join(self.workdir, name) for name in PLOTS)
-        with writing(curves, after):
-            plots.learning_curves(history, curves)
-        with writing(members, after):
-            plots.member_vs_ensemble(history[-1], members)
+        for name, draw in drawn.items():
+            path = os.path.join(self.workdir, name)
+            with writing(path, after):
+                draw(path)
+            note_output(self.workdir, path)
 
     def close(self) -> None:
         """Closes the TensorBoard writer."""
         if self.tb is not None:
             self.tb.close()
-
-
-def epoch_line(r: dict[str, Any], epochs: int, seconds: float) -> str:
-    """The one line printed after each evaluation.
-
-    Args:
-      r: a ``metrics.jsonl`` record.
-      epochs: the run's epochs.
-      seconds: time since the run started.
-
-    Returns:
-      ``epoch E/N step S: train loss ... | test ensemble acc ... | mean member ... | Ts``.
-    """
-    loss = r.get("train_mean_member_loss", float("nan"))
-    return (
-        f"epoch {r['epoch']}/{epochs} step {r['step']}: train loss {loss:.4f} | test ensemble "
-        f"acc {100 * r['test_ensemble_accuracy']:.2f}% nll {r['test_ensemble_nll']:.4f} "
-        f"ece {r['test_ensemble_ece']:.4f} | mean member acc "
-        f"{100 * r['test_mean_member_accuracy']:.2f}% nll {r['test_mean_member_nll']:.4f} "
-        f"| {seconds:.1f}s"
-    )
-
-
-def final_table(r: dict[str, Any]) -> str:
-    """A text table of each member's and the ensemble's test metrics from a record.
-
-    Args:
-      r: a ``metrics.jsonl`` record.
-
-    Returns:
-      The table as one string.
-
-    Example:
-      >>> r = {f"test_member_{k}": [0.9, 0.8] for k in ("accuracy", "nll", "brier", "ece")}
-      >>> r |= {f"test_{w}_{k}": 0.5 for w in ("mean_member", "ensemble")
-      ...       for k in ("accuracy", "nll", "brier", "ece")}
-      >>> print(final_table(r))    # e.g. final_table(result.history[-1])
-                  accuracy      nll    brier      ece
-      -----------------------------------------------
-        member 0    90.00%   0.9000   0.9000   0.9000
-        member 1    80.00%   0.8000   0.8000   0.8000
-      -----------------------------------------------
-            mean    50.00%   0.5000   0.5000   0.5000
-        ensemble    50.00%   0.5000   0.5000   0.5000
-    """
-    head = f"{'':>10} {'accuracy':>9} {'nll':>8} {'brier':>8} {'ece':>8}"
-    rows = [head, "-" * len(head)]
-    members = zip(*(r[f"test_member_{k}"] for k in ("accuracy", "nll", "brier", "ece")))
-    for i, (a, n, b, e) in enumerate(members):
-        rows.append(f"{'member ' + str(i):>10} {100 * a:8.2f}% {n:8.4f} {b:8.4f} {e:8.4f}")
-    rows.append("-" * len(head))
-    for name, key in (("mean", "mean_member"), ("ensemble", "ensemble")):
-        rows.append(
-            f"{name:>10} {100 * r[f'test_{key}_accuracy']:8.2f}% {r[f'test_{key}_nll']:8.4f} "
-            f"{r[f'test_{key}_brier']:8.4f} {r[f'test_{key}_ece']:8.4f}"
-        )
-    return "\n".join(rows)
 
 
 class Progress:
@@ -517,8 +500,8 @@ class Progress:
             epoch, done, total, t0 = self._plain
             if not t0:  # the first chunk includes compilation: rates count from its end
                 t0, self._base = time.perf_counter(), done + n
-            tenth = max(1, total // 10)
-            if (done + n) // tenth > done // tenth and done + n < total:
+            tenth = max(1, total // 10)  # epochs of fewer than 10 steps: their lines only
+            if total >= 10 and (done + n) // tenth > done // tenth and done + n < total:
                 rate = (done + n - self._base) / max(time.perf_counter() - t0, 1e-9)
                 self.say(
                     f"  epoch {epoch}: step {done + n}/{total}, member loss {self._loss()}, "

@@ -296,6 +296,7 @@ def resolve_choices(
     rounds: int = 3,
     timer: Callable[[], float] = time.perf_counter,
     feeder: Callable[[Ensemble], Feeder] | None = None,
+    build: Callable[[TrainConfig], Ensemble] | None = None,
 ) -> Choice:
     """The member strategy and convolution the run uses, measured when ``auto`` asks for it.
 
@@ -324,6 +325,9 @@ def resolve_choices(
         run to train with. None, or a streaming feeder: each candidate is timed with
         :meth:`Ensemble.train_step` on the first batch (:func:`step_candidate`), and its
         compilation counts against the budget.
+      build: ``build(cfg) -> Ensemble``, the run's ensemble for a candidate's config (its
+        task and input statistics); default :func:`~meshensemble.training.config.build_ensemble`
+        of ``cfg`` alone.
 
     Returns:
       A :class:`Choice`.
@@ -365,6 +369,7 @@ def resolve_choices(
         rounds,
         timer,
         feeder,
+        build,
     )
 
 
@@ -381,6 +386,7 @@ def _measured(
     rounds: int,
     timer: Callable[[], float],
     feeder: Callable[[Ensemble], Feeder] | None,
+    build: Callable[[TrainConfig], Ensemble] | None = None,
 ) -> Choice:
     """:func:`resolve_choices` once something is left to measure."""
     strategies = STRATEGY_CANDIDATES if strategy_open else (default[0],)
@@ -388,7 +394,7 @@ def _measured(
     names = {_name(s, c, strategy_open, conv_open): (s, c) for s in strategies for c in convs}
     default_name = _name(*default, strategy_open, conv_open)
     names = {default_name: names.pop(default_name), **names}  # the default first
-    built = _Candidates(cfg, mesh, dataset, init_key, feeder)
+    built = _Candidates(cfg, mesh, dataset, init_key, feeder, build)
     key = _key(cfg, mesh, dataset, sorted(names), members_per_device)
     path = autotune.choices_path(cache_dir) if cache_dir else None
     pin = {  # how to pin each candidate, quoted for the one chosen
@@ -437,8 +443,10 @@ def _measured(
 class _Candidates:
     """Builds the candidates :func:`_measured` times, and keeps what the run may reuse."""
 
-    def __init__(self, cfg, mesh, dataset, init_key, feeder) -> None:
+    def __init__(self, cfg, mesh, dataset, init_key, feeder, build=None) -> None:
         self.cfg, self.mesh, self.dataset, self.init_key = cfg, mesh, dataset, init_key
+        self.build = build or (lambda c: build_ensemble(c, mesh, len(dataset.y_train),
+                                                         dataset.x_train[:1]))  # fmt: skip
         n, lazy = len(dataset.train_labels), data_lib.is_lazy(dataset)
         streams = feeder is not None and resolve_input(cfg, n, mesh, lazy)[0] == "stream"
         self.feeder = None if streams else feeder  # a stream is read once: the run's alone
@@ -468,15 +476,15 @@ class _Candidates:
 
     def _build(self, s: str, c: str | None, cfg: TrainConfig):
         """The candidate's step callable, ensemble and feeder (None: timed with train_step)."""
-        ds, sample = self.dataset, self.dataset.train_images[:1]
-        ens = build_ensemble(concrete(cfg, s, c), self.mesh, len(ds.train_labels), sample)
+        ds, sample = self.dataset, self.dataset.x_train[:1]
+        ens = self.build(concrete(cfg, s, c))
         init = lambda: ens.init(self.init_key, sample)  # the run's key: the run's state
         feeder = None
         if self.feeder is not None:
             feeder = self.first.for_ensemble(ens) if self.first else self.feeder(ens)
             self.first = self.first or feeder
         if feeder is None:
-            images, labels = ds.train_images[: cfg.batch_size], ds.train_labels[: cfg.batch_size]
+            images, labels = ds.x_train[: cfg.batch_size], ds.y_train[: cfg.batch_size]
             return step_candidate(ens, init(), images, labels, copy=False), ens, feeder
         return chunk_candidate(feeder, init), ens, feeder
 
