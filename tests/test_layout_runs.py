@@ -141,3 +141,23 @@ def test_a_resume_with_another_rank_or_backbone_is_refused(backbone_run, tmp_pat
     save_backbone(str(tmp_path / "b.npz"), params)
     with pytest.raises(ValueError, match="backbone="):
         train(small_config(tmp_path / "r", backbone=str(tmp_path / "b.npz"), rank=2), dataset=DATA)
+
+
+def test_predict_and_the_exported_artifact_carry_the_backbone_once(backbone_run, tmp_path):
+    """An adapter run predicts on another mesh, and its artifact embeds the backbone once
+    (not once per member) and gives the predictor's probabilities."""
+    need_devices(8)
+    workdir, params = backbone_run
+    run = tmp_path / "lora"
+    train(small_config(run, backbone=workdir, rank=2, max_steps=3), dataset=DATA)
+    predictor = me.load_predictor(str(run), mesh="ensemble=2,data=2")
+    x = DATA.x_test[:8]
+    probs = np.asarray(predictor.predict(x))
+    me.serving.export_ensemble(predictor, str(tmp_path / "out"), platforms=("cpu",))
+    blob = (tmp_path / "out" / "ensemble.jax").read_bytes()
+    backbone = sum(np.asarray(v).nbytes for v in jax.tree.leaves(params))
+    flat = traverse_util.flatten_dict(jax.device_get(predictor.state.params))
+    adapters = sum(np.asarray(v).nbytes for k, v in flat.items() if k[-1].startswith("lora_"))
+    assert len(blob) < backbone + adapters + backbone // 2  # 4 copies would be 4x the backbone
+    exp = jax.export.deserialize(bytearray(blob))
+    np.testing.assert_allclose(np.asarray(exp.call(x)["probs"]), probs, atol=1e-5)
