@@ -4,9 +4,10 @@ Run (after the commands of README.md):
 
     python examples/sharing/table.py single=runs/single deep=runs/deep be=runs/be lora=runs/lora
 
-For each ``label=RUN`` it reads the run's newest checkpoint's shapes (orbax metadata, no
-arrays), ``metrics.jsonl`` (the last evaluation) and ``RUN.log`` (the command's output:
-the progress lines' steps/s in the last epoch, their median), and prints one Markdown row:
+For each ``label=RUN`` it reads the run's newest checkpoint's shapes (orbax metadata) and
+``metrics.jsonl`` (the last evaluation), times the run's restored training step on one
+device (:func:`step_ms`: the runs take turns, the fastest of 10 rounds of 20 steps), and
+prints one Markdown row:
 trained and frozen parameters, the state's bytes on one device (every run here is on one
 device, so the whole state) and on each device of an ``ensemble=8`` mesh (the shared part
 whole, the members' part an eighth: what ``state_bytes_per_device`` reports there),
@@ -17,15 +18,19 @@ disagreement.
 from __future__ import annotations
 
 import json
-import re
-import statistics
+import logging
 import sys
+import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
 from meshensemble.training.checkpoint import list_checkpoints
+from meshensemble.training.restore import restore_run
+
+logging.getLogger("absl").setLevel(logging.ERROR)  # orbax's notes on optional metadata
 
 
 def sizes(run: Path) -> dict[str, int]:
@@ -88,15 +93,37 @@ def _as_dict(tree):
     return tree
 
 
-def step_ms(log: Path) -> float:
-    """The median milliseconds per step of the last epoch's progress lines in ``log``."""
-    lines = re.findall(r"epoch (\d+): step \d+/\d+, .*?([\d.]+) steps/s", log.read_text())
-    last = max(int(e) for e, _ in lines)
-    rates = [float(r) for e, r in lines if int(e) == last and float(r) > 0]
-    return 1000.0 / statistics.median(rates)
+def step_ms(runs: dict[str, Path], rounds: int = 10, steps: int = 20) -> dict[str, float]:
+    """Milliseconds per training step of each run's ensemble, restored on one device.
+
+    Each run's ``train_step`` program (its batch size, the MNIST image shape) runs
+    ``steps`` steps per round, the runs taking turns, ``rounds`` rounds; a run's time is
+    its fastest round: the machine's other jobs slow every round, the fastest least.
+    """
+    built = {}
+    for label, run in runs.items():
+        restored = restore_run(str(run), mesh="ensemble=1,data=1")
+        b = restored.cfg.batch_size
+        x = np.zeros((b, *restored.sample.shape[1:]), restored.sample.dtype)
+        y = np.zeros((b,), np.int32)
+        fn = restored.ensemble.train_step_fn()
+        state, metrics = fn(restored.state, x, y)  # compiles
+        jax.block_until_ready(metrics)
+        built[label] = [fn, state, x, y]
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(rounds):
+        for label, item in built.items():
+            fn, state, x, y = item
+            start = time.perf_counter()
+            for _ in range(steps):
+                state, metrics = fn(state, x, y)
+            jax.block_until_ready(metrics)
+            best[label] = min(best[label], (time.perf_counter() - start) / steps * 1000)
+            item[1] = state
+    return best
 
 
-def row(label: str, run: Path) -> str:
+def row(label: str, run: Path, ms: float) -> str:
     record = json.loads(run.joinpath("metrics.jsonl").read_text().splitlines()[-1])
     cfg = json.loads(run.joinpath("config.json").read_text())
     s = sizes(run)
@@ -105,7 +132,7 @@ def row(label: str, run: Path) -> str:
     return (
         f"| {label} | {cfg['members']} | {s['trained']:,} | {s['frozen']:,} | "
         f"{s['bytes'] / 1024:,.0f} KiB | {eight} | "
-        f"{step_ms(Path(str(run) + '.log')):.1f} | "
+        f"{ms:.1f} | "
         f"{100 * score('accuracy'):.2f}% | {score('nll'):.4f} | {score('ece'):.4f} | "
         f"{score('disagreement'):.4f} |"
     )
@@ -117,9 +144,10 @@ def main(argv: list[str]) -> None:
         "state per device, ensemble=8 | ms/step | accuracy | NLL | ECE | disagreement |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for arg in argv:
-        label, run = arg.split("=", 1)
-        print(row(label, Path(run)))
+    runs = {label: Path(run) for label, run in (arg.split("=", 1) for arg in argv)}
+    times = step_ms(runs)
+    for label, run in runs.items():
+        print(row(label, run, times[label]))
 
 
 if __name__ == "__main__":
