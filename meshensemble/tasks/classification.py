@@ -268,12 +268,16 @@ class Classification(Task):
         cal = calibration if sets else None
         t = None if calibration is None or not calibrated else np.float32(calibration.temperature)
         t_cal = None if cal is None else np.float32(cal.temperature)
-        res = {k: np.asarray(v) for k, v in _finish(out, t, t_cal, cal is not None).items()}
+        done = _finish(out, t, t_cal, cal is not None)  # jit returns its dict sorted
+        order = ("probs", *UNCERTAINTY_KEYS, "calibrated")
+        res = {k: np.asarray(done[k]) for k in order if k in done}
         if cal is not None:
             chosen = calibration_lib.prediction_sets(
                 res.pop("calibrated"), cal.threshold, cal.method
             )
             res["prediction_set"] = np.asarray(chosen)
+        if "member_probs" in done:
+            res["member_probs"] = np.asarray(done["member_probs"])
         return res
 
     def csv_keys(self, out: Mapping[str, Any]) -> list[str]:
