@@ -33,6 +33,7 @@ def backbone_run(tmp_path_factory):
     )
 
 
+@pytest.mark.slow
 def test_a_backbone_reads_from_its_run_an_npz_and_a_msgpack(backbone_run, tmp_path):
     workdir, params = backbone_run
     chex.assert_trees_all_equal(load_backbone(workdir), params)
@@ -42,6 +43,7 @@ def test_a_backbone_reads_from_its_run_an_npz_and_a_msgpack(backbone_run, tmp_pa
     chex.assert_trees_all_equal(load_backbone(str(tmp_path / "b.msgpack")), params)
 
 
+@pytest.mark.slow
 def test_a_damaged_backbone_checkpoint_and_other_inputs_are_refused(backbone_run, tmp_path):
     need_devices(8)
     import shutil
@@ -74,6 +76,7 @@ def test_a_damaged_backbone_checkpoint_and_other_inputs_are_refused(backbone_run
         load_backbone(str(tmp_path / "many"))
 
 
+@pytest.mark.slow
 def test_an_adapter_run_keeps_the_backbone_frozen_and_records_it(backbone_run, tmp_path):
     """--backbone: every member starts at the backbone (bitwise), which stays frozen and
     shared; the run's config names the backbone and rank; its evaluation restores it."""
@@ -99,6 +102,7 @@ def test_an_adapter_run_keeps_the_backbone_frozen_and_records_it(backbone_run, t
     )
 
 
+@pytest.mark.slow
 def test_a_batchensemble_run_resumes_exactly(tmp_path):
     """be_mlp trains its layout (one shared kernel per layer); 3 steps then 3 more equal 6."""
     need_devices(8)
@@ -113,25 +117,27 @@ def test_a_batchensemble_run_resumes_exactly(tmp_path):
 @pytest.mark.parametrize(
     "kw,match",
     [
-        (
+        pytest.param(  # builds the CNN's ensemble before it checks: slow
             dict(model="cnn"),
             r"--backbone .*: Dense_0/bias has shape \(128,\); the model's is \(256,\)",
+            marks=pytest.mark.slow,
         ),
         (dict(model="be_mlp"), "has a member layout of its own"),
         (dict(rank=0), "rank=0"),
     ],
 )
-def test_a_backbone_that_does_not_fit_is_one_line_and_writes_nothing(
-    backbone_run, tmp_path, kw, match
-):
+def test_a_backbone_that_does_not_fit_is_one_line_and_writes_nothing(request, tmp_path, kw, match):
     need_devices(8)
-    workdir, _ = backbone_run
+    # the options' refusals come before the backbone is read: no backbone run needed
+    cnn = kw.get("model") == "cnn"
+    workdir = request.getfixturevalue("backbone_run")[0] if cnn else str(tmp_path / "none")
     with pytest.raises((me.UsageError, ValueError), match=match) as err:
         train(small_config(tmp_path / "bad", backbone=workdir, max_steps=1, **kw), dataset=DATA)
     assert "\n" not in str(err.value)
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 def test_a_resume_with_another_rank_or_backbone_is_refused(backbone_run, tmp_path):
     need_devices(8)
     workdir, params = backbone_run
@@ -143,6 +149,7 @@ def test_a_resume_with_another_rank_or_backbone_is_refused(backbone_run, tmp_pat
         train(small_config(tmp_path / "r", backbone=str(tmp_path / "b.npz"), rank=2), dataset=DATA)
 
 
+@pytest.mark.slow
 def test_predict_and_the_exported_artifact_carry_the_backbone_once(backbone_run, tmp_path):
     """An adapter run predicts on another mesh, and its artifact embeds the backbone once
     (not once per member) and gives the predictor's probabilities."""
