@@ -44,6 +44,7 @@ from meshensemble.core.mesh import parse_mesh as parse_mesh
 from meshensemble.core.mesh import replicated_sharding as replicated_sharding
 from meshensemble.core.mesh import use_fake_cpu_devices as use_fake_cpu_devices
 from meshensemble.core.state import EnsembleState as EnsembleState
+from meshensemble.core.state import SharedState as SharedState
 from meshensemble.core.steps import softmax_cross_entropy as softmax_cross_entropy
 from meshensemble.errors import DataError as DataError
 from meshensemble.errors import Interrupted as Interrupted
@@ -79,6 +80,7 @@ __all__ = [
     "MODEL",
     "Ensemble",
     "EnsembleState",
+    "SharedState",
     "Interrupted",
     "MeshEnsembleError",
     "RunFailedError",

@@ -142,7 +142,9 @@ def assert_sharded_over_members(state: PyTree, mesh: Mesh, specs: Any = None) ->
     The invariant of a state through ``init``, steps and restores: each leaf's leading
     (member) axis is split over ``ensemble`` and over nothing else. Its other dimensions
     may be split over ``data`` (FSDP, ``shard_members=True``) and ``model`` (a mesh with
-    a ``model`` axis), never over ``ensemble``. With ``specs``
+    a ``model`` axis), never over ``ensemble``. A member layout's shared leaves
+    (``SharedState.shared`` and ``shared_opt_state``) have no member axis and must not be
+    split over ``ensemble`` at all (one copy per device of each group). With ``specs``
     (``ens.state_specs(images[:1])``) each leaf must be placed exactly as its spec says.
 
     Args:
@@ -171,7 +173,30 @@ def assert_sharded_over_members(state: PyTree, mesh: Mesh, specs: Any = None) ->
             jax.tree.map(lambda v: v, specs, is_leaf=is_spec)
         )
     for (path, leaf), spec in zip(flat, wanted):
-        _check_member_leaf(jax.tree_util.keystr(path) or "the state", leaf, mesh, spec)
+        where = jax.tree_util.keystr(path) or "the state"
+        if where.startswith(".shared"):
+            _check_shared_leaf(where, leaf, mesh, spec)
+        else:
+            _check_member_leaf(where, leaf, mesh, spec)
+
+
+def _check_shared_leaf(where: str, leaf: Any, mesh: Mesh, spec: P | None) -> None:
+    """A shared leaf: on ``mesh``, split over no ``ensemble`` (and as ``spec`` says, if given)."""
+    sharding = getattr(leaf, "sharding", None)
+    have = getattr(sharding, "spec", None)
+    names = lambda entry: () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+    if have is None or any(ENSEMBLE in names(e) for e in have):
+        raise AssertionError(
+            f"{where} of shape {np.shape(leaf)} is a shared leaf with sharding {sharding}: it "
+            "must be whole on every 'ensemble' device (no member axis, not split over 'ensemble')"
+        )
+    if sharding.mesh.shape_tuple != mesh.shape_tuple or (
+        spec is not None and not sharding.is_equivalent_to(NamedSharding(mesh, spec), leaf.ndim)
+    ):
+        raise AssertionError(
+            f"{where} of shape {leaf.shape} has sharding {sharding}, not NamedSharding(mesh, "
+            f"{spec if spec is not None else have})"
+        )
 
 
 def _check_member_leaf(where: str, leaf: Any, mesh: Mesh, spec: P | None) -> None:

@@ -372,6 +372,8 @@ ZOO = {
     "vit": lambda: models.ViT(patch_size=4, hidden=16, num_heads=2, num_layers=1, mlp_dim=32),
     "resnet20": lambda: models.ResNet20(stage_sizes=(1,), num_filters=4),
     "wrn": lambda: models.WideResNet(depth=10, width=1),
+    "be_cnn": lambda: models.BatchEnsembleCNN(),
+    "be_mlp": lambda: models.BatchEnsembleMLP((16,)),
 }
 FAST = {"mlp"}
 

@@ -555,7 +555,7 @@ def test_the_run_plan_of_a_small_table_is_pure():
     [
         ({"source": "sample"}, r"mnist has class labels \(4000,\) .*drop --task regression"),
         ({"task": "classification", "source": "diabetes"}, r"not class labels; add --task regr"),
-        ({"model": "resnet"}, r"model 'resnet' takes images \[H, W, C\]; .* shape \(1,\): use --model mlp"),
+        ({"model": "resnet"}, r"model 'resnet' takes images \[H, W, C\]; .*: use --model mlp"),
         ({"augment": "shift"}, r"augment='shift' shifts or crops images .* at none"),
         ({"label_smoothing": 0.1}, r"label_smoothing=0.1 is for class labels"),
         ({"validation": 19}, r"1 training row\(s\) after the validation split"),

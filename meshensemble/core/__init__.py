@@ -8,7 +8,9 @@ training, calibration, evaluation and the CLI build on it.
 * :mod:`meshensemble.core.sharding`: per-leaf specs (members, FSDP over ``data``, the
   ``model`` axis), state bytes per device.
 * :mod:`meshensemble.core.adapters`: the ``Model`` interface and its adapters.
-* :mod:`meshensemble.core.state`: ``EnsembleState``.
+* :mod:`meshensemble.core.state`: ``EnsembleState``, and ``SharedState`` for member layouts.
+* :mod:`meshensemble.core.layout`: member layouts: which parameter leaves each member owns,
+  which all members share (one copy per device) and which are frozen.
 * :mod:`meshensemble.core.steps`: per-device functions, the only home of collectives.
 * :mod:`meshensemble.core.backends`: ``shard_map`` and legacy ``pmap`` behind one interface.
 * :mod:`meshensemble.core.ensemble`: ``Ensemble``.

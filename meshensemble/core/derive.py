@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from meshensemble.core.state import EnsembleState
+from meshensemble.core.state import EnsembleState, whole_params
 
 
 def row(x: Any, per_member: bool = False) -> jax.ShapeDtypeStruct:
@@ -59,14 +59,39 @@ def num_classes(model: Any, input_transform: Any, state: EnsembleState, x: Any) 
     """
     member = lambda v: jax.ShapeDtypeStruct(v.shape[1:], v.dtype)
     params, model_state, rng = jax.tree.map(member, (state.params, state.model_state, state.rng))
+    shared = getattr(state, "shared", None)  # a layout's shared leaves: shapes, no sharding
+    params = whole_params(
+        params, jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), shared)
+    )
     transform = input_transform or (lambda v: v)
     apply = lambda p, ms, xx, r: model.apply(p, ms, transform(xx), False, r)[0]
     return int(jax.eval_shape(apply, params, model_state, row(x), rng).shape[-1])
 
 
+def member_params(model: Any, input_transform: Any, x: Any) -> Any:
+    """One member's parameters as shapes (``jax.ShapeDtypeStruct``): what filters look at.
+
+    Args:
+      model: the :class:`meshensemble.Model`.
+      input_transform: applied before the model (None: none).
+      x: an input batch of the model's shape (array or ``jax.ShapeDtypeStruct``).
+
+    Returns:
+      The model's parameter tree of shapes, no member axis.
+
+    Example:
+      >>> member_params(ens.model, None, images[:1])["Dense_0"]["kernel"].shape
+      (784, 8)
+    """
+    transform = input_transform or (lambda v: v)
+    init = lambda xx: model.init(jax.random.PRNGKey(0), transform(xx))[0]
+    return jax.eval_shape(init, row(x))
+
+
 def state_signature(state: EnsembleState) -> Any:
     """A hashable key of a state's tree structure, shapes and dtypes."""
-    leaves, tree = jax.tree.flatten((state.params, state.model_state, state.rng))
+    parts = (state.params, state.model_state, state.rng, getattr(state, "shared", None))
+    leaves, tree = jax.tree.flatten(parts)
     return tree, tuple((tuple(np.shape(v)), str(v.dtype)) for v in leaves)
 
 

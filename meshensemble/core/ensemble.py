@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding
 from meshensemble.core import derive, evaluating, inputs, keys, sharding, steps, streaming, tasks
 from meshensemble.core.adapters import as_model
 from meshensemble.core.backends import make_backend, put
+from meshensemble.core.layout import Layout, given_values
 from meshensemble.core.members import STRATEGIES as STRATEGIES
 from meshensemble.core.members import default_strategy as default_strategy
 from meshensemble.core.mesh import (
@@ -90,6 +91,9 @@ class Ensemble:
         sharded members out for (the steps use their batches'; :meth:`state_specs`).
       key_impl: the state keys' PRNG implementation where their words do not name it
         (``"unsafe_rbg"``); default None, by words (:mod:`meshensemble.core.keys`).
+      shared, frozen: the member layout, filters ``(path, leaf) -> bool`` over a member's
+        parameters (:mod:`meshensemble.core.layout`; the state is then a ``SharedState``);
+        None (default): every leaf a member's own and trained.
 
     Raises:
       ValueError: the mesh lacks the axes, ``num_members`` is not a multiple of the
@@ -130,6 +134,8 @@ class Ensemble:
         task: Any = None,
         sample: Any = None,
         key_impl: str | None = None,
+        shared: Callable[[tuple[str, ...], Any], bool] | None = None,
+        frozen: Callable[[tuple[str, ...], Any], bool] | None = None,
     ):
         inputs.check_optimizer(optimizer)
         mesh = inputs.check_mesh_axes(make_mesh() if mesh is None else mesh)
@@ -152,7 +158,9 @@ class Ensemble:
         self.key_impl = keys.check_impl(key_impl)
         self.sample = None if sample is None else derive.row(sample)
         self.shard_members, self.axis_rules = shard_members, axis_rules or sharding.DEFAULT_RULES
-        self._sharded = self.shard_members or MODEL in mesh.axis_names
+        self.layout = Layout(shared=shared, frozen=frozen)
+        # per-leaf layouts, by input shape: split members, or a member layout
+        self._sharded = self.shard_members or MODEL in mesh.axis_names or not self.layout.trivial
         # Caches of pure functions of their keys (filled on first use, never reassigned):
         self._compiled: dict[Any, Callable[..., Any]] = {}  # programs by name and layout
         self._layouts: dict[Any, EnsembleState] = {}  # state specs by input signature
@@ -191,11 +199,17 @@ class Ensemble:
             input_transform=self.input_transform,
             compute_dtype=self.compute_dtype,
             augment=self.augment,
-            gather_axes=sharding.gather_axes(self._specs(sample).params)
+            gather_axes=sharding.gather_axes(sharding.whole_param_specs(self._specs(sample)))
             if self.shard_members
             else None,
             task=self.task,
+            frozen=self.layout.frozen and self.layout.frozen_flags(self._member(sample)),
         )
+
+    def _member(self, sample: Any) -> Any:  # one member's parameter shapes (traced, cheap)
+        x = self.sample if sample is None else sample
+        x = self.state_spec if x is None else x  # no sample: state_spec's line
+        return derive.member_params(self.model, self.input_transform, x)
 
     @property
     def state_spec(self) -> Any:
@@ -212,8 +226,9 @@ class Ensemble:
         """
         if self._sharded and self.sample is None:
             raise ValueError(
-                "sharded members are laid out by the input shape, and this ensemble has no "
-                "sample; pass Ensemble(..., sample=images[:1]) or use ens.state_specs(images)"
+                "sharded members and member layouts are laid out by the input shape, and this "
+                "ensemble has no sample; pass Ensemble(..., sample=images[:1]) or use "
+                "ens.state_specs(images)"
             )
         return self.state_specs(self.sample)
 
@@ -342,7 +357,7 @@ class Ensemble:
         )
 
     # ------------------------------------------------------------------ API
-    def init(self, key: jax.Array, sample: Any) -> EnsembleState:
+    def init(self, key: jax.Array, sample: Any, params: Any = None) -> EnsembleState:
         """Initialises all members; member ``i`` uses ``jax.random.split(key, M)[i]``.
 
         As in the Flax HOWTO, member ``i``'s parameters equal
@@ -351,17 +366,25 @@ class Ensemble:
         Args:
           key: a legacy ``jax.random.PRNGKey`` or a typed ``jax.random.key``.
           sample: an input batch with the model's input shape, e.g. ``images[:1]``.
+          params: values for any subset of the parameters (e.g. a pretrained backbone),
+            a tree at the model's paths: one member's shape (every member gets it) or, for
+            a member's own leaf, ``[num_members, ...]``; cast to the leaf's dtype. The
+            optimizer state starts from them. Default None (all initialised).
 
         Returns:
           An :class:`EnsembleState` whose leaves have leading axis ``num_members`` and
-          sharding ``NamedSharding(mesh, P("ensemble"))``.
+          sharding ``NamedSharding(mesh, P("ensemble"))`` (a ``SharedState`` with a layout).
 
         Raises:
           ValueError: ``key`` is not a single PRNG key, or a typed key whose implementation
-            its word count does not name and ``key_impl`` does not either.
+            its word count does not name and ``key_impl`` does not either; a given path
+            that is not a parameter or a shape that does not fit (one line naming it).
 
         Example:
           >>> state = ens.init(jax.random.PRNGKey(0), images[:1])
+          >>> head = {"Dense_1": {"bias": np.full(10, 0.5)}}   # every member's output bias
+          >>> np.asarray(ens.init(key, images[:1], params=head).params["Dense_1"]["bias"])[1, :3]
+          array([0.5, 0.5, 0.5], dtype=float32)
         """
         key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
         typed = keys.check_key(key, self.key_impl)
@@ -370,11 +393,15 @@ class Ensemble:
             ("init", typed, sample.shape, str(sample.dtype)),
             lambda: self._build_init(typed, sample),
         )
-        return init(key, sample)
+        if params is None:
+            return init(key, sample)
+        shapes = self._member(sample)
+        given = given_values(shapes, params, self.layout.shared_mask(shapes), self.num_members)
+        return init(key, sample, given[0])
 
     def _init_fn(self, typed: bool) -> Callable[..., EnsembleState]:
-        m, transform = self.num_members, self.input_transform
-        return init_members(self.model, self.optimizer, m, transform, self.hyperparams, typed)
+        m, transform, hyper = self.num_members, self.input_transform, self.hyperparams
+        return init_members(self.model, self.optimizer, m, transform, hyper, typed, self.layout)
 
     def _build_init(self, typed: bool, sample: Any) -> Callable[..., Any]:
         init = self._init_fn(typed)

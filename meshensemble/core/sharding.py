@@ -44,8 +44,9 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from meshensemble.core.layout import combine
 from meshensemble.core.mesh import DATA, ENSEMBLE, MODEL
-from meshensemble.core.state import EnsembleState
+from meshensemble.core.state import EnsembleState, shared_part, whole_params, with_shared
 
 PyTree = Any
 Rules = Sequence[tuple[str, str | None]]
@@ -162,6 +163,10 @@ def state_specs(
 ) -> EnsembleState:
     """The ``PartitionSpec`` of every leaf of an ensemble state (see the module's rules).
 
+    A :class:`~meshensemble.core.state.SharedState`'s shared leaves (no member axis) get
+    the same rules without the ``ensemble`` entry: replicated over ``ensemble``, split over
+    ``data`` (FSDP) and ``model`` as a member's leaf of their shape would be.
+
     Args:
       shapes: the state (arrays or ``jax.ShapeDtypeStruct``), leaves ``[members, ...]``.
       mesh: the ensemble mesh.
@@ -170,7 +175,7 @@ def state_specs(
       rules: logical name -> mesh axis pairs.
 
     Returns:
-      An :class:`EnsembleState` with a ``PartitionSpec`` per leaf.
+      An :class:`EnsembleState` (or ``SharedState``) with a ``PartitionSpec`` per leaf.
 
     Example:
       >>> shapes = jax.eval_shape(lambda: ens.init(key, images[:1]))
@@ -178,37 +183,74 @@ def state_specs(
       >>> specs.params["Dense_0"]["kernel"]   # [members, 784, 8]: FSDP over data
       P('ensemble', 'data')
     """
-    by_path: dict[tuple[Any, ...], tuple[tuple[int, ...], P]] = {}
-
-    def one_param(path: tuple[Any, ...], leaf: Any, leaf_names: Any = ()) -> P:
-        spec = param_spec(leaf.shape[1:], mesh, shard_members, tuple(leaf_names), rules)
-        by_path[tuple(path)] = (tuple(leaf.shape), spec)
-        return spec
-
+    sharing = shared_part(shapes)
+    whole = whole_params(
+        jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape[1:], v.dtype), shapes.params),
+        None if sharing is None else sharing[0],
+    )
+    leaf_names: dict[tuple[Any, ...], Any] = {}
     if names is not None:
-        leaf_names = jax.tree.structure(shapes.params).flatten_up_to(names)
-        flat = jax.tree_util.tree_flatten_with_path(shapes.params)
-        specs = [one_param(path, v, n) for (path, v), n in zip(flat[0], leaf_names)]
-        params = jax.tree.unflatten(flat[1], specs)
-    else:
-        params = jax.tree_util.tree_map_with_path(one_param, shapes.params)
-    lengths = sorted({len(p) for p in by_path}, reverse=True)
+        found = jax.tree.structure(whole).flatten_up_to(names)
+        paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(whole)[0]]
+        leaf_names = dict(zip(paths, found))
 
-    def one_opt(path: tuple[Any, ...], leaf: Any) -> P:
-        for n in lengths:
-            hit = by_path.get(tuple(path[-n:])) if len(path) >= n else None
-            if hit is not None and hit[0] == tuple(leaf.shape):
-                return hit[1]
-        return param_spec(leaf.shape[1:], mesh, shard_members)
+    def specs_of(tree: PyTree, opt: PyTree, member: bool) -> tuple[PyTree, PyTree]:
+        by_path: dict[tuple[Any, ...], tuple[tuple[int, ...], P]] = {}
 
+        def spec(shape: tuple[int, ...], leaf_names: Any = ()) -> P:
+            one = param_spec(shape[1:] if member else shape, mesh, shard_members, leaf_names, rules)
+            return one if member else P(*tuple(one)[1:])
+
+        def one_param(path: tuple[Any, ...], leaf: Any) -> P:
+            one = spec(leaf.shape, tuple(leaf_names.get(path) or ()))
+            by_path[tuple(path)] = (tuple(leaf.shape), one)
+            return one
+
+        params = jax.tree_util.tree_map_with_path(one_param, tree)
+        lengths = sorted({len(p) for p in by_path}, reverse=True)
+
+        def one_opt(path: tuple[Any, ...], leaf: Any) -> P:
+            for n in lengths:
+                hit = by_path.get(tuple(path[-n:])) if len(path) >= n else None
+                if hit is not None and hit[0] == tuple(leaf.shape):
+                    return hit[1]
+            return spec(leaf.shape)
+
+        return params, jax.tree_util.tree_map_with_path(one_opt, opt)
+
+    params, opt_state = specs_of(shapes.params, shapes.opt_state, True)
     members = lambda tree: jax.tree.map(lambda _: P(ENSEMBLE), tree)
-    return EnsembleState(
+    specs = EnsembleState(
         step=P(ENSEMBLE),
         params=params,
-        opt_state=jax.tree_util.tree_map_with_path(one_opt, shapes.opt_state),
+        opt_state=opt_state,
         model_state=members(shapes.model_state),
         rng=P(ENSEMBLE),
     )
+    return with_shared(specs, sharing and specs_of(*sharing, False))
+
+
+def whole_param_specs(specs: EnsembleState) -> PyTree:
+    """The specs of a member's whole parameters: its own leaves' and the shared ones'.
+
+    A shared leaf's spec gets a leading ``None`` in place of the member axis's
+    ``ensemble``, so every entry reads as a member leaf's (:func:`gather_axes`).
+
+    Args:
+      specs: a state of ``PartitionSpec`` s (:func:`state_specs`).
+
+    Returns:
+      A tree of the model's parameter structure with a ``PartitionSpec`` per leaf.
+
+    Example:
+      >>> whole_param_specs(state_specs(jax.eval_shape(lambda: ens.init(key, images[:1])),
+      ...                               mesh, False))["Dense_0"]["kernel"]
+      P('ensemble',)
+    """
+    sharing = shared_part(specs)
+    if sharing is None:
+        return specs.params
+    return combine(specs.params, jax.tree.map(lambda s: P(None, *s), sharing[0]))
 
 
 def gather_axes(specs: PyTree) -> tuple[int | None, ...]:
@@ -398,7 +440,7 @@ def model_split_count(specs: Any) -> tuple[int, int]:
     """
     if isinstance(specs, P):
         return 0, 0
-    leaves = jax.tree.leaves(specs.params, is_leaf=lambda s: isinstance(s, P))
+    leaves = jax.tree.leaves(whole_param_specs(specs), is_leaf=lambda s: isinstance(s, P))
     names = lambda a: a if isinstance(a, tuple) else (a,)
     split = sum(any(MODEL in names(a) for a in s) for s in leaves)
     return split, len(leaves)

@@ -32,10 +32,17 @@ from jax import lax
 
 from meshensemble.core import forward
 from meshensemble.core.adapters import Model
+from meshensemble.core.layout import combine, frozen_split, is_none, partition
 from meshensemble.core.members import map_members as map_members
 from meshensemble.core.mesh import DATA, ENSEMBLE
 from meshensemble.core.ordering import ordered_after
-from meshensemble.core.state import EnsembleState
+from meshensemble.core.state import (
+    EnsembleState,
+    member_part,
+    shared_part,
+    whole_params,
+    with_shared,
+)
 from meshensemble.core.tasks import EvalSums
 from meshensemble.core.tasks import softmax_cross_entropy as softmax_cross_entropy
 
@@ -75,6 +82,9 @@ class StepConfig:
         the dimension split over ``data``, or None; see :func:`gather_params`. None
         (the default): parameters are whole on every device.
       task: the :class:`~meshensemble.core.tasks.Task`.
+      frozen: a member layout's frozen leaves: one bool per leaf of a member's whole
+        parameters (flattening order), or None (every leaf trained). Shared leaves come
+        with the state (:class:`~meshensemble.core.state.SharedState`).
     """
 
     model: Model
@@ -88,6 +98,7 @@ class StepConfig:
     augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None
     gather_axes: tuple[int | None, ...] | None = None
     task: Any = None
+    frozen: tuple[bool, ...] | None = None
 
 
 def reduce_over(cfg: StepConfig, reduce: Callable[..., Any], x: PyTree, axis: str) -> PyTree:
@@ -225,13 +236,23 @@ def gather_params(cfg: StepConfig, params: PyTree) -> PyTree:
     return jax.tree.unflatten(treedef, whole)
 
 
-def _member_step(cfg: StepConfig, state: EnsembleState, x: jax.Array, y: jax.Array):
-    """One member's step on its local batch; ``state`` leaves have no member axis."""
+def _member_step(
+    cfg: StepConfig, state: EnsembleState, shared: PyTree, x: jax.Array, y: jax.Array
+) -> tuple[EnsembleState, jax.Array, PyTree, PyTree, PyTree]:
+    """One member's step on its local batch; ``state`` leaves have no member axis.
+
+    ``shared`` holds the shared leaves (None: no layout); the member's model runs on its
+    own leaves with them. Frozen leaves (``cfg.frozen``) are not differentiated. The
+    member's own trained leaves are updated here with the gradient of its own loss; the
+    gradient of its loss for the shared trained leaves is returned (None at the others)
+    for :func:`train_step` to gather over every member.
+    """
     rng = forward.member_key(cfg, state.rng, state.step)
     x = forward.augmented(cfg, state, x)
+    trained, frozen = frozen_split(whole_params(state.params, shared), cfg.frozen)
 
     def loss_of(params):
-        whole = gather_params(cfg, params)
+        whole = gather_params(cfg, combine(params, frozen))
         out, new_model_state = forward.apply_model(cfg, whole, state.model_state, x, True, rng)
         loss = jnp.mean(cfg.loss_fn(out, y))
         # Under check_vma, the gradient of data-invariant params is summed over `data`
@@ -239,32 +260,87 @@ def _member_step(cfg: StepConfig, state: EnsembleState, x: jax.Array, y: jax.Arr
         objective = lax.pmean(loss, DATA) if cfg.grad_mode == "vma" else loss
         return objective, (loss, out, new_model_state)
 
-    (_, (loss, out, new_model_state)), grads = jax.value_and_grad(loss_of, has_aux=True)(
-        state.params
-    )
+    (_, (loss, out, new_model_state)), grads = jax.value_and_grad(loss_of, has_aux=True)(trained)
     if cfg.grad_mode == "pmean":
         grads = reduce_over(cfg, lax.pmean, grads, DATA)
     new_model_state = reduce_over(cfg, lax.pmean, new_model_state, DATA)
     preds = cfg.task.member_predictions(out)
     one = MeshReducer(cfg, 1)  # one member: only its data reductions apply here
     loss, metrics = reduce_over(cfg, lax.pmean, loss, DATA), cfg.task.member_metrics(out, y, one)
-    updates, opt_state = cfg.tx.update(grads, state.opt_state, state.params)
+    own, shared_grads = _own_and_shared(grads, shared)
+    updates, opt_state = cfg.tx.update(own, state.opt_state, _like(state.params, own))
     updates = ordered_after((grads, loss, preds, metrics), updates)
-    params = optax.apply_updates(state.params, updates)
+    params = optax.apply_updates(_like(state.params, own), updates)
+    if shared is not None or cfg.frozen is not None:  # the frozen own leaves, unchanged
+        params = combine(params, state.params)
     new_state = state.replace(
         step=state.step + 1, params=params, opt_state=opt_state, model_state=new_model_state
     )
-    return new_state, loss, metrics, preds
+    return new_state, loss, metrics, preds, shared_grads
+
+
+def _own_and_shared(tree: PyTree, shared: PyTree) -> tuple[PyTree, PyTree]:
+    """A whole-parameter tree split into the member's own leaves and the shared ones."""
+    if shared is None:
+        return tree, None
+    return partition(tree, jax.tree.map(lambda v: v is not None, shared, is_leaf=is_none))
+
+
+def _like(values: PyTree, present: PyTree) -> PyTree:
+    """``values``' leaves where ``present`` has one (None elsewhere); ``values`` if all are."""
+    if values is present or jax.tree.structure(values) == jax.tree.structure(present):
+        return values
+    return jax.tree.map(lambda p, v: None if p is None else v, present, values, is_leaf=is_none)
+
+
+def shared_update(
+    cfg: StepConfig, shared: tuple[PyTree, PyTree], grads: PyTree, local_members: int
+) -> tuple[PyTree, PyTree]:
+    """One optimizer step of the shared leaves on the gradient of the members' mean loss.
+
+    The local members' gradients are summed, then ``psum``-ed over ``ensemble`` and
+    divided by ``M``: every device holds the same mean of all members' gradients (each
+    already averaged over ``data``) and applies the same update to its copy.
+
+    Args:
+      cfg: the static configuration.
+      shared: ``(shared, shared_opt_state)``, leaves without the member axis.
+      grads: each local member's gradient of its loss, leaves ``[m, ...]`` (None at frozen
+        leaves and at the members' own leaves).
+      local_members: ``m``, the members on this device.
+
+    Returns:
+      The new ``(shared, shared_opt_state)``.
+    """
+    params, opt_state = shared
+    sums = jax.tree.map(lambda g: jnp.sum(g, 0), grads)
+    if not jax.tree.leaves(sums):  # every shared leaf frozen (an adapters' backbone)
+        return params, opt_state
+    total = reduce_over(cfg, lax.psum, sums, ENSEMBLE)
+    count = local_members * lax.axis_size(ENSEMBLE)
+    mean = jax.tree.map(lambda g: g / count, total)
+    trained = _like(params, mean)
+    updates, opt_state = cfg.tx.update(mean, opt_state, trained)
+    return combine(optax.apply_updates(trained, updates), params), opt_state
+
+
+def _varying_shared(cfg: StepConfig, shared: PyTree) -> PyTree:
+    """The shared leaves as varying over ``ensemble`` (under ``check_vma``), so each
+    member's gradient of them stays its own until :func:`shared_update` sums them."""
+    if shared is None or cfg.grad_mode != "vma":
+        return shared
+    return jax.tree.map(lambda v: lax.pcast(v, (ENSEMBLE,), to="varying"), shared)
 
 
 def train_step(
     cfg: StepConfig, state: EnsembleState, images: jax.Array, labels: jax.Array
 ) -> tuple[EnsembleState, dict[str, jax.Array]]:
-    """One step of every local member.
+    """One step of every local member (and of the shared leaves, with a member layout).
 
     Args:
       cfg: the static configuration.
-      state: local state, leaves ``[m, ...]``.
+      state: local state, leaves ``[m, ...]`` (a :class:`~meshensemble.core.state.SharedState`'s
+        shared leaves without the member axis).
       images: inputs ``[b, ...]`` (shared by all members) or ``[m, b, ...]`` (per member).
       labels: targets ``[b, ...]`` or ``[m, b, ...]`` (the task's, e.g. integer classes).
 
@@ -277,10 +353,16 @@ def train_step(
     """
     task = cfg.task
     per_member = labels.ndim > task.target_ndim + 1
-    axes = (0, 0 if per_member else None, 0 if per_member else None)
+    axes = (0, None, 0 if per_member else None, 0 if per_member else None)
     x = forward.prepare(cfg, images)
-    fn = lambda s, xb, yb: _member_step(cfg, s, xb, yb)
-    state, loss, member, preds = map_members(fn, cfg.strategy, axes, state, x, labels)
+    sharing = shared_part(state)
+    shared = None if sharing is None else _varying_shared(cfg, sharing[0])
+    fn = lambda s, sh, xb, yb: _member_step(cfg, s, sh, xb, yb)
+    members, loss, member, preds, grads = map_members(
+        fn, cfg.strategy, axes, member_part(state), shared, x, labels
+    )
+    m = members.step.shape[0]
+    state = with_shared(members, sharing and shared_update(cfg, sharing, grads, m))
     metrics = {"loss": loss, **member}
     if per_member:
         nan = jnp.full((), jnp.nan, jnp.float32)
@@ -289,7 +371,7 @@ def train_step(
         # The ensemble's all-reduce after the updates: the devices meet once, at the end
         # of the step, not also midway (on 8 CPU devices sharing 2 cores, each meeting
         # idles cores while the last device catches up: ~1% of the user CNN's step).
-        preds = ordered_after(state.params, preds)
+        preds = ordered_after((state.params, sharing and shared_part(state)[0]), preds)
         together = task.ensemble_metrics(preds, labels, reducer(cfg, state.step.shape[0]))
         metrics.update({f"ensemble_{k}": v for k, v in together.items()})
     return state, metrics
@@ -300,21 +382,23 @@ def member_logits(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> j
 
     Args:
       cfg: the static configuration.
-      state: local state, leaves ``[m, ...]`` (with FSDP, gathered over ``data`` here).
+      state: local state, leaves ``[m, ...]`` (with FSDP, gathered over ``data`` here; a
+        member layout's shared leaves joined to each member's own).
       images: inputs ``[b, ...]``.
 
     Returns:
       ``[m, b, W]`` float32 outputs.
     """
     x = forward.prepare(cfg, images)
+    sharing = shared_part(state)
 
-    def one(s: EnsembleState, xb: jax.Array) -> jax.Array:
-        out, _ = forward.apply_model(
-            cfg, gather_params(cfg, s.params), s.model_state, xb, False, s.rng
-        )
+    def one(s: EnsembleState, shared: PyTree, xb: jax.Array) -> jax.Array:
+        whole = gather_params(cfg, whole_params(s.params, shared))
+        out, _ = forward.apply_model(cfg, whole, s.model_state, xb, False, s.rng)
         return out.astype(jnp.float32)
 
-    return map_members(one, cfg.strategy, (0, None), state, x)
+    shared = None if sharing is None else sharing[0]
+    return map_members(one, cfg.strategy, (0, None, None), member_part(state), shared, x)
 
 
 def member_predictions(cfg: StepConfig, state: EnsembleState, images: jax.Array) -> PyTree:

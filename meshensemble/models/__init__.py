@@ -1,5 +1,6 @@
 """The model zoo (the Flax MNIST CNN, an MLP, ResNets, a Wide ResNet, a small ViT) and its
-convolutions; :func:`build_model` fits a zoo model to the data's input shape and classes.
+convolutions; :func:`build_model` fits a zoo model to the data's input shape and classes;
+BatchEnsemble versions of the CNN and MLP, and LoRA adapters for any of them.
 
 Example:
   >>> model = me.models.get_model("cnn")     # or me.models.CNN()
@@ -8,6 +9,14 @@ Example:
 """
 
 from meshensemble.models import conv as conv
+from meshensemble.models.batchensemble import BatchEnsembleCNN as BatchEnsembleCNN
+from meshensemble.models.batchensemble import BatchEnsembleMLP as BatchEnsembleMLP
+from meshensemble.models.batchensemble import BEConv as BEConv
+from meshensemble.models.batchensemble import BEDense as BEDense
+from meshensemble.models.batchensemble import batchensemble_shared as batchensemble_shared
+from meshensemble.models.lora import LoRA as LoRA
+from meshensemble.models.lora import lora as lora
+from meshensemble.models.lora import lora_backbone as lora_backbone
 from meshensemble.models.vit import LOGICAL_AXIS_RULES as LOGICAL_AXIS_RULES
 from meshensemble.models.vit import ViT as ViT
 from meshensemble.models.vit import param_logical_axes as param_logical_axes
@@ -23,7 +32,13 @@ from meshensemble.models.zoo import batch_axis as batch_axis
 from meshensemble.models.zoo import build_model as build_model
 from meshensemble.models.zoo import get_model as get_model
 
+REGISTRY.update(be_cnn=BatchEnsembleCNN, be_mlp=BatchEnsembleMLP)  # train with their filter
+
 __all__ = [
+    "BEConv",
+    "BEDense",
+    "BatchEnsembleCNN",
+    "BatchEnsembleMLP",
     "CNN",
     "MLP",
     "REGISTRY",
@@ -33,10 +48,14 @@ __all__ = [
     "ResNet20",
     "WideResNet",
     "ResidualBlock",
+    "LoRA",
     "ViT",
     "batch_axis",
+    "batchensemble_shared",
     "build_model",
     "conv",
     "get_model",
+    "lora",
+    "lora_backbone",
     "param_logical_axes",
 ]

@@ -10,6 +10,7 @@ in one line before any work.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -552,11 +553,16 @@ def build_model(
         raise UsageError(f"num_outputs={num_outputs!r}; a model needs a positive number of outputs")
     name = model if isinstance(model, str) else type(model).__name__
     if isinstance(model, str):
-        if model not in REGISTRY:
-            raise UsageError(f"model {model!r} is unknown; choose one of {', '.join(REGISTRY)}")
-        model = REGISTRY[model]()
+        if model not in REGISTRY and not is_spec(model):
+            raise UsageError(
+                f"model {model!r} is unknown; choose one of {', '.join(REGISTRY)}, or give a "
+                "Flax module as module:Class"
+            )
+        model = get_model(model)
+    if any(f.name == "num_classes" for f in dataclasses.fields(model)):
+        fields = {"num_classes": num_outputs, **fields}  # a module without it sets its own
     try:
-        model = model.clone(num_classes=num_outputs, **fields)
+        model = model.clone(**fields)
     except TypeError as err:
         raise UsageError(f"model {name!r}: {err}; pass only fields the model has") from None
     shape = tuple(int(d) for d in input_shape)

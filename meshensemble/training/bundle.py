@@ -24,7 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from meshensemble.core.sharding import abstract_layout
-from meshensemble.core.state import EnsembleState
+from meshensemble.core.state import EnsembleState, SharedState, whole_params
 from meshensemble.errors import RunFailedError
 from meshensemble.runtime.distributed import fetch
 from meshensemble.training.inference import check_temperature, read_temperature, write_temperature
@@ -73,8 +73,9 @@ def _summary(part: str, flat: dict, sizes: bool = True) -> str:
     else:
         tops = ", ".join(sorted({p[0] for p in sub if p}))
         what = part.replace("_", " ") + (f" {{{tops}}}" if tops else " (empty)")
-    if sub and sizes:
-        size = sum(int(np.prod(shape[1:], dtype=np.int64)) for shape, _ in sub.values())
+    if sub and sizes:  # per member; a layout's shared leaves have no member axis
+        cut = 0 if part.startswith("shared") else 1
+        size = sum(int(np.prod(shape[cut:], dtype=np.int64)) for shape, _ in sub.values())
         what += f" of {size:,} numbers in {'/'.join(sorted({d for _, d in sub.values()}))}"
     return what
 
@@ -109,7 +110,7 @@ def check_structure(path: str, target: Any, what: str, fix: str | None = None) -
 
     members = lambda f: next((s[0] for p, (s, _) in sorted(f.items()) if p[0] == "params"), "?")
     strip = lambda f, part: {p: (s[1:], d) for p, (s, d) in f.items() if p[0] == part}
-    parts = ["params", "model_state", "opt_state", "step", "rng"]
+    parts = ["params", "model_state", "opt_state", "step", "rng", "shared", "shared_opt_state"]
     differ = [part for part in parts if strip(saved, part) != strip(want, part)]
     same_optimizer = _summary("opt_state", saved, False) == _summary("opt_state", want, False)
     if "params" in differ and same_optimizer:  # the same optimizer over other params: once
@@ -162,9 +163,19 @@ def extract_members(
         raise ValueError(f"member index {bad or idx} out of range; the ensemble has {m} members")
     rows = int(members) if isinstance(members, int | np.integer) else np.asarray(idx)
     params = jax.tree.map(lambda v: np.asarray(v)[rows], fetch(state.params))
+    if isinstance(state, SharedState):  # a layout's shared leaves, the same for every member
+        lead = () if isinstance(rows, int) else (len(idx),)
+        shared = jax.tree.map(lambda v: np.broadcast_to(v, lead + np.shape(v)), fetch(state.shared))
+        params = whole_params(params, shared)
     if not with_model_state:
         return params
     return params, jax.tree.map(lambda v: np.asarray(v)[rows], fetch(state.model_state))
+
+
+def _inference_part(state: Any) -> dict[str, Any]:
+    """What an inference bundle keeps of a state: parameters (shared ones too), model state."""
+    tree = {"params": state.params, "model_state": state.model_state}
+    return tree | ({"shared": state.shared} if isinstance(state, SharedState) else {})
 
 
 def save_inference(path: str, state: EnsembleState, temperature: Any = None) -> None:
@@ -188,7 +199,7 @@ def save_inference(path: str, state: EnsembleState, temperature: Any = None) -> 
             f"temperature holds {len(t)} values but the state has {state.num_members} "
             f"members; give one T for all or {state.num_members}, one per member"
         )
-    tree = {"params": state.params, "model_state": state.model_state}
+    tree = _inference_part(state)
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(os.path.abspath(path), tree)
     write_temperature(os.path.abspath(path), temperature)
@@ -219,7 +230,7 @@ def load_inference(path: str, ens: Any, sample: Any, *, with_temperature: bool =
       1.31
     """
     target = abstract_state(ens, sample)
-    sub = {"params": target.params, "model_state": target.model_state}
+    sub = _inference_part(target)
     path = os.path.abspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(
@@ -229,6 +240,5 @@ def load_inference(path: str, ens: Any, sample: Any, *, with_temperature: bool =
     check_structure(path, sub, f"inference checkpoint {path}", fix)
     with ocp.StandardCheckpointer() as ckptr:
         tree = ckptr.restore(path, sub)
-    fresh = ens.init(jax.random.PRNGKey(0), sample)
-    state = fresh.replace(params=tree["params"], model_state=tree["model_state"])
+    state = ens.init(jax.random.PRNGKey(0), sample).replace(**tree)
     return (state, read_temperature(path)) if with_temperature else state

@@ -31,7 +31,7 @@ from meshensemble.core.tasks import Task, task_class
 from meshensemble.data.augment import AUGMENTS, make_augment
 from meshensemble.data.tabular import TARGET_KINDS
 from meshensemble.models import REGISTRY as MODEL_REGISTRY
-from meshensemble.models import build_model, get_model
+from meshensemble.models import build_model, get_model, lora
 from meshensemble.models.conv import CONV_CHOICES
 from meshensemble.models.user import is_spec
 from meshensemble.training.fields import GROUPS as GROUPS
@@ -162,6 +162,15 @@ class TrainConfig:
         metavar="NAME", group="model",
     )
     members: int = _field(8, "ensemble size", metavar="M", group="ensemble and mesh")
+    backbone: str | None = _field(
+        None,
+        "LoRA ensemble: the frozen backbone every member shares, one trained --model (a run "
+        "folder of `meshensemble train --members 1`, or an .npz/.msgpack of its parameters); "
+        "each member trains rank --rank adapters on its dense and convolution layers "
+        "(docs/sharing.md)",
+        metavar="RUN_OR_FILE", group="model",
+    )
+    rank: int = _field(4, "the rank of the --backbone adapters", metavar="R", group="model")
     mesh: str = _field(
         "",
         "the mesh, e.g. ensemble=4,data=2; empty: all devices, ensemble = gcd(members, "
@@ -409,7 +418,7 @@ class TrainConfig:
                 FutureWarning,
                 stacklevel=2,
             )
-        for name in ("members", "epochs", "eval_batch_size", "keep"):
+        for name in ("members", "epochs", "eval_batch_size", "keep", "rank"):
             _positive_int(name, getattr(self, name))
         for name in ("batch_size", "max_steps", "chunk_steps", "checkpoint_every", "eval_every"):
             if getattr(self, name) is not None:
@@ -440,6 +449,11 @@ class TrainConfig:
             parse_mesh(self.mesh)
         task_class(self.task)  # a registered name or module:Class, else one line
         self._check_watches()
+        if self.backbone and hasattr(get_model(self.model), "member_layout"):
+            raise ValueError(
+                f"backbone={self.backbone!r} puts adapters on a plain model, and "
+                f"model={self.model!r} has a member layout of its own; use e.g. --model mlp"
+            )
         if not is_spec(self.model) and self.model not in MODEL_REGISTRY:
             raise ValueError(
                 f"model={self.model!r} is unknown; choose one of {', '.join(MODEL_REGISTRY)}, "
@@ -631,7 +645,9 @@ def build_ensemble(
       steps_per_epoch: the run's, when recorded (default ``num_train // batch_size``).
 
     Returns:
-      The ensemble.
+      The ensemble; with the model's member layout (``member_layout()``: ``be_*``), or
+      LoRA adapters on ``cfg.backbone``'s architecture with their layout (the backbone's
+      values come with ``init``).
 
     Raises:
       meshensemble.UsageError: the model cannot take the inputs (one line).
@@ -651,6 +667,8 @@ def build_ensemble(
     width = getattr(get_model(name), "num_classes", 10) if width is None else width
     fields = {"conv": cfg.conv} if name in CONV_MODELS else {}
     model = build_model(name, shape, int(width), trace=False, **fields)
+    model = lora(model, rank=cfg.rank) if cfg.backbone else model
+    layout = model.member_layout() if hasattr(model, "member_layout") else {}
     return Ensemble(
         model,
         make_optimizer(cfg, cfg.epochs * steps, steps),
@@ -664,6 +682,7 @@ def build_ensemble(
         shard_members=cfg.shard_members,
         task=task,
         sample=sample,
+        **layout,
     )
 
 

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from meshensemble.core.ensemble import Ensemble
-from meshensemble.core.state import EnsembleState
+from meshensemble.core.state import EnsembleState, member_part, shared_part, with_shared
 from meshensemble.errors import RunFailedError
 from meshensemble.runtime.distributed import fetch
 
@@ -166,6 +166,15 @@ def finite_members(state: EnsembleState) -> jax.Array:
     for x in jax.tree.leaves((state.params, state.opt_state, state.model_state)):
         if jnp.issubdtype(x.dtype, jnp.inexact) and x.ndim >= 1:
             ok = ok & jnp.all(jnp.isfinite(x), axis=tuple(range(1, x.ndim)))
+    return ok & _all_finite(shared_part(state))  # a layout's shared leaves: every member's
+
+
+def _all_finite(tree: Any) -> jax.Array:
+    """Whether every floating leaf of ``tree`` is finite (True for None or no leaves)."""
+    ok = jnp.ones((), bool)
+    for x in jax.tree.leaves(tree):
+        if jnp.issubdtype(x.dtype, jnp.inexact):
+            ok = ok & jnp.all(jnp.isfinite(x))
     return ok
 
 
@@ -178,7 +187,8 @@ def select_members(mask: jax.Array, fresh: Any, old: Any) -> Any:
 
     Args:
       mask: bool ``[members]``.
-      fresh: a state tree whose leaves are ``[members, ...]``.
+      fresh: a state tree whose leaves are ``[members, ...]`` (a ``SharedState``'s shared
+        leaves are taken from it only where ``old``'s are not all finite).
       old: a tree of the same structure.
 
     Returns:
@@ -191,7 +201,15 @@ def select_members(mask: jax.Array, fresh: Any, old: Any) -> Any:
       [0, 20]
     """
     pick = lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
-    return jax.tree.map(pick, fresh, old)
+    members = jax.tree.map(pick, member_part(fresh), member_part(old))
+    sharing = shared_part(old)
+    if sharing is None:
+        return members
+    # a layout's shared leaves (no member axis) are kept unless they are not finite: then
+    # every member was found non-finite, and all start again from ``fresh``
+    keep = _all_finite(sharing)
+    shared = jax.tree.map(lambda a, b: jnp.where(keep, b, a), shared_part(fresh), sharing)
+    return with_shared(members, shared)
 
 
 class NonFiniteGuard:

@@ -55,12 +55,16 @@ RUN_FIELDS = (
     "augment_shift",
     "bootstrap",
     "label_smoothing",
+    "backbone",
+    "rank",
 )
-"""Config fields a resumed run must keep: they define the members, their optimizer and
+"""Config fields a resumed run must keep: they define the members (an adapter run's
+backbone and rank too), their optimizer and
 schedule, their data order (bagging included), augmentation and loss (label smoothing) and
 the held-out validation split. ``epochs`` counts only for
 a decaying schedule (a constant rate can be extended by more epochs) and
-``warmup_epochs`` only for ``warmup_cosine``, ``augment_shift`` only with ``augment``.
+``warmup_epochs`` only for ``warmup_cosine``, ``augment_shift`` only with ``augment``,
+``rank`` only with ``backbone``.
 ``input`` (``device``/``stream``) is not among them: both inputs train the same members from
 the same order, so a run may resume with the other one (the streamed iterator's position is
 restored from the checkpoint)."""
@@ -91,11 +95,11 @@ def run_fields(cfg: TrainConfig) -> dict[str, Any]:
     Returns:
       ``{field: value}``, without ``epochs`` for a constant schedule and without
       ``warmup_epochs`` unless the schedule is ``warmup_cosine``, without ``augment_shift``
-      when ``augment`` is ``"none"``.
+      when ``augment`` is ``"none"``, without ``rank`` when there is no ``backbone``.
 
     Example:
       >>> sorted(run_fields(TrainConfig()))[:3]
-      ['augment', 'batch_size', 'bootstrap']
+      ['augment', 'backbone', 'batch_size']
     """
     out = {name: getattr(cfg, name) for name in RUN_FIELDS}
     if cfg.schedule == "constant":
@@ -104,6 +108,8 @@ def run_fields(cfg: TrainConfig) -> dict[str, Any]:
         del out["warmup_epochs"]
     if cfg.augment == "none":
         del out["augment_shift"]
+    if not cfg.backbone:
+        del out["rank"]
     return out
 
 

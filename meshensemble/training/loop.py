@@ -37,6 +37,7 @@ from meshensemble.models import get_model
 from meshensemble.models.user import is_spec
 from meshensemble.runtime.compilation import CompileLog, enable_compilation_cache
 from meshensemble.runtime.distributed import fetch
+from meshensemble.training.backbone import load_backbone
 from meshensemble.training.calibrate import calibrate_finished_run
 from meshensemble.training.checkpoint import Checkpointer
 from meshensemble.training.config import (
@@ -344,7 +345,11 @@ def _train(cfg: TrainConfig, c: _Context) -> TrainResult:
     saved = saved_run(cfg)
     setup = prepare(cfg, dataset, saved, task, source, cache_dir, say, tell)
     ens, plan, choice, sample, restored = (
-        setup.ens, setup.plan, setup.choice, setup.sample, setup.restored
+        setup.ens,
+        setup.plan,
+        setup.choice,
+        setup.sample,
+        setup.restored,
     )
     if jax.process_count() > 1:  # every process decided before process 0 writes anything
         from jax.experimental import multihost_utils
@@ -423,7 +428,8 @@ def _start(
         feeder.compile_eval_ahead(
             lambda: ens.init(init_key, sample), dataset.x_test, dataset.y_test, cfg.eval_batch_size
         )
-    return ens.init(init_key, sample), LoopPosition()
+    given = {"params": load_backbone(cfg.backbone)} if cfg.backbone else {}
+    return ens.init(init_key, sample, **given), LoopPosition()
 
 
 def _finish(
@@ -525,8 +531,10 @@ class _Run:
                 pos.add(n, metrics["loss"])  # summed on the host, never waited for
                 if len(pos.pending) > SETTLE_EVERY:
                     pos.settle(keep=2)
-                pos.loss_count, pos.step, pos.epoch_step = pos.loss_count + n, pos.step + n, (
-                    pos.epoch_step + n
+                pos.loss_count, pos.step, pos.epoch_step = (
+                    pos.loss_count + n,
+                    pos.step + n,
+                    (pos.epoch_step + n),
                 )
                 progress.update(n, metrics)
                 epoch_done, last = pos.epoch_step == steps, pos.step == plan.total_steps

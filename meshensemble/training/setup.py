@@ -22,9 +22,12 @@ import jax
 import numpy as np
 
 from meshensemble import data as data_lib
+from meshensemble.core.derive import member_params
 from meshensemble.core.ensemble import Ensemble
+from meshensemble.core.layout import given_values
 from meshensemble.core.mesh import make_mesh
 from meshensemble.core.tasks import Task, task_class, task_names
+from meshensemble.training.backbone import load_backbone
 from meshensemble.training.checkpoint import CHECKPOINT_DIR, list_checkpoints, restore_checkpoint
 from meshensemble.training.config import (
     CONFIG_FILE,
@@ -209,6 +212,10 @@ def prepare(cfg, dataset, saved, task, source, cache_dir, say, tell) -> Setup:
     if saved is not None:
         restored = restore_checkpoint(cfg.workdir, ens, sample, echo=tell)
         check_not_past_the_end(cfg, int(restored[2]), plan.steps_per_epoch)
+    elif cfg.backbone:  # a backbone that does not fit is refused before anything is written
+        shapes = member_params(ens.model, ens.input_transform, sample)
+        what, shared = f"--backbone {cfg.backbone}", ens.layout.shared_mask(shapes)
+        given_values(shapes, load_backbone(cfg.backbone), shared, 1, what)
     return Setup(data, plan, sample, init_key, feeder_for, choice, ens, restored)
 
 
