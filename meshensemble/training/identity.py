@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from typing import Any
 
 import numpy as np
 
 from meshensemble import data as data_lib
 from meshensemble.data import split
+from meshensemble.runtime import storage
 from meshensemble.runtime.distributed import agree
 from meshensemble.training.config import CONFIG_FILE, TrainConfig
 
@@ -269,7 +269,7 @@ def data_identity(
         "source": dataset.source,
         "num_train": dataset.num_train,
         "num_test": dataset.num_test,
-        "data_file": os.path.abspath(data_file) if from_file else None,
+        "data_file": storage.absolute(data_file) if from_file else None,
         "origin": origin,
         "splits": splits,
         "content": content,
@@ -357,12 +357,11 @@ def read_saved_config(workdir: str) -> dict[str, Any] | None:
       >>> read_saved_config("runs/mnist")["seed"]
       0
     """
-    path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.exists(path):
+    path = storage.join(workdir, CONFIG_FILE)
+    if not storage.exists(path):
         return None
     try:
-        with open(path) as f:
-            loaded = json.load(f)
+        loaded = storage.read_json(path)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         msg = " ".join(str(err).split())
         raise ValueError(
