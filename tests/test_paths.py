@@ -124,3 +124,13 @@ def test_the_scan_finds_each_kind_of_local_file_call(tmp_path):
         ("read", "open("), ("check", "os.path.isdir"), ("clear", "shutil.rmtree"),
         ("clear", "os.listdir"),
     ]  # fmt: skip
+
+
+def test_an_array_record_folder_on_a_bucket_is_refused_in_one_line():
+    """array_record's reader does not read a bucket: the load says so before any access."""
+    import pytest
+
+    from meshensemble.data import DataError, lazy
+
+    with pytest.raises(DataError, match=r"gs://b/ar: .*local or mounted folder; .*gcsfuse"):
+        lazy.load_array_record_dataset("gs://b/ar")

@@ -470,7 +470,8 @@ def load_array_record_dataset(directory: str | os.PathLike, name: str | None = N
 
     Raises:
       DataError: (one line naming the directory and the fix) the directory or a file is
-        missing, ``labels.npz`` is malformed, or the files disagree with the labels.
+        missing, ``labels.npz`` is malformed, the files disagree with the labels, or the
+        directory is on an object store (``gs://``: mount it, or copy it to each host).
 
     Example:
       >>> paths = write_array_record_dataset("mnist_ar", me.data.synthetic(256, 64), shards=2)
@@ -480,6 +481,11 @@ def load_array_record_dataset(directory: str | os.PathLike, name: str | None = N
     """
     directory = os.fspath(directory)
     where = f"ArrayRecord dataset {directory}"
+    if not storage.is_local(directory):  # array_record's reader does not read a bucket here
+        raise DataError(
+            f"{where}: ArrayRecord files are read from a local or mounted folder; copy it to "
+            "each host, or mount the bucket (gcsfuse) and pass that path"
+        )
     if not storage.isdir(directory):
         raise DataError(f"{where}: no such directory; {CONVERT_FIX}")
     train_files = _train_files(directory)
