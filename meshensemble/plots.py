@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from meshensemble.runtime import storage
+
 
 def pyplot() -> Any:
     """``matplotlib.pyplot`` on the non-interactive Agg backend, imported on first use.
@@ -60,6 +62,12 @@ def train_curve(history: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(steps, int), np.asarray(losses, float)
 
 
+def _save(fig: Any, path: str, dpi: int = 100) -> None:
+    """Renders ``fig`` into memory, then writes ``path`` whole (a bucket takes no seeks)."""
+    kind = path.rsplit(".", 1)[-1].lower() if "." in path.rsplit("/", 1)[-1] else "png"
+    storage.atomic_write(path, lambda f: fig.savefig(f, format=kind, dpi=dpi))
+
+
 def learning_curves(history: list[dict[str, Any]], path: str) -> None:
     """Plots the learning curves: train loss per logged step, test accuracy, NLL and ECE.
 
@@ -102,7 +110,7 @@ def learning_curves(history: list[dict[str, Any]], path: str) -> None:
             ax.set_ylim(bottom=0)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -136,7 +144,7 @@ def member_vs_ensemble(record: dict[str, Any], path: str) -> None:
     ax2.set_ylim(bottom=0)
     ax2.set(xlabel="member", ylabel="test NLL", title="members vs ensemble: NLL")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -178,7 +186,7 @@ def reliability_diagram(
     ax1.legend(loc="upper left", fontsize="small")
     ax2.set(xlabel="confidence (max probability)", ylabel="fraction of examples")
     fig.subplots_adjust(left=0.13, right=0.97, top=0.94, bottom=0.09, hspace=0.08)
-    fig.savefig(path, dpi=100)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -221,7 +229,7 @@ def ood_histogram(
     ax.set_title(f"OOD detection: {score}")
     ax.legend(fontsize="small")
     fig.subplots_adjust(left=0.11, right=0.97, top=0.92, bottom=0.12)
-    fig.savefig(path, dpi=100)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -263,7 +271,7 @@ def calibration_summary(
     ax2.set(xlabel="prediction set size (classes)", ylabel="test examples", yscale="symlog")
     ax2.set_title(f"conformal set sizes ({title})" if title else "conformal set sizes")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -309,5 +317,5 @@ def regression_figure(
     ax.set(xlabel="x", ylabel="y", title="regression ensemble: the mixture")
     ax.legend(loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _save(fig, path)
     plt.close(fig)

@@ -562,21 +562,23 @@ def test_cnn_run_of_eight_members_predicts_and_exports(tmp_path):
         np.testing.assert_allclose(got, want[:n], atol=1e-5)
 
 
-def test_outputs_are_written_atomically(tmp_path):
-    from meshensemble.serving.outputs import atomic_write
+def test_outputs_are_written_atomically(tmp_path, monkeypatch):
+    from meshensemble.serving.outputs import write_predictions
 
     target = tmp_path / "p.npz"
     target.write_bytes(b"old")
 
-    def half(f):
+    def half(f, **arrays):
         f.write(b"half of a file")
         raise OSError(28, "No space left on device")
 
+    monkeypatch.setattr(np, "savez", half)
     with pytest.raises(me.training.OutputError, match=r"could not write .*p\.npz: No space left"):
-        atomic_write(str(target), half)
+        write_predictions(str(target), {"probs": np.ones((2, 3))})
     assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["p.npz"]
-    atomic_write(str(target), b"new")
-    assert target.read_bytes() == b"new" and os.listdir(tmp_path) == ["p.npz"]
+    monkeypatch.undo()
+    write_predictions(str(target), {"probs": np.ones((2, 3))})
+    assert np.load(target)["probs"].shape == (2, 3) and os.listdir(tmp_path) == ["p.npz"]
 
 
 def test_reads_the_calibration_evaluate_calibrate_writes(run, tmp_path):

@@ -37,6 +37,7 @@ import numpy as np
 
 from meshensemble import data
 from meshensemble.bench.config import BenchConfig
+from meshensemble.runtime import storage
 from meshensemble.runtime.compilation import CompileLog, enable_compilation_cache
 from meshensemble.training import METRICS_FILE, TrainConfig, train
 
@@ -148,7 +149,7 @@ def time_to_accuracy(
     root = tempfile.mkdtemp(prefix="meshensemble-bench-tta-")
     try:
         if cfg.data_file and not cfg.tiny:
-            data_file = os.path.abspath(cfg.data_file)
+            data_file = storage.absolute(cfg.data_file)
         else:
             data_file = os.path.join(root, "data.npz")
             write_npz(dataset, data_file)
@@ -338,7 +339,7 @@ def run_child(args: Mapping[str, Any], stamps: list[float]) -> None:
     """
     cache = enable_compilation_cache(args["cache_dir"])
     cfg = TrainConfig(**args["train"])
-    metrics = os.path.join(cfg.workdir, METRICS_FILE)
+    metrics = storage.join(cfg.workdir, METRICS_FILE)
     target = float(args["target"])
     epochs: list[dict[str, Any]] = []
     result: dict[str, Any] = {"reached": False, "reached_at": None}
@@ -378,7 +379,6 @@ def run_child(args: Mapping[str, Any], stamps: list[float]) -> None:
 
 def _records(path: str) -> list[dict[str, Any]]:
     try:
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return [json.loads(line) for line in storage.read_text(path).splitlines() if line.strip()]
     except (OSError, ValueError):
         return []

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +17,7 @@ from meshensemble.bench.suite import SUITES, suite_defaults
 from meshensemble.core.ensemble import default_strategy
 from meshensemble.models.conv import default_conv
 from meshensemble.models.zoo import REGISTRY
+from meshensemble.runtime import storage
 from meshensemble.training import default_chunk_steps, default_mesh_shape
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -264,7 +264,7 @@ def resolve(tiny: bool = False, **given: Any) -> BenchConfig:
         raise ValueError(f"--case-budget {budget} must be a positive number")
     if values.get("model", "cnn") not in (*MODELS, "mlp32"):
         raise ValueError(f"--model {values['model']}: choose from {', '.join(MODELS)}")
-    if values.get("suite") and os.path.isfile(values["out"]):
+    if values.get("suite") and storage.isfile(values["out"]):
         raise ValueError(
             f"--out {values['out']} is a file; --suite writes a folder of files: name a folder"
         )

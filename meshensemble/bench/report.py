@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import os
 import platform as platform_lib
 import sys
@@ -27,6 +26,7 @@ from meshensemble.bench.config import BenchConfig, Case, Spec
 from meshensemble.bench.layouts import format_layouts
 from meshensemble.bench.timing import stats
 from meshensemble.bench.workloads import Context
+from meshensemble.runtime import storage
 from meshensemble.training.outputs import strict_json
 
 TARGETS: dict[str, tuple[str, float]] = {
@@ -647,8 +647,8 @@ def plot_members(results: dict[str, Any], path: str) -> bool:
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
+    storage.makedirs(os.path.dirname(storage.absolute(path)))
+    storage.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
     return True
 
@@ -687,9 +687,8 @@ def write_json(results: Mapping[str, Any], path: str) -> None:
     Example:
       >>> write_json(results, "bench.json")
     """
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(strict_json(results), f, indent=1, default=_json_default, allow_nan=False)
+    storage.makedirs(os.path.dirname(storage.absolute(path)))
+    storage.atomic_write_json(path, strict_json(results), indent=1, default=_json_default)
 
 
 def _json_default(v: Any) -> Any:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -279,9 +278,9 @@ def write_suite(results: dict[str, Any], out_dir: str) -> tuple[str, str]:
       ('acc/accelerator.json', 'acc/accelerator.md')
     """
     rows = accelerator_rows(results)
-    os.makedirs(out_dir, exist_ok=True)
-    json_path = os.path.join(out_dir, "accelerator.json")
-    md_path = os.path.join(out_dir, "accelerator.md")
+    storage.makedirs(out_dir)
+    json_path = storage.join(out_dir, "accelerator.json")
+    md_path = storage.join(out_dir, "accelerator.md")
     summary = {"suite": "accelerator", "targets": rows, "results": results}
     for path, text in (
         (json_path, json.dumps(strict_json(summary), indent=1, default=_plain, allow_nan=False)),

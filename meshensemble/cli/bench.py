@@ -17,6 +17,7 @@ from typing import Any
 
 from meshensemble import bench
 from meshensemble.cli.common import UsageError, add_fake_devices_flag, setup_devices
+from meshensemble.runtime import storage
 
 __all__ = ["FLAG_FIELDS", "add_parser", "run"]
 
@@ -107,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
     print(bench.format_table(results))
     if cfg.suite:
         json_path, md_path = bench.write_suite(results, cfg.out)
-        with open(md_path) as f:
-            print(f.read(), end="")
+        print(storage.read_text(md_path), end="")
         print(f"wrote {json_path} and {md_path}")
     else:
         bench.write_json(results, cfg.out)

@@ -13,19 +13,19 @@ Example:
   wrote MNIST from mnist.npz (96 train / 32 test) as 4 files in mnist_ar:
   ...
   0
-  >>> sorted(os.listdir("mnist_ar"))
+  >>> storage.listdir("mnist_ar")
   ['labels.npz', 'manifest.json', 'test.array_record', 'train.array_record']
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from meshensemble import data
 from meshensemble.cli.common import UsageError, add_field_flag
 from meshensemble.data import lazy
+from meshensemble.runtime import storage
 from meshensemble.training.config import config_field, field_help
 
 SOURCE_FIELDS = ("source", "dataset", "data_file", "data_dir", "test_file", "test_fraction",
@@ -97,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
     """
     if args.shards < 1:
         raise UsageError(f"--shards {args.shards}: pass 1 or more train files")
-    out = os.path.abspath(args.out)
-    if os.path.isdir(out) and os.listdir(out) and not args.overwrite:
+    out = storage.absolute(args.out)
+    if storage.isdir(out) and storage.listdir(out) and not args.overwrite:
         raise UsageError(
             f"--out {args.out}: not empty; pass --overwrite to replace it, or another folder"
         )

@@ -9,14 +9,13 @@ Example:
   >>> main(["export", "--workdir", "runs/tiny", "--out", "exported", "--platforms", "cpu"])
   wrote ensemble.jax and export.json to exported: 4 members, 10 classes, checkpoint 4, ...
   0
-  >>> sorted(os.listdir("exported"))
+  >>> storage.listdir("exported")
   ['ensemble.jax', 'export.json']
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -29,6 +28,7 @@ from meshensemble.cli.common import (
     resolve_checkpoint,
     setup_devices,
 )
+from meshensemble.runtime import storage
 from meshensemble.serving.export import ARTIFACT_FILE, METADATA_FILE, PLATFORMS, export_ensemble
 from meshensemble.serving.predictor import load_predictor
 from meshensemble.training.outputs import check_writable, note_output
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--platforms {args.platforms}: choose from {', '.join(PLATFORMS)}, comma-separated"
         )
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
+    if storage.isfile(args.out):
         raise UsageError(f"--out {args.out} is a file; give a folder")
     check_writable(args.out, "give a writable --out folder", name="--out")
     notes: list[str] = []  # a damaged checkpoint skipped: said once the restore succeeded
@@ -104,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
     for line in notes:
         print(line, file=sys.stderr)
     meta = export_ensemble(predictor, args.out, platforms)
-    note_output(args.workdir, os.path.join(args.out, ARTIFACT_FILE))  # a folder inside the run's
-    note_output(args.workdir, os.path.join(args.out, METADATA_FILE))
+    note_output(args.workdir, storage.join(args.out, ARTIFACT_FILE))  # a folder inside the run's
+    note_output(args.workdir, storage.join(args.out, METADATA_FILE))
     if args.quiet:
         return 0
     cal = predictor.calibration

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 from typing import Any
 
 from meshensemble.cli.common import (
@@ -45,6 +44,7 @@ from meshensemble.cli.common import (
     setup_distributed,
 )
 from meshensemble.errors import EXIT_INTERRUPTED
+from meshensemble.runtime import storage
 from meshensemble.training import CONFIG_FILE, TrainConfig, train
 from meshensemble.training.config import GROUPS, inherited_fields, with_task_defaults
 
@@ -93,8 +93,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def _read_config(path: str, fields: set[str], what: str) -> dict[str, Any]:
     try:
-        with open(path) as f:
-            loaded = json.load(f)
+        loaded = storage.read_json(path)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         msg = " ".join(str(err).split())
         raise UsageError(f"{what} {path}: cannot read JSON ({msg})") from None
@@ -133,9 +132,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         from_file = _read_config(args.config, fields, "--config")
     given = from_file | {k: v for k, v in vars(args).items() if k in fields and v is not None}
     values: dict[str, Any] = {}
-    saved_path = os.path.join(given.get("workdir", TrainConfig.workdir), CONFIG_FILE)
+    saved_path = storage.join(given.get("workdir", TrainConfig.workdir), CONFIG_FILE)
     resuming = given.get("resume", True) and not given.get("overwrite", False)
-    if resuming and os.path.exists(saved_path):
+    if resuming and storage.exists(saved_path):
         saved = _read_config(saved_path, fields, "workdir config")
         values = {k: v for k, v in saved.items() if k in inherited_fields()}
         task = saved.get("task", "classification")

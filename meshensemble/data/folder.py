@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from meshensemble.data.dataset import DataError, Dataset, first_line, split_counts
+from meshensemble.runtime import storage
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 """File endings read as images (any case); other files in a class folder are skipped."""
@@ -66,23 +67,23 @@ def list_images(root: str | os.PathLike) -> dict[str, list[tuple[str, str]]]:
       ['digits/test/7/a.png']
     """
     root = os.path.expanduser(os.fspath(root))
-    if not os.path.isdir(root):
+    if not storage.isdir(root):
         raise DataError(
             f"{root}: no such folder; pass a folder holding train/<class>/*.png and "
             "test/<class>/*.png"
         )
     out: dict[str, list[tuple[str, str]]] = {}
     for split in SPLITS:
-        where = os.path.join(root, split)
-        if not os.path.isdir(where):
+        where = storage.join(root, split)
+        if not storage.isdir(where):
             raise DataError(
                 f"{where}: missing; an image folder holds {' and '.join(SPLITS)} folders, "
                 "each with one subfolder of images per class"
             )
         classes = sorted(
             c
-            for c in os.listdir(where)
-            if not c.startswith(".") and os.path.isdir(os.path.join(where, c))
+            for c in storage.listdir(where)
+            if not c.startswith(".") and storage.isdir(storage.join(where, c))
         )
         if not classes:
             raise DataError(
@@ -90,10 +91,10 @@ def list_images(root: str | os.PathLike) -> dict[str, list[tuple[str, str]]]:
             )
         out[split] = []
         for cls in classes:
-            folder = os.path.join(where, cls)
+            folder = storage.join(where, cls)
             files = sorted(
                 f
-                for f in os.listdir(folder)
+                for f in storage.listdir(folder)
                 if not f.startswith(".") and f.lower().endswith(IMAGE_EXTENSIONS)
             )
             if not files and split == "train":
@@ -101,7 +102,7 @@ def list_images(root: str | os.PathLike) -> dict[str, list[tuple[str, str]]]:
                     f"{folder}: no images ({', '.join(IMAGE_EXTENSIONS)}); a class needs "
                     "training images (remove the folder, or add its images)"
                 )
-            out[split] += [(os.path.join(folder, f), cls) for f in files]
+            out[split] += [(storage.join(folder, f), cls) for f in files]
     known = {c for _, c in out["train"]}
     unknown = sorted({c for _, c in out["test"]} - known)
     if unknown:
@@ -135,7 +136,7 @@ def read_image(path: str) -> np.ndarray:
     """
     image_lib = _pil()
     try:
-        with image_lib.open(path) as img:
+        with image_lib.open(storage.openable(path)) as img:
             if img.mode == "P":
                 img = img.convert("RGBA" if "transparency" in img.info else "RGB")
             elif img.mode == "1":

@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 import re
@@ -48,6 +47,7 @@ from meshensemble.data.dataset import (
     split_counts,
 )
 from meshensemble.data.stream import ArrayRecordSource, write_array_record
+from meshensemble.runtime import storage
 
 LABELS_FILE = "labels.npz"
 """The labels file of :func:`write_array_record_dataset` (``train_labels``, ``test_labels``)."""
@@ -321,10 +321,10 @@ def write_array_record_dataset(
         raise DataError(f"write_array_record_dataset: shards={shards!r}; pass an integer >= 1")
     if is_lazy(dataset):
         raise DataError("write_array_record_dataset: the dataset is lazy; write from arrays")
-    directory = os.path.abspath(os.fspath(directory))
-    if os.path.exists(directory) and not os.path.isdir(directory):
+    directory = storage.absolute(directory)
+    if storage.isfile(directory):
         raise DataError(f"{directory}: a file is in the way; pass a folder path to write")
-    held = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    held = storage.listdir(directory) if storage.isdir(directory) else []
     if held and not overwrite:
         raise DataError(
             f"{directory}: not empty; pass --overwrite (overwrite=True) to replace it, or "
@@ -336,6 +336,8 @@ def write_array_record_dataset(
             f"{directory}: holds {foreign[0]!r}, which convert did not write; --overwrite "
             "only replaces a dataset folder: pick another folder"
         )
+    if not storage.is_local(directory):  # a bucket cannot rename a folder: see _upload
+        return _upload(directory, dataset, shards, held)
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
@@ -347,6 +349,24 @@ def write_array_record_dataset(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return [os.path.join(directory, n) for n in names]
+
+
+def _upload(directory: str, dataset: Dataset, shards: int, held: list[str]) -> list[str]:
+    """Writes the folder on an object store, which cannot rename a folder atomically.
+
+    The files are made in a local temporary folder, then uploaded one object each; the
+    files of an older conversion that are not rewritten are deleted; the manifest goes
+    last. A reader in between sees the old manifest over new files and fails its checksum
+    check (one line, :data:`~meshensemble.data.manifest.REWRITE_FIX`): never a silent mix.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        names = _write_files(tmp, dataset, shard_count(dataset.num_train, shards))
+        for name in names:  # the manifest is the last name
+            if name == manifest.MANIFEST_FILE:
+                for stale in sorted(set(held) - set(names)):
+                    storage.remove(storage.join(directory, stale))
+            storage.atomic_write(storage.join(directory, name), storage.read_bytes(f"{tmp}/{name}"))
+    return [storage.join(directory, n) for n in names]
 
 
 def _umask() -> int:
@@ -405,10 +425,11 @@ _SHARD = re.compile(r"-(\d+)-of-(\d+)$")
 
 
 def _train_files(directory: str) -> list[str]:
-    single = os.path.join(directory, TRAIN_FILE)
-    if os.path.isfile(single):
+    single = storage.join(directory, TRAIN_FILE)
+    if storage.isfile(single):
         return [single]
-    found = sorted(glob.glob(glob.escape(single) + "-*-of-*"))
+    shards = [n for n in storage.listdir(directory) if n.startswith(f"{TRAIN_FILE}-")]
+    found = sorted(storage.join(directory, n) for n in shards if "-of-" in n)
     totals = {int(m.group(2)) for m in map(_SHARD.search, found) if m}
     if len(totals) > 1:  # shards of two conversions into one folder
         kinds = " and ".join(f"-of-{n:05d}" for n in sorted(totals))
@@ -448,7 +469,8 @@ def load_array_record_dataset(directory: str | os.PathLike, name: str | None = N
 
     Raises:
       DataError: (one line naming the directory and the fix) the directory or a file is
-        missing, ``labels.npz`` is malformed, or the files disagree with the labels.
+        missing, ``labels.npz`` is malformed, the files disagree with the labels, or the
+        directory is on an object store (``gs://``: mount it, or copy it to each host).
 
     Example:
       >>> paths = write_array_record_dataset("mnist_ar", me.data.synthetic(256, 64), shards=2)
@@ -458,16 +480,21 @@ def load_array_record_dataset(directory: str | os.PathLike, name: str | None = N
     """
     directory = os.fspath(directory)
     where = f"ArrayRecord dataset {directory}"
-    if not os.path.isdir(directory):
+    if not storage.is_local(directory):  # array_record's reader does not read a bucket here
+        raise DataError(
+            f"{where}: ArrayRecord files are read from a local or mounted folder; copy it to "
+            "each host, or mount the bucket (gcsfuse) and pass that path"
+        )
+    if not storage.isdir(directory):
         raise DataError(f"{where}: no such directory; {CONVERT_FIX}")
     train_files = _train_files(directory)
-    test_file, labels_file = (os.path.join(directory, f) for f in (TEST_FILE, LABELS_FILE))
+    test_file, labels_file = (storage.join(directory, f) for f in (TEST_FILE, LABELS_FILE))
     missing = [
         f
         for f, ok in (
             (TRAIN_FILE, train_files),
-            (TEST_FILE, os.path.isfile(test_file)),
-            (LABELS_FILE, os.path.isfile(labels_file)),
+            (TEST_FILE, storage.isfile(test_file)),
+            (LABELS_FILE, storage.isfile(labels_file)),
         )
         if not ok
     ]
@@ -550,7 +577,7 @@ def _open_sources(
     found = manifest.read_manifest(directory)
     if found is None:
         train = ArrayRecordSource(train_files)
-        sizes = [(os.path.basename(p), os.path.getsize(p)) for p in train_files]
+        sizes = [(os.path.basename(p), storage.file_size(p)) for p in train_files]
         train.content_id = "sizes:" + repr(sizes)
         return train, ArrayRecordSource(test_file)
     manifest.check_manifest(directory, found, train_files)

@@ -232,8 +232,7 @@ def verify_cache_path() -> str | None:
 
 def _stamp(path: str) -> str:
     """What changes when a file is replaced or rewritten: size, mtime (ns), inode."""
-    st = os.stat(path)
-    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+    return storage.version(path)
 
 
 class FileVerifier:
@@ -256,7 +255,7 @@ class FileVerifier:
     """
 
     def __init__(self, digests: Mapping[str, str], cache: str | None | bool = True):
-        self.digests = {os.path.abspath(k): v for k, v in digests.items()}
+        self.digests = {storage.absolute(k): v for k, v in digests.items()}
         self.cache = verify_cache_path() if cache is True else cache or None
         self._done: set[str] = set()
         self._lock = threading.Lock()
@@ -276,7 +275,7 @@ class FileVerifier:
         Raises:
           DataError: one line naming the file, the manifest and the fix.
         """
-        path = os.path.abspath(path)
+        path = storage.absolute(path)
         want = self.digests.get(path)
         if want is None or path in self._done:
             return
@@ -315,7 +314,7 @@ def _cache_store(cache: str | None, path: str, stamp: str, sha256: str) -> None:
         except (OSError, ValueError):
             known = {}
         known[path] = {"stamp": stamp, "sha256": sha256}
-        storage.makedirs(os.path.dirname(os.path.abspath(cache)))
+        storage.makedirs(os.path.dirname(storage.absolute(cache)))
         storage.atomic_write_json(cache, known)
     except OSError:
         pass
@@ -341,7 +340,7 @@ def cached_digest(path: str | os.PathLike, cache: str | None | bool = True) -> s
       >>> cached_digest("a.npz", cache="verified.json") == file_digest("a.npz")
       True
     """
-    path = os.path.abspath(os.fspath(path))
+    path = storage.absolute(path)
     cache = verify_cache_path() if cache is True else cache or None
     stamp = _stamp(path)
     entry = _cache_entry(cache, path)

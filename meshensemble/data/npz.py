@@ -19,6 +19,7 @@ from meshensemble.data.dataset import (
     split_counts,
     validate,
 )
+from meshensemble.runtime import storage
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 """Keys of a Keras-style ``mnist.npz`` (images ``[N, 28, 28]`` uint8, labels ``[N]``)."""
@@ -38,13 +39,13 @@ def save_npz(dataset: Dataset, path: str | os.PathLike[str]) -> str:
       >>> me.data.save_npz(me.data.synthetic(), "tiny.npz")
       'tiny.npz'
     """
-    np.savez(
-        path,
+    arrays = dict(
         x_train=dataset.train_images[..., 0],
         y_train=dataset.train_labels.astype(np.uint8),
         x_test=dataset.test_images[..., 0],
         y_test=dataset.test_labels.astype(np.uint8),
     )
+    storage.atomic_write(path, lambda f: np.savez(f, **arrays))
     return os.fspath(path)
 
 
@@ -75,16 +76,15 @@ def load_npz(path: str | os.PathLike[str], name: str = "mnist") -> Dataset:
     """
     check_name(name)
     file = os.path.expanduser(os.fspath(path))
-    if not os.path.exists(file):
+    if not storage.exists(file):
         raise DataError(
             f"{file}: file not found (pass the path of a Keras-style mnist.npz with keys "
             f"{', '.join(NPZ_KEYS)}, or use --source tfds / sample)"
         )
-    if os.path.isdir(file):
+    if storage.isdir(file):
         raise DataError(f"{file}: is a directory (pass the path of the .npz file itself)")
     try:
-        with open(file, "rb") as f:
-            head = f.read(6)
+        head = next(storage.read_blocks(file, 6), b"")
     except OSError as e:
         raise DataError(f"{file}: cannot be read ({type(e).__name__}: {first_line(e)})") from e
     if head.startswith(b"\x93NUMPY"):
@@ -99,7 +99,7 @@ def load_npz(path: str | os.PathLike[str], name: str = "mnist") -> Dataset:
         )
     arrays: dict[str, np.ndarray] = {}
     try:
-        with np.load(file, allow_pickle=False) as loaded:
+        with np.load(storage.openable(file), allow_pickle=False) as loaded:
             missing = [k for k in NPZ_KEYS if k not in loaded.files]
             if missing:
                 found = ", ".join(loaded.files) or "none"
@@ -192,15 +192,15 @@ def load_npz_dataset(
 
 def _read_npz(file: str, optional: Sequence[str] = ()) -> dict[str, np.ndarray]:
     """The arrays :data:`NPZ_KEYS` (and ``optional`` ones present) of an npz file."""
-    if not os.path.exists(file):
+    if not storage.exists(file):
         raise DataError(
             f"{file}: file not found (pass the path of an npz with keys {', '.join(NPZ_KEYS)})"
         )
-    if os.path.isdir(file):
+    if storage.isdir(file):
         raise DataError(f"{file}: is a directory (pass the path of the .npz file itself)")
     arrays: dict[str, np.ndarray] = {}
     try:
-        with np.load(file, allow_pickle=False) as loaded:
+        with np.load(storage.openable(file), allow_pickle=False) as loaded:
             if not hasattr(loaded, "files"):
                 raise DataError(
                     f"{file}: is a single .npy array, not an .npz archive (save the splits "

@@ -25,6 +25,7 @@ import numpy as np
 
 from meshensemble.data import folder, npz, tfds
 from meshensemble.data.dataset import DataError, Dataset
+from meshensemble.runtime import storage
 
 SHIFTS = ("noise", "inverted", "contrast", "hflip", "vflip")
 """Synthetic shifts :func:`shift_inputs` makes (``hflip``/``vflip`` need images)."""
@@ -119,9 +120,9 @@ def load_ood(
     """
     text = os.fspath(spec)
     path = os.path.expanduser(text)
-    if os.path.isdir(path):
+    if storage.isdir(path):
         other = folder.load_image_folder(path)
-    elif os.path.isfile(path) or text.endswith(".npz"):
+    elif storage.isfile(path) or text.endswith(".npz"):
         other = npz.load_npz_dataset(path)
     else:
         other = tfds.load_tfds_dataset(text, data_dir, download=False)

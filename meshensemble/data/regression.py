@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from meshensemble.data.dataset import DataError, Dataset, split_counts
+from meshensemble.runtime import storage
 
 __all__ = [
     "RegressionData", "diabetes", "friedman1", "load_regression_npz", "standardizer", "toy1d",
@@ -195,10 +196,10 @@ def load_regression_npz(path: str | os.PathLike) -> RegressionData:
       ((8, 3), (4, 1))
     """
     name = os.fspath(path)
-    if not os.path.isfile(name):
+    if not storage.isfile(name):
         raise DataError(f"{name}: no such file; give an npz with x_train, y_train, x_test, y_test")
     try:
-        with np.load(name, allow_pickle=False) as f:
+        with np.load(storage.openable(name), allow_pickle=False) as f:
             missing = [k for k in KEYS if k not in f.files]
             if missing:
                 raise DataError(f"{name}: has no {', '.join(missing)}; save all of {KEYS}")

@@ -44,6 +44,7 @@ from jax.sharding import Mesh, NamedSharding
 from meshensemble.core.mesh import BATCH, MEMBER_BATCH
 from meshensemble.data.codec import MNIST_CODEC, RecordCodec, codec_for
 from meshensemble.data.dataset import IMAGE_SHAPE, DataError
+from meshensemble.runtime import storage
 
 
 def _grain() -> Any:
@@ -205,7 +206,7 @@ class ArrayRecordSource(_RecordSource):
     ):
         self.codec = codec or MNIST_CODEC
         paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
-        missing = [str(p) for p in paths if not os.path.isfile(p)]
+        missing = [str(p) for p in paths if not storage.isfile(p)]
         if missing or not paths:
             raise DataError(
                 f"ArrayRecordSource: no file {missing or paths}; write one with "

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import csv
+import io
 import os
 from typing import Any
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from meshensemble.data.dataset import DataError, Dataset, split_counts
 from meshensemble.data.split import validation_indices
+from meshensemble.runtime import storage
 
 TARGET_KINDS = ("auto", "classes", "floats")
 """Values of ``load_csv(targets=...)``: decide from the values, class ids, float targets."""
@@ -51,11 +53,11 @@ def read_csv(path: str | os.PathLike) -> tuple[list[str], list[list[str]]]:
       (['a', 'b'], [['1', '2']])
     """
     path = os.path.expanduser(os.fspath(path))
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         raise DataError(f"{path}: no such file; pass a CSV whose first line names the columns")
     try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            lines = [row for row in csv.reader(f) if row]
+        text = storage.read_bytes(path).decode("utf-8-sig")
+        lines = [row for row in csv.reader(io.StringIO(text, newline="")) if row]
     except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise DataError(f"{path}: not a readable CSV ({type(err).__name__}: {err})") from None
     if len(lines) < 2:

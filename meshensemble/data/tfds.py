@@ -36,6 +36,7 @@ from meshensemble.data.dataset import (
     validate,
 )
 from meshensemble.data.npz import npz_fix
+from meshensemble.runtime import storage
 
 TFDS_HOST = "storage.googleapis.com"
 """The host TFDS downloads MNIST / Fashion-MNIST from; :func:`network_reachable` probes it."""
@@ -564,7 +565,7 @@ def split_files(records: Any) -> list[tuple[str, int, int]]:
         out = [(os.fspath(f.filename), int(f.skip), int(f.take)) for f in instructions]
     except Exception:  # TFDS's layouts vary by version; without files: no content identity
         return []
-    return out if out and all(os.path.isfile(p) for p, _, _ in out) else []
+    return out if out and all(storage.isfile(p) for p, _, _ in out) else []
 
 
 def split_content_id(records: Any) -> str | None:
@@ -594,6 +595,6 @@ def split_content_id(records: Any) -> str | None:
         repr((str(info.name), str(info.version), str(records.split), len(records))).encode()
     )
     for path, skip, take in files:
-        size, sha = os.path.getsize(path), manifest.cached_digest(path)
+        size, sha = storage.file_size(path), manifest.cached_digest(path)
         digest.update(f"{os.path.basename(path)}:{skip}:{take}:{size}:{sha}\0".encode())
     return "tfds:" + digest.hexdigest()

@@ -105,7 +105,7 @@ def choices_path(cache_dir: str) -> str:
       >>> choices_path("/home/me/.cache/meshensemble/jax")   # beside the cache folder
       '/home/me/.cache/meshensemble/meshensemble-choices.json'
     """
-    return os.path.join(os.path.dirname(os.path.abspath(cache_dir)), CHOICES_FILE)
+    return storage.join(os.path.dirname(storage.absolute(cache_dir).rstrip("/")), CHOICES_FILE)
 
 
 def read_choices(path: str | None, warn: Callable[[str], None] | None = None) -> dict[str, Any]:

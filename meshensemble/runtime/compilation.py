@@ -21,6 +21,8 @@ from typing import Any
 import jax
 from jax import monitoring
 
+from meshensemble.runtime import storage
+
 ENV_CACHE_DIR = "JAX_COMPILATION_CACHE_DIR"
 """Environment variable naming the cache folder; JAX's own name, honoured when set."""
 
@@ -44,9 +46,9 @@ def default_cache_dir() -> str:
       '.../jax'
     """
     if os.environ.get(ENV_CACHE_DIR):
-        return os.path.abspath(os.path.expanduser(os.environ[ENV_CACHE_DIR]))
+        return storage.absolute(os.path.expanduser(os.environ[ENV_CACHE_DIR]))
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.abspath(os.path.join(base, "meshensemble", "jax"))
+    return storage.absolute(os.path.join(base, "meshensemble", "jax"))
 
 
 def enable_compilation_cache(path: str | None = None) -> str | None:
@@ -71,10 +73,10 @@ def enable_compilation_cache(path: str | None = None) -> str | None:
     (Skipped in the tests: it would point the test process's cache elsewhere. Call it
     before the first compilation.)
     """
-    path = os.path.abspath(os.path.expanduser(path)) if path else default_cache_dir()
-    try:
-        os.makedirs(path, exist_ok=True)
-        if not os.access(path, os.W_OK):
+    path = storage.absolute(os.path.expanduser(path)) if path else default_cache_dir()
+    try:  # a gs:// folder is JAX's to use (through etils.epath: its docs' "Google Cloud")
+        storage.makedirs(path)
+        if storage.is_local(path) and not os.access(path, os.W_OK):
             return None
     except OSError:
         return None

@@ -368,6 +368,57 @@ def read_blocks(path: PathLike, size: int = BLOCK) -> Iterator[bytes]:
         yield from iter(lambda: f.read(size), b"")
 
 
+def openable(path: PathLike) -> str | io.BytesIO:
+    """What ``np.load``, ``Image.open`` or ``zipfile`` take for file ``path``: a local path as
+    it is (so a ``.npy`` can still be memory-mapped), a file on an object store read whole
+    into memory (one download; a reader that seeks would otherwise ask the store per seek).
+
+    Args:
+      path: a file.
+
+    Returns:
+      The local path as a string, or an ``io.BytesIO`` of the object's bytes.
+
+    Raises:
+      FileNotFoundError: no file there (on an object store; locally the reader raises it).
+
+    Example:
+      >>> atomic_write("x.txt", "42")
+      >>> openable("x.txt")
+      'x.txt'
+    """
+    return os.fspath(path) if is_local(path) else io.BytesIO(read_bytes(path))
+
+
+def version(path: PathLike) -> str:
+    """What changes when file ``path`` is replaced or rewritten (to cache its digest by).
+
+    Locally its size, modification time (ns) and inode; on an object store its size and
+    the store's version of the object (GCS's ``generation``, else its ETag or update time).
+
+    Args:
+      path: a file.
+
+    Returns:
+      A string that differs between two writes of the file.
+
+    Raises:
+      FileNotFoundError: no file there.
+
+    Example:
+      >>> atomic_write("a.txt", "1"); before = version("a.txt")
+      >>> atomic_write("a.txt", "2"); version("a.txt") != before
+      True
+    """
+    if is_local(path):
+        st = os.stat(path)
+        return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+    fs, bare = _store(path)
+    info = fs.info(bare)
+    keys = ("generation", "ETag", "etag", "md5Hash", "updated", "mtime", "LastModified")
+    return ":".join(str(x) for x in (info.get("size"), *(info.get(k) for k in keys)))
+
+
 def file_size(path: PathLike) -> int:
     """The size of file ``path`` in bytes.
 

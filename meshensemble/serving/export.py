@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,10 +33,10 @@ import numpy as np
 
 from meshensemble.core import steps
 from meshensemble.core.tasks import LocalReducer
+from meshensemble.runtime import storage
 from meshensemble.runtime.distributed import fetch
-from meshensemble.serving.outputs import atomic_write
 from meshensemble.serving.predictor import Predictor
-from meshensemble.training.outputs import check_writable, dumps_strict
+from meshensemble.training.outputs import check_writable, dumps_strict, writing
 
 ARTIFACT_FILE = "ensemble.jax"
 """The serialized ``jax.export.Exported`` inside an export folder."""
@@ -134,7 +133,7 @@ def export_metadata(predictor: Predictor, exported: Any) -> dict[str, Any]:
         "preprocessing": {"task": predictor.task.record(), "input": predictor.input_record},
         "platforms": list(exported.platforms),
         "model": predictor.model,
-        "workdir": os.path.abspath(predictor.workdir),
+        "workdir": storage.absolute(predictor.workdir),
         "checkpoint_step": predictor.step,
         "data_identity": predictor.data_identity,
         "versions": {"meshensemble": version, "jax": jax.__version__},
@@ -184,7 +183,8 @@ def export_ensemble(
     exported = export_artifact(predictor, platforms)
     meta = export_metadata(predictor, exported)
     blob = bytes(exported.serialize())
-    os.makedirs(out, exist_ok=True)
-    atomic_write(os.path.join(out, ARTIFACT_FILE), blob)
-    atomic_write(os.path.join(out, METADATA_FILE), (dumps_strict(meta, indent=2) + "\n").encode())
+    storage.makedirs(out)
+    for name, data in ((ARTIFACT_FILE, blob), (METADATA_FILE, dumps_strict(meta, indent=2) + "\n")):
+        with writing(storage.join(out, name)):
+            storage.atomic_write(storage.join(out, name), data)
     return meta

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from meshensemble.runtime import storage
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 """File name endings read from a folder (case-insensitive)."""
 NPZ_IMAGE_KEYS = ("images", "x_test", "x")
@@ -98,13 +100,13 @@ def open_images(path: str, shape: Sequence[int], dtype: Any) -> Images:
       (4, 28, 28, 1)
     """
     shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
-    if not os.path.exists(path):
+    if not storage.exists(path):
         raise FileNotFoundError(
             f"--input {path}: no such file or folder; give a .npy, a .npz or a folder of images"
         )
-    if os.path.isdir(path):
+    if storage.isdir(path):
         return _open_folder(path, shape, dtype)
-    if os.path.getsize(path) == 0:
+    if storage.file_size(path) == 0:
         raise ValueError(f"--input {path} is an empty file; give a .npy or .npz of images")
     lower = path.lower()
     if lower.endswith(".npy"):
@@ -220,7 +222,7 @@ def open_features(path: str, features: int) -> np.ndarray:
       >>> open_features("new.npy", 10).shape
       (5, 10)
     """
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         raise ValueError(f"--input {path}: no such file; give a .npy or .npz of [N, {features}]")
     kind = os.path.splitext(path)[1].lower()
     if kind not in (".npy", ".npz"):
@@ -267,14 +269,15 @@ def open_inputs(path: str, shape: Sequence[int], dtype: Any) -> Any:
 
 def _load_npy(path: str) -> np.ndarray:
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        mmap = "r" if storage.is_local(path) else None  # a bucket's file: read whole
+        return np.load(storage.openable(path), mmap_mode=mmap, allow_pickle=False)
     except (OSError, ValueError, EOFError) as err:
         raise ValueError(f"--input {path}: not a readable .npy array ({_first(err)})") from None
 
 
 def _load_npz(path: str, keys: Sequence[str] = NPZ_IMAGE_KEYS) -> np.ndarray:
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        with np.load(storage.openable(path), allow_pickle=False) as npz:
             key = next((k for k in keys if k in npz.files), None)
             if key is None:
                 raise ValueError(
@@ -323,7 +326,7 @@ def _check_array(where: str, rows: np.ndarray, shape: tuple[int, ...], dtype: np
 def _open_folder(path: str, shape: tuple[int, ...], dtype: np.dtype) -> Images:
     from PIL import Image, UnidentifiedImageError
 
-    names = sorted(n for n in os.listdir(path) if not n.startswith("."))
+    names = sorted(n for n in storage.listdir(path) if not n.startswith("."))
     other = [n for n in names if not n.lower().endswith(IMAGE_SUFFIXES)]
     if other:
         raise ValueError(
@@ -334,10 +337,10 @@ def _open_folder(path: str, shape: tuple[int, ...], dtype: np.dtype) -> Images:
         raise ValueError(f"--input {path}: the folder holds no PNG/JPEG images")
     if dtype != np.uint8 or shape[-1] not in (1, 3):
         raise ValueError(f"--input {path}: a folder of images needs a uint8 run, not {dtype}")
-    files = [os.path.join(path, n) for n in names]
+    files = [storage.join(path, n) for n in names]
     for name, file in zip(names, files):
         try:
-            with Image.open(file) as img:
+            with Image.open(storage.openable(file)) as img:
                 size, mode = (img.height, img.width), img.mode
                 colour = mode == "P" and shape[-1] == 1 and not _grey_palette(img)
         except (OSError, UnidentifiedImageError) as err:
@@ -372,6 +375,6 @@ def _grey_palette(img: Any) -> bool:
 def _decode(file: str, shape: tuple[int, ...]) -> np.ndarray:
     from PIL import Image
 
-    with Image.open(file) as img:
+    with Image.open(storage.openable(file)) as img:
         pixels = np.asarray(img.convert("L" if shape[-1] == 1 else "RGB"), np.uint8)
     return pixels.reshape(shape)

@@ -3,8 +3,8 @@
 :func:`check_out_file` refuses a ``--out`` that cannot be written before any work;
 :func:`write_predictions` writes the ``.npz`` or ``.csv`` of :meth:`Predictor.outputs
 <meshensemble.serving.predictor.Predictor.outputs>` through a temporary file renamed into
-place (:func:`atomic_write`), so a failed or interrupted command leaves no half-written
-file.
+place (:func:`meshensemble.runtime.storage.atomic_write`: one object on a bucket), so a
+failed or interrupted command leaves no half-written file.
 
 Example:
   >>> check_out_file("preds.csv")
@@ -21,12 +21,12 @@ from __future__ import annotations
 import csv
 import io
 import os
-import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from meshensemble.runtime import storage
 from meshensemble.training.outputs import check_writable, writing
 
 OUT_SUFFIXES = (".npz", ".csv")
@@ -55,8 +55,10 @@ def check_out_file(path: str, source: str | None = None) -> str:
     kind = os.path.splitext(path)[1].lower()
     if kind not in OUT_SUFFIXES:
         raise ValueError(f"--out {path}: give a file ending in .npz or .csv")
-    if os.path.isdir(path):
+    if storage.isdir(path):
         raise ValueError(f"--out {path} is a folder; give a file ending in {kind}")
+    if not storage.is_local(path):  # a bucket: no folder to make, a failed upload names it
+        return kind
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ValueError(f"--out {path}: folder {folder} does not exist; create it first")
@@ -70,41 +72,6 @@ def check_out_file(path: str, source: str | None = None) -> str:
             "give another --out"
         )
     return kind
-
-
-def atomic_write(path: str, data: bytes | Callable[[Any], Any]) -> None:
-    """Writes ``path`` through a temporary file beside it, renamed into place when complete.
-
-    Args:
-      path: the file.
-      data: the bytes, or ``write(f)`` that writes into the open binary file.
-
-    Raises:
-      meshensemble.training.OutputError: one line naming the file (disk full, permissions).
-
-    Example:
-      >>> os.makedirs("out")
-      >>> atomic_write("out/x.json", b"{}")
-      >>> open("out/x.json").read(), os.listdir("out")   # no temporary file left
-      ('{}', ['x.json'])
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    with writing(path):
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                if isinstance(data, bytes | bytearray):
-                    f.write(data)
-                else:
-                    data(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
 
 
 def write_predictions(
@@ -141,12 +108,14 @@ def write_predictions(
         keys = list(columns) if columns is not None else [
             k for k in out if not k.startswith("member_")
         ]  # fmt: skip
-        atomic_write(path, lambda f: _write_csv(f, out, names, keys))
+        with writing(path):
+            storage.atomic_write(path, lambda f: _write_csv(f, out, names, keys))
         return
     arrays = dict(out)
     if names is not None:
         arrays["names"] = np.asarray(list(names), dtype=str)
-    atomic_write(path, lambda f: np.savez(f, **arrays))
+    with writing(path):
+        storage.atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
 def _cells(v: np.ndarray, key: str) -> tuple[list[str], Any]:

@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
@@ -26,6 +25,7 @@ import orbax.checkpoint as ocp
 from meshensemble.core.sharding import abstract_layout
 from meshensemble.core.state import EnsembleState, SharedState, whole_params
 from meshensemble.errors import RunFailedError
+from meshensemble.runtime import storage
 from meshensemble.runtime.distributed import fetch
 from meshensemble.training.inference import check_temperature, read_temperature, write_temperature
 
@@ -99,7 +99,7 @@ def check_structure(path: str, target: Any, what: str, fix: str | None = None) -
     Example:
       >>> me.save_inference("bundle", state)
       >>> saved = {"params": state.params, "model_state": state.model_state}
-      >>> check_structure(os.path.abspath("bundle"), saved, "bundle")   # None: they agree
+      >>> check_structure(storage.absolute("bundle"), saved, "bundle")   # None: they agree
     """
     with ocp.StandardCheckpointer() as reader:
         meta = reader.metadata(path)
@@ -201,8 +201,8 @@ def save_inference(path: str, state: EnsembleState, temperature: Any = None) -> 
         )
     tree = _inference_part(state)
     with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(os.path.abspath(path), tree)
-    write_temperature(os.path.abspath(path), temperature)
+        ckptr.save(storage.as_path(storage.absolute(path)), tree)
+    write_temperature(storage.absolute(path), temperature)
 
 
 def load_inference(path: str, ens: Any, sample: Any, *, with_temperature: bool = False) -> Any:
@@ -231,8 +231,8 @@ def load_inference(path: str, ens: Any, sample: Any, *, with_temperature: bool =
     """
     target = abstract_state(ens, sample)
     sub = _inference_part(target)
-    path = os.path.abspath(path)
-    if not os.path.isdir(path):
+    path = storage.absolute(path)
+    if not storage.isdir(path):
         raise FileNotFoundError(
             f"no inference checkpoint in {path}; write one with me.save_inference(path, state)"
         )

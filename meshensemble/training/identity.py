@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from typing import Any
 
 import numpy as np
 
 from meshensemble import data as data_lib
 from meshensemble.data import split
+from meshensemble.runtime import storage
 from meshensemble.runtime.distributed import agree
 from meshensemble.training.config import CONFIG_FILE, TrainConfig
 
@@ -285,15 +285,15 @@ def data_identity(
     content = hashlib.sha256(repr(sorted(splits.items())).encode()).hexdigest()[:16]
     where = {}  # only where the data has them: MNIST's records keep their keys
     if dataset.source in DIR_SOURCES and data_dir is not None:
-        where["data_dir"] = os.path.abspath(os.path.expanduser(os.fspath(data_dir)))
+        where["data_dir"] = storage.absolute(data_dir)
     if dataset.source == "csv" and test_file is not None:
-        where["test_file"] = os.path.abspath(os.path.expanduser(os.fspath(test_file)))
+        where["test_file"] = storage.absolute(test_file)
     return {
         "format": IDENTITY_FORMAT,
         "source": dataset.source,
         "num_train": dataset.num_train,
         "num_test": dataset.num_test,
-        "data_file": os.path.abspath(data_file) if from_file else None,
+        "data_file": storage.absolute(data_file) if from_file else None,
         **where,
         "origin": origin,
         "splits": splits,
@@ -382,12 +382,11 @@ def read_saved_config(workdir: str) -> dict[str, Any] | None:
       >>> read_saved_config("runs/mnist")["seed"]
       0
     """
-    path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.exists(path):
+    path = storage.join(workdir, CONFIG_FILE)
+    if not storage.exists(path):
         return None
     try:
-        with open(path) as f:
-            loaded = json.load(f)
+        loaded = storage.read_json(path)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         msg = " ".join(str(err).split())
         raise ValueError(

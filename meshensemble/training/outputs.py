@@ -185,6 +185,8 @@ def check_writable(
     Example:
       >>> check_writable("runs/mnist")   # None: it can be made here
     """
+    if not storage.is_local(workdir):  # a bucket: no folder to probe; a failed write names it
+        return
     target = os.path.abspath(workdir)
     while not os.path.exists(target):
         parent = os.path.dirname(target)
@@ -310,14 +312,14 @@ def unfinished_run(workdir: str, fresh: bool, enabled: bool = True) -> Iterator[
       >>> os.path.exists("runs/mnist")   # the folder it made is gone
       False
     """
-    created = not os.path.exists(workdir)
+    created = not storage.exists(workdir)
     try:
         yield
     except BaseException:
         if fresh and enabled and not list_checkpoints(workdir):
             clear_run(workdir)
-            if created and os.path.isdir(workdir) and not os.listdir(workdir):
-                os.rmdir(workdir)
+            if created and storage.isdir(workdir) and not storage.listdir(workdir):
+                storage.rmtree(workdir)
         raise
 
 
@@ -355,17 +357,17 @@ class RunWriter:
         self.enabled = enabled
         self.tb = None
         self.history: list[dict[str, Any]] = []
-        self.metrics_path = os.path.join(workdir, METRICS_FILE)
-        if keep_until is not None and os.path.exists(self.metrics_path):
-            with open(self.metrics_path) as f:
-                records = [restore_nonfinite(json.loads(line)) for line in f if line.strip()]
+        self.metrics_path = storage.join(workdir, METRICS_FILE)
+        if keep_until is not None and storage.exists(self.metrics_path):
+            lines = storage.read_text(self.metrics_path).splitlines()
+            records = [restore_nonfinite(json.loads(line)) for line in lines if line.strip()]
             self.history = [r for r in records if r["step"] <= keep_until]
+        self.lines = [dumps_strict(r) + "\n" for r in self.history]  # metrics.jsonl, whole
         if not enabled:
             return
         with writing(self.metrics_path):
-            os.makedirs(workdir, exist_ok=True)
-            with open(self.metrics_path, "w") as f:  # cut back to the restored step
-                f.writelines(dumps_strict(r) + "\n" for r in self.history)
+            storage.makedirs(workdir)
+            storage.atomic_write(self.metrics_path, "".join(self.lines))  # cut to the restored step
         if tensorboard:
             try:
                 from tensorboardX import SummaryWriter
@@ -373,7 +375,7 @@ class RunWriter:
                 raise ValueError(
                     "--tensorboard needs tensorboardX; pip install tensorboardX"
                 ) from err
-            path = os.path.join(workdir, TENSORBOARD_DIR)
+            path = storage.join(workdir, TENSORBOARD_DIR)
             with writing(path):
                 self.tb = SummaryWriter(path)
 
@@ -389,11 +391,11 @@ class RunWriter:
         """
         if not self.enabled:
             return
-        path = os.path.join(self.workdir, CONFIG_FILE)
+        path = storage.join(self.workdir, CONFIG_FILE)
         fields = dataclasses.asdict(cfg)
         for name in ("data_file", "data_dir"):
             if isinstance(fields.get(name), str) and "://" not in fields[name]:
-                fields[name] = os.path.abspath(fields[name])
+                fields[name] = storage.absolute(fields[name])
         text = dumps_strict(fields | {"resolved": resolved}, indent=2)
         with writing(path), replacing(path) as f:
             f.write(text)
@@ -406,7 +408,7 @@ class RunWriter:
         """
         if not self.enabled:
             return
-        path = os.path.join(self.workdir, COMPILE_FILE)
+        path = storage.join(self.workdir, COMPILE_FILE)
         text = dumps_strict(summary, indent=2)
         with writing(path), replacing(path) as f:
             f.write(text)
@@ -415,13 +417,16 @@ class RunWriter:
         """Appends one record to ``metrics.jsonl`` (and its scalars to TensorBoard).
 
         The line is strict JSON: a NaN/inf value is written as ``null`` and named in the
-        record's :data:`NONFINITE_NOTE` (see :func:`strict_json`).
+        record's :data:`NONFINITE_NOTE` (see :func:`strict_json`). An object store cannot
+        append, so the whole (small) file is rewritten with
+        :func:`~meshensemble.runtime.storage.atomic_write` on every store: a reader sees
+        the file as one of these calls left it, every line whole, never a part of a line.
         """
         if not self.enabled:
             return
-        line = dumps_strict(record) + "\n"
-        with writing(self.metrics_path), open(self.metrics_path, "a") as f:
-            f.write(line)
+        self.lines.append(dumps_strict(record) + "\n")
+        with writing(self.metrics_path):
+            storage.atomic_write(self.metrics_path, "".join(self.lines))
         if self.tb is not None:
             for name, value in record.items():
                 if isinstance(value, float):
@@ -434,7 +439,7 @@ class RunWriter:
             return
         after = " (the trained checkpoint and metrics.jsonl are saved)"
         for name, draw in drawn.items():
-            path = os.path.join(self.workdir, name)
+            path = storage.join(self.workdir, name)
             with writing(path, after):
                 draw(path)
             note_output(self.workdir, path)

@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +26,7 @@ from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.layout import given_values
 from meshensemble.core.mesh import make_mesh
 from meshensemble.core.tasks import Task, task_class, task_names
+from meshensemble.runtime import storage
 from meshensemble.training.backbone import load_backbone
 from meshensemble.training.checkpoint import CHECKPOINT_DIR, list_checkpoints, restore_checkpoint
 from meshensemble.training.config import (
@@ -105,7 +105,7 @@ def held_outputs(workdir: str) -> list[str]:
       []
     """
     names = (CONFIG_FILE, METRICS_FILE, CHECKPOINT_DIR)
-    return [n for n in names if os.path.exists(os.path.join(workdir, n))]
+    return [n for n in names if storage.exists(storage.join(workdir, n))]
 
 
 def saved_run(cfg: TrainConfig) -> dict[str, Any] | None:
