@@ -216,6 +216,7 @@ COVERED = [
     "meshensemble.training.order",
     "meshensemble.training.outputs",
     "meshensemble.training.pacing",
+    "meshensemble.training.recipe",
     "meshensemble.training.restore",
     "meshensemble.training.rundata",
     "meshensemble.training.setup",

@@ -30,10 +30,10 @@ from typing import Any, ClassVar, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import PartitionSpec
 
 from meshensemble.core.mesh import ENSEMBLE, MEMBERS, REPLICATED
+from meshensemble.numerics.statmath import softmax_cross_entropy as softmax_cross_entropy
 from meshensemble.runtime.plugins import load_object
 
 __all__ = [
@@ -50,29 +50,6 @@ __all__ = [
 ]
 
 PyTree = Any
-
-
-def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Default per-example loss: softmax cross-entropy with integer labels.
-
-    Computed as the Flax HOWTO computes it, against one-hot labels
-    (``optax.softmax_cross_entropy``): the same value as
-    ``optax.softmax_cross_entropy_with_integer_labels`` up to float rounding, without
-    its gather and scatter, which XLA:CPU runs slowly (2-3% of the user CNN's step on 8
-    CPU devices).
-
-    Args:
-      logits: ``[B, classes]``.
-      labels: ``[B]`` integer class indices.
-
-    Returns:
-      ``[B]`` losses.
-
-    Example:
-      >>> me.softmax_cross_entropy(jnp.zeros((2, 10)), jnp.array([1, 2]))  # log 10 each
-      Array([2.3025851, 2.3025851], dtype=float32)
-    """
-    return optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, logits.shape[-1]))
 
 
 class Reducer(Protocol):

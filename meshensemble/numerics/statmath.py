@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 EPS = 1e-12
 """Lower clip on the true-class probability in the NLL, so that ``log(0)`` never occurs."""
@@ -265,3 +266,26 @@ def ood_score_of(kind: str, summaries: dict[str, jax.Array]) -> jax.Array:
     if kind == "entropy":
         return entropy
     return jnp.maximum(entropy - summaries["expected_entropy"], 0.0)
+
+
+def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Default per-example loss: softmax cross-entropy with integer labels.
+
+    Computed as the Flax HOWTO computes it, against one-hot labels
+    (``optax.softmax_cross_entropy``): the same value as
+    ``optax.softmax_cross_entropy_with_integer_labels`` up to float rounding, without
+    its gather and scatter, which XLA:CPU runs slowly (2-3% of the user CNN's step on 8
+    CPU devices).
+
+    Args:
+      logits: ``[B, classes]``.
+      labels: ``[B]`` integer class indices.
+
+    Returns:
+      ``[B]`` losses.
+
+    Example:
+      >>> me.softmax_cross_entropy(jnp.zeros((2, 10)), jnp.array([1, 2]))  # log 10 each
+      Array([2.3025851, 2.3025851], dtype=float32)
+    """
+    return optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, logits.shape[-1]))
