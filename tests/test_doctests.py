@@ -159,6 +159,7 @@ COVERED = [
     "meshensemble.data.synthetic",
     "meshensemble.data.tabular",
     "meshensemble.data.tfds",
+    "meshensemble.data.tfds_stream",
     "meshensemble.errors",
     "meshensemble.startup",
     "meshensemble.evaluation",
