@@ -318,15 +318,10 @@ def test_a_temperature_at_its_bound_is_refused_not_applied(run) -> None:
 
 
 def test_alpha_too_small_for_the_split_is_refused_before_any_work(run, capsys, monkeypatch):
-    """--alpha 0.001 with 500 validation examples: refused from config.json, before the
-    restore, the test evaluation and the OOD evaluation; the run folder is unchanged."""
+    """--alpha 0.001 with the run's 64 validation examples (as config.json records them):
+    refused before the restore, the test evaluation and the OOD evaluation; the run folder
+    is unchanged."""
     workdir = _copy(run, "small_alpha")
-    path = os.path.join(workdir, "config.json")
-    with open(path) as f:
-        cfg = json.load(f)
-    cfg["validation"] = 500
-    with open(path, "w") as f:
-        json.dump(cfg, f)
 
     def never(*args, **kwargs):
         raise AssertionError("restored a checkpoint before refusing")
@@ -338,7 +333,7 @@ def test_alpha_too_small_for_the_split_is_refused_before_any_work(run, capsys, m
     argv = ["evaluate", "--workdir", workdir, "--calibrate", "--alpha", "0.001", "--ood", "noise"]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "n >= 1/alpha - 1 = 999" in err and "500" in err, err
+    assert err.count("\n") == 1 and "n >= 1/alpha - 1 = 999" in err and " 64 " in err, err
     after = {
         p: os.stat(os.path.join(r, p)).st_mtime_ns for r, _, fs in os.walk(workdir) for p in fs
     }

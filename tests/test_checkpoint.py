@@ -769,7 +769,7 @@ BAD = [
     (["--backend", "pmap", "--mesh", "ensemble=4,data=2"], "backend='pmap' maps one axis"),
     (["--chunk-steps", "7"], "chunk_steps=7 does not divide"),
     (["--config", "/nonexistent.json"], "--config /nonexistent.json: cannot read JSON"),
-    (["--dataset", "cifar10"], "invalid choice: 'cifar10'"),
+    (["--dataset", "cifar10"], "unknown dataset 'cifar10' (use one of mnist, fashion_mnist, or"),
     (["--fake-devices", "0"], "--fake-devices 0 must be a positive integer"),
     (["--model", "mlp", "--conv", "im2col"], "conv='im2col' applies to the models cnn, howto_cnn"),
     (["--conv", "fft"], "invalid choice: 'fft'"),

@@ -11,9 +11,9 @@ Example:
   >>> val, test = (val_images, val_labels), (test_images, test_labels)
   >>> section, curves = calibrate_ensemble(ens, state, val, test, alpha=0.1)
   >>> print(calibration_line(section))
-  calibration: T=... on 16 validation examples; test NLL ... -> ..., ECE ... -> ...,
-  adaptive ECE ... -> ..., Brier ... -> ...; conformal thr at alpha=0.1: mean set size ...,
-  coverage ...
+  calibration: T=... on 16 validation examples
+    test NLL ... -> ..., ECE ... -> ..., adaptive ECE ... -> ..., Brier ... -> ...
+    conformal thr at alpha=0.1: mean set size ..., coverage ...
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ each batch's examples from them.
 Example:
   >>> from meshensemble.cli import main
   >>> main(["convert", "--data-file", "mnist.npz", "--out", "mnist_ar"])
+  data: MNIST from mnist.npz (96 train / 32 test): source npz
   wrote MNIST from mnist.npz (96 train / 32 test) as 4 files in mnist_ar:
   ...
   0

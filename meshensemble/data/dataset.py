@@ -592,7 +592,10 @@ def check_name(name: str) -> None:
       >>> check_name("mnist")
     """
     if name not in DATASETS:
-        raise DataError(f"unknown dataset {name!r} (use one of {', '.join(DATASETS)})")
+        raise DataError(
+            f"unknown dataset {name!r} (use one of {', '.join(DATASETS)}, or --source tfds "
+            "for any TFDS name)"
+        )
 
 
 def split_counts(train_labels: np.ndarray, test_labels: np.ndarray) -> str:

@@ -5,9 +5,9 @@ Each field is made by :func:`config_field_of` (``dataclasses.field`` with metada
 list are all generated from that metadata, so they cannot drift apart.
 
 Example:
-  >>> f = dataclasses.fields(me.TrainConfig)[0]
+  >>> f = next(f for f in dataclasses.fields(me.TrainConfig) if f.name == "members")
   >>> field_group(f), field_help(f)
-  ('data', 'the dataset')
+  ('ensemble and mesh', 'ensemble size')
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def field_help(f: dataclasses.Field) -> str:
       The text from the field's metadata.
 
     Example:
-      >>> field_help(dataclasses.fields(me.TrainConfig)[0])
-      'the dataset'
+      >>> field_help(next(f for f in dataclasses.fields(me.TrainConfig) if f.name == "members"))
+      'ensemble size'
     """
     text = f.metadata.get("help", "")
     return str(text() if callable(text) else text)
