@@ -302,7 +302,10 @@ def test_a_tuned_run_compiles_no_more_than_an_untuned_one_but_what_it_measured(
     kept_cfg = tiny(tmp_path, "kept", quiet=False, chunk_steps=2, compile_cache_dir=own("k"), **kw)
     kept = train(kept_cfg, DATA, lines.append)
     said = [line for line in lines if line.startswith("member strategy: ")]
-    assert "the platform default kept" in said[0] and "which the run reuses" in said[0], said
+    reason = json.loads((tmp_path / "kept" / "config.json").read_text())["resolved"]["tuning"]
+    assert "default" in said[0] and len(said) == 1, said  # the whole reason in config.json
+    assert "the platform default kept" in reason["reason"], reason
+    assert "which the run reuses" in reason["reason"], reason
     assert kept.compile["tuning"]["programs"] == 0
     assert programs(kept) - programs(off) == collections.Counter(), (kept.compile, off.compile)
     chex.assert_trees_all_equal(kept.state.params, off.state.params)

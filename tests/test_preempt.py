@@ -128,9 +128,11 @@ def test_a_capped_run_equals_whole_chunks_bitwise(tmp_path):
 
 def test_loss_sums_do_not_depend_on_how_steps_are_split():
     losses = np.random.default_rng(0).random((9, 3)).astype(np.float32) * 3
-    one = LoopPosition(pending=[losses])
-    split = LoopPosition(pending=[losses[:2], np.concatenate([np.zeros((5, 3)), losses[2:5]])])
-    split.pending.append(losses[5:])
+    one, split = LoopPosition(), LoopPosition()
+    one.add(9, losses)
+    split.add(2, losses[:2])
+    split.add(3, np.concatenate([np.zeros((5, 3)), losses[2:5]]))  # a padded chunk: 3 ran
+    split.add(4, losses[5:])
     one.settle(), split.settle()
     np.testing.assert_array_equal(one.loss_sum, split.loss_sum)
 
