@@ -192,6 +192,48 @@ def add_checkpoint_flag(p: Any) -> None:
     )
 
 
+def add_run_flags(p: argparse.ArgumentParser, workdir_help: str) -> Any:
+    """Adds ``--workdir DIR`` (required) and ``--checkpoint STEP|best`` in the group "the run".
+
+    Args:
+      p: the parser of a command that reads a trained run.
+      workdir_help: the help of ``--workdir``.
+
+    Returns:
+      The group "the run", for the command's other flags about the run.
+
+    Example:
+      >>> parser = Parser(prog="meshensemble predict")
+      >>> group = add_run_flags(parser, "the trained run's folder")
+      >>> parser.parse_args(["--workdir", "runs/tiny", "--checkpoint", "4"]).checkpoint
+      4
+    """
+    add_field_flag(p, "workdir", required=True, help=workdir_help, group="the run")
+    add_checkpoint_flag(argument_group(p, "the run"))
+    return argument_group(p, "the run")
+
+
+def add_device_flags(p: argparse.ArgumentParser, debug_group: Any) -> None:
+    """Adds ``--fake-devices``, ``--mesh``, ``--batch-size`` and ``--debug`` (to ``debug_group``).
+
+    The flags of a command that runs a trained ensemble on this machine's devices.
+
+    Args:
+      p: the command's parser.
+      debug_group: where ``--debug`` is listed (e.g. :func:`add_run_flags`'s group).
+
+    Example:
+      >>> parser = Parser(prog="meshensemble predict")
+      >>> add_device_flags(parser, parser)
+      >>> parser.parse_args(["--batch-size", "64"]).eval_batch_size
+      64
+    """
+    add_fake_devices_flag(p, "ensemble and mesh")
+    add_field_flag(p, "mesh", help=field_help(config_field("mesh")) + " (may differ from training)")
+    add_field_flag(p, "eval_batch_size", flag="--batch-size", default=1000)
+    add_debug_flag(debug_group)
+
+
 def resolve_checkpoint(workdir: str, checkpoint: int | str | None) -> int | None:
     """``--checkpoint``'s step: ``best`` read from the run (one line if it kept none).
 

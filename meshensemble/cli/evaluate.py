@@ -21,10 +21,9 @@ from typing import Any
 
 from meshensemble.calibration import METHODS
 from meshensemble.cli.common import (
-    add_checkpoint_flag,
-    add_debug_flag,
-    add_fake_devices_flag,
+    add_device_flags,
     add_field_flag,
+    add_run_flags,
     argument_group,
     resolve_checkpoint,
     setup_devices,
@@ -69,15 +68,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         ),
     )
     p.set_defaults(run=run)
-    run_group = argument_group(p, "the run")
-    add_field_flag(
-        p,
-        "workdir",
-        required=True,
-        help="the trained run's folder (config.json, checkpoints/); the results go there",
-        group="the run",
+    run_group = add_run_flags(
+        p, "the trained run's folder (config.json, checkpoints/); the results go there"
     )
-    add_checkpoint_flag(run_group)
     for name in ("source", "data_file", "data_dir"):
         add_field_flag(
             p,
@@ -95,10 +88,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     add("--ood-file", help="a Keras-layout Fashion-MNIST .npz for --ood fashion_mnist")
     add_calibration_flags(argument_group(p, "calibration"))
-    add_fake_devices_flag(p, "ensemble and mesh")
-    add_field_flag(p, "mesh", help=field_help(config_field("mesh")) + " (may differ from training)")
-    add_field_flag(p, "eval_batch_size", flag="--batch-size", default=1000)
-    add_debug_flag(run_group)
+    add_device_flags(p, run_group)
     return p
 
 

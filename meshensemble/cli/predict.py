@@ -24,10 +24,8 @@ import sys
 from typing import Any
 
 from meshensemble.cli.common import (
-    add_checkpoint_flag,
-    add_debug_flag,
-    add_fake_devices_flag,
-    add_field_flag,
+    add_device_flags,
+    add_run_flags,
     argument_group,
     resolve_checkpoint,
     setup_devices,
@@ -36,7 +34,6 @@ from meshensemble.serving.inputs import open_inputs
 from meshensemble.serving.outputs import check_out_file, write_predictions
 from meshensemble.serving.predictor import load_predictor, read_calibration
 from meshensemble.training.checkpoint import list_checkpoints
-from meshensemble.training.config import config_field, field_help
 from meshensemble.training.identity import read_saved_config
 from meshensemble.training.outputs import note_output
 from meshensemble.training.restore import load_run_config, run_identity, run_task
@@ -75,11 +72,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         ),
     )
     p.set_defaults(run=run)
-    run_group = argument_group(p, "the run")
-    add_field_flag(
-        p, "workdir", required=True, help="the trained run's folder (read only)", group="the run"
-    )
-    add_checkpoint_flag(run_group)
+    run_group = add_run_flags(p, "the trained run's folder (read only)")
     add = argument_group(p, "inputs and outputs").add_argument
     add(
         "--input",
@@ -115,10 +108,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="require prediction sets, or a regression run's conformal intervals (fails if "
         "uncalibrated)",
     )
-    add_fake_devices_flag(p, "ensemble and mesh")
-    add_field_flag(p, "mesh", help=field_help(config_field("mesh")) + " (may differ from training)")
-    add_field_flag(p, "eval_batch_size", flag="--batch-size", default=1000)
-    add_debug_flag(run_group)
+    add_device_flags(p, run_group)
     return p
 
 

@@ -94,27 +94,20 @@ class ShardMapBackend:
         with it, results come back with it, and ``fn`` sees those dimensions whole (the
         compiler splits them).
         """
-        if MODEL in self.mesh.axis_names:
-            mapped = jax.shard_map(
-                fn,
-                mesh=self.mesh,
-                in_specs=manual_spec(tuple(in_specs)),
-                out_specs=manual_spec(out_specs),
-                axis_names={ENSEMBLE, DATA},
-                check_vma=self.grad_mode == "vma",
-            )
-            is_spec = lambda s: isinstance(s, P)
-            out = jax.tree.map(lambda s: NamedSharding(self.mesh, s), out_specs, is_leaf=is_spec)
-            jitted = jax.jit(mapped, donate_argnums=donate_argnums, out_shardings=out)
-        else:
-            mapped = jax.shard_map(
-                fn,
-                mesh=self.mesh,
-                in_specs=tuple(in_specs),
-                out_specs=out_specs,
-                check_vma=self.grad_mode == "vma",
-            )
-            jitted = jax.jit(mapped, donate_argnums=donate_argnums)
+        manual = MODEL in self.mesh.axis_names  # ensemble and data manual, model automatic
+        spec_of = manual_spec if manual else (lambda s: s)
+        mapped = jax.shard_map(
+            fn,
+            mesh=self.mesh,
+            in_specs=spec_of(tuple(in_specs)),
+            out_specs=spec_of(out_specs),
+            check_vma=self.grad_mode == "vma",
+            **({"axis_names": {ENSEMBLE, DATA}} if manual else {}),
+        )
+        is_spec = lambda s: isinstance(s, P)
+        out = jax.tree.map(lambda s: NamedSharding(self.mesh, s), out_specs, is_leaf=is_spec)
+        placed = {"out_shardings": out} if manual else {}  # results come back with `model`
+        jitted = jax.jit(mapped, donate_argnums=donate_argnums, **placed)
         specs = tuple(in_specs)
 
         def call(*args: Any) -> Any:

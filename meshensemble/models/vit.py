@@ -71,6 +71,17 @@ class _Annotated(nn.Module):
         """``init`` boxed with logical ``names`` if ``self.logical_axes``, else ``init``."""
         return nn.with_logical_partitioning(init, names) if self.logical_axes else init
 
+    def dense(self, n: int, names: Names, name: str) -> nn.Dense:
+        """``nn.Dense(n)`` with its kernel named ``names`` and its bias ``names[1:]``."""
+        kernel, bias = self.axes(_KERNEL, names), self.axes(_BIAS, names[1:])
+        return nn.Dense(n, dtype=self.dtype, kernel_init=kernel, bias_init=bias, name=name)
+
+    def norm(self, name: str) -> nn.LayerNorm:
+        """``nn.LayerNorm`` with its scale and bias named ``("embed",)``."""
+        scale = self.axes(nn.initializers.ones_init(), ("embed",))
+        bias = self.axes(_BIAS, ("embed",))
+        return nn.LayerNorm(dtype=self.dtype, scale_init=scale, bias_init=bias, name=name)
+
 
 class Attention(_Annotated):
     """Multi-head self-attention with per-parameter logical names.
@@ -160,17 +171,9 @@ class MlpBlock(_Annotated):
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-        hidden = x.shape[-1]
-        dense = lambda n, names, name: nn.Dense(
-            n,
-            dtype=self.dtype,
-            kernel_init=self.axes(_KERNEL, names),
-            bias_init=self.axes(_BIAS, names[1:]),
-            name=name,
-        )
-        y = nn.gelu(dense(self.mlp_dim, ("embed", "mlp"), "up")(x))
+        y = nn.gelu(self.dense(self.mlp_dim, ("embed", "mlp"), "up")(x))
         y = nn.Dropout(self.dropout, deterministic=not train)(y)
-        return dense(hidden, ("mlp", "embed"), "down")(y)
+        return self.dense(x.shape[-1], ("mlp", "embed"), "down")(y)
 
 
 class EncoderBlock(_Annotated):
@@ -200,17 +203,11 @@ class EncoderBlock(_Annotated):
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-        norm = lambda name: nn.LayerNorm(
-            dtype=self.dtype,
-            scale_init=self.axes(nn.initializers.ones_init(), ("embed",)),
-            bias_init=self.axes(_BIAS, ("embed",)),
-            name=name,
-        )
         drop = nn.Dropout(self.dropout, deterministic=not train)
         attention = Attention(self.num_heads, self.dtype, self.logical_axes, name="attention")
-        x = x + drop(attention(norm("norm_attention")(x)))
+        x = x + drop(attention(self.norm("norm_attention")(x)))
         mlp = MlpBlock(self.mlp_dim, self.dropout, self.dtype, self.logical_axes, name="mlp")
-        return x + drop(mlp(norm("norm_mlp")(x), train))
+        return x + drop(mlp(self.norm("norm_mlp")(x), train))
 
 
 class ViT(_Annotated):
@@ -312,13 +309,7 @@ class ViT(_Annotated):
                 "use a patch size dividing both (4 fits 28x28 and 32x32)"
             )
         x = einops.rearrange(x, "b (h p) (w q) c -> b (h w) (p q c)", p=p, q=p)
-        x = nn.Dense(
-            self.hidden,
-            dtype=self.dtype,
-            kernel_init=self.axes(_KERNEL, ("patch", "embed")),
-            bias_init=self.axes(_BIAS, ("embed",)),
-            name="patch_embed",
-        )(x)
+        x = self.dense(self.hidden, ("patch", "embed"), "patch_embed")(x)
         if self.pool == "cls":
             cls = self.param(
                 "cls_token", self.axes(_BIAS, (None, None, "embed")), (1, 1, self.hidden)
@@ -338,21 +329,9 @@ class ViT(_Annotated):
                 self.logical_axes,
                 name=f"encoder_{i}",
             )(x, train)
-        x = nn.LayerNorm(
-            dtype=self.dtype,
-            scale_init=self.axes(nn.initializers.ones_init(), ("embed",)),
-            bias_init=self.axes(_BIAS, ("embed",)),
-            name="norm",
-        )(x)
+        x = self.norm("norm")(x)
         x = x[:, 0] if self.pool == "cls" else jnp.mean(x, axis=1)
-        logits = nn.Dense(
-            self.num_classes,
-            dtype=self.dtype,
-            kernel_init=self.axes(_KERNEL, ("embed", "classes")),
-            bias_init=self.axes(_BIAS, ("classes",)),
-            name="head",
-        )(x)
-        return logits.astype(jnp.float32)
+        return self.dense(self.num_classes, ("embed", "classes"), "head")(x).astype(jnp.float32)
 
 
 def param_logical_axes(model: nn.Module, sample: Any) -> PyTree:

@@ -492,7 +492,7 @@ def get_model(name: str) -> nn.Module:
       The Linen module with its defaults.
 
     Raises:
-      ValueError: an unknown name, or a spec that names no Linen module (one line).
+      ValueError: an unknown name (a UsageError), or a spec that names no Linen module.
 
     Example:
       >>> me.models.get_model("cnn")
@@ -501,7 +501,7 @@ def get_model(name: str) -> nn.Module:
     if is_spec(name):
         return user_model(name)
     if name not in REGISTRY:
-        raise ValueError(
+        raise UsageError(
             f"model {name!r} is unknown; choose one of {', '.join(REGISTRY)}, or give a Flax "
             "module as module:Class"
         )
@@ -553,11 +553,6 @@ def build_model(
         raise UsageError(f"num_outputs={num_outputs!r}; a model needs a positive number of outputs")
     name = model if isinstance(model, str) else type(model).__name__
     if isinstance(model, str):
-        if model not in REGISTRY and not is_spec(model):
-            raise UsageError(
-                f"model {model!r} is unknown; choose one of {', '.join(REGISTRY)}, or give a "
-                "Flax module as module:Class"
-            )
         model = get_model(model)
     if any(f.name == "num_classes" for f in dataclasses.fields(model)):
         fields = {"num_classes": num_outputs, **fields}  # a module without it sets its own

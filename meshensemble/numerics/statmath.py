@@ -53,13 +53,7 @@ def check_labels(labels: Any, n: int) -> Any:
     Raises:
       ValueError: if ``labels`` is not 1-D of length ``n``.
     """
-    labels = as_array(labels)
-    if labels.ndim != 1 or labels.shape[0] != n:
-        raise ValueError(
-            f"`labels` must be 1-D of length N={n} (integer class indices), "
-            f"got shape {tuple(labels.shape)}; pass one label per example."
-        )
-    return labels
+    return _check_rows(labels, n, "labels", "integer class indices", "label")
 
 
 def check_mask(mask: Any, n: int) -> Any:
@@ -68,15 +62,18 @@ def check_mask(mask: Any, n: int) -> Any:
     Raises:
       ValueError: if ``mask`` is not 1-D of length ``n``.
     """
-    if mask is None:
-        return None
-    mask = as_array(mask)
-    if mask.ndim != 1 or mask.shape[0] != n:
+    return None if mask is None else _check_rows(mask, n, "mask", "bools or 0/1 weights", "weight")
+
+
+def _check_rows(x: Any, n: int, name: str, what: str, one: str) -> Any:
+    """``as_array(x)`` after checking it is `[n]`: one ``one`` per example."""
+    x = as_array(x)
+    if x.ndim != 1 or x.shape[0] != n:
         raise ValueError(
-            f"`mask` must be 1-D of length N={n} (bools or 0/1 weights), "
-            f"got shape {tuple(mask.shape)}; pass one weight per example."
+            f"`{name}` must be 1-D of length N={n} ({what}), "
+            f"got shape {tuple(x.shape)}; pass one {one} per example."
         )
-    return mask
+    return x
 
 
 def check_basic(probs: Any, labels: Any, mask: Any) -> tuple[Any, Any, Any]:
