@@ -443,7 +443,8 @@ def check_same_run(
         return
     note = resolved.get("data") or "the same data"
     fix = f"resume with the run's data ({note})"
-    for key in DATA_KEYS[:-1]:  # the file's path last: its content counts first
+    paths = ("data_file", "data_dir", "test_file")  # the files' paths last: content first
+    for key in (k for k in DATA_KEYS if k not in paths):
         if key in held_data and held_data[key] != data[key]:
             label = {"source": "data source"}.get(key, key)
             raise _refuse(workdir, f"{label}={held_data[key]!r}", f"{label}={data[key]!r}", fix)
@@ -457,9 +458,9 @@ def check_same_run(
             f"{name} split fingerprint={this_fp} (the {' and '.join(differ)} data differ)",
             fix,
         )
-    key = DATA_KEYS[-1]  # an older run's sampled fingerprint is not compared: sizes matched
-    if key in held_data and held_data[key] != data[key]:
-        raise _refuse(workdir, f"{key}={held_data[key]!r}", f"{key}={data[key]!r}", fix)
+    for key in paths:  # an older run's sampled fingerprint is not compared: sizes matched
+        if key in held_data and held_data[key] != data.get(key):
+            raise _refuse(workdir, f"{key}={held_data[key]!r}", f"{key}={data.get(key)!r}", fix)
 
 
 def _short(fingerprint: str | None) -> str:
