@@ -345,10 +345,11 @@ def test_the_regression_measurements_over_seeds_run(tmp_path, capsys) -> None:
     pytest.importorskip("sklearn")
     need_devices(8)
     splits = _regression_script("splits")
-    argv = ["--seeds", "0", "1", "--no-compare", "--workdir", str(tmp_path / "splits")]
+    argv = ["--seeds", "0", "1", "--workdir", str(tmp_path / "splits")]
     models = splits.main([*argv, "--", "--epochs", "2", "--members", "2"])
-    assert len(models["cli ensemble"]) == len(models["BayesianRidge"]) == 2
-    assert "BayesianRidge: nll" in capsys.readouterr().out
+    assert len(models["ensemble, calibrated"]) == len(models["GP"]) == 2  # calibrated runs
+    out = capsys.readouterr().out
+    assert "| BayesianRidge |" in out and "calibrated 90% coverage per split: " in out
     toy = _regression_script("toy_spread")
     out = toy.main(["--seeds", "0", "--workdir", str(tmp_path / "toy"), "--", "--epochs", "2"])
     assert len(out) == 1 and all(np.isfinite(out[0]))

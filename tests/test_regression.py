@@ -496,6 +496,7 @@ def test_two_processes_train_the_same_regression_ensemble_as_one(tmp_path):
     argv = ["train", "--task", "regression", "--source", "toy1d", "--members", "8",
             "--mesh", "ensemble=4,data=2", "--optimizer", "adam", "--learning-rate", "0.01",
             "--batch-size", "8", "--max-steps", "3", "--quiet", "--no-compile-cache",
+            "--validation", "0",  # every row, as _cfg's TrainConfig
             "--workdir", str(tmp_path / "multi")]  # fmt: skip
     assert launch_local(argv, 2, 4, timeout=400, prefix_output=False) == 0
     one = me.training.train(
@@ -614,19 +615,24 @@ def test_regression_defaults_apply_to_flags_not_given_and_given_flags_win(monkey
         0.01,
         100,
     )
+    assert regression.validation == 0.2  # a fifth held out: the run calibrates itself
     given = cfg("--task", "regression", "--learning-rate", "0.003", "--optimizer", "sgd")
     assert (given.optimizer, given.learning_rate, given.epochs) == ("sgd", 0.003, 100)
     assert cfg("--task", "regression", "--epochs", "7").epochs == 7
+    assert cfg("--task", "regression", "--validation", "0").validation == 0  # a given 0 wins
     plain = cfg()  # classification keeps its defaults
     assert (plain.optimizer, plain.learning_rate, plain.epochs) == ("sgd", 0.1, 10)
+    assert plain.validation == 0
 
 
 @pytest.mark.parametrize("source", ["toy1d", pytest.param("diabetes", marks=pytest.mark.slow)])
 def test_regression_with_no_optimizer_flags_beats_predicting_the_mean(tmp_path, source, capsys):
     """SGD 0.1 for 10 epochs (the classification defaults) gave the toy a test RMSE of
     ~54,000; the regression defaults must fit both datasets clearly better than the mean.
-    (``--no-checkpoint``: no optimizer flag, and the 100 epochs' saves were a third of the
-    test's time.)"""
+    The defaults hold out a fifth of the training rows: diabetes calibrates itself on its
+    71, the toy's 4 are too few for 90% intervals and its last line says so and how to fix
+    it. (The toy with ``--no-checkpoint``: the 100 epochs' saves were a third of the
+    test's time, and the split's size is said first.)"""
     from meshensemble import cli
 
     if source == "diabetes":
@@ -634,13 +640,22 @@ def test_regression_with_no_optimizer_flags_beats_predicting_the_mean(tmp_path, 
     workdir = tmp_path / source
     argv = ["train", "--task", "regression", "--source", source, "--members", "4"]
     capsys.readouterr()
-    assert cli.main([*argv, "--workdir", str(workdir), "--quiet", "--no-checkpoint"]) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1] == (
-        "note: intervals and variances uncalibrated, no validation split: train with "
-        "--validation 0.2 (or N rows) in a new --workdir to calibrate at the end"
-    )  # the run's last line, even with --quiet
+    quick = ["--no-checkpoint"] if source == "toy1d" else []
+    assert cli.main([*argv, "--workdir", str(workdir), "--quiet", *quick]) == 0
+    out = capsys.readouterr().out.strip()  # the run's last line(s), even with --quiet
+    if source == "toy1d":
+        assert out.splitlines()[-1] == (
+            "note: intervals and variances uncalibrated, alpha=0.1 is too small for the run's "
+            "4 validation scores: split conformal needs n >= 1/alpha - 1 = 9; use --alpha >= "
+            "0.2 or train with --validation 9 or more; then: meshensemble evaluate --workdir "
+            f"{workdir} --calibrate --alpha A"
+        )
+    else:
+        assert "calibrated on 71 validation scores" in out, out
+        assert (workdir / "evaluation.json").exists()
     saved = json.loads((workdir / "config.json").read_text())
     assert (saved["optimizer"], saved["learning_rate"], saved["epochs"]) == ("adam", 0.01, 100)
+    assert saved["validation"] == 0.2
     data = me.data.toy1d(0) if source == "toy1d" else me.data.diabetes(0)
     mean_rmse = float(np.sqrt(np.mean((data.y_test - data.y_train.mean()) ** 2)))
     record = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])

@@ -211,7 +211,7 @@ def test_an_fsdp_run_predicts_and_exports_like_any_other(run, tmp_path):
     workdir = os.fspath(tmp_path / "fsdp")
     argv = ["train", "--task", "regression", "--source", "npz", "--data-file", run.path,
             "--members", "4", "--mesh", "ensemble=2,data=4", "--shard-members", "--epochs",
-            "1", "--batch-size", "40", "--no-compile-cache", "--quiet",
+            "1", "--batch-size", "40", "--no-compile-cache", "--quiet", "--validation", "0",
             "--workdir", workdir]  # fmt: skip
     assert cli.main(argv) == 0
     p = me.load_predictor(workdir)

@@ -6,7 +6,8 @@ Run (from the repository root; each seed trains with the command line in a subpr
 
 For each seed ``S``: ``meshensemble train --task regression --source toy1d --seed S``
 (the regression defaults, or the flags after ``--``, e.g. ``--learning-rate 0.02 --epochs
-300``), then the restored run's mixture at ``x = -6, 0, 6`` (``me.load_predictor``):
+300``; docs/regression.md's numbers add ``--validation 0``: the defaults hold 4 of the
+toy's 20 rows out), then the restored run's mixture at ``x = -6, 0, 6`` (``me.load_predictor``):
 the ratio ``min(sd(-6), sd(6)) / sd(0)`` (the figure's point: the sd grows away from the
 data, which lie in ``[-4, 4]``) and the members' spread (the sd of their means) at
 ``+/-6`` over ``sd(0)``. Prints a row per seed, then the median, minimum and the count

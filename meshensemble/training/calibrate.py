@@ -91,12 +91,12 @@ def _why_not(cfg: TrainConfig, data: Any, step: Any, task: Any, options: Mapping
             "no validation split: train with --validation 0.2 (or N rows) in a new --workdir "
             "to calibrate at the end"
         )
-    if step is None:
-        return "no checkpoint to apply a calibration to: train without --no-checkpoint"
     n = len(data.validation[1])
     alpha, method = options.get("alpha", 0.1), options.get("method", "thr")
-    try:
+    try:  # the split's size first: a run too small to calibrate says so, checkpoint or not
         task.check_calibration(n, alpha, method, lambda m: say(f"note: {m}"))
     except ValueError as err:
         return f"{err}; then: meshensemble evaluate --workdir {cfg.workdir} --calibrate --alpha A"
+    if step is None:
+        return "no checkpoint to apply a calibration to: train without --no-checkpoint"
     return ""

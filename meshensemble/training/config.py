@@ -262,7 +262,8 @@ class TrainConfig:
         0,
         "training examples held out for calibration (stratified by class, seeded by --seed, "
         "never trained on; recorded in config.json): a count, or a share in (0, 1) of the "
-        "training rows, rounded; 0 for none",
+        "training rows, rounded; 0 for none; --task regression: 0.2 unless given (the run "
+        "then calibrates its intervals on them at the end)",
         metavar="N", group="data",
     )
     augment: str = _field(
