@@ -113,6 +113,7 @@ def test_crop_flip_takes_any_height_width_and_channels_and_ignores_the_split(sha
     np.testing.assert_array_equal(np.concatenate(parts), whole)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_crop_flip_members_differ_and_train_the_same_on_every_mesh():
     need_devices(4)
     x = _images(16, (6, 10, 3))

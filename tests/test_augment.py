@@ -185,6 +185,7 @@ def test_members_are_the_same_on_data_1_2_4_and_streamed(tmp_path):
     assert not np.allclose(params_of(plain)["Dense_0"]["kernel"], ref["Dense_0"]["kernel"])
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_resumed_run_equals_the_uninterrupted_one_bitwise(tmp_path):
     need_devices(8)
     whole = train(tiny(tmp_path, "whole", checkpoint=True, max_steps=9), DATA)
@@ -195,6 +196,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one_bitwise(tmp_path):
     chex.assert_trees_all_equal(params_of(resumed), params_of(whole))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_members_match_single_models_trained_on_their_augmented_batches():
     need_devices(8)
     mesh = me.make_mesh(ensemble=2, data=2)
@@ -228,6 +230,7 @@ def test_members_match_single_models_trained_on_their_augmented_batches():
 
 
 # ------------------------------------------------------------------ bagging
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_bootstrap_bags_are_with_replacement_per_member_and_mesh_free(tmp_path):
     need_devices(8)
     n, m = 6000, 4
@@ -269,6 +272,7 @@ def test_orders_without_bootstrap_are_unchanged():
         epoch_order(key, 1, 100, 0, bootstrap=True)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_bootstrap_run_trains_and_a_resume_with_other_values_is_refused(tmp_path):
     need_devices(8)
     cfg = tiny(tmp_path, "bag", bootstrap=True, checkpoint=True, max_steps=2)

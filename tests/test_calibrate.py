@@ -127,6 +127,7 @@ def _copy(run, name: str) -> str:
     return dest
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_run_holds_the_split_out_and_records_it(run) -> None:
     split = split_validation(run.ds, NUM_VAL, seed=5)
     saved = read_saved_config(run.workdir)
@@ -192,6 +193,7 @@ def test_predict_with_temperature(run) -> None:
             ens.predict(state, x, temperature=bad)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_inference_bundle_carries_the_temperature(run) -> None:
     ens, state = run.trained.ensemble, run.trained.state
     x = run.ds.test_images[:20]
@@ -217,6 +219,7 @@ def test_inference_bundle_carries_the_temperature(run) -> None:
     assert not os.path.exists(run.root / "bundle_bad")
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_evaluate_calibrate_writes_the_section(run, capsys) -> None:
     workdir = _copy(run, "cli")
     argv = ["evaluate", "--workdir", workdir, "--mesh", "ensemble=2,data=4", "--batch-size", "40"]
@@ -259,6 +262,7 @@ def test_evaluate_calibrate_writes_the_section(run, capsys) -> None:
     )
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_plain_evaluate_keeps_the_calibration_of_its_checkpoint(run, capsys) -> None:
     """``evaluate`` without ``--calibrate`` rewrites evaluation.json: the temperature and
     conformal threshold fitted for that checkpoint stay (predict applies them); one of

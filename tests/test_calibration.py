@@ -108,6 +108,7 @@ def test_fit_temperature_matches_scipy(logit_data, scale):
     assert ref_nll(logits, y, t) <= min(ref_nll(logits, y, t * f) for f in (0.99, 1.01))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_fit_temperature_per_member_jax_and_sharded_inputs(logit_data):
     need_devices(8)
     z, y = logit_data

@@ -59,6 +59,7 @@ def records(workdir) -> list[dict]:
 
 
 # ------------------------------------------------------------------ in process
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("first", [3])
 def test_split_run_resumes_bitwise(tmp_path, first):
     need_devices(8)
@@ -75,6 +76,7 @@ def test_split_run_resumes_bitwise(tmp_path, first):
     assert steps == [first, 6]  # no evaluation twice
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_restore_onto_other_meshes_predicts_the_same(tmp_path):
     need_devices(8)
     result = train(cfg(tmp_path / "r", mesh="ensemble=4,data=1", epochs=1), dataset=DATA)
@@ -146,6 +148,7 @@ def copy_of(run: Path, workdir: Path) -> Path:
     return workdir
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_damaged_newest_checkpoint_is_moved_aside_and_the_resumed_run_finishes(tmp_path, every_2):
     workdir = copy_of(every_2[0], tmp_path / "d")
     config = cfg(workdir, **EVERY_2)
@@ -438,6 +441,7 @@ def test_nonfinite_loss_stops_naming_members_or_reinitialises_them(tmp_path, npz
     assert result.history[-1]["step"] == 6
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_sigterm_in_process_saves_at_the_next_boundary_and_resumes_bitwise(tmp_path):
     """SIGTERM (raised in this process at the run's first line, so no timer decides when):
     the run saves at the end of the running call, says so in one line naming the step and
@@ -631,6 +635,7 @@ def uninterrupted_here(npz, tmp_path_factory):
     return workdir
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_simulated_full_disk_gives_one_line_and_no_unfinished_save(
     npz, tmp_path, capsys, monkeypatch, uninterrupted_here
 ):
@@ -673,6 +678,7 @@ def test_a_simulated_full_disk_gives_one_line_and_no_unfinished_save(
     chex.assert_trees_all_equal(_params(workdir), _params(uninterrupted_here))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_new_run_whose_first_save_fails_leaves_nothing_and_says_start_again(
     npz, tmp_path, capsys, monkeypatch
 ):

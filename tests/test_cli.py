@@ -243,6 +243,7 @@ def test_ctrl_c_in_any_subcommand_is_one_line_and_exit_130(monkeypatch, capsys, 
     assert capsys.readouterr().err == "interrupted (Ctrl-C)\n"
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_ctrl_c_during_train_saves_then_exits_130(monkeypatch, capsys, tmp_path):
     """SIGINT after the first call: checkpoint 1 saved, one line, exit 130 (not 0)."""
     import os

@@ -210,6 +210,7 @@ def test_bad_sources_are_one_line_exit_2_and_write_nothing(tmp_path, capsys):
                                 "target", "--test-fraction", "0.5"], "'target'")  # fmt: skip
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_ood_by_path_and_shift_for_a_non_mnist_run(tmp_path):
     """``evaluate --ood PATH`` takes an npz of the run's input shape; shifts take any input."""
     data = _digits_npz(tmp_path / "digits.npz")
@@ -244,6 +245,7 @@ def test_convert_any_source_to_arrayrecord_and_train_from_it(tmp_path):
     assert np.array_equal(ds.x_test, direct.x_test) and np.array_equal(ds.y_test, direct.y_test)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_old_mnist_run_folders_still_evaluate_and_predict(tmp_path):
     """A run folder written before issue 39 (``resolved.input`` with feature ``stats``, or no
     ``input`` record at all; no csv/folder fields in the config) evaluates and predicts as

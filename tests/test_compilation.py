@@ -13,6 +13,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from meshensemble.runtime import compilation
 
@@ -41,6 +42,7 @@ def run_once(cache: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_second_process_loads_its_programs_from_the_cache(tmp_path):
     cache = str(tmp_path / "cache")
     first, second = run_once(cache), run_once(cache)

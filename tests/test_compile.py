@@ -130,6 +130,7 @@ def test_cache_flags_and_env(tmp_path, monkeypatch):
     assert use_compilation_cache(TrainConfig(compile_cache_dir=str(blocker / "jax"))) is None
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_compile_summary_written_and_printed(tmp_path, capsys):
     need_devices(8)
     lines: list[str] = []
@@ -167,6 +168,7 @@ def test_a_run_compiles_few_programs(tmp_path):
     assert len(names) <= len(RUN_PROGRAMS) and result.compile["programs"] == len(names)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_the_tuners_programs_are_reported_apart_and_only_at_first_use(tmp_path, monkeypatch):
     """A first run measures the member strategies: their programs are the tuner's, not the
     run's; a second run (new workdir, same cache) reads the choice and compiles none; a
@@ -218,6 +220,7 @@ def test_run_keys_equal_the_split_of_the_seed_key(seed):
         np.testing.assert_array_equal(jax.random.key_data(g), jax.random.key_data(w))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_resumed_run_reuses_the_recorded_choice(tmp_path, monkeypatch):
     need_devices(8)
     monkeypatch.setattr(autotune, "measure", fake_measure({"vmap": 1.0, "loop": 2.0}))
@@ -236,6 +239,7 @@ def test_a_resumed_run_reuses_the_recorded_choice(tmp_path, monkeypatch):
     assert config["resolved"]["tuning"]["how"] == "recorded"
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_measured_once_then_read_from_the_choices_file(tmp_path, monkeypatch):
     """The real measurement with a fake clock whose ticks shorten: the candidate measured
     second (vmap; the CPU default loop goes first) looks faster and wins."""
@@ -285,6 +289,7 @@ def programs(result) -> collections.Counter:
     )
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_tuned_run_compiles_no_more_than_an_untuned_one_but_what_it_measured(
     tmp_path, monkeypatch
 ):
@@ -351,6 +356,7 @@ def test_the_budget_is_checked_before_a_candidate_is_built(tmp_path, monkeypatch
     assert built == ["loop", "vmap"]
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_one_member_per_device_never_times_vmap_against_loop(tmp_path, monkeypatch):
     need_devices(8)
     mesh = me.make_mesh(ensemble=4, data=2)
@@ -369,6 +375,7 @@ def test_one_member_per_device_never_times_vmap_against_loop(tmp_path, monkeypat
     assert (choice.member_strategy, choice.conv) == ("loop", "im2col")
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_no_autotune_and_explicit_choices_skip_measuring(tmp_path, monkeypatch):
     need_devices(8)
     monkeypatch.setattr(autotune, "measure", no_measuring)
@@ -418,6 +425,7 @@ def assert_compiled_cleanly(futures: list) -> None:
         assert future.exception() is None, repr(future.exception())
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_the_chunk_compiled_ahead_of_time_gives_the_same_members(tmp_path, monkeypatch):
     need_devices(8)
     started: list[bool] = []
@@ -444,6 +452,7 @@ def test_the_chunk_compiled_ahead_of_time_gives_the_same_members(tmp_path, monke
     assert started == [True, False] and pmap.history[-1]["step"] == 4
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_the_evaluation_compiled_ahead_once_and_summed_on_the_host(tmp_path, monkeypatch):
     """Several evaluation batches (one padded): one eval program, compiled ahead, no adds."""
     need_devices(8)
@@ -501,6 +510,7 @@ def test_ahead_of_time_calls_the_compiled_program_only_for_its_signature():
     assert not AheadOfTime(lambda *a: None).compile_ahead(np.zeros(3))  # no lower(): pmap
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_the_tuner_says_whether_bf16_would_be_faster(tmp_path, monkeypatch):
     need_devices(8)
 

@@ -95,6 +95,7 @@ def test_unknown_conv_is_one_line_error():
         CNN(conv="fft").init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_canonical_and_im2col_train_on_the_mesh_like_xla():
     """Under shard_map (check_vma: the custom VJP's cotangents) on a 4 x 2 mesh, one member
     per device: "loop" and "vmap" compute one member alike (``map_members``), so one
@@ -181,6 +182,7 @@ def test_gemm_grad_vmapped_gradient_has_no_grouped_convolution(shared):
         assert hlo.count("stablehlo.convolution") == 1 and "tensor<3x3x3x20xf32>" in hlo
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("strategy", ["loop", "vmap"])
 def test_gemm_grad_trains_on_the_mesh_like_xla(strategy):
     """An ensemble trained with gemm_grad (4 x 2 mesh, 2 members per device) equals xla's."""

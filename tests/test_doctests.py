@@ -482,7 +482,21 @@ def test_a_docstring_gets_its_own_copy_of_what_it_names(tmp_path, monkeypatch):
     assert (failed, attempted) == (0, 4), report
 
 
-@pytest.mark.parametrize("name", COVERED)
+SLOW_EXAMPLES = (
+    "meshensemble.bench.layouts",
+    "meshensemble.cli.common",
+    "meshensemble.core.ensemble",
+    "meshensemble.testing",
+    "meshensemble.training.checkpoint",
+    "meshensemble.training.loop",
+)
+"""The modules whose examples train or restore several runs (20-50 s each on 2 busy cores):
+run with the ``slow`` tests, so the default command stays under 5 minutes."""
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_EXAMPLES else n for n in COVERED]
+)
 def test_examples_run(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MESHENSEMBLE_VERIFY_CACHE", str(tmp_path / "verified-files.json"))

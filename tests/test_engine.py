@@ -52,6 +52,7 @@ def config(tmp_path, data_file, **kw) -> me.TrainConfig:
     return me.TrainConfig(**(base | kw))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_regression_run_steps_in_chunks_paced_checkpoints_and_logs(tmp_path, capsys):
     """K-step chunks (a chunk program, calls of 2 steps), --checkpoint-every, the compile
     log, the tuner's choice and the progress lines; the stop signal asked once per call."""
@@ -85,6 +86,7 @@ def test_a_regression_run_steps_in_chunks_paced_checkpoints_and_logs(tmp_path, c
     assert "  epoch 1: step " in out and "compiled " in out  # progress and the compile log
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_second_identical_regression_run_loads_its_programs_from_the_cache(tmp_path):
     need_devices(2)
     data = table(tmp_path / "t.npz")
@@ -101,6 +103,7 @@ def test_a_second_identical_regression_run_loads_its_programs_from_the_cache(tmp
     assert os.listdir(cache)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_bagging_and_a_streamed_input_train_a_regression_ensemble(tmp_path):
     """--bootstrap gives each member its own resample (other members than per-member
     shuffling alone); --input stream trains the same members as the on-device input."""
@@ -146,6 +149,7 @@ def _first_meeting(cfg, data_file, row: int) -> int:
     return 0
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_the_guard_catches_a_nan_at_any_step_and_a_stop_never_saves_it(tmp_path, monkeypatch):
     """A NaN output at a step that is no evaluation (nor epoch end) is named at that step;
     a stop requested right after it saves no checkpoint with NaN (the guard runs first)."""
@@ -238,6 +242,7 @@ def _classification(tmp_path, name, seed, data_seed, **kw) -> me.TrainConfig:
     return me.TrainConfig(**(base | kw))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_calibration_is_never_applied_to_another_run(tmp_path, capsys):
     """The issue's case: train, evaluate --calibrate, train --overwrite on other data with
     another seed, predict: never the old temperature. --overwrite removes every output of

@@ -119,6 +119,7 @@ def baseline():
     return run((8, 1))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize(
     "mesh_shape,backend",
     [((8, 1), "shard_map"), ((8, 1), "pmap"), ((1, 8), "shard_map"), ((1, 8), "pmap")],
@@ -143,6 +144,7 @@ def test_shard_map_equals_pmap_metrics(mesh_shape):
     chex.assert_trees_all_close(jax.device_get(s1), jax.device_get(s2), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_mesh_shapes_give_the_same_members():
     """Members split over devices and members x data split (8 members); all members on
     every device with the batch split 8 ways and all on one device, the full batch in one
@@ -163,6 +165,7 @@ def test_explicit_and_auto_axes(axis_types, baseline):
     chex.assert_trees_all_close(jax.device_get(state), jax.device_get(ref_state), atol=1e-5)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_vmap_and_loop_strategies_agree(baseline):
     need_devices(8)
     _, ref_state, _ = baseline
@@ -189,6 +192,7 @@ def test_init_matches_howto_convention_and_sharding_is_kept():
     chex.assert_tree_all_finite(state)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_typed_key_equals_legacy_key():
     need_devices(8)
     # the legacy run is test_dropout_batchnorm_train_and_keep_parity_between_backends's
@@ -197,6 +201,7 @@ def test_typed_key_equals_legacy_key():
     chex.assert_trees_all_close(jax.device_get(legacy.params), jax.device_get(typed.params))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_members_diverge_and_ensemble_metrics_come_from_averaged_probs(baseline):
     ens, state, history = baseline
     kernels = np.asarray(state.params["Dense_1"]["kernel"])
@@ -238,6 +243,7 @@ def test_ensemble_learns_far_above_chance():
     assert acc > 0.6, acc
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_dropout_batchnorm_train_and_keep_parity_between_backends():
     need_devices(8)
     # one member per device; several members per device under pmap are checked against a
@@ -268,6 +274,7 @@ def test_linen_dropout_draws_a_mask_per_shard_member_and_step(linen_masks, what)
     assert_masks_are_independent(linen_masks, data=4, what=what)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize(
     "mesh_shape,backend,key",
     [((4, 2), "shard_map", "legacy"), ((2, 4), "shard_map", "typed"), ((1, 8), "pmap", "typed")],
@@ -393,6 +400,7 @@ def test_state_of_another_ensemble_and_bad_key():
         ens.init(jax.random.split(jax.random.PRNGKey(0), 2), X[:1])
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_mixed_precision_keeps_float32_master_weights():
     """bf16 compute: the model sees bf16, the state stays float32, the steps track fp32.
     The casts are the step's (core/steps.py), the same under both backends: shard_map on
@@ -437,6 +445,7 @@ def _all_reduce_groups(ens, state):
     return re.findall(r"all-reduce\(.*?replica_groups=(\{[^ ]*\})", text)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize(
     "mesh_shape, groups",
     [((8, 1), ["{{0,1,2,3,4,5,6,7}}"]), ((1, 1), []), ((4, 2), None)],

@@ -95,6 +95,7 @@ def _entropy(p: np.ndarray) -> np.ndarray:
     return -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=-1)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.plots  # the rendered PNGs
 def test_report_keys_files_and_training_names(run) -> None:
     r = run.report
@@ -357,6 +358,7 @@ def _flip(workdir: str, step: int) -> None:
         f.write(raw)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_python_dataset_run_is_refused_without_its_data_then_checked(pyrun, tmp_path, capsys):
     before = _tree(pyrun)
     err = _one_line_error(

@@ -241,6 +241,7 @@ def poisson():
         sys.modules.pop("main", None)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_the_custom_task_runs_every_step_with_nothing_changed_inside(poisson, tmp_path, capsys):
     """A task of the user's: the Ensemble API, the loop in chunks, a stop and an exact
     resume, evaluate, predict and export (under ~200 lines, examples/custom_task)."""
@@ -268,6 +269,7 @@ def test_the_custom_task_runs_every_step_with_nothing_changed_inside(poisson, tm
     assert "resumed from step 6 to 16" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("backend", ["shard_map", "pmap"])
 def test_the_custom_task_is_mesh_invariant_and_its_members_train_alone(poisson, backend):
     """The parity suites for the example task: the same members on every mesh shape and

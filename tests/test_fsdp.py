@@ -131,6 +131,7 @@ def test_param_specs_follow_the_logical_rules_and_fsdp():
     assert sharding.gather_axes({"a": P("ensemble", None, "data"), "b": P("ensemble")}) == (1, None)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_optimizer_state_follows_its_parameters():
     need_devices(8)
     ens = me.Ensemble(
@@ -169,6 +170,7 @@ def test_describe_mesh_shows_three_axes_and_idle_devices():
     assert idle_devices(me.make_mesh(2, 2, model=2)) == jax.device_count() - 8
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_model_axis_that_splits_no_parameter_says_so():
     """model=3 divides neither the heads (2) nor the MLP (64) of SMALL_VIT: 0 leaves split.
     (The note reads the parameters' shapes only: the state's shapes, as in its docstring.)"""
@@ -257,6 +259,7 @@ def test_predict_and_evaluate_on_a_sharded_state_equal_unsharded(name):
         assert result["accuracy"] == want_eval["accuracy"]
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_extract_members_returns_an_ordinary_single_model_tree(name):
     ens, state, _ = run(name, "fsdp+model")

@@ -76,6 +76,7 @@ def test_the_ast_check_finds_an_assignment():
     ]  # fmt: skip
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_the_sharded_layout_is_the_same_before_and_after_init():
     need_devices(8)
     mesh = me.make_mesh(2, 4)
@@ -115,6 +116,7 @@ def make(**kwargs):
     return me.Ensemble(me.models.MLP(), TX, 4, me.make_mesh(4, 2), augment=augment, **kwargs)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_one_ensemble_runs_states_of_two_key_implementations_in_any_order():
     need_devices(8)
     three, rbg = jax.random.key(0), jax.random.key(0, impl="rbg")
@@ -139,6 +141,7 @@ def test_the_steps_read_the_implementation_from_the_key_words():
         keys.impl_for(3)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_key_its_words_do_not_name_needs_key_impl():
     need_devices(8)
     unsafe = jax.random.key(0, impl="unsafe_rbg")
@@ -181,6 +184,7 @@ def test_a_bad_run_plan_is_one_line_before_any_device(fields, num_train, says):
         plan_training(me.TrainConfig(**fields), num_train, 8, "cpu")
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_ood_scoring_and_calibration_logits_stream_through_the_one_engine(monkeypatch):
     """Every host loop over a dataset is :func:`meshensemble.core.streaming.stream`.
 
@@ -215,6 +219,7 @@ def test_ood_scoring_and_calibration_logits_stream_through_the_one_engine(monkey
     assert np.isclose(np.nansum(acc * counts), right.sum())  # each label with its image
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_evaluate_streams_through_the_one_engine_and_sums_every_batch(monkeypatch):
     """``Ensemble.evaluate`` is a :func:`~meshensemble.core.streaming.stream` call too.
 
@@ -238,6 +243,7 @@ def test_evaluate_streams_through_the_one_engine_and_sums_every_batch(monkeypatc
     np.testing.assert_allclose(streamed["member_nll"], whole["member_nll"], rtol=1e-5)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("shape, backend", [((2, 2), "shard_map"), ((4, 1), "pmap")])
 def test_ood_scores_reduced_on_the_mesh_match_the_whole_array_scores(shape, backend):
     """:func:`meshensemble.core.steps.ood_stats`: members pooled by ``pmean``, bins by ``psum``.

@@ -113,6 +113,7 @@ def test_source_images_read_only_where_indexed_and_refuse_a_whole_load(files, mo
 
 
 # ------------------------------------------------------------------ runs
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_streamed_arrayrecord_cli_run_equals_in_memory_runs_and_reads_only_its_batches(
     files, tmp_path, monkeypatch
 ):
@@ -211,6 +212,7 @@ def test_tfds_split_identity_covers_every_byte_of_its_files_hashed_once_per_host
     assert tfds_lib.split_content_id(FakeTfdsSplit(tmp_path, shards=3)) is None  # one missing
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_evaluate_and_resume_refuse_changed_tfds_files_naming_the_split(
     mock_tfds, tmp_path, monkeypatch, capsys
 ):

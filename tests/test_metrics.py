@@ -718,6 +718,7 @@ class _TinyNet(nn.Module):
 NEW_KEYS = ("disagreement", "disagreement_vs_ensemble", "pairwise_kl", "adaptive_ece")
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize(
     ("members", "ensemble", "data_axis", "backend"),
     [(8, 8, 1, "shard_map"), (4, 2, 4, "shard_map"), (16, 8, 1, "pmap")],

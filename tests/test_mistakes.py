@@ -173,6 +173,7 @@ def test_batchnorm_statistics_are_the_whole_batch_whatever_the_data_axis(model):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_state_of_another_optimizer_is_one_line():
     """An SGD ensemble's state on an Adam ensemble: not 'TraceState has no attribute mu'."""
     need_devices(2)

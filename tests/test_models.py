@@ -131,6 +131,7 @@ def train_form(form: str, mesh_shape, strategy: str):
     return jax.device_get(state.params), np.stack(losses)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize(
     "mesh_shape,strategy",
     [((8, 1), "loop"), ((4, 1), "vmap")],
@@ -183,6 +184,7 @@ def test_nnx_dropout_draws_a_mask_per_shard_member_and_step(nnx_masks, what):
     assert_masks_are_independent(nnx_masks, data=4, what=what)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("mesh_shape", [(4, 2), (2, 4)])
 def test_nnx_dropout_batchnorm_members_match_single_model_training(mesh_shape):
     """NNX masks, batch statistics and gradients equal one model's, data shard by data shard

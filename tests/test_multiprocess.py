@@ -274,6 +274,7 @@ OTHER = {
 }
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("case", list(OTHER))
 def test_processes_with_different_data_all_stop_naming_the_host(npz, tmp_path, case):
     need_devices(8)
@@ -440,6 +441,7 @@ def test_when_the_peers_never_come_the_start_raises_naming_the_coordinator(monke
     )
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("process", [0, 1], ids=["the coordinator", "a peer"])
 def test_a_command_whose_peers_never_come_exits_1_with_one_line(tmp_path, process):
     """A real process alone: the coordinator's peers never come, or a peer's coordinator

@@ -41,6 +41,7 @@ def workdir(request, tmp_path) -> str:
 
 
 # --- checksums: computed once orbax has finished the save, never before ----------------
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_checksums_are_computed_only_after_orbax_finalises_each_save(workdir, monkeypatch):
     """Orbax's last step of a save (the rename of its temporary folder locally, the commit
     file on a bucket) is made half a second late: each checkpoint is still hashed only after
@@ -76,6 +77,7 @@ def test_checksums_are_computed_only_after_orbax_finalises_each_save(workdir, mo
     assert read_checksums(folder) == {s: real_digest(storage.join(folder, s)) for s in ("1", "2")}
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_checkpointer_saves_verifies_and_restores_on_a_bucket(gcs):
     """gs://bucket/run/checkpoints: saved, checksummed, restored; a flipped byte there is
     caught by its checksum, the checkpoint moved aside (a copy, then a delete) and the
@@ -149,6 +151,7 @@ def test_the_stop_signal_of_several_processes_asks_the_sync_point_not_a_collecti
     assert counted["gather"] == 0
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_run_of_several_processes_decides_to_stop_once_per_chunk(tmp_path, monkeypatch, counted):
     """The run's loop asks the stop signal once per chunk (12 steps, chunks of 4: 3 calls),
     and the answer costs no cross-process collective (a per-step check would make 12)."""
@@ -189,6 +192,7 @@ print(json.dumps([before, after_import, hooks()]))
 """
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_importing_and_training_through_the_api_installs_no_handler_or_hook(tmp_path):
     """In a fresh process: SIGINT/SIGTERM's handlers, ``sys.unraisablehook`` and the except
     hooks are the same before ``import meshensemble``, after it, and after a run through

@@ -89,6 +89,7 @@ def test_the_pacer_chooses_k_from_the_measured_step_time():
     assert Pacer(k=1, stop_within=10.0).count(5) == 1
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_paced_call_computes_the_steps_of_a_whole_chunk(tmp_path):
     need_devices(8)
     cfg = TrainConfig(model="mlp", members=4, batch_size=32, learning_rate=0.05)
@@ -114,6 +115,7 @@ def tiny(tmp_path, name, **kw) -> TrainConfig:
     return small_config(tmp_path / name, **(base | kw))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_capped_run_equals_whole_chunks_bitwise(tmp_path):
     need_devices(8)
     # uncapped: calls of K = 8 steps, cut only at the checkpoint steps (every 3)

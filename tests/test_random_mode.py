@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 
 import meshensemble as me
 from meshensemble.cli import main
@@ -20,6 +21,7 @@ def test_the_tests_run_in_the_mode_users_get():
     assert jax.config.jax_threefry_partitionable is JAX_DEFAULT
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_cli_and_api_train_the_same_members_for_the_same_seed(tmp_path):
     data_file = me.data.save_npz(me.data.synthetic(64, 16, seed=3), tmp_path / "d.npz")
     flags = dict(model="mlp", members=2, epochs=1, batch_size=16, seed=5, max_steps=2)

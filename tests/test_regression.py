@@ -78,6 +78,7 @@ def test_regression_is_mesh_and_backend_invariant(mesh_shape, backend):
     testing.assert_trees_close(hist, ref_hist, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_members_equal_gaussian_models_trained_alone_in_flax_optax():
     ens, state, hist = trained((4, 2))
     task, net = ens.task, Net()
@@ -110,6 +111,7 @@ def _members(ens, state, x):
     return pm["mean"].astype(np.float64), pm["variance"].astype(np.float64)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_predict_is_the_members_mixture():
     ens, state, _ = trained()
     x = X[:13]  # not a multiple of the data axis: padded and trimmed
@@ -163,6 +165,7 @@ def reference_scores(mu, var, y):
     return out
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_evaluate_streams_the_proper_scores_of_the_mixture():
     ens, state, _ = trained()
     x, y = _data(27, seed=1)  # 27 rows in batches of 10: padding and masking
@@ -185,6 +188,7 @@ def test_evaluate_is_the_same_on_every_mesh():
             np.testing.assert_allclose(s[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_two_targets_and_target_units():
     mesh = me.make_mesh(4, 2)
     x, y = _data(16, targets=2)
@@ -321,6 +325,7 @@ def toy_outputs(tmp_path_factory) -> dict[bool, dict[str, np.ndarray]]:
     return {shared: dict(np.load(out / f"toy_{shared}.npz")) for shared in (False, True)}
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_toy_mixture_sd_at_6_is_3x_its_value_at_0(toy_outputs):
     _spread_grows_away_from_the_data(toy_outputs[False])
 
@@ -434,6 +439,7 @@ def test_regression_run_writes_standardised_outputs_and_resumes_exactly(tmp_path
     assert abs(out["mean"].mean() - whole.dataset.y_test.mean()) < whole.dataset.y_test.std()
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_regression_cli_on_an_npz_with_a_validation_split(tmp_path, capsys):
     from meshensemble import cli
 
@@ -510,6 +516,7 @@ def test_two_processes_train_the_same_regression_ensemble_as_one(tmp_path):
         np.testing.assert_allclose(value, one.history[-1][key], rtol=1e-5, atol=1e-5, err_msg=key)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_predict_members_drops_the_padding_when_members_equal_examples():
     ens = me.Ensemble(Net(), TX, 3, me.make_mesh(1, 2), task=me.tasks.Regression(1))
     state = ens.init(jax.random.key(0), X[:1])
@@ -587,6 +594,7 @@ def test_constant_targets_are_refused_in_one_line(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_metrics_from_member_arrays_equal_the_streamed_evaluation():
     ens, state, _ = trained()
     x, y = _data(27, seed=1)

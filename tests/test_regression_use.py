@@ -85,6 +85,7 @@ def run(tmp_path_factory):
                                  result=result, ref=ref, before=before, own=own)  # fmt: skip
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_evaluate_scores_are_the_ensembles_on_the_restored_state(run):
     want = run.ref.ens.evaluate(run.ref.state, run.data.x_test, run.data.y_test)
     got = run.result
@@ -205,6 +206,7 @@ def test_export_equals_predict_for_batches_of_1_and_7(run, tmp_path):
         np.testing.assert_allclose(upper, want["upper"], rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_an_fsdp_run_predicts_and_exports_like_any_other(run, tmp_path):
     """``--shard-members``: the predictor, ``predict`` and ``export`` lay the restored state
     out as the run did (they failed asking for ``Ensemble(sample=)``)."""

@@ -105,6 +105,7 @@ def test_stream_pads_masks_keeps_order_and_bounds_the_batches_in_flight():
         streaming.stream(fn, rows[:0], 7, 4, sink)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("mesh", ["ensemble=4,data=2", "ensemble=1,data=1"])
 def test_predictor_equals_ensemble_predict_on_the_restored_state(run, mesh):
     ref = _reference(run.workdir, mesh)
@@ -130,6 +131,7 @@ def test_predictor_equals_ensemble_predict_on_the_restored_state(run, mesh):
     assert set(p.uncertainty(run.images)) == set(me.tasks.classification.UNCERTAINTY_KEYS)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_outputs_and_sets_are_the_same_in_any_batch_even_on_the_threshold(run):
     """An example's outputs are the same bits in batches of the default size, 7 and 1, and
     alone; so are its APS/RAPS sets at thresholds that are exactly one row's score (the
@@ -189,6 +191,7 @@ def test_calibration_of_another_checkpoint_or_none_gives_no_sets(run):
         p.prediction_sets(run.images[:3])
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_the_refusal_of_another_checkpoints_sets_names_a_command_that_fixes_it(run, capsys):
     """Following the command the refusal names (complete: this checkpoint, the same score
     and alpha) calibrates that checkpoint, and the same predict then writes its sets."""
@@ -446,6 +449,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_gets_one_line_and_writes_nothing(run, capsys, monkeypatch, case):
     # a CheckpointError leaves the CLI through os._exit (orbax's threads): keep pytest alive

@@ -169,6 +169,7 @@ PARITY = [
 ]
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("case,mesh_shape,backend,strategy", PARITY)
 def test_every_mesh_and_backend_trains_the_plain_reference(case, mesh_shape, backend, strategy):
     """20 steps on the mesh equal the plain one-device reference within 1e-5: the shared
@@ -438,6 +439,7 @@ ckpt.close()
 """
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_two_processes_of_four_devices_train_what_one_process_of_eight_does(tmp_path):
     """The shared gradient's ``psum`` over ``ensemble`` crosses the processes (members 0-3
     in one, 4-7 in the other on a (4, 2) mesh): the result is the one-process run's.

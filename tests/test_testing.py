@@ -71,6 +71,7 @@ def test_set_fake_cpu_devices_is_a_no_op_at_the_same_count_and_too_late_otherwis
         testing.set_fake_cpu_devices(0)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_set_fake_cpu_devices_in_a_fresh_process():
     """Before JAX starts it gives the devices; after a computation it says it is too late."""
     code = (

@@ -53,6 +53,7 @@ def params_of(result) -> dict:
     return jax.device_get(result.state.params)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_same_seed_same_members_whatever_the_mesh_and_chunking(tmp_path):
     need_devices(8)
     runs = {
@@ -75,6 +76,7 @@ def test_same_seed_same_members_whatever_the_mesh_and_chunking(tmp_path):
     )
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("shuffle", ["shared", "per-member"])
 def test_streaming_path_matches_on_device_path(tmp_path, shuffle):
     need_devices(8)
@@ -237,6 +239,7 @@ def files(workdir) -> dict:
 FIX = "or pass --overwrite (or overwrite=True), or use another workdir"
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_train_refuses_to_resume_another_run_and_changes_nothing(tmp_path):
     need_devices(8)
     cfg = tiny(tmp_path, "held", checkpoint=True, max_steps=2)
@@ -273,6 +276,7 @@ def test_train_refuses_to_resume_another_run_and_changes_nothing(tmp_path):
         train(dataclasses.replace(cos, epochs=2), dataset=DATA)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_max_steps_is_per_command_and_a_split_epoch_keeps_its_whole_train_loss(
     tmp_path, npz, capsys
 ):
@@ -462,6 +466,7 @@ def test_unwritable_workdir_is_refused_before_any_work(tmp_path, capsys):
         assert list(ro.iterdir()) == []
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.plots  # the rendered PNGs
 def test_a_failed_plot_is_one_line_and_a_rerun_writes_it(tmp_path, npz, capsys):
     need_devices(8)
@@ -491,6 +496,7 @@ class BoomMLP(me.models.MLP):
         return super().__call__(x, train)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_fresh_run_that_fails_before_its_first_checkpoint_leaves_nothing_behind(
     tmp_path, npz, capsys, monkeypatch
 ):
@@ -520,6 +526,7 @@ def test_a_fresh_run_that_fails_before_its_first_checkpoint_leaves_nothing_behin
             assert after[path] == data, path
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_run_resumes_from_another_working_directory(tmp_path, monkeypatch, capsys):
     """config.json holds the data file's absolute path: a relative --data-file given in
     one folder still names the data when the run is resumed from another."""

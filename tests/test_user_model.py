@@ -41,6 +41,7 @@ def user_module(tmp_path, monkeypatch):
     return name
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_users_module_trains_evaluates_predicts_and_exports(tmp_path, user_module, capsys):
     need_devices(2)
     data = me.data.synthetic(num_train=64, num_test=32, seed=0)

@@ -54,6 +54,7 @@ def test_default_vit_takes_mnist_and_cifar_shapes():
         assert out.shape == (2, 10) and out.dtype == jnp.float32
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_dropout_only_in_training():
     model = tiny(dropout=0.1)
     variables = init(model, X[:1])

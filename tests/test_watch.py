@@ -82,6 +82,7 @@ def test_regression_watches_crps_not_accuracy():
         )
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_cli_lines_fit_120_and_keep_best_is_named_and_used(tmp_path, capsys):
     """The only default-suite guard of two items: no train/evaluate line over 120
     characters, and a run that keeps (and names) its best checkpoint for --checkpoint best."""
