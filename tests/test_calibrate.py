@@ -155,6 +155,7 @@ def test_too_large_validation_is_one_line(tmp_path) -> None:
         train(cfg, dataset=data.synthetic(NUM_TRAIN, 16))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_predict_with_temperature(run) -> None:
     ens, state = run.trained.ensemble, run.trained.state
     x = run.ds.test_images[:50]

@@ -177,6 +177,7 @@ def test_a_damaged_newest_checkpoint_is_moved_aside_and_the_resumed_run_finishes
     assert_same_members(final_params(workdir), jax.device_get(whole.state))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_an_unverified_truncated_checkpoint_is_unreadable_and_the_previous_one_used(
     tmp_path, every_2
 ):
@@ -727,6 +728,7 @@ def test_opening_a_checkpoint_folder_removes_unfinished_saves(tmp_path):
     assert os.listdir(tmp_path / "w" / "checkpoints") == []
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_read_only_workdir_is_refused_and_its_run_still_restores(
     npz, tmp_path, capsys, uninterrupted_here
 ):
@@ -829,6 +831,7 @@ def test_corrupt_workdir_config_is_refused(tmp_path, capsys):
     assert (workdir / "config.json").read_text() == "{not json"
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_resume_says_so_and_overwrite_starts_over(finished_run, tmp_path, capsys):
     workdir = tmp_path / "again"
     shutil.copytree(finished_run, workdir)

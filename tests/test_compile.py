@@ -159,6 +159,7 @@ def test_compile_summary_written_and_printed(tmp_path, capsys):
     assert "compiled " not in capsys.readouterr().out
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_run_compiles_few_programs(tmp_path):
     need_devices(8)
     with CompileLog() as log:
@@ -323,6 +324,7 @@ def test_a_tuned_run_compiles_no_more_than_an_untuned_one_but_what_it_measured(
     assert measured.ensemble.member_strategy == "loop"
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_the_budget_is_checked_before_a_candidate_is_built(tmp_path, monkeypatch):
     """A fake clock on which building the default's ensemble and compiling it take 1,000 s
     (its steps 1 ms): measuring vmap would cost as much, far over 10 % of the 60,000

@@ -485,6 +485,7 @@ def test_a_docstring_gets_its_own_copy_of_what_it_names(tmp_path, monkeypatch):
 SLOW_EXAMPLES = (
     "meshensemble.bench.layouts",
     "meshensemble.cli.common",
+    "meshensemble.cli.evaluate",
     "meshensemble.core.ensemble",
     "meshensemble.testing",
     "meshensemble.training.checkpoint",

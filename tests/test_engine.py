@@ -169,6 +169,7 @@ def test_the_guard_catches_a_nan_at_any_step_and_a_stop_never_saves_it(tmp_path,
     assert ckpt_lib.list_checkpoints(stopping.workdir) == []  # nothing NaN was saved
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_regression_resume_with_other_data_under_the_same_file_is_refused(tmp_path, capsys):
     need_devices(2)
     data = table(tmp_path / "t.npz")
@@ -212,6 +213,7 @@ class _Processes:
         return getattr(jax, name)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("index", [0, 1])
 def test_overwrite_clears_the_folder_on_process_0_only_after_every_process_checked(
     tmp_path, monkeypatch, index

@@ -135,6 +135,7 @@ def test_parity_with_per_member_loop(mesh_shape, backend, reference):
     np.testing.assert_allclose(history[-1]["loss"], ref_loss, atol=1e-5)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("mesh_shape", [(1, 8)])
 def test_shard_map_equals_pmap_metrics(mesh_shape):
     need_devices(8)

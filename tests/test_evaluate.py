@@ -135,6 +135,7 @@ def test_report_keys_files_and_training_names(run) -> None:
     assert "OOD set" in text and "inverted" in text and "ensemble" in text
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_matches_numpy_and_sklearn(run) -> None:
     ens, state = run.trained.ensemble, run.trained.state
     ds = data.load_npz(run.npz)

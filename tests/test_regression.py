@@ -330,6 +330,7 @@ def test_toy_mixture_sd_at_6_is_3x_its_value_at_0(toy_outputs):
     _spread_grows_away_from_the_data(toy_outputs[False])
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_toy_target_fails_when_members_share_their_initialisation(toy_outputs):
     with pytest.raises(AssertionError, match="members' spread"):
         _spread_grows_away_from_the_data(toy_outputs[True])

@@ -99,6 +99,7 @@ def test_evaluate_scores_are_the_ensembles_on_the_restored_state(run):
     assert sorted(os.listdir(run.workdir)) == run.before  # evaluation.json: the train's
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_calibrate_fits_on_validation_and_covers_the_test_split(run):
     cal = run.result["calibration"]
     x_val, y_val = run.ref.val

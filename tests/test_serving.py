@@ -275,6 +275,7 @@ def exported(run):
     return out
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_export_equals_predict_for_any_batch_size_from_one_artifact(run, exported):
     meta = json.loads(pathlib.Path(exported, "export.json").read_text())
     saved = json.loads(pathlib.Path(run.workdir, "config.json").read_text())["resolved"]
@@ -295,6 +296,7 @@ def test_export_equals_predict_for_any_batch_size_from_one_artifact(run, exporte
         np.testing.assert_allclose(np.asarray(got["member_probs"]), members, atol=1e-5)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_the_docs_loader_runs_in_a_process_without_meshensemble(run, exported, tmp_path):
     """The loader of docs/using.md, as pasted, on a calibrated run and an uncalibrated one
     (the README's main job is uncalibrated: the loader once crashed on it)."""
@@ -322,6 +324,7 @@ def test_the_docs_loader_runs_in_a_process_without_meshensemble(run, exported, t
         np.testing.assert_array_equal(result["sets"], np.asarray(sets))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_fsdp_run_predicts_and_exports_like_any_other(run, tmp_path):
     workdir = os.fspath(tmp_path / "fsdp")
     npz = os.fspath(run.root / "synthetic.npz")
@@ -473,7 +476,8 @@ def test_bad_input_gets_one_line_and_writes_nothing(run, capsys, monkeypatch, ca
 
 
 def test_an_unwritable_out_names_the_output_file_not_a_workdir(run, capsys):
-    x = run.root / "bad" / "x.npy"
+    x = run.root / "unwritable" / "x.npy"
+    x.parent.mkdir(exist_ok=True)  # its own folder: no other test's files needed
     np.save(x, run.images[:3])
     rc = cli.main(["predict", "--workdir", run.workdir, "--input", str(x), "--out", "/proc/x.npz"])
     err = capsys.readouterr().err.strip().splitlines()
@@ -504,6 +508,7 @@ def test_features_with_a_nan_or_inf_are_refused_naming_the_row_and_column(tmp_pa
     assert inputs.as_features(x, 3) is x
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_export_takes_quiet_as_predict_does(run, capsys, tmp_path):
     out = os.fspath(tmp_path / "quiet")
     argv = ["export", "--workdir", run.workdir, "--out", out, "--platforms", "cpu", "--quiet"]

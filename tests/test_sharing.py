@@ -184,6 +184,7 @@ def test_every_mesh_and_backend_trains_the_plain_reference(case, mesh_shape, bac
         np.testing.assert_array_equal(got[path], np.broadcast_to(value, got[path].shape))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_the_shared_leaves_move_and_the_members_differ():
     """The parity above is not vacuous: the shared kernel moved, the members differ."""
     need_devices(8)
@@ -218,6 +219,7 @@ def test_a_lora_member_starts_exactly_at_the_backbone():
     assert np.ptp(np.asarray(state.params["Dense_0"]["lora_a"]), axis=0).max() > 0
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_without_filters_the_state_is_todays():
     """None filters: an EnsembleState of exactly the plain stacked structure (no shared
     fields), each member ``model.init(split(key, M)[i])``; filters that pick nothing give

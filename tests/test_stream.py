@@ -143,6 +143,7 @@ def test_streamed_run_equals_on_device_run(tmp_path, shuffle):
     assert streamed.history[-1]["step"] == 9
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("first", [3, 8])
 def test_split_streamed_run_resumes_bitwise(tmp_path, first):
     need_devices(8)
@@ -177,6 +178,7 @@ def test_iterator_state_round_trips_through_a_checkpoint(tmp_path):
     assert back["input"] == loop["input"]
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("shuffle", ["shared", "per-member"])
 def test_larger_than_device_budget_array_record_streams(tmp_path, monkeypatch, shuffle):
     need_devices(8)

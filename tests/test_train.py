@@ -106,6 +106,7 @@ def test_per_member_orders_are_distinct_permutations_drawn_on_device(tmp_path):
     assert shared.order(1).shape == (192,)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.plots  # the rendered PNGs
 def test_outputs_metrics_jsonl_config_and_plots(tmp_path):
     need_devices(8)
@@ -559,6 +560,7 @@ class _ClosedPipe:
         raise BrokenPipeError(32, "Broken pipe")
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_closed_stdout_does_not_stop_the_run(tmp_path, monkeypatch):
     need_devices(8)
     npz = me.data.save_npz(me.data.synthetic(64, 16, seed=0), tmp_path / "d.npz")
