@@ -102,6 +102,7 @@ def test_ood_data_of_another_shape_is_refused_naming_both(tmp_path):
 
 
 # ------------------------------------------------------------------ crop_flip on any image
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("shape", [(10, 12, 3), (7, 5, 1), (8, 8, 4)])
 def test_crop_flip_takes_any_height_width_and_channels_and_ignores_the_split(shape):
     fn = aug.make_augment("crop_flip", 2)

@@ -125,6 +125,7 @@ def _probe_ensemble(mesh, augment=SHIFT, members=4):
     )
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_each_member_and_step_sees_its_own_augmentation():
     need_devices(8)
     x, y = DATA.train_images[:16], DATA.train_labels[:16]

@@ -390,6 +390,7 @@ def _one_at_a_time(p: np.ndarray, q: float, method: str, **kw) -> np.ndarray:
     )
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize(
     ("method", "kw"),
     [("aps", {}), ("raps", {"k_reg": 1, "lam": 0.1})],

@@ -366,6 +366,7 @@ def test_a_read_failure_that_is_not_damage_stops_instead_of_rolling_back(
     assert messages == [] and list_checkpoints(workdir) == [1, 2]  # no rollback, nothing moved
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_extract_members_gives_each_members_batchnorm_statistics():
     need_devices(8)
     model = me.models.MLP(batch_norm=True)
@@ -391,6 +392,7 @@ def test_extract_members_gives_each_members_batchnorm_statistics():
     jax.tree.map(lambda got, all_: np.testing.assert_array_equal(got, all_[[1, 3]]), subset, rows)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_nonfinite_loss_stops_naming_members_or_reinitialises_them(tmp_path, npz, capsys):
     need_devices(8)
     workdir = tmp_path / "nan"

@@ -559,6 +559,7 @@ def _nbytes(tree) -> int:
     return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(tree))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_the_gpu_configurations_8_member_step_fits_its_memory_floor_and_copies_no_state():
     """CPU proxies for the GPU, from one compilation of the 8-member CNN step (batch 128,
     the members vmapped with the GPU's default convolution, on one device):

@@ -114,6 +114,7 @@ COVERED = [
     "meshensemble.cli.convert",
     "meshensemble.cli.evaluate",
     "meshensemble.cli.export",
+    "meshensemble.cli.export",
     "meshensemble.cli.predict",
     "meshensemble.cli.train",
     "meshensemble.metrics",

@@ -186,6 +186,7 @@ def test_a_regression_resume_with_other_data_under_the_same_file_is_refused(tmp_
     assert sorted(os.listdir(tmp_path / "w")) == before
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_train_honours_a_dataset_given_from_python_for_regression(tmp_path):
     need_devices(2)
     given = me.data.load_regression_npz(table(tmp_path / "t.npz"))

@@ -158,6 +158,7 @@ def test_mesh_shapes_give_the_same_members():
         testing.assert_mesh_invariant(trained, shapes, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("axis_types", ["explicit", "auto"])
 def test_explicit_and_auto_axes(axis_types, baseline):
     need_devices(8)
@@ -230,6 +231,7 @@ def test_members_diverge_and_ensemble_metrics_come_from_averaged_probs(baseline)
     np.testing.assert_allclose(np.mean(metrics["accuracy"]), mean_of_member_acc, atol=1e-6)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_ensemble_learns_far_above_chance():
     need_devices(8)
     mesh = me.make_mesh(ensemble=4, data=2)
@@ -289,6 +291,7 @@ def test_dropout_batchnorm_members_match_single_model_training(mesh_shape, backe
     testing.assert_sharded_over_members(state, ens.mesh)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_per_member_batches():
     need_devices(8)
     mesh = me.make_mesh(ensemble=4, data=2)
@@ -304,6 +307,7 @@ def test_per_member_batches():
     np.testing.assert_allclose(metrics["loss"], ref_loss, atol=1e-5)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("n", [1, 13, 32])
 def test_predict_any_n(n, baseline):
     ens, state, _ = baseline

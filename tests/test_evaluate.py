@@ -224,6 +224,7 @@ def _one_line_error(capsys, argv: list[str], *expect: str) -> str:
     return err
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_errors_are_one_line(run, tmp_path, capsys) -> None:
     missing = os.fspath(tmp_path / "missing")
     _one_line_error(capsys, ["evaluate", "--workdir", missing], missing, "no such run folder")

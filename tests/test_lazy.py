@@ -146,6 +146,7 @@ def test_streamed_arrayrecord_cli_run_equals_in_memory_runs_and_reads_only_its_b
             np.testing.assert_allclose(record[key], value, atol=1e-5, err_msg=key)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_tfds_input_stream_opens_a_lazy_train_split(mock_tfds, tmp_path, monkeypatch):
     need_devices(8)
     with mock_tfds(num_examples=64):
@@ -291,6 +292,7 @@ def test_bad_arrayrecord_data_is_one_line_exit_2_and_nothing_written(files, tmp_
     assert not workdir.exists()
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_resume_refuses_changed_arrayrecord_files(tmp_path, capsys):
     need_devices(8)
     data = me.data.synthetic(64, 16, seed=4)

@@ -344,6 +344,7 @@ def test_uncertainty_match_reference(data):
     assert float(jnp.min(metrics.mutual_information(mp))) >= 0.0
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_one_hot_probabilities_are_finite():
     onehot = np.eye(3)[[0, 1, 2, 0]]  # exact 0s and 1s
     y_wrong = np.array([1, 2, 0, 0])

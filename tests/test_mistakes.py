@@ -33,6 +33,7 @@ def ens_state(request):
     return ens, ens.init(jax.random.key(0), X[:1])
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_reused_state_after_train_step_raises_on_both_backends(ens_state):
     ens, state = ens_state
     new_state, _ = ens.train_step(state, X, Y)

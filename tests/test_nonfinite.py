@@ -117,6 +117,7 @@ class NaNGradMLP(nn.Module):
         return h + jnp.sqrt(jnp.abs(h) * 0.0)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_finite_loss_with_nan_weights_is_not_saved(tmp_path, monkeypatch):
     """The only step's loss is finite (computed before the update) but the weights after it
     are not: the old loop saved that checkpoint and exited 0."""
@@ -158,6 +159,7 @@ def test_the_flag_help_states_the_limit():
     assert f"at most {MAX_REINITS} times each per run" in field.metadata["help"]
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_every_json_of_a_run_with_nan_losses_is_strict_checkpoints_included(tmp_path):
     """A re-initialised member's NaN losses sit in the epoch's ``loss_sum`` when a checkpoint
     is saved mid-epoch: its loop-position JSON once held a bare ``NaN``."""

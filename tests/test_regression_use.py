@@ -235,6 +235,7 @@ def test_an_fsdp_run_predicts_and_exports_like_any_other(run, tmp_path):
     np.testing.assert_allclose(member_mean, got["member_mean"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_plain_evaluate_keeps_the_calibration_predict_applies(run, tmp_path, capsys):
     workdir = os.fspath(tmp_path / "kept")
     shutil.copytree(run.workdir, workdir)

@@ -222,6 +222,7 @@ def test_the_refusal_of_another_checkpoints_sets_names_a_command_that_fixes_it(r
     assert (cal.step, cal.method, cal.alpha) == (6, "aps", 0.2)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_cli_predict_writes_npz_csv_and_reads_a_folder_of_images(run, capsys):
     from PIL import Image
 

@@ -246,6 +246,7 @@ def test_without_filters_the_state_is_todays():
     chex.assert_trees_all_close(jax.device_get(other.params), jax.device_get(state.params))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_shared_leaves_are_one_copy_per_device():
     """Checked on the placed arrays: every device holds the whole shared kernel once
     (replicated over ``ensemble`` and ``data``), and a member's fast weights only for its
@@ -266,6 +267,7 @@ def test_shared_leaves_are_one_copy_per_device():
     assert split.sharding.spec == jax.sharding.PartitionSpec("data")
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_batchensemble_of_8_costs_one_member_and_8_fast_weight_sets():
     need_devices(1)
     one_device = me.make_mesh(1, 1, devices=jax.devices()[:1])
@@ -375,6 +377,7 @@ def test_zoo_families_are_registered_and_init_as_the_paper_says():
         me.models.lora(me.models.MLP(), rank=0)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_inference_bundle_and_extracted_members_carry_the_shared_leaves(tmp_path):
     need_devices(8)
     ens, state, _ = trained("be_cnn")
@@ -391,6 +394,7 @@ def test_inference_bundle_and_extracted_members_carry_the_shared_leaves(tmp_path
     chex.assert_trees_all_equal(some, {p: v[[1, 5]] for p, v in members.items()})
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_checkpoint_of_another_layout_is_refused_naming_the_shared_part(tmp_path):
     need_devices(8)
     _, state, _ = trained("be_cnn")
@@ -403,6 +407,7 @@ def test_a_checkpoint_of_another_layout_is_refused_naming_the_shared_part(tmp_pa
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_the_sharding_invariant_holds_for_shared_leaves_with_adam():
     """``assert_sharded_over_members`` knows shared leaves (no member axis, Adam's scalar
     count among them) and refuses one split over ``ensemble``."""

@@ -56,6 +56,7 @@ def test_write_read_list_walk_and_remove(root):
         storage.read_bytes(storage.join(root, "none.json"))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_a_failed_write_leaves_the_old_file_whole_and_nothing_beside_it(root):
     storage.makedirs(root)
     path = storage.join(root, "predictions.npz")

@@ -125,6 +125,7 @@ def test_streaming_flag_is_a_deprecated_spelling_of_input_stream():
 
 
 # ------------------------------------------------------------------ runs
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("shuffle", ["shared", "per-member"])
 def test_streamed_run_equals_on_device_run(tmp_path, shuffle):
     need_devices(8)

@@ -138,6 +138,7 @@ def test_assert_sharded_over_members_names_the_misplaced_leaf():
         testing.assert_sharded_over_members(state, reshaped)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("mesh_shape", [(2, 2), (2, 1, 2)], ids=["fsdp", "fsdp+model"])
 def test_assert_sharded_over_members_understands_fsdp_and_model_specs(mesh_shape):
     need_devices(4)
@@ -165,6 +166,7 @@ def test_assert_sharded_over_members_understands_fsdp_and_model_specs(mesh_shape
 
 
 # ------------------------------------------------------------------ members vs single models
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_assert_members_equal_single_models_catches_swapped_and_perturbed_members():
     need_devices(4)
     ens = ensemble(WithBatchNorm())
@@ -222,6 +224,7 @@ def test_single_model_train_step_draws_a_mask_per_shard():
         testing.assert_trees_close({"params": one}, {"params": two})
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("mesh_shape", [(2, 2), (4, 1)])
 def test_assert_members_match_single_model_training_passes_on_the_ensemble(mesh_shape):
     need_devices(4)
@@ -232,6 +235,7 @@ def test_assert_members_match_single_model_training_passes_on_the_ensemble(mesh_
     assert int(np.asarray(state.step)[0]) == 2
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_assert_members_match_single_model_training_follows_per_member_hyperparams():
     need_devices(4)
     tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1, momentum=0.9)
@@ -264,6 +268,7 @@ class ShuffledShards(me.Ensemble):
         return super().train_step(state, images[::-1], labels[::-1])
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize(
     "wrong,model,match",
     [
@@ -311,6 +316,7 @@ def trained(mesh, steps: int = 2):
     return state.params, metrics["loss"], ens.predict(state, X)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_assert_mesh_invariant_passes_on_training_and_fails_on_a_mesh_dependent_fn():
     need_devices(8)
     # the helper on two meshes (a tuple and a dict); the library's own invariance over

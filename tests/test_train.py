@@ -89,6 +89,7 @@ def test_streaming_path_matches_on_device_path(tmp_path, shuffle):
     assert device.history[-1]["step"] == 10
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_per_member_orders_are_distinct_permutations_drawn_on_device(tmp_path):
     need_devices(8)
     result = train(tiny(tmp_path, "p", max_steps=2, shuffle="per-member"), dataset=DATA)
@@ -154,6 +155,7 @@ def test_outputs_metrics_jsonl_config_and_plots(tmp_path):
     )
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_learns_the_synthetic_task(tmp_path):
     need_devices(8)
     data = me.data.synthetic(num_train=512, num_test=100, seed=1)
@@ -180,6 +182,7 @@ def test_cli_trains_on_the_full_mnist_npz(tmp_path, mnist_npz, capsys):
     assert record["test_ensemble_accuracy"] > 0.2  # 3 SGD steps of the real CNN on MNIST
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_cli_trains_through_tfds_mock_data(tmp_path, capsys, mock_tfds):
     need_devices(8)
     with mock_tfds(num_examples=64):
@@ -375,6 +378,7 @@ def test_reinit_guard_reinitialises_once_per_event_and_compiles_once():
         chex.assert_trees_all_equal(row(got), row(fresh[at]))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_training_reinitialises_a_diverged_member_once_and_goes_on(tmp_path, monkeypatch):
     need_devices(8)
     monkeypatch.setitem(me.models.REGISTRY, "poison", PoisonMLP)
@@ -413,6 +417,7 @@ def test_training_reinitialises_a_diverged_member_once_and_goes_on(tmp_path, mon
 
 
 # --------------------------------------------------------------------- what is printed
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_quiet_prints_exactly_the_final_table(tmp_path, npz, capsys):
     need_devices(8)
     workdir = tmp_path / "q"

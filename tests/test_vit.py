@@ -37,6 +37,7 @@ def apply(model: models.ViT, variables, x, **kw) -> jax.Array:
 
 
 # ------------------------------------------------------------------ the module alone
+@pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("pool", ["cls", "mean"])
 def test_logits_are_float32_batch_by_classes(pool):
     model = tiny(pool=pool, num_classes=7)
@@ -100,6 +101,7 @@ def test_every_parameter_has_logical_names_of_its_rank():
     assert mesh_specs["head"]["kernel"] == P(None, None)
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_without_logical_axes_the_same_plain_parameters():
     boxed = init(tiny(), X[:1])["params"]
     plain = init(tiny(logical_axes=False), X[:1])["params"]

@@ -21,6 +21,7 @@ def _count(model, shape) -> int:
     return sum(int(np.prod(a.shape)) for a in jax.tree.leaves(shapes["params"]))
 
 
+@pytest.mark.slow  # among the heaviest default tests, measured
 def test_mnist_models_are_the_registry_defaults_bitwise():
     x = jnp.zeros((1, 28, 28, 1))
     for name in ("cnn", "mlp", "howto_cnn", "resnet", "vit"):
