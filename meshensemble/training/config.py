@@ -130,7 +130,7 @@ class TrainConfig:
     data_dir: str | None = _field(
         None,
         "the TFDS data folder, the ArrayRecord folder of source arrayrecord, or the image "
-        "folder of source folder (ROOT/train/<class>/*.png and ROOT/test/<class>/...)",
+        "folder of source folder (ROOT/train/<class>/ and ROOT/test/<class>/, PNG or JPEG files)",
         metavar="DIR", group="data",
     )
     test_file: str | None = _field(
