@@ -176,7 +176,7 @@ def test_cli_trains_on_the_full_mnist_npz(tmp_path, mnist_npz, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "full MNIST" in out and mnist_npz in out
-    assert "2 x cnn on mesh ensemble=2 x data=4" in out
+    assert "2 x cnn, mesh ensemble=2 x data=4" in out
     record = read_jsonl(os.path.join(workdir, "metrics.jsonl"))[0]
     assert record["step"] == 3 and len(record["test_member_accuracy"]) == 2
     assert record["test_ensemble_accuracy"] > 0.2  # 3 SGD steps of the real CNN on MNIST
