@@ -135,7 +135,10 @@ def test_members_equal_single_models_at_init_and_after_training_with_dropout():
     ens = me.Ensemble(tiny(dropout=0.1), optax.adam(1e-2), 8, me.make_mesh(4, 2))
     state = ens.init(KEY, X[:1])
     testing.assert_members_equal_single_models(ens, state, KEY, X[:1])
-    testing.assert_members_match_single_model_training(ens, KEY, X, Y, steps=3)
+    # data=2 sums each gradient in two halves, the single model in one (another float order),
+    # and Adam divides by sqrt(v): one attention weight of 256 moved by 4.7e-5 after 3 steps
+    # (2026-11-28); 1e-4 is the mesh-invariance test's bound below, for the same reason
+    testing.assert_members_match_single_model_training(ens, KEY, X, Y, steps=3, atol=1e-4)
 
 
 @pytest.mark.slow
