@@ -131,6 +131,17 @@ def test_csv_class_names_floats_and_bad_cases_are_one_line(tmp_path):
     assert _tree(tmp_path) == sorted([*before, "test.csv"])
 
 
+@pytest.mark.parametrize("cell", ["", "nan", "NaN", "inf"])
+def test_a_csv_row_without_a_target_is_one_line_naming_it(tmp_path, cell):
+    # pandas writes a missing target as an empty cell: not a class '' nor a crash on NaN
+    path = tmp_path / "t.csv"
+    path.write_text(f"a,b,y\n1,2,0\n3,4,{cell}\n5,6,1\n7,8,0\n9,10,1\n")
+    for kind in ("auto", "classes"):
+        with pytest.raises(DataError) as err:
+            tabular.load_csv(path, target_column="y", test_fraction=0.4, targets=kind)
+        _one_line(err, "t.csv: column 'y': line 3 holds", "every row needs a target")
+
+
 # ------------------------------------------------------------------ image folder
 def _folder(root, classes=10, train=2, test=1, size=(32, 32), mode="RGB", odd=None):
     from PIL import Image

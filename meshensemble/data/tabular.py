@@ -104,6 +104,12 @@ def _number(text: str) -> float | None:
 def _targets(values: list[str], kind: str) -> tuple[np.ndarray, tuple[str, ...] | None]:
     """Class ids and their names, or float targets ``[N, 1]`` and None."""
     numbers = [_number(v) for v in values]
+    for i, (value, number) in enumerate(zip(values, numbers, strict=True)):
+        if not value or number is not None and not np.isfinite(number):
+            raise DataError(
+                f"line {i + 2} holds {value!r}; every row needs a target (a class or a finite "
+                "number): drop that row or fill it in"
+            )
     numeric = all(n is not None for n in numbers)
     if kind == "floats" or kind == "auto" and numeric and any(n != int(n) for n in numbers):
         if not numeric:
