@@ -203,6 +203,16 @@ def test_tfds_by_any_name_from_its_info(mock_tfds, tmp_path, name, shape):
     _one_line(err, "no image feature 'picture'", "its features:")
 
 
+def test_tfds_reads_through_plain_tfds_testing_mock_data(tmp_path):
+    # what the issue (and a user testing offline) pastes: no conftest workaround for the
+    # mock's unbound __getitems__ (TFDS 4.9.x), which read_records falls back from
+    tfds_lib = pytest.importorskip("tensorflow_datasets")
+    with tfds_lib.testing.mock_data(num_examples=6):
+        ds = tfds.load_tfds_dataset("cifar10", data_dir=tmp_path)
+    assert (ds.input_shape, ds.num_classes, ds.num_train) == ((32, 32, 3), 10, 6)
+    assert tfds.read_records(["a", "b", "c"], [2, 0]) == ["c", "a"]
+
+
 # ------------------------------------------------------------------ ArrayRecord, any data
 def test_array_record_with_a_codec_streams_any_data_and_old_mnist_folders_still_read(tmp_path):
     digits = npz.load_npz_dataset(_digits_npz(tmp_path / "digits.npz"))

@@ -252,6 +252,34 @@ def image_label_features(
     }
 
 
+def read_records(source: Any, keys: Sequence[int]) -> list[Any]:
+    """``source[k] for k in keys``, in one batched read (``__getitems__``) where it works.
+
+    ``tfds.testing.mock_data``'s sources (TFDS 4.9.x) set ``__getitems__`` as a plain
+    attribute that is called without ``self`` and raises TypeError; their examples are
+    then read one at a time.
+
+    Args:
+      source: a ``tfds.data_source`` (or any indexable source of examples).
+      keys: the record indices.
+
+    Returns:
+      The examples, one per key, in the order of ``keys``.
+
+    Raises:
+      Exception: what the source raises for a key it does not have.
+
+    Example:
+      >>> read_records(["a", "b", "c"], [2, 0])
+      ['c', 'a']
+    """
+    keys = [int(k) for k in keys]
+    try:
+        return list(source.__getitems__(keys))
+    except (AttributeError, TypeError):
+        return [source[k] for k in keys]
+
+
 def read_images(source: Any, spec: dict[str, Any], where: str) -> tuple[np.ndarray, np.ndarray]:
     """Reads a TFDS data source's images and labels in batches of :data:`TFDS_CHUNK`.
 
@@ -276,7 +304,7 @@ def read_images(source: Any, spec: dict[str, Any], where: str) -> tuple[np.ndarr
     try:
         with _quiet_absl():
             for start in range(0, len(source), TFDS_CHUNK):
-                batch = source.__getitems__(range(start, min(start + TFDS_CHUNK, len(source))))
+                batch = read_records(source, range(start, min(start + TFDS_CHUNK, len(source))))
                 images += [np.asarray(ex[spec["image_key"]], np.uint8) for ex in batch]
                 labels += [int(ex[spec["label_key"]]) for ex in batch]
     except Exception as e:
@@ -450,7 +478,7 @@ def _tfds_read(source: Any, name: str, where: str) -> tuple[np.ndarray, np.ndarr
         labels: list[np.ndarray] = []
         with _quiet_absl():
             for start in range(0, n, TFDS_CHUNK):
-                batch = source.__getitems__(range(start, min(start + TFDS_CHUNK, n)))
+                batch = read_records(source, range(start, min(start + TFDS_CHUNK, n)))
                 images.append(np.stack([np.asarray(ex["image"]) for ex in batch]))
                 labels.append(np.asarray([np.asarray(ex["label"]) for ex in batch]))
     except DataError:

@@ -112,20 +112,12 @@ def _train_labels(tfds: Any, name: str, data_dir: Any, spec: dict[str, Any]) -> 
             name, split="train", data_dir=where, decoders={image: tfds.decode.SkipDecoding()}
         )
         if len(skipping):
-            int(_get_many(skipping, [0])[0][label])
+            int(tfds_lib.read_records(skipping, [0])[0][label])
         records = skipping
     except Exception:  # e.g. tfds.testing.mock_data's generated records: decode them
         records = tfds.data_source(name, split="train", data_dir=where)
     out = []
     for start in range(0, len(records), LABEL_CHUNK):
         idx = list(range(start, min(start + LABEL_CHUNK, len(records))))
-        out.extend(int(r[label]) for r in _get_many(records, idx))
+        out.extend(int(r[label]) for r in tfds_lib.read_records(records, idx))
     return np.asarray(out, np.int32)
-
-
-def _get_many(records: Any, idx: list[int]) -> list[Any]:
-    """``records[i] for i in idx``, in one batched read where the source has one."""
-    try:
-        return list(records.__getitems__(idx))
-    except (AttributeError, TypeError):
-        return [records[i] for i in idx]
