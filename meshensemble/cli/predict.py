@@ -78,9 +78,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--input",
         required=True,
         metavar="PATH",
-        help="a .npy or .npz (key images, x_test or x) of uint8 images [N, 28, 28(, 1)], "
-        "or a folder of PNG/JPEG images (sorted by name); for a regression run a .npy or "
-        ".npz (key x, x_test or features) of features [N, F]",
+        help="a .npy or .npz (key images, x_test or x) of inputs of the run's shape (uint8 "
+        "images [N, H, W(, C)] or features [N, F]), or a folder of PNG/JPEG images (sorted "
+        "by name); for a regression run a .npy or .npz (key x, x_test or features)",
     )
     add("--out", required=True, metavar="FILE", help="the output: FILE.npz or FILE.csv")
     add(
