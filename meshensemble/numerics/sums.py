@@ -31,16 +31,12 @@ from jax.typing import ArrayLike
 from meshensemble.numerics.statmath import EPS as _EPS
 from meshensemble.numerics.statmath import as_array as as_array
 from meshensemble.numerics.statmath import as_float as as_float
-from meshensemble.numerics.statmath import bin_index as bin_index
 from meshensemble.numerics.statmath import bin_sums as bin_sums
-from meshensemble.numerics.statmath import check_basic as check_basic
 from meshensemble.numerics.statmath import check_labels as check_labels
 from meshensemble.numerics.statmath import check_mask as check_mask
 from meshensemble.numerics.statmath import check_num_bins as check_num_bins
 from meshensemble.numerics.statmath import check_probs as check_probs
 from meshensemble.numerics.statmath import clipped_log as clipped_log
-from meshensemble.numerics.statmath import nll_clip as nll_clip
-from meshensemble.numerics.statmath import onehot as onehot
 from meshensemble.numerics.statmath import per_example as per_example
 from meshensemble.numerics.statmath import shannon_entropy as shannon_entropy
 from meshensemble.numerics.statmath import weights as weights
