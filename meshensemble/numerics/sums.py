@@ -319,21 +319,14 @@ def streaming_sums(
     names = ("correct", "nll", "brier", "entropy")
     m_sums = wsum(jnp.stack([*(mem[k] for k in names), disagree]), w)  # [5, m]
     e_sums = wsum(jnp.stack([*(ens[k] for k in names), pair_disagree, pair_ce]), w)  # [6]
-    m_count, m_conf, m_correct = bin_sums(mem["conf"], mem["correct"], mem["bin"], w, num_bins)
-    e_count, e_conf, e_correct = bin_sums(ens["conf"], ens["correct"], ens["bin"], w, num_bins)
+    m_bins = bin_sums(mem["conf"], mem["correct"], mem["bin"], w, num_bins)  # count, conf, correct
+    e_bins = bin_sums(ens["conf"], ens["correct"], ens["bin"], w, num_bins)
+    member = [m_sums[i] for i in range(len(names) + 1)] + list(m_bins)  # MEMBER_STAT_KEYS' order
+    ensemble = [e_sums[i] for i in range(len(names))] + list(e_bins)
+    ensemble += [e_sums[len(names)], e_sums[len(names) + 1], jnp.sum(w)]  # pairs, count
     return {
-        **{f"member_{k}": m_sums[i] for i, k in enumerate(names)},
-        "member_disagree": m_sums[len(names)],
-        "member_bin_count": m_count,
-        "member_bin_conf": m_conf,
-        "member_bin_correct": m_correct,
-        **{f"ensemble_{k}": e_sums[i] for i, k in enumerate(names)},
-        "ensemble_bin_count": e_count,
-        "ensemble_bin_conf": e_conf,
-        "ensemble_bin_correct": e_correct,
-        "ensemble_pair_disagree": e_sums[len(names)],
-        "ensemble_pair_cross_entropy": e_sums[len(names) + 1],
-        "count": jnp.sum(w),
+        **dict(zip(MEMBER_STAT_KEYS, member, strict=True)),
+        **dict(zip(ENSEMBLE_STAT_KEYS, ensemble, strict=True)),
     }
 
 
