@@ -69,6 +69,18 @@ def _save(fig: Any, path: str, dpi: int = 100) -> None:
     pyplot().close(fig)
 
 
+def _reliability(ax: Any, curves: dict[str, dict[str, Any]], colors: list[str]) -> list[str]:
+    """Draws the diagonal and each curve's accuracy against confidence on ``ax`` (empty bins
+    skipped); returns the curves' colors, in order."""
+    ax.plot([0, 1], [0, 1], color="black", ls="--", lw=1, label="perfect calibration")
+    drawn = [colors[i % len(colors)] for i in range(len(curves))]
+    for color, (label, d) in zip(drawn, curves.items(), strict=True):
+        acc, conf = np.asarray(d["accuracy"], float), np.asarray(d["confidence"], float)
+        keep = np.isfinite(acc) & np.isfinite(conf)
+        ax.plot(conf[keep], acc[keep], color=color, marker="o", ms=4, lw=1.5, label=label)
+    return drawn
+
+
 def learning_curves(history: list[dict[str, Any]], path: str) -> None:
     """Plots the learning curves: train loss per logged step, test accuracy, NLL and ECE.
 
@@ -167,13 +179,9 @@ def reliability_diagram(
     fig, (ax1, ax2) = pyplot().subplots(
         2, 1, figsize=(5.5, 6.5), sharex=True, gridspec_kw={"height_ratios": (3, 1)}
     )
-    ax1.plot([0, 1], [0, 1], color="black", ls="--", lw=1, label="perfect calibration")
-    colors = ["tab:red", "tab:gray", "tab:blue", "tab:green", "tab:orange"]
-    for i, (label, d) in enumerate(curves.items()):
-        color = colors[i % len(colors)]
-        acc, conf = np.asarray(d["accuracy"], float), np.asarray(d["confidence"], float)
-        keep = np.isfinite(acc) & np.isfinite(conf)
-        ax1.plot(conf[keep], acc[keep], color=color, marker="o", ms=4, lw=1.5, label=label)
+    palette = ["tab:red", "tab:gray", "tab:blue", "tab:green", "tab:orange"]
+    colors = _reliability(ax1, curves, palette)
+    for color, (label, d) in zip(colors, curves.items(), strict=True):
         edges = np.asarray(d["bin_edges"], float)
         count = np.asarray(d["count"], float)
         frac = count / max(count.sum(), 1.0)
@@ -248,13 +256,7 @@ def calibration_summary(
       >>> calibration_summary({"before": d0, "after": d1}, sizes, "calibration.png")
     """
     fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(10, 4.2))
-    ax1.plot([0, 1], [0, 1], color="black", ls="--", lw=1, label="perfect calibration")
-    colors = ["tab:red", "tab:blue", "tab:green", "tab:orange"]
-    for i, (label, d) in enumerate(curves.items()):
-        acc, conf = np.asarray(d["accuracy"], float), np.asarray(d["confidence"], float)
-        keep = np.isfinite(acc) & np.isfinite(conf)
-        color = colors[i % len(colors)]
-        ax1.plot(conf[keep], acc[keep], color=color, marker="o", ms=4, lw=1.5, label=label)
+    _reliability(ax1, curves, ["tab:red", "tab:blue", "tab:green", "tab:orange"])
     ax1.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
     ax1.set_title("reliability before / after calibration")
     ax1.legend(loc="upper left", fontsize="small")
