@@ -264,22 +264,21 @@ def streaming_stats(
     member_probs = check_probs(member_probs, 3, "member_probs")
     ensemble_probs = check_probs(ensemble_probs, 2, "ensemble_probs")
     _, b, c = member_probs.shape
-    if ensemble_probs.shape != (b, c):
-        raise ValueError(
-            f"`ensemble_probs` must be [b, C] = {(b, c)} to match `member_probs` "
-            f"{tuple(member_probs.shape)}, got {tuple(ensemble_probs.shape)}."
-        )
-    labels = check_labels(labels, b)
-    if mask is None:
-        raise ValueError("`mask` is required: pass jnp.ones(b) when there is no padding.")
-    mask = check_mask(mask, b)
-    extra = {"ensemble_votes": ensemble_votes, "ensemble_log_probs": ensemble_log_probs}
-    for name, value in extra.items():
+
+    def check_bc(name: str, value: Any) -> None:  # None, or [b, C] as member_probs
         if value is not None and tuple(as_array(value).shape) != (b, c):
             raise ValueError(
                 f"`{name}` must be [b, C] = {(b, c)} to match `member_probs` "
                 f"{tuple(member_probs.shape)}, got {tuple(as_array(value).shape)}."
             )
+
+    check_bc("ensemble_probs", ensemble_probs)
+    labels = check_labels(labels, b)
+    if mask is None:
+        raise ValueError("`mask` is required: pass jnp.ones(b) when there is no padding.")
+    mask = check_mask(mask, b)
+    check_bc("ensemble_votes", ensemble_votes)
+    check_bc("ensemble_log_probs", ensemble_log_probs)
     return _streaming_sums_jit(
         member_probs,
         ensemble_probs,
