@@ -321,8 +321,11 @@ def _gather_bytes(blob: bytes) -> list[bytes]:
     return [row[: int(n)].tobytes() for row, n in zip(rows, sizes, strict=True)]
 
 
-def _show(value: dict[str, Any], keys: list[str]) -> str:
-    return ", ".join(f"{k}={value.get(k)!r}" for k in keys)
+def _side(j: int, side: dict[str, Any], keys: list[str]) -> str:
+    """Process ``j``'s gathered value in a disagreement: its host, ``keys``, its label."""
+    shown = ", ".join(f"{k}={side['value'].get(k)!r}" for k in keys)
+    note = f" ({side['label']})" if side["label"] else ""
+    return f"process {j} ({side['host']}) has {shown}{note}"
 
 
 def agree(
@@ -371,13 +374,8 @@ def agree(
     for i, other in enumerate(every[1:], start=1):
         diff = [k for k in keys if other["value"].get(k) != first["value"].get(k)]
         if diff:
-            sides = []
-            for j, side in ((i, other), (0, first)):
-                note = f" ({side['label']})" if side["label"] else ""
-                sides.append(f"process {j} ({side['host']}) has {_show(side['value'], diff)}{note}")
-            raise DisagreementError(
-                f"{name} differs between processes: {sides[0]}, {sides[1]}; {fix}"
-            )
+            sides = f"{_side(i, other, diff)}, {_side(0, first, diff)}"
+            raise DisagreementError(f"{name} differs between processes: {sides}; {fix}")
     return [side["value"] for side in every]
 
 
