@@ -358,12 +358,7 @@ def read_blocks(path: PathLike, size: int = BLOCK) -> Iterator[bytes]:
       >>> b"".join(read_blocks("config.json", size=4))
       b'{"epochs": 1}'
     """
-    if is_local(path):
-        opened = open(path, "rb")  # noqa: SIM115 (closed by the with below)
-    else:
-        fs, bare = _store(path)
-        opened = fs.open(bare, "rb")
-    with opened as f:
+    with _ask(path, lambda p: open(p, "rb"), "open") as f:  # a store's open reads bytes too
         yield from iter(lambda: f.read(size), b"")
 
 
