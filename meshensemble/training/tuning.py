@@ -400,16 +400,9 @@ def _measured(
     path = autotune.choices_path(cache_dir) if cache_dir else None
     pin = {n: _name(*sc, *opened, flags=True) for n, sc in names.items()}  # quoted if chosen
     makers = {n: built.maker(*sc, tuning=n != default_name) for n, sc in names.items()}
+    planned = planned_steps(cfg, dataset)
     decision = autotune.decide(
-        key,
-        makers,
-        path,
-        default_name,
-        planned_steps(cfg, dataset),
-        rounds,
-        timer,
-        pin=pin,
-        reused=built.reused,
+        key, makers, path, default_name, planned, rounds, timer, pin=pin, reused=built.reused
     )
     strategy, conv = names[decision.name]
     bf16_ratio = autotune.recorded(path, key).get("bf16_ratio")
