@@ -101,16 +101,13 @@ def run_fields(cfg: TrainConfig) -> dict[str, Any]:
       >>> sorted(run_fields(TrainConfig()))[:3]
       ['augment', 'backbone', 'batch_size']
     """
-    out = {name: getattr(cfg, name) for name in RUN_FIELDS}
-    if cfg.schedule == "constant":
-        del out["epochs"]
-    if cfg.schedule != "warmup_cosine":
-        del out["warmup_epochs"]
-    if cfg.augment == "none":
-        del out["augment_shift"]
-    if not cfg.backbone:
-        del out["rank"]
-    return out
+    dropped = {
+        "epochs": cfg.schedule == "constant",
+        "warmup_epochs": cfg.schedule != "warmup_cosine",
+        "augment_shift": cfg.augment == "none",
+        "rank": not cfg.backbone,
+    }
+    return {name: getattr(cfg, name) for name in RUN_FIELDS if not dropped.get(name)}
 
 
 def split_fingerprint(images: Any, labels: Any) -> str:
@@ -354,13 +351,8 @@ def agree_data(identity: dict[str, Any], note: str | None = None) -> None:
       >>> dataset = me.data.synthetic(64, 16)
       >>> agree_data(data_identity(dataset, None), dataset.note)   # one process: agrees
     """
-    agree(
-        "the data",
-        identity,
-        "pass the same --source/--data-file/--data-dir (and the same file contents) on every host",
-        compare=AGREED_DATA_KEYS,
-        label=note,
-    )
+    same = "the same --source/--data-file/--data-dir (and the same file contents)"
+    agree("the data", identity, f"pass {same} on every host", compare=AGREED_DATA_KEYS, label=note)
 
 
 def read_saved_config(workdir: str) -> dict[str, Any] | None:
