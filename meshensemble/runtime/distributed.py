@@ -469,13 +469,11 @@ def launch_local(
         t.start()
         threads.append(t)
     deadline = time.time() + timeout
-    grace: float | None = None
     try:
         while any(p.poll() is None for p in procs):
-            failed = [p for p in procs if p.poll() not in (None, 0)]
-            if failed and grace is None:
-                grace = time.time() + DEFAULT_HEARTBEAT_TIMEOUT + 20
-            if time.time() > deadline or (grace is not None and time.time() > grace):
+            if any(p.poll() not in (None, 0) for p in procs):  # the others: a bounded grace
+                deadline = min(deadline, time.time() + DEFAULT_HEARTBEAT_TIMEOUT + 20)
+            if time.time() > deadline:
                 break
             time.sleep(0.1)
     finally:
