@@ -20,7 +20,7 @@ def pyplot() -> Any:
 
     Example:
       >>> plt = pyplot()
-      >>> fig, ax = plt.subplots()
+      >>> fig, ax = pyplot().subplots()
       >>> plt.close(fig)
     """
     import matplotlib
@@ -63,9 +63,22 @@ def train_curve(history: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _save(fig: Any, path: str, dpi: int = 100) -> None:
-    """Renders ``fig`` into memory, then writes ``path`` whole (a bucket takes no seeks)."""
+    """Renders ``fig`` into memory, writes ``path`` whole (a bucket takes no seeks), closes it."""
     kind = path.rsplit(".", 1)[-1].lower() if "." in path.rsplit("/", 1)[-1] else "png"
     storage.atomic_write(path, lambda f: fig.savefig(f, format=kind, dpi=dpi))
+    pyplot().close(fig)
+
+
+def _reliability(ax: Any, curves: dict[str, dict[str, Any]], colors: list[str]) -> list[str]:
+    """Draws the diagonal and each curve's accuracy against confidence on ``ax`` (empty bins
+    skipped); returns the curves' colors, in order."""
+    ax.plot([0, 1], [0, 1], color="black", ls="--", lw=1, label="perfect calibration")
+    drawn = [colors[i % len(colors)] for i in range(len(curves))]
+    for color, (label, d) in zip(drawn, curves.items(), strict=True):
+        acc, conf = np.asarray(d["accuracy"], float), np.asarray(d["confidence"], float)
+        keep = np.isfinite(acc) & np.isfinite(conf)
+        ax.plot(conf[keep], acc[keep], color=color, marker="o", ms=4, lw=1.5, label=label)
+    return drawn
 
 
 def learning_curves(history: list[dict[str, Any]], path: str) -> None:
@@ -84,9 +97,8 @@ def learning_curves(history: list[dict[str, Any]], path: str) -> None:
       >>> history = [json.loads(line) for line in open("runs/tiny/metrics.jsonl")]
       >>> learning_curves(history, "learning_curves.png")   # a trained run's records
     """
-    plt = pyplot()
     steps = [r["step"] for r in history]
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    fig, axes = pyplot().subplots(2, 2, figsize=(10, 7))
     (ax1, ax2), (ax3, ax4) = axes
     at, losses = train_curve(history)
     if len(at):
@@ -111,7 +123,6 @@ def learning_curves(history: list[dict[str, Any]], path: str) -> None:
         ax.legend()
     fig.tight_layout()
     _save(fig, path)
-    plt.close(fig)
 
 
 def member_vs_ensemble(record: dict[str, Any], path: str) -> None:
@@ -130,12 +141,11 @@ def member_vs_ensemble(record: dict[str, Any], path: str) -> None:
       >>> history = [json.loads(line) for line in open("runs/tiny/metrics.jsonl")]
       >>> member_vs_ensemble(history[-1], "members.png")
     """
-    plt = pyplot()
     acc = list(record["test_member_accuracy"]) + [record["test_ensemble_accuracy"]]
     nll = list(record["test_member_nll"]) + [record["test_ensemble_nll"]]
     names = [str(i) for i in range(len(acc) - 1)] + ["ens."]
     colors = ["tab:gray"] * (len(acc) - 1) + ["tab:red"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(10, 4))
     ax1.bar(names, 100 * (1 - np.array(acc)), color=colors)
     ax1.set_ylim(bottom=0)
     ax1.set(xlabel="member", ylabel="test error (%), 100 - accuracy",
@@ -145,7 +155,6 @@ def member_vs_ensemble(record: dict[str, Any], path: str) -> None:
     ax2.set(xlabel="member", ylabel="test NLL", title="members vs ensemble: NLL")
     fig.tight_layout()
     _save(fig, path)
-    plt.close(fig)
 
 
 def reliability_diagram(
@@ -167,17 +176,12 @@ def reliability_diagram(
       >>> d = me.metrics.reliability_diagram_data(probs, labels)
       >>> reliability_diagram({"ensemble": d}, "reliability_diagram.png")
     """
-    plt = pyplot()
-    fig, (ax1, ax2) = plt.subplots(
+    fig, (ax1, ax2) = pyplot().subplots(
         2, 1, figsize=(5.5, 6.5), sharex=True, gridspec_kw={"height_ratios": (3, 1)}
     )
-    ax1.plot([0, 1], [0, 1], color="black", ls="--", lw=1, label="perfect calibration")
-    colors = ["tab:red", "tab:gray", "tab:blue", "tab:green", "tab:orange"]
-    for i, (label, d) in enumerate(curves.items()):
-        color = colors[i % len(colors)]
-        acc, conf = np.asarray(d["accuracy"], float), np.asarray(d["confidence"], float)
-        keep = np.isfinite(acc) & np.isfinite(conf)
-        ax1.plot(conf[keep], acc[keep], color=color, marker="o", ms=4, lw=1.5, label=label)
+    palette = ["tab:red", "tab:gray", "tab:blue", "tab:green", "tab:orange"]
+    colors = _reliability(ax1, curves, palette)
+    for color, (label, d) in zip(colors, curves.items(), strict=True):
         edges = np.asarray(d["bin_edges"], float)
         count = np.asarray(d["count"], float)
         frac = count / max(count.sum(), 1.0)
@@ -187,7 +191,6 @@ def reliability_diagram(
     ax2.set(xlabel="confidence (max probability)", ylabel="fraction of examples")
     fig.subplots_adjust(left=0.13, right=0.97, top=0.94, bottom=0.09, hspace=0.08)
     _save(fig, path)
-    plt.close(fig)
 
 
 def ood_histogram(
@@ -215,11 +218,10 @@ def ood_histogram(
       >>> s_noise = me.metrics.entropy(ens.predict(state, noise))       # [N_ood]
       >>> ood_histogram(s_test, {"noise": s_noise}, "ood_histogram.png", score="entropy")
     """
-    plt = pyplot()
     sets = {"in-distribution (test)": np.asarray(in_scores, float)}
     sets.update({f"OOD: {k}": np.asarray(v, float) for k, v in ood_scores.items()})
     edges = np.histogram_bin_edges(np.concatenate(list(sets.values())), bins=bins)
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = pyplot().subplots(figsize=(6.5, 4))
     colors = ["tab:blue", "tab:red", "tab:orange", "tab:purple", "tab:green"]
     for i, (label, s) in enumerate(sets.items()):
         color = colors[i % len(colors)]
@@ -230,7 +232,6 @@ def ood_histogram(
     ax.legend(fontsize="small")
     fig.subplots_adjust(left=0.11, right=0.97, top=0.92, bottom=0.12)
     _save(fig, path)
-    plt.close(fig)
 
 
 def calibration_summary(
@@ -254,15 +255,8 @@ def calibration_summary(
       >>> sizes = [0, 20, 12] + [0] * 8                        # [classes + 1] set sizes
       >>> calibration_summary({"before": d0, "after": d1}, sizes, "calibration.png")
     """
-    plt = pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
-    ax1.plot([0, 1], [0, 1], color="black", ls="--", lw=1, label="perfect calibration")
-    colors = ["tab:red", "tab:blue", "tab:green", "tab:orange"]
-    for i, (label, d) in enumerate(curves.items()):
-        acc, conf = np.asarray(d["accuracy"], float), np.asarray(d["confidence"], float)
-        keep = np.isfinite(acc) & np.isfinite(conf)
-        color = colors[i % len(colors)]
-        ax1.plot(conf[keep], acc[keep], color=color, marker="o", ms=4, lw=1.5, label=label)
+    fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(10, 4.2))
+    _reliability(ax1, curves, ["tab:red", "tab:blue", "tab:green", "tab:orange"])
     ax1.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
     ax1.set_title("reliability before / after calibration")
     ax1.legend(loc="upper left", fontsize="small")
@@ -272,7 +266,6 @@ def calibration_summary(
     ax2.set_title(f"conformal set sizes ({title})" if title else "conformal set sizes")
     fig.tight_layout()
     _save(fig, path)
-    plt.close(fig)
 
 
 def regression_figure(
@@ -302,9 +295,8 @@ def regression_figure(
       >>> x, y = toy.x_train[:, 0], toy.y_train[:, 0]
       >>> regression_figure(g, out["mean"][:, 0], sd, members["mean"][..., 0], x, y, "r.png")
     """
-    plt = pyplot()
     grid, mean, sd = (np.asarray(v, np.float64).reshape(-1) for v in (grid, mean, sd))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = pyplot().subplots(figsize=(7, 4.5))
     ax.fill_between(grid, mean - 2 * sd, mean + 2 * sd, color="tab:blue", alpha=0.2,
                     label="mixture mean +/- 2 sd")  # fmt: skip
     for i, m in enumerate(np.asarray(member_means)):
@@ -318,4 +310,3 @@ def regression_figure(
     ax.legend(loc="upper left")
     fig.tight_layout()
     _save(fig, path)
-    plt.close(fig)

@@ -31,16 +31,12 @@ from jax.typing import ArrayLike
 from meshensemble.numerics.statmath import EPS as _EPS
 from meshensemble.numerics.statmath import as_array as as_array
 from meshensemble.numerics.statmath import as_float as as_float
-from meshensemble.numerics.statmath import bin_index as bin_index
 from meshensemble.numerics.statmath import bin_sums as bin_sums
-from meshensemble.numerics.statmath import check_basic as check_basic
 from meshensemble.numerics.statmath import check_labels as check_labels
 from meshensemble.numerics.statmath import check_mask as check_mask
 from meshensemble.numerics.statmath import check_num_bins as check_num_bins
 from meshensemble.numerics.statmath import check_probs as check_probs
 from meshensemble.numerics.statmath import clipped_log as clipped_log
-from meshensemble.numerics.statmath import nll_clip as nll_clip
-from meshensemble.numerics.statmath import onehot as onehot
 from meshensemble.numerics.statmath import per_example as per_example
 from meshensemble.numerics.statmath import shannon_entropy as shannon_entropy
 from meshensemble.numerics.statmath import weights as weights
@@ -268,22 +264,21 @@ def streaming_stats(
     member_probs = check_probs(member_probs, 3, "member_probs")
     ensemble_probs = check_probs(ensemble_probs, 2, "ensemble_probs")
     _, b, c = member_probs.shape
-    if ensemble_probs.shape != (b, c):
-        raise ValueError(
-            f"`ensemble_probs` must be [b, C] = {(b, c)} to match `member_probs` "
-            f"{tuple(member_probs.shape)}, got {tuple(ensemble_probs.shape)}."
-        )
-    labels = check_labels(labels, b)
-    if mask is None:
-        raise ValueError("`mask` is required: pass jnp.ones(b) when there is no padding.")
-    mask = check_mask(mask, b)
-    extra = {"ensemble_votes": ensemble_votes, "ensemble_log_probs": ensemble_log_probs}
-    for name, value in extra.items():
+
+    def check_bc(name: str, value: Any) -> None:  # None, or [b, C] as member_probs
         if value is not None and tuple(as_array(value).shape) != (b, c):
             raise ValueError(
                 f"`{name}` must be [b, C] = {(b, c)} to match `member_probs` "
                 f"{tuple(member_probs.shape)}, got {tuple(as_array(value).shape)}."
             )
+
+    check_bc("ensemble_probs", ensemble_probs)
+    labels = check_labels(labels, b)
+    if mask is None:
+        raise ValueError("`mask` is required: pass jnp.ones(b) when there is no padding.")
+    mask = check_mask(mask, b)
+    check_bc("ensemble_votes", ensemble_votes)
+    check_bc("ensemble_log_probs", ensemble_log_probs)
     return _streaming_sums_jit(
         member_probs,
         ensemble_probs,
@@ -323,21 +318,14 @@ def streaming_sums(
     names = ("correct", "nll", "brier", "entropy")
     m_sums = wsum(jnp.stack([*(mem[k] for k in names), disagree]), w)  # [5, m]
     e_sums = wsum(jnp.stack([*(ens[k] for k in names), pair_disagree, pair_ce]), w)  # [6]
-    m_count, m_conf, m_correct = bin_sums(mem["conf"], mem["correct"], mem["bin"], w, num_bins)
-    e_count, e_conf, e_correct = bin_sums(ens["conf"], ens["correct"], ens["bin"], w, num_bins)
+    m_bins = bin_sums(mem["conf"], mem["correct"], mem["bin"], w, num_bins)  # count, conf, correct
+    e_bins = bin_sums(ens["conf"], ens["correct"], ens["bin"], w, num_bins)
+    member = [m_sums[i] for i in range(len(names) + 1)] + list(m_bins)  # MEMBER_STAT_KEYS' order
+    ensemble = [e_sums[i] for i in range(len(names))] + list(e_bins)
+    ensemble += [e_sums[len(names)], e_sums[len(names) + 1], jnp.sum(w)]  # pairs, count
     return {
-        **{f"member_{k}": m_sums[i] for i, k in enumerate(names)},
-        "member_disagree": m_sums[len(names)],
-        "member_bin_count": m_count,
-        "member_bin_conf": m_conf,
-        "member_bin_correct": m_correct,
-        **{f"ensemble_{k}": e_sums[i] for i, k in enumerate(names)},
-        "ensemble_bin_count": e_count,
-        "ensemble_bin_conf": e_conf,
-        "ensemble_bin_correct": e_correct,
-        "ensemble_pair_disagree": e_sums[len(names)],
-        "ensemble_pair_cross_entropy": e_sums[len(names) + 1],
-        "count": jnp.sum(w),
+        **dict(zip(MEMBER_STAT_KEYS, member, strict=True)),
+        **dict(zip(ENSEMBLE_STAT_KEYS, ensemble, strict=True)),
     }
 
 

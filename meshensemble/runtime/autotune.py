@@ -128,17 +128,14 @@ def read_choices(path: str | None, warn: Callable[[str], None] | None = None) ->
         return {}
     try:
         loaded = storage.read_json(path)
+        problem = "" if isinstance(loaded, dict) else "not a JSON object"
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as err:
-        if warn:
-            warn(f"ignored the auto-tuner's choices file {path}: unreadable ({err}); measuring")
-        return {}
-    if not isinstance(loaded, dict):
-        if warn:
-            warn(f"ignored the auto-tuner's choices file {path}: not a JSON object; measuring")
-        return {}
-    return loaded
+        problem = f"unreadable ({err})"
+    if problem and warn:
+        warn(f"ignored the auto-tuner's choices file {path}: {problem}; measuring")
+    return {} if problem else loaded
 
 
 def _number(v: Any) -> bool:
@@ -456,27 +453,17 @@ def decide(
         and record["choice"] in candidates
         and _settled(record, planned_steps, share, default)
     ):
-        how = f"measured earlier; read from {path}"
-        return Decision(
-            record["choice"],
-            "cached",
-            _reason(record["choice"], record["seconds"], how),
-            notes=notes,
-        )
+        reason = _reason(record["choice"], record["seconds"], f"measured earlier; read from {path}")
+        return Decision(record["choice"], "cached", reason, notes=notes)
     if len(candidates) == 1:
         return Decision(default, "only", f"{default}: the only candidate", notes=notes)
     m = measure(candidates, default, planned_steps, rounds, timer, share, reused)
     name = m.winner(default)
     entry = {"choice": name, "seconds": m.seconds, "complete": not m.skipped, "needs_s": m.needs_s}
     stored = path if path and _write_choice(path, key, entry) else None
-    return Decision(
-        name,
-        "default" if m.skipped and name == default else "measured",
-        _describe(name, default, m, stored, pin.get(name, "") if isinstance(pin, Mapping) else pin),
-        m,
-        stored,
-        notes,
-    )
+    how = "default" if m.skipped and name == default else "measured"
+    pinned = pin.get(name, "") if isinstance(pin, Mapping) else pin
+    return Decision(name, how, _describe(name, default, m, stored, pinned), m, stored, notes)
 
 
 def _settled(record: Mapping[str, Any], planned: int | None, share: float, default: str) -> bool:
@@ -504,11 +491,6 @@ def _describe(name: str, default: str, m: Measurement, stored: str | None, pin: 
             f"tuner's budget of {_secs(m.budget_s)} ({TUNING_SHARE:.0%} of the run's expected "
             f"{_secs(m.expected_s)} of training; {_default_cost(m)}); {where}"
         )
-    others = ", ".join(
-        f"{n} {1e3 * s:.1f} ms{' (abandoned)' if n in m.abandoned else ''}"
-        for n, s in m.seconds.items()
-        if n != name
-    )
     spend = f"measured now in {_secs(m.cost_s)}"
     if m.reused_s:
         spend += f" besides the default's {_secs(m.reused_s)} compilation, which the run reuses"
@@ -518,8 +500,7 @@ def _describe(name: str, default: str, m: Measurement, stored: str | None, pin: 
     kept = ""
     if name == default and any(n not in m.abandoned for n in m.seconds if n != name):
         kept = f"; the default kept unless {KEEP_MARGIN:.0%} faster"
-    head = f"{name}: {1e3 * m.seconds[name]:.1f} ms/step against {others}"
-    return f"{head} ({spend}{skipped}{kept}; {where})"
+    return _reason(name, m.seconds, f"{spend}{skipped}{kept}; {where}", m.abandoned)
 
 
 def _default_cost(m: Measurement) -> str:
@@ -578,8 +559,13 @@ def choose(
     return d.name, d.reason
 
 
-def _reason(name: str, seconds: Mapping[str, float], how: str) -> str:
-    others = ", ".join(f"{n} {1e3 * s:.1f} ms" for n, s in seconds.items() if n != name)
+def _reason(name: str, seconds: Mapping[str, float], how: str, abandoned: Any = ()) -> str:
+    """``name``'s step time against the others' (the ``abandoned`` ones marked), then ``how``."""
+    others = ", ".join(
+        f"{n} {1e3 * s:.1f} ms{' (abandoned)' if n in abandoned else ''}"
+        for n, s in seconds.items()
+        if n != name
+    )
     mine = seconds.get(name)
     head = f"{name}: {1e3 * mine:.1f} ms/step" if mine is not None else name
     return f"{head}{' against ' + others if others else ''} ({how})"

@@ -207,18 +207,15 @@ class CompileLog:
         own = [p for p in self.programs if p.purpose == "run"]
         tuned = [p for p in self.programs if p.purpose == "tuning"]
         ordered = sorted(own, key=lambda p: -p.seconds)
+        total = lambda ps: {"programs": len(ps), "seconds": round(sum(p.seconds for p in ps), 4)}
         return {
-            "programs": len(own),
-            "seconds": round(sum(p.seconds for p in own), 4),
+            **total(own),
             "cache_hits": sum(p.cache == "hit" for p in own),
             "cache_misses": sum(p.cache == "miss" for p in own),
             "by_program": [
                 {"name": p.name, "seconds": round(p.seconds, 4), "cache": p.cache} for p in ordered
             ],
-            "tuning": {
-                "programs": len(tuned),
-                "seconds": round(sum(p.seconds for p in tuned), 4),
-            },
+            "tuning": total(tuned),
         }
 
     def line(self) -> str:

@@ -17,13 +17,19 @@ part, build the global array first with :meth:`meshensemble.Ensemble.place` and
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
+import socket
+import subprocess
+import sys
 import threading
+import time
 from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from meshensemble.errors import RunFailedError, UsageError
 
@@ -165,12 +171,21 @@ def initialize(
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     where = (coordinator, num_processes, process_id, timeout)
     failed: list[BaseException] = []
-    joining = threading.Thread(
-        target=_join,
-        args=(failed, coordinator, num_processes, process_id, heartbeat_timeout, timeout),
-        name="meshensemble-join",
-        daemon=True,
-    )
+
+    def join() -> None:  # in a thread: it blocks until every process joins
+        try:
+            jax.distributed.initialize(
+                coordinator_address=coordinator,
+                num_processes=num_processes,
+                process_id=process_id,
+                heartbeat_timeout_seconds=heartbeat_timeout,
+                shutdown_timeout_seconds=max(heartbeat_timeout, SHUTDOWN_TIMEOUT),
+                initialization_timeout=timeout + INIT_GRACE,
+            )
+        except Exception as err:  # noqa: BLE001 (the runtime's errors have no common type)
+            failed.append(err)
+
+    joining = threading.Thread(target=join, name="meshensemble-join", daemon=True)
     joining.start()
     joining.join(timeout)
     if joining.is_alive():
@@ -192,29 +207,6 @@ class StartupTimeoutError(RunFailedError):
     after this error (JAX's behaviour, which this library cannot change). A program that
     catches it should exit (the command line does, with one line and exit status 1).
     """
-
-
-def _join(
-    failed: list[BaseException],
-    coordinator: str | None,
-    num_processes: int | None,
-    process_id: int | None,
-    heartbeat_timeout: int,
-    timeout: int,
-) -> None:
-    """``jax.distributed.initialize`` (in a thread: it blocks until every process joins);
-    its exception, if any, is appended to ``failed``."""
-    try:
-        jax.distributed.initialize(
-            coordinator_address=coordinator,
-            num_processes=num_processes,
-            process_id=process_id,
-            heartbeat_timeout_seconds=heartbeat_timeout,
-            shutdown_timeout_seconds=max(heartbeat_timeout, SHUTDOWN_TIMEOUT),
-            initialization_timeout=timeout + INIT_GRACE,
-        )
-    except Exception as err:  # noqa: BLE001 (the runtime's errors have no common type)
-        failed.append(err)
 
 
 def init_timeout_seconds(value: int | None = None) -> int:
@@ -310,8 +302,6 @@ def fetch(tree: Any) -> Any:
 
     def one(x: Any) -> Any:
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            from jax.experimental import multihost_utils
-
             return np.asarray(multihost_utils.process_allgather(x, tiled=True))
         return np.asarray(jax.device_get(x))
 
@@ -324,8 +314,6 @@ class DisagreementError(UsageError):
 
 def _gather_bytes(blob: bytes) -> list[bytes]:
     """Every process's ``blob``, in process order (two ``process_allgather`` calls)."""
-    from jax.experimental import multihost_utils
-
     sizes = np.asarray(multihost_utils.process_allgather(np.int32(len(blob)))).reshape(-1)
     padded = np.zeros((int(sizes.max()),), np.uint8)
     padded[: len(blob)] = np.frombuffer(blob, np.uint8)
@@ -333,8 +321,11 @@ def _gather_bytes(blob: bytes) -> list[bytes]:
     return [row[: int(n)].tobytes() for row, n in zip(rows, sizes, strict=True)]
 
 
-def _show(value: dict[str, Any], keys: list[str]) -> str:
-    return ", ".join(f"{k}={value.get(k)!r}" for k in keys)
+def _side(j: int, side: dict[str, Any], keys: list[str]) -> str:
+    """Process ``j``'s gathered value in a disagreement: its host, ``keys``, its label."""
+    shown = ", ".join(f"{k}={side['value'].get(k)!r}" for k in keys)
+    note = f" ({side['label']})" if side["label"] else ""
+    return f"process {j} ({side['host']}) has {shown}{note}"
 
 
 def agree(
@@ -375,9 +366,6 @@ def agree(
     """
     if jax.process_count() == 1:
         return [value]
-    import json
-    import socket
-
     mine = {"host": socket.gethostname(), "label": label, "value": value}
     blob = json.dumps(mine, sort_keys=True, default=str).encode()
     every = [json.loads(b.decode()) for b in _gather_bytes(blob)]
@@ -386,13 +374,8 @@ def agree(
     for i, other in enumerate(every[1:], start=1):
         diff = [k for k in keys if other["value"].get(k) != first["value"].get(k)]
         if diff:
-            sides = []
-            for j, side in ((i, other), (0, first)):
-                note = f" ({side['label']})" if side["label"] else ""
-                sides.append(f"process {j} ({side['host']}) has {_show(side['value'], diff)}{note}")
-            raise DisagreementError(
-                f"{name} differs between processes: {sides[0]}, {sides[1]}; {fix}"
-            )
+            sides = f"{_side(i, other, diff)}, {_side(0, first, diff)}"
+            raise DisagreementError(f"{name} differs between processes: {sides}; {fix}")
     return [side["value"] for side in every]
 
 
@@ -414,16 +397,12 @@ def agree_max(value: float) -> float:
     """
     if jax.process_count() == 1:
         return float(value)
-    from jax.experimental import multihost_utils
-
     gathered = multihost_utils.process_allgather(np.float32(value))
     return float(np.max(np.asarray(gathered, np.float32)))
 
 
 def free_port() -> int:
     """A TCP port on localhost that is free now (for a local coordinator)."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("localhost", 0))
         return int(s.getsockname()[1])
@@ -458,11 +437,6 @@ def launch_local(
       >>> launch_local(["train", "--source", "sample", "--max-steps", "5"], 2, 4)  # doctest: +SKIP
       0
     """
-    import subprocess
-    import sys
-    import threading
-    import time
-
     port = free_port()
     procs: list[subprocess.Popen] = []
     threads = []
@@ -495,13 +469,11 @@ def launch_local(
         t.start()
         threads.append(t)
     deadline = time.time() + timeout
-    grace: float | None = None
     try:
         while any(p.poll() is None for p in procs):
-            failed = [p for p in procs if p.poll() not in (None, 0)]
-            if failed and grace is None:
-                grace = time.time() + DEFAULT_HEARTBEAT_TIMEOUT + 20
-            if time.time() > deadline or (grace is not None and time.time() > grace):
+            if any(p.poll() not in (None, 0) for p in procs):  # the others: a bounded grace
+                deadline = min(deadline, time.time() + DEFAULT_HEARTBEAT_TIMEOUT + 20)
+            if time.time() > deadline:
                 break
             time.sleep(0.1)
     finally:

@@ -130,6 +130,14 @@ def _store(path: PathLike) -> tuple[Any, str]:
     return fs, bare
 
 
+def _ask(path: PathLike, local: Callable[[Any], Any], method: str) -> Any:
+    """``local(path)`` for a local path, else the store's ``method`` of the bare path."""
+    if is_local(path):
+        return local(path)
+    fs, bare = _store(path)
+    return getattr(fs, method)(bare)
+
+
 def exists(path: PathLike) -> bool:
     """Whether a file or folder is at ``path`` (on an object store: any object under it).
 
@@ -137,10 +145,7 @@ def exists(path: PathLike) -> bool:
       >>> exists("runs/none")
       False
     """
-    if is_local(path):
-        return os.path.exists(path)
-    fs, bare = _store(path)
-    return fs.exists(bare)
+    return _ask(path, os.path.exists, "exists")
 
 
 def isdir(path: PathLike) -> bool:
@@ -151,10 +156,7 @@ def isdir(path: PathLike) -> bool:
       >>> isdir("runs/r"), isdir("runs/none")
       (True, False)
     """
-    if is_local(path):
-        return os.path.isdir(path)
-    fs, bare = _store(path)
-    return fs.isdir(bare)
+    return _ask(path, os.path.isdir, "isdir")
 
 
 def isfile(path: PathLike) -> bool:
@@ -165,10 +167,7 @@ def isfile(path: PathLike) -> bool:
       >>> isfile("notes.txt"), isfile(".")
       (True, False)
     """
-    if is_local(path):
-        return os.path.isfile(path)
-    fs, bare = _store(path)
-    return fs.isfile(bare)
+    return _ask(path, os.path.isfile, "isfile")
 
 
 def listdir(path: PathLike) -> list[str]:
@@ -359,12 +358,7 @@ def read_blocks(path: PathLike, size: int = BLOCK) -> Iterator[bytes]:
       >>> b"".join(read_blocks("config.json", size=4))
       b'{"epochs": 1}'
     """
-    if is_local(path):
-        opened = open(path, "rb")  # noqa: SIM115 (closed by the with below)
-    else:
-        fs, bare = _store(path)
-        opened = fs.open(bare, "rb")
-    with opened as f:
+    with _ask(path, lambda p: open(p, "rb"), "open") as f:  # a store's open reads bytes too
         yield from iter(lambda: f.read(size), b"")
 
 
@@ -427,10 +421,7 @@ def file_size(path: PathLike) -> int:
       >>> file_size("config.json")
       13
     """
-    if is_local(path):
-        return os.path.getsize(path)
-    fs, bare = _store(path)
-    return int(fs.size(bare))
+    return int(_ask(path, os.path.getsize, "size"))
 
 
 def atomic_write(path: PathLike, data: bytes | str | Callable[[BinaryIO], Any]) -> None:

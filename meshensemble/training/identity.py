@@ -101,16 +101,13 @@ def run_fields(cfg: TrainConfig) -> dict[str, Any]:
       >>> sorted(run_fields(TrainConfig()))[:3]
       ['augment', 'backbone', 'batch_size']
     """
-    out = {name: getattr(cfg, name) for name in RUN_FIELDS}
-    if cfg.schedule == "constant":
-        del out["epochs"]
-    if cfg.schedule != "warmup_cosine":
-        del out["warmup_epochs"]
-    if cfg.augment == "none":
-        del out["augment_shift"]
-    if not cfg.backbone:
-        del out["rank"]
-    return out
+    dropped = {
+        "epochs": cfg.schedule == "constant",
+        "warmup_epochs": cfg.schedule != "warmup_cosine",
+        "augment_shift": cfg.augment == "none",
+        "rank": not cfg.backbone,
+    }
+    return {name: getattr(cfg, name) for name in RUN_FIELDS if not dropped.get(name)}
 
 
 def split_fingerprint(images: Any, labels: Any) -> str:
@@ -354,13 +351,8 @@ def agree_data(identity: dict[str, Any], note: str | None = None) -> None:
       >>> dataset = me.data.synthetic(64, 16)
       >>> agree_data(data_identity(dataset, None), dataset.note)   # one process: agrees
     """
-    agree(
-        "the data",
-        identity,
-        "pass the same --source/--data-file/--data-dir (and the same file contents) on every host",
-        compare=AGREED_DATA_KEYS,
-        label=note,
-    )
+    same = "the same --source/--data-file/--data-dir (and the same file contents)"
+    agree("the data", identity, f"pass {same} on every host", compare=AGREED_DATA_KEYS, label=note)
 
 
 def read_saved_config(workdir: str) -> dict[str, Any] | None:
@@ -405,6 +397,18 @@ def _refuse(workdir: str, held: str, this: str, fix: str) -> ValueError:
     )
 
 
+def _refuse_change(
+    workdir: str, held: dict[str, Any], now: dict[str, Any], keys: Any, fix: str = ""
+) -> None:
+    """Raises :func:`_refuse` for the first of ``keys`` that ``held`` records with another
+    value than ``now`` (``fix``: by default, resume with the held value)."""
+    for key in keys:
+        if key in held and held[key] != now.get(key):
+            label = {"source": "data source"}.get(key, key)
+            was = f"{label}={held[key]!r}"
+            raise _refuse(workdir, was, f"{label}={now.get(key)!r}", fix or f"resume with {was}")
+
+
 def check_same_run(
     workdir: str,
     saved: dict[str, Any],
@@ -433,21 +437,13 @@ def check_same_run(
       >>> RunWriter("runs/mnist").write_config(cfg, {"data_identity": data_identity(ds, None)})
       >>> check_same_run("runs/mnist", read_saved_config("runs/mnist"), run_fields(cfg))
     """
-    for name, value in fields.items():
-        if name in saved and saved[name] != value:
-            held, this = f"{name}={saved[name]!r}", f"{name}={value!r}"
-            raise _refuse(workdir, held, this, f"resume with {held}")
-    resolved = saved.get("resolved")
-    held_data = resolved.get("data_identity") if isinstance(resolved, dict) else None
-    if data is None or not isinstance(held_data, dict):
+    _refuse_change(workdir, saved, fields, fields)
+    held_data = recorded_identity(saved)
+    if data is None or held_data is None:
         return
-    note = resolved.get("data") or "the same data"
-    fix = f"resume with the run's data ({note})"
+    fix = f"resume with the run's data ({saved['resolved'].get('data') or 'the same data'})"
     paths = ("data_file", "data_dir", "test_file")  # the files' paths last: content first
-    for key in (k for k in DATA_KEYS if k not in paths):
-        if key in held_data and held_data[key] != data[key]:
-            label = {"source": "data source"}.get(key, key)
-            raise _refuse(workdir, f"{label}={held_data[key]!r}", f"{label}={data[key]!r}", fix)
+    _refuse_change(workdir, held_data, data, [k for k in DATA_KEYS if k not in paths], fix)
     differ = differing_splits(held_data, data) if held_data.get("format") == IDENTITY_FORMAT else []
     if differ:
         name = differ[0]
@@ -458,9 +454,8 @@ def check_same_run(
             f"{name} split fingerprint={this_fp} (the {' and '.join(differ)} data differ)",
             fix,
         )
-    for key in paths:  # an older run's sampled fingerprint is not compared: sizes matched
-        if key in held_data and held_data[key] != data.get(key):
-            raise _refuse(workdir, f"{key}={held_data[key]!r}", f"{key}={data.get(key)!r}", fix)
+    # an older run's sampled fingerprint is not compared: sizes matched
+    _refuse_change(workdir, held_data, data, paths, fix)
 
 
 def _short(fingerprint: str | None) -> str:
@@ -631,12 +626,8 @@ def check_run_data(
         say(f"run {workdir} records its data in an older format: only the test split was checked")
         return
     if held.get("format") != IDENTITY_FORMAT:
-        same = (held.get("num_train"), held.get("num_test"), held.get("fingerprint")) == (
-            dataset.num_train,
-            dataset.num_test,
-            sampled_fingerprint(dataset),
-        )
-        if not same:
+        now = (dataset.num_train, dataset.num_test, sampled_fingerprint(dataset))
+        if (held.get("num_train"), held.get("num_test"), held.get("fingerprint")) != now:
             raise data_lib.DataError(
                 f"this data ({dataset.note}) differs from the data run {workdir} was trained "
                 f"on (its sizes or sampled fingerprint {held.get('fingerprint')!r}); {fix}"

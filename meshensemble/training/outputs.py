@@ -232,6 +232,23 @@ def replacing(path: str) -> Iterator[Any]:
     storage.atomic_write(path, buffer.getvalue())
 
 
+def _write_strict(path: str, value: Any) -> None:
+    """Writes ``value`` as indented strict JSON, replacing ``path`` atomically (NaN as null,
+    noted); a failed write raises :class:`OutputError` naming the file."""
+    text = dumps_strict(value, indent=2)
+    with writing(path), replacing(path) as f:
+        f.write(text)
+
+
+def _draw(workdir: str, figures: dict[str, Callable[[str], None]], after: str = "") -> None:
+    """Draws each ``{file name: draw(path)}`` in ``workdir``, listed in :data:`OUTPUTS_FILE`."""
+    for name, draw in figures.items():
+        path = storage.join(workdir, name)
+        with writing(path, after):
+            draw(path)
+        note_output(workdir, path)
+
+
 def note_output(workdir: str, path: str) -> None:
     """Adds ``path`` to the run's :data:`OUTPUTS_FILE` when it lies inside ``workdir``.
 
@@ -391,14 +408,11 @@ class RunWriter:
         """
         if not self.enabled:
             return
-        path = storage.join(self.workdir, CONFIG_FILE)
         fields = dataclasses.asdict(cfg)
         for name in ("data_file", "data_dir"):
             if isinstance(fields.get(name), str) and "://" not in fields[name]:
                 fields[name] = storage.absolute(fields[name])
-        text = dumps_strict(fields | {"resolved": resolved}, indent=2)
-        with writing(path), replacing(path) as f:
-            f.write(text)
+        _write_strict(storage.join(self.workdir, CONFIG_FILE), fields | {"resolved": resolved})
 
     def write_compile(self, summary: dict[str, Any]) -> None:
         """Writes :data:`COMPILE_FILE`: what this command compiled (replaced by each command).
@@ -408,10 +422,7 @@ class RunWriter:
         """
         if not self.enabled:
             return
-        path = storage.join(self.workdir, COMPILE_FILE)
-        text = dumps_strict(summary, indent=2)
-        with writing(path), replacing(path) as f:
-            f.write(text)
+        _write_strict(storage.join(self.workdir, COMPILE_FILE), summary)
 
     def write_metrics(self, record: dict[str, Any]) -> None:
         """Appends one record to ``metrics.jsonl`` (and its scalars to TensorBoard).
@@ -437,12 +448,7 @@ class RunWriter:
         """Draws each ``{file name: draw(path)}`` in the workdir, listed in :data:`OUTPUTS_FILE`."""
         if not self.enabled:
             return
-        after = " (the trained checkpoint and metrics.jsonl are saved)"
-        for name, draw in drawn.items():
-            path = storage.join(self.workdir, name)
-            with writing(path, after):
-                draw(path)
-            note_output(self.workdir, path)
+        _draw(self.workdir, drawn, " (the trained checkpoint and metrics.jsonl are saved)")
 
     def close(self) -> None:
         """Closes the TensorBoard writer."""
@@ -470,15 +476,8 @@ def write_evaluation(
       >>> json.load(open("runs/new/evaluation.json"))
       {'task': 'classification'}
     """
-    path = storage.join(workdir, EVALUATION_FILE)
-    text = dumps_strict(result, indent=2)  # NaN as null, noted: strict JSON
-    with writing(path), replacing(path) as f:
-        f.write(text)
-    for name, draw in figures.items():
-        path = storage.join(workdir, name)
-        with writing(path):
-            draw(path)
-        note_output(workdir, path)
+    _write_strict(storage.join(workdir, EVALUATION_FILE), result)
+    _draw(workdir, figures)
 
 
 class Progress:

@@ -374,65 +374,35 @@ def resolve_choices(
         if not conv_open:
             why = f"one member per device: vmap and loop are the same program ({platform})"
             return Choice(strategy, conv, "default", why)
-    return _measured(
-        cfg,
-        mesh,
-        dataset,
-        init_key,
-        cache_dir,
-        strategy_open,
-        conv_open,
-        (strategy, conv),
-        members_per_device,
-        rounds,
-        timer,
-        feeder,
-        build,
-    )
+    built = _Candidates(cfg, mesh, dataset, init_key, feeder, build)
+    opened = (strategy_open, conv_open)
+    return _measured(built, cache_dir, opened, (strategy, conv), members_per_device, rounds, timer)
 
 
 def _measured(
-    cfg: TrainConfig,
-    mesh: Mesh,
-    dataset: data_lib.Dataset,
-    init_key: jax.Array,
+    built: _Candidates,
     cache_dir: str | None,
-    strategy_open: bool,
-    conv_open: bool,
+    opened: tuple[bool, bool],
     default: tuple[str, str | None],
     members_per_device: int,
     rounds: int,
     timer: Callable[[], float],
-    feeder: Callable[[Ensemble], Feeder] | None,
-    build: Callable[[TrainConfig], Ensemble] | None = None,
 ) -> Choice:
-    """:func:`resolve_choices` once something is left to measure."""
-    strategies = STRATEGY_CANDIDATES if strategy_open else (default[0],)
-    convs = conv_candidates(_platform(mesh)) if conv_open else (default[1],)
-    names = {_name(s, c, strategy_open, conv_open): (s, c) for s in strategies for c in convs}
-    default_name = _name(*default, strategy_open, conv_open)
+    """:func:`resolve_choices` once something is left to measure (``opened``: whether the
+    strategy and the convolution are measured)."""
+    cfg, mesh, dataset = built.cfg, built.mesh, built.dataset
+    strategies = STRATEGY_CANDIDATES if opened[0] else (default[0],)
+    convs = conv_candidates(_platform(mesh)) if opened[1] else (default[1],)
+    names = {_name(s, c, *opened): (s, c) for s in strategies for c in convs}
+    default_name = _name(*default, *opened)
     names = {default_name: names.pop(default_name), **names}  # the default first
-    built = _Candidates(cfg, mesh, dataset, init_key, feeder, build)
     key = _key(cfg, mesh, dataset, sorted(names), members_per_device)
     path = autotune.choices_path(cache_dir) if cache_dir else None
-    pin = {  # how to pin each candidate, quoted for the one chosen
-        n: " ".join(
-            ([f"--member-strategy {s}"] if strategy_open else [])
-            + ([f"--conv {c}"] if conv_open else [])
-        )
-        for n, (s, c) in names.items()
-    }
+    pin = {n: _name(*sc, *opened, flags=True) for n, sc in names.items()}  # quoted if chosen
     makers = {n: built.maker(*sc, tuning=n != default_name) for n, sc in names.items()}
+    planned = planned_steps(cfg, dataset)
     decision = autotune.decide(
-        key,
-        makers,
-        path,
-        default_name,
-        planned_steps(cfg, dataset),
-        rounds,
-        timer,
-        pin=pin,
-        reused=built.reused,
+        key, makers, path, default_name, planned, rounds, timer, pin=pin, reused=built.reused
     )
     strategy, conv = names[decision.name]
     bf16_ratio = autotune.recorded(path, key).get("bf16_ratio")
@@ -560,6 +530,12 @@ def concrete(cfg: TrainConfig, strategy: str, conv: str | None) -> TrainConfig:
     )
 
 
-def _name(strategy: str, conv: str | None, strategy_open: bool, conv_open: bool) -> str:
-    parts = ([strategy] if strategy_open else []) + ([str(conv)] if conv_open else [])
-    return "/".join(parts)
+def _name(
+    strategy: str, conv: str | None, strategy_open: bool, conv_open: bool, flags: bool = False
+) -> str:
+    """A candidate's name (e.g. ``vmap/im2col``), or with ``flags`` how to pin it
+    (``--member-strategy vmap --conv im2col``): the open settings only."""
+    parts = [("--member-strategy", strategy, strategy_open), ("--conv", str(conv), conv_open)]
+    if flags:
+        return " ".join(f"{flag} {value}" for flag, value, is_open in parts if is_open)
+    return "/".join(value for _, value, is_open in parts if is_open)
