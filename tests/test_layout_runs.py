@@ -168,3 +168,45 @@ def test_predict_and_the_exported_artifact_carry_the_backbone_once(backbone_run,
     assert len(blob) < backbone + adapters + backbone // 2  # 4 copies would be 4x the backbone
     exp = jax.export.deserialize(bytearray(blob))
     np.testing.assert_allclose(np.asarray(exp.call(x)["probs"]), probs, atol=1e-5)
+
+
+def bn_mlp():
+    """An MLP with BatchNorm: a backbone whose model is its parameters and its statistics."""
+    return me.models.MLP((16,), batch_norm=True)
+
+
+@pytest.mark.slow
+def test_a_batchnorm_backbone_brings_its_statistics(tmp_path):
+    """--backbone of a BatchNorm model: the members start at the backbone's running
+    statistics (not fresh ones), so in evaluation they predict what the backbone does; a
+    file of parameters alone is refused for such a model, before anything is written."""
+    need_devices(8)
+    from meshensemble.training.backbone import backbone_model_state, with_model_state
+
+    model = f"{__name__}:bn_mlp"
+    # 64 steps: BatchNorm's running statistics (momentum 0.99) are half way from fresh ones
+    one = dict(model=model, members=1, mesh="ensemble=1,data=2", epochs=4, batch_size=8)
+    base = train(small_config(tmp_path / "bn", **one), dataset=DATA)
+    stats = jax.tree.map(lambda v: np.asarray(v)[0], jax.device_get(base.state.model_state))
+    lora = train(
+        small_config(tmp_path / "lora", model=model, backbone=str(tmp_path / "bn"), max_steps=1),
+        dataset=DATA,
+    )
+    after = jax.device_get(lora.state.model_state)["batch_stats"]["BatchNorm_0"]["var"]
+    want, fresh = stats["batch_stats"]["BatchNorm_0"]["var"], np.ones_like(after[0])
+    # one step of the running average away from the backbone's statistics, not fresh ones
+    assert np.abs(after - want).sum() < 0.1 * len(after) * np.abs(fresh - want).sum()
+    ens = lora.ensemble
+    got = backbone_model_state(
+        str(tmp_path / "bn"), ens.model, ens.input_transform, DATA.x_train[:1]
+    )
+    chex.assert_trees_all_equal(got, stats)
+    params = load_backbone(str(tmp_path / "bn"))
+    save_backbone(str(tmp_path / "b.npz"), params)
+    with pytest.raises(me.UsageError, match="keeps batch_stats .* give the backbone's run folder"):
+        train(
+            small_config(tmp_path / "bad", model=model, backbone=str(tmp_path / "b.npz")),
+            dataset=DATA,
+        )
+    assert not (tmp_path / "bad").exists()
+    assert with_model_state(lora.state, None) is lora.state

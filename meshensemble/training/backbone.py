@@ -11,6 +11,11 @@ trained model, kept frozen and shared (docs/sharing.md). The backbone comes from
 * a ``.msgpack`` of the parameter tree (``flax.serialization.to_bytes(params)``, or of
   ``{"params": params}``).
 
+A model with mutable collections (BatchNorm's ``batch_stats``) is its parameters *and*
+those statistics: :func:`backbone_model_state` reads the run's statistics so that every
+member starts at the backbone in evaluation mode too (a file holds parameters only, so
+such a backbone must be a run folder).
+
 Example:
   >>> params = me.extract_members(state, 0)          # one trained member, e.g.
   >>> save_backbone("backbone.npz", params)
@@ -81,6 +86,77 @@ def load_backbone(path: str) -> PyTree:
     )
 
 
+def backbone_model_state(path: str, model: Any, transform: Any, sample: Any) -> PyTree:
+    """The backbone's model state (e.g. ``batch_stats``), checked against the model's.
+
+    Args:
+      path: what :func:`load_backbone` takes.
+      model: the :class:`meshensemble.Model` of one member (the adapted backbone).
+      transform: the ensemble's input transform (None: none).
+      sample: an input batch of the model's shape (array or ``jax.ShapeDtypeStruct``).
+
+    Returns:
+      The backbone run's member-0 model state on the model's structure (nested dicts of
+      numpy arrays, no member axis), or None when the model has no mutable collections.
+
+    Raises:
+      UsageError: the model keeps state (BatchNorm statistics) but ``path`` is a file of
+        parameters, or the run's state does not fit the model's (one line naming the path).
+
+    Example:
+      >>> backbone_model_state("backbone.npz", ens.model, None, images[:1]) is None  # an MLP
+      True
+    """
+    transform = transform or (lambda v: v)
+    init = lambda xx: model.init(jax.random.PRNGKey(0), transform(xx))[1]
+    wanted = jax.eval_shape(init, sample)
+    if not jax.tree.leaves(wanted):
+        return None
+    names = ", ".join(sorted(wanted))
+    if not storage.isdir(path):
+        raise UsageError(
+            f"--backbone {path}: this model keeps {names} beside its parameters and a file "
+            "holds parameters only; give the backbone's run folder (train --members 1)"
+        )
+    found = jax.tree.map(lambda v: np.asarray(v)[0], _restore_run(path)["model_state"])
+    want = {k: (tuple(v.shape), v.dtype) for k, v in traverse_util.flatten_dict(wanted).items()}
+    have = traverse_util.flatten_dict(found) if isinstance(found, dict) else {}
+    for key, (shape, _) in want.items():
+        if key not in have or tuple(np.shape(have[key])) != shape:
+            got = np.shape(have[key]) if key in have else "nothing"
+            raise UsageError(
+                f"--backbone {path}: its {'/'.join(map(str, key))} is {got}; the model's is "
+                f"{shape}: give a backbone of this model (the same architecture)"
+            )
+    return traverse_util.unflatten_dict({k: have[k].astype(d) for k, (_, d) in want.items()})
+
+
+def with_model_state(state: Any, model_state: PyTree) -> Any:
+    """``state`` with every member's model state set to ``model_state`` (placed alike).
+
+    Args:
+      state: an :class:`~meshensemble.EnsembleState` (model-state leaves ``[members, ...]``).
+      model_state: one member's model state of the same structure (no member axis), or
+        None (``state`` is returned unchanged).
+
+    Returns:
+      The state with each member's model state equal to ``model_state``, every leaf with
+      its old shape, dtype and sharding.
+
+    Example:
+      >>> with_model_state(state, None) is state
+      True
+    """
+    if model_state is None:
+        return state
+
+    def put(old: jax.Array, new: Any) -> jax.Array:
+        whole = np.broadcast_to(np.asarray(new, old.dtype), old.shape)
+        return jax.make_array_from_callback(old.shape, old.sharding, lambda idx: whole[idx])
+
+    return state.replace(model_state=jax.tree.map(put, state.model_state, model_state))
+
+
 def save_backbone(path: str, params: PyTree) -> None:
     """Writes one model's parameters as an ``.npz`` :func:`load_backbone` reads (atomically).
 
@@ -104,6 +180,11 @@ def save_backbone(path: str, params: PyTree) -> None:
 
 def _from_run(workdir: str) -> PyTree:
     """Member 0's parameters of the newest checkpoint of a one-member run, verified."""
+    return jax.tree.map(lambda v: np.asarray(v)[0], _restore_run(workdir)["params"])
+
+
+def _restore_run(workdir: str) -> dict[str, Any]:
+    """The newest checkpoint's state of a one-member run without a layout, verified."""
     steps = list_checkpoints(workdir)
     if not steps:
         raise UsageError(
@@ -142,4 +223,4 @@ def _from_run(workdir: str) -> PyTree:
             f"--backbone {workdir}: the run has {what}; a backbone is one plain model "
             "(train it with --members 1)"
         )
-    return jax.tree.map(lambda v: np.asarray(v)[0], params)
+    return state

@@ -37,7 +37,7 @@ from meshensemble.models import get_model
 from meshensemble.models.user import is_spec
 from meshensemble.runtime.compilation import CompileLog, enable_compilation_cache
 from meshensemble.runtime.distributed import fetch
-from meshensemble.training.backbone import load_backbone
+from meshensemble.training.backbone import backbone_model_state, load_backbone, with_model_state
 from meshensemble.training.calibrate import calibrate_finished_run
 from meshensemble.training.checkpoint import Checkpointer
 from meshensemble.training.config import (
@@ -428,8 +428,11 @@ def _start(
         feeder.compile_eval_ahead(
             lambda: ens.init(init_key, sample), dataset.x_test, dataset.y_test, cfg.eval_batch_size
         )
-    given = {"params": load_backbone(cfg.backbone)} if cfg.backbone else {}
-    return ens.init(init_key, sample, **given), LoopPosition()
+    if not cfg.backbone:
+        return ens.init(init_key, sample), LoopPosition()
+    state = ens.init(init_key, sample, params=load_backbone(cfg.backbone))
+    stats = backbone_model_state(cfg.backbone, ens.model, ens.input_transform, sample)
+    return with_model_state(state, stats), LoopPosition()  # BatchNorm's statistics too
 
 
 def _finish(

@@ -27,7 +27,7 @@ from meshensemble.core.layout import given_values
 from meshensemble.core.mesh import make_mesh
 from meshensemble.core.tasks import Task, task_class, task_names
 from meshensemble.runtime import storage
-from meshensemble.training.backbone import load_backbone
+from meshensemble.training.backbone import backbone_model_state, load_backbone
 from meshensemble.training.checkpoint import CHECKPOINT_DIR, list_checkpoints, restore_checkpoint
 from meshensemble.training.config import (
     CONFIG_FILE,
@@ -216,6 +216,7 @@ def prepare(cfg, dataset, saved, task, source, cache_dir, say, tell) -> Setup:
         shapes = member_params(ens.model, ens.input_transform, sample)
         what, shared = f"--backbone {cfg.backbone}", ens.layout.shared_mask(shapes)
         given_values(shapes, load_backbone(cfg.backbone), shared, 1, what)
+        backbone_model_state(cfg.backbone, ens.model, ens.input_transform, sample)
     return Setup(data, plan, sample, init_key, feeder_for, choice, ens, restored)
 
 
