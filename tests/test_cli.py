@@ -121,6 +121,16 @@ def test_existing_flag_spellings_keep_working(monkeypatch, tmp_path):
     assert (cfg.learning_rate, cfg.mesh, cfg.members) == (0.05, "ensemble=2", 8)
 
 
+def test_rank_without_a_backbone_is_refused_not_ignored(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    parse = lambda *argv: cli.build_parser().parse_args(["train", *argv])
+    with pytest.raises(me.UsageError, match=r"^--rank 3 is the rank of --backbone adapters.*"
+                       r"drop --rank, or add --backbone RUN_OR_FILE$"):  # fmt: skip
+        cli_train.config_from_args(parse("--rank", "3"))
+    assert cli_train.config_from_args(parse("--rank", "3", "--backbone", "b.npz")).rank == 3
+    assert cli_train.config_from_args(parse()).rank == 4  # the default, not given: no refusal
+
+
 def test_evaluate_flags_reuse_the_fields_metadata():
     by_flag = {a.option_strings[0]: a for a in actions(subparser(cli_evaluate))}
     assert tuple(by_flag["--source"].choices) == data.SOURCES  # the tables too

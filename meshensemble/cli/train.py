@@ -118,7 +118,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
       The validated config.
 
     Raises:
-      UsageError: an unreadable config file, an unknown key in it, or a bad value.
+      UsageError: an unreadable config file, an unknown key in it, a bad value, or
+        ``--rank`` without a ``--backbone``.
 
     Example:
       >>> from meshensemble.cli import build_parser
@@ -146,6 +147,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             )
     values.update(given)
     values = with_task_defaults(values)  # e.g. regression's optimizer, when not given
+    if getattr(args, "rank", None) is not None and not values.get("backbone"):
+        raise UsageError(
+            f"--rank {args.rank} is the rank of --backbone adapters, and this run has no "
+            "--backbone; drop --rank, or add --backbone RUN_OR_FILE"
+        )
     try:
         return TrainConfig(**values).validate()
     except (TypeError, ValueError) as err:
