@@ -21,6 +21,7 @@ from jax import lax
 
 from meshensemble.bench.config import Spec
 from meshensemble.bench.flops import count_flops
+from meshensemble.bench.timing import timed
 from meshensemble.bench.workloads import Context, make_model, single_step
 from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.mesh import make_mesh, replicated_sharding
@@ -116,24 +117,35 @@ class Runner:
 
     def prepare(self) -> None:
         """Builds and compiles the computation, then makes the first call if it needs one."""
-        t = time.perf_counter()
-        self.build()
+        build_s = timed(self.build)
         if self.compile_s is None:
-            self.compile_s = time.perf_counter() - t
+            self.compile_s = build_s
         if self.needs_first_call:
-            t = time.perf_counter()
-            self.run()
-            self.first_call_s = time.perf_counter() - t
+            self.first_call_s = timed(self.run)
         stats = device_memory(self.devices())
         if stats is not None:
             self.peak_bytes, self.memory_source = stats, "memory_stats"
 
-    def set_compiled(self, compiled: Any, seconds: float) -> None:
-        """Records an ahead-of-time compiled program: its compile time and memory."""
-        self.compile_s = seconds
+    def compile_timed(self, fn: Any, *args: Any) -> Any:
+        """Compiles ``fn`` for ``args`` ahead of time; records its compile time and memory."""
+        t = time.perf_counter()
+        compiled = fn.lower(*args).compile()
+        self.compile_s = time.perf_counter() - t
         self.program_bytes = program_memory(compiled)
         if self.program_bytes is not None:
             self.peak_bytes, self.memory_source = self.program_bytes, "memory_analysis"
+        return compiled
+
+    def make_feeder(self, k: int, **train: Any) -> tuple[Ensemble, Feeder]:
+        """The spec's ensemble and the training loop's feeder of ``k`` steps per chunk, as
+        the loop builds them (``train``: more :class:`~meshensemble.training.TrainConfig`
+        fields); the members' state goes to ``self.state``."""
+        ens = make_ensemble(self.ctx, self.spec)
+        members, batch_size = self.spec.members, self.ctx.cfg.batch_size
+        cfg = TrainConfig(members=members, batch_size=batch_size, shuffle="shared", **train)
+        self.state = self.ctx.ensemble_state(self.spec.model, members, ens.mesh)
+        key = jax.random.key(self.ctx.cfg.seed + 1)
+        return ens, Feeder(ens, self.ctx.dataset, cfg, key, k, self.ctx.steps_per_epoch)
 
     def devices(self) -> list[jax.Device]:
         """The devices the case uses."""
@@ -168,9 +180,7 @@ class Matmul(Runner):
         k1, k2 = jax.random.split(jax.random.key(1))
         self.a = jax.device_put(jax.random.normal(k1, (n, n), dtype), dev)
         self.b = jax.device_put(jax.random.normal(k2, (n, n), dtype), dev)
-        t = time.perf_counter()
-        self.fn = jax.jit(jnp.matmul).lower(self.a, self.b).compile()
-        self.set_compiled(self.fn, time.perf_counter() - t)
+        self.fn = self.compile_timed(jax.jit(jnp.matmul), self.a, self.b)
         self.flops_per_call = count_flops(jnp.matmul, self.a, self.b)["total"]
 
     def run(self) -> None:
@@ -219,9 +229,7 @@ class Howto(Runner):
         self.step_index = 0
         self.losses: list[Any] = []
         x, y = self._replicated(0)
-        t = time.perf_counter()
-        compiled = self.apply_model.lower(self.states[0], x, y).compile()
-        self.set_compiled(compiled, time.perf_counter() - t)
+        self.compile_timed(self.apply_model, self.states[0], x, y)
 
     def _replicated(self, i: int) -> tuple[Any, Any]:
         x, y = self.ctx.howto_batch(i)
@@ -275,9 +283,7 @@ class EnsembleStep(Runner):
         self.state = self.ctx.ensemble_state(self.spec.model, self.spec.members, self.ens.mesh)
         self.step_index = 0
         if self.spec.backend == "shard_map":  # compile ahead of time for the memory analysis
-            t = time.perf_counter()
-            compiled = self.ens.train_step_fn(False).lower(self.state, x, y).compile()
-            self.set_compiled(compiled, time.perf_counter() - t)
+            compiled = self.compile_timed(self.ens.train_step_fn(False), self.state, x, y)
             if self.spec.devices == 1:
                 examples = self.spec.members * self.ctx.cfg.batch_size
                 self.ctx.record_flops(self.spec.model, compiled, examples)
@@ -295,28 +301,14 @@ class Chunk(Runner):
     needs_first_call = False
 
     def build(self) -> None:
-        ens = make_ensemble(self.ctx, self.spec)
-        cfg = TrainConfig(
-            members=self.spec.members, batch_size=self.ctx.cfg.batch_size, shuffle="shared"
-        )
-        self.state = self.ctx.ensemble_state(self.spec.model, self.spec.members, ens.mesh)
-        feeder = Feeder(
-            ens,
-            self.ctx.dataset,
-            cfg,
-            jax.random.key(self.ctx.cfg.seed + 1),
-            self.spec.k,
-            self.ctx.steps_per_epoch,
-        )
+        ens, feeder = self.make_feeder(self.spec.k)
         first = jax.device_put(jnp.int32(0), replicated_sharding(ens.mesh))
         self.args = (feeder.images, feeder.labels, feeder.order(1), first)
         # the program the loop runs: K > 1 is the paced chunk (its step count an argument)
         program = feeder.paced() if feeder.dynamic else feeder.chunk(self.spec.k)
         if feeder.dynamic:
             self.args += (jax.device_put(jnp.int32(self.spec.k), replicated_sharding(ens.mesh)),)
-        t = time.perf_counter()
-        self.fn = program.lower(self.state, *self.args).compile()
-        self.set_compiled(self.fn, time.perf_counter() - t)
+        self.fn = self.compile_timed(program, self.state, *self.args)
 
     def run(self) -> None:
         self.state, metrics = self.fn(self.state, *self.args)
@@ -337,9 +329,7 @@ class Sequential(Runner):
         step = single_step(make_model(self.spec.model), self.ctx.tx)
         self.step = jax.jit(step, donate_argnums=(0, 1))
         xd, yd = jax.device_put((x, y), self.device)
-        t = time.perf_counter()
-        compiled = self.step.lower(*self.states[0], xd, yd).compile()
-        self.set_compiled(compiled, time.perf_counter() - t)
+        compiled = self.compile_timed(self.step, *self.states[0], xd, yd)
         self.ctx.record_flops(self.spec.model, compiled)
         self.step_index = 0
 
