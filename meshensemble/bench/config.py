@@ -60,8 +60,9 @@ MODELS = ("cnn", "mlp")
 """The main models a user picks (the tiny configuration runs ``"mlp32"``)."""
 
 
-def _flag(help: str, **extra: Any) -> dict[str, Any]:
-    return {"help": help, **extra}
+def _flag(default: Any, help: str, **extra: Any) -> Any:
+    """A flag's field: its default, and its ``help`` (and argparse extras) as metadata."""
+    return dataclasses.field(default=default, metadata={"help": help, **extra})
 
 
 @dataclasses.dataclass
@@ -100,80 +101,49 @@ class BenchConfig:
       (4, 128, False)
     """
 
-    members: int = dataclasses.field(default=8, metadata=_flag("ensemble size (default 8)"))
-    suite: str | None = dataclasses.field(
-        default=None,
-        metadata=_flag(
-            "run a suite: accelerator = every accelerator target (matmuls, HOWTO, epoch, "
-            "members per device, time to accuracy) into --out DIR/accelerator.json and "
-            "accelerator.md (see meshensemble.bench.suite)",
-            choices=tuple(SUITES),
-        ),
+    members: int = _flag(8, "ensemble size (default 8)")
+    suite: str | None = _flag(
+        None,
+        "run a suite: accelerator = every accelerator target (matmuls, HOWTO, epoch, members "
+        "per device, time to accuracy) into --out DIR/accelerator.json and accelerator.md "
+        "(see meshensemble.bench.suite)",
+        choices=tuple(SUITES),
     )
     conv_members: int | None = None
-    batch_size: int = dataclasses.field(
-        default=128, metadata=_flag("examples per member per step (default 128; tiny 32)")
+    batch_size: int = _flag(128, "examples per member per step (default 128; tiny 32)")
+    repeats: int = _flag(5, "timed rounds (default 5; tiny 2)")
+    warmup: int = _flag(1, "untimed rounds after compiling (default 1)")
+    cases: tuple[str, ...] = _flag(
+        (), f"comma list of cases or groups ({', '.join(GROUPS)}); default all"
     )
-    repeats: int = dataclasses.field(default=5, metadata=_flag("timed rounds (default 5; tiny 2)"))
-    warmup: int = dataclasses.field(
-        default=1, metadata=_flag("untimed rounds after compiling (default 1)")
+    tiny: bool = _flag(False, "tiny configuration for CI (< 60 s)")
+    data_file: str | None = _flag(None, "a Keras-layout MNIST .npz (default: embedded sample)")
+    model: str = _flag("cnn", "model (default cnn; tiny: MLP((32,)))", choices=MODELS)
+    out: str = _flag("bench.json", "JSON results file (default bench.json); with --suite: a folder")
+    plot: str | None = _flag(
+        None, "PNG of time per step against members per device", metavar="FILE"
     )
-    cases: tuple[str, ...] = dataclasses.field(
-        default=(),
-        metadata=_flag(f"comma list of cases or groups ({', '.join(GROUPS)}); default all"),
+    epoch_cap: int | None = _flag(None, "most steps per call of chunk_epoch (default: an epoch)")
+    case_budget: float | None = _flag(None, "stop timing a case after S seconds", metavar="S")
+    matmul_size: int | None = _flag(
+        None,
+        "side of the fp32 and bf16 yardstick matmuls (default 8192 on GPU/TPU, 2048 on CPU; "
+        "tiny 256)",
     )
-    tiny: bool = dataclasses.field(
-        default=False, metadata=_flag("tiny configuration for CI (< 60 s)")
-    )
-    data_file: str | None = dataclasses.field(
-        default=None, metadata=_flag("a Keras-layout MNIST .npz (default: embedded sample)")
-    )
-    model: str = dataclasses.field(
-        default="cnn", metadata=_flag("model (default cnn; tiny: MLP((32,)))", choices=MODELS)
-    )
-    out: str = dataclasses.field(
-        default="bench.json",
-        metadata=_flag("JSON results file (default bench.json); with --suite: a folder"),
-    )
-    plot: str | None = dataclasses.field(
-        default=None,
-        metadata=_flag("PNG of time per step against members per device", metavar="FILE"),
-    )
-    epoch_cap: int | None = dataclasses.field(
-        default=None, metadata=_flag("most steps per call of chunk_epoch (default: an epoch)")
-    )
-    case_budget: float | None = dataclasses.field(
-        default=None, metadata=_flag("stop timing a case after S seconds", metavar="S")
-    )
-    matmul_size: int | None = dataclasses.field(
-        default=None,
-        metadata=_flag(
-            "side of the fp32 and bf16 yardstick matmuls (default 8192 on GPU/TPU, 2048 on "
-            "CPU; tiny 256)"
-        ),
-    )
-    layouts: tuple[str, ...] = dataclasses.field(
-        default=(),
-        metadata=_flag(
-            "comma list of zoo models (e.g. cnn,vit) whose 8-member ensemble is also measured "
-            "on E x D x P layouts: state bytes per device, compile and step time (8 devices; "
-            "default none)",
-            metavar="MODELS",
-        ),
+    layouts: tuple[str, ...] = _flag(
+        (),
+        "comma list of zoo models (e.g. cnn,vit) whose 8-member ensemble is also measured on "
+        "E x D x P layouts: state bytes per device, compile and step time (8 devices; default "
+        "none)",
+        metavar="MODELS",
     )
     members_per_device: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    seed: int = dataclasses.field(
-        default=0, metadata=_flag("seed of initialisation and batch order (default 0)")
+    seed: int = _flag(0, "seed of initialisation and batch order (default 0)")
+    target_accuracy: float = _flag(
+        0.993, "test ensemble accuracy time_to_accuracy trains to (default 0.993; tiny 0.5)"
     )
-    target_accuracy: float = dataclasses.field(
-        default=0.993,
-        metadata=_flag(
-            "test ensemble accuracy time_to_accuracy trains to (default 0.993; tiny 0.5)"
-        ),
-    )
-    accuracy_epochs: int = dataclasses.field(
-        default=10,
-        metadata=_flag("most epochs time_to_accuracy trains (default 10; tiny 2)", metavar="N"),
+    accuracy_epochs: int = _flag(
+        10, "most epochs time_to_accuracy trains (default 10; tiny 2)", metavar="N"
     )
 
 
