@@ -454,45 +454,36 @@ def _plan_context(
     )
 
 
+def _case(name: str, spec: Spec, description: str, group: str | None = None) -> Case:
+    """A case of :data:`GROUPS` (its group looked up) or, given, of ``group``."""
+    found = [g for g, names in GROUPS.items() if name in names]
+    return Case(name, group or found[0], spec, description)
+
+
 def _yardstick_cases(ctx: _Context) -> list[Case]:
     """The matmuls, the HOWTO and the backends' and user's single steps."""
     m, e, model, n_mm = ctx.m, ctx.e, ctx.model, ctx.n_mm
     # The HOWTO's layout, which the pmap backend also needs: one member per device.
     on_line = dict(members=m, devices=e, ensemble=e, data=1, strategy=ctx.auto)
     cases = [
-        Case(
-            f"matmul_{p}",
-            "matmul",
-            Spec("matmul", str(n_mm), precision=p),
-            f"{dtype} matmul {n_mm} x {n_mm}",
-        )
-        for p, dtype in (("fp32", "float32"), ("bf16", "bfloat16"))
+        _case(f"matmul_{p}", Spec("matmul", str(n_mm), precision=p), f"{t} matmul {n_mm} x {n_mm}")
+        for p, t in (("fp32", "float32"), ("bf16", "bfloat16"))
     ]
+    howto = f"Flax HOWTO pmap, {e} member(s)/run x {m // e} run(s)"
+    user = "Ensemble.train_step on the user's Flax model (XLA convolution), as howto"
     return cases + [
-        Case(
-            "howto",
-            "howto",
-            Spec("howto", plain_model(model), m, e),
-            f"Flax HOWTO pmap, {e} member(s)/run x {m // e} run(s)",
-        ),
-        Case(
+        _case("howto", Spec("howto", plain_model(model), m, e), howto),
+        _case(
             "ens_pmap",
-            "backends",
             Spec("ensemble", model, backend="pmap", **on_line),
             "Ensemble(backend=pmap).train_step",
         ),
-        Case(
+        _case(
             "ens_shard_map",
-            "backends",
             Spec("ensemble", model, **on_line),
             "Ensemble(backend=shard_map).train_step",
         ),
-        Case(
-            "ens_user",
-            "user",
-            Spec("ensemble", plain_model(model), **on_line),
-            "Ensemble.train_step on the user's Flax model (XLA convolution), as howto",
-        ),
+        _case("ens_user", Spec("ensemble", plain_model(model), **on_line), user),
     ]
 
 
@@ -515,57 +506,48 @@ def _has_grain() -> bool:
 def _chunk_cases(ctx: _Context) -> list[Case]:
     """The training loop's chunks, the streamed input and the sequential members."""
     model, k8, k_default, k_epoch = ctx.model, ctx.k8, ctx.k_default, ctx.k_epoch
-    cases = []
-    for name, k, what in (
-        ("chunk_default", k_default, f"train.py chunk, default K={k_default}"),
-        ("chunk_k1", 1, "train.py chunk, K=1"),
-        ("chunk_k8", k8, f"train.py chunk, K={k8} (paced loop)"),
-        ("chunk_epoch", k_epoch, f"train.py chunk, K={k_epoch} (epoch {ctx.steps_per_epoch})"),
-    ):
-        cases.append(Case(name, "chunk", Spec("chunk", model, k=k, **_on_all(ctx)), what))
+    cases = [
+        _case(name, Spec("chunk", model, k=k, **_on_all(ctx)), what)
+        for name, k, what in (
+            ("chunk_default", k_default, f"train.py chunk, default K={k_default}"),
+            ("chunk_k1", 1, "train.py chunk, K=1"),
+            ("chunk_k8", k8, f"train.py chunk, K={k8} (paced loop)"),
+            ("chunk_epoch", k_epoch, f"train.py chunk, K={k_epoch} (epoch {ctx.steps_per_epoch})"),
+        )
+    ]
     if _has_grain():  # else the stream ratio reads "not measured"
         what = f"train.py --input stream, {k8} steps/call (Grain prefetch)"
-        cases.append(Case("stream", "stream", Spec("stream", model, k=k8, **_on_all(ctx)), what))
-    cases.append(
-        Case(
-            "sequential",
-            "sequential",
-            Spec("sequential", plain_model(model), ctx.m),
-            f"{ctx.m} members one after another, jitted step",
-        )
-    )
-    return cases
+        cases.append(_case("stream", Spec("stream", model, k=k8, **_on_all(ctx)), what))
+    what = f"{ctx.m} members one after another, jitted step"
+    return cases + [_case("sequential", Spec("sequential", plain_model(model), ctx.m), what)]
 
 
 def _member_cases(ctx: _Context, members_per_device: Sequence[int]) -> list[Case]:
     """Members per device, mesh sizes and member strategies."""
     m, model, auto = ctx.m, ctx.model, ctx.auto
-    cases = []
-    for n in members_per_device:
-        cases.append(
-            Case(
-                f"mpd_{n}",
-                "members",
-                Spec("ensemble", model, n, strategy=auto),
-                f"{n} member(s) on 1 device ({auto})",
-            )
+    cases = [  # any size, not only the "members" group's names
+        _case(
+            f"mpd_{n}",
+            Spec("ensemble", model, n, strategy=auto),
+            f"{n} member(s) on 1 device ({auto})",
+            "members",
         )
+        for n in members_per_device
+    ]
     for n in (1, 2, 4, 8):
         if n <= ctx.num_devices:
             en = math.gcd(m, n)
             spec = Spec("ensemble", model, m, n, en, n // en, strategy=auto)
-            cases.append(Case(f"mesh_{n}", "mesh", spec, f"{m} members on {n} device(s)"))
+            cases.append(_case(f"mesh_{n}", spec, f"{m} members on {n} device(s)"))
     on_one = dict(members=m, devices=1, ensemble=1, data=1)
-    for strategy in ("vmap", "loop"):
-        cases.append(
-            Case(
-                f"strategy_{strategy}",
-                "strategy",
-                Spec("ensemble", model, strategy=strategy, **on_one),
-                f"{m} members on 1 device, {strategy}",
-            )
+    return cases + [
+        _case(
+            f"strategy_{s}",
+            Spec("ensemble", model, strategy=s, **on_one),
+            f"{m} members on 1 device, {s}",
         )
-    return cases
+        for s in ("vmap", "loop")
+    ]
 
 
 def _reform_cases(ctx: _Context) -> list[Case]:
@@ -574,42 +556,46 @@ def _reform_cases(ctx: _Context) -> list[Case]:
     ec = math.gcd(mc, ctx.num_devices)
     conv_one = dict(members=mc, devices=1, ensemble=1, data=1)
     conv_all = dict(members=mc, devices=ctx.num_devices, ensemble=ec, data=ctx.num_devices // ec)
-    cases = []
-    for name, model_id, strategy in (
-        ("reform_base_loop", f"{conv}-xla", "loop"),
-        ("reform_im2col_vmap", f"{conv}-im2col", "vmap"),
-        ("reform_im2col_loop", f"{conv}-im2col", "loop"),
-    ):
-        spec = Spec("ensemble", model_id, strategy=strategy, **conv_one)
-        cases.append(Case(name, "reform", spec, f"{model_id}, {mc} on 1 device, {strategy}"))
-    cases.append(
-        Case(
-            "reform_im2col_sequential",
-            "reform",
-            Spec("sequential", f"{conv}-im2col", mc),
-            f"{conv}-im2col, {mc} one after another, jitted step",
+    cases = [
+        _case(
+            name,
+            Spec("ensemble", model_id, strategy=strategy, **conv_one),
+            f"{model_id}, {mc} on 1 device, {strategy}",
         )
-    )
-    for name, model_id, k in (
-        ("scan_base_k1", f"{conv}-xla", 1),
-        ("scan_base_k8", f"{conv}-xla", ctx.k8),
-        ("scan_canonical_k1", f"{conv}-canonical", 1),
-        ("scan_canonical_k8", f"{conv}-canonical", ctx.k8),
-    ):
-        spec = Spec("chunk", model_id, k=k, strategy=ctx.auto, **conv_all)
-        cases.append(Case(name, "scan", spec, f"{model_id} chunk, K={k}"))
-    return cases
+        for name, model_id, strategy in (
+            ("reform_base_loop", f"{conv}-xla", "loop"),
+            ("reform_im2col_vmap", f"{conv}-im2col", "vmap"),
+            ("reform_im2col_loop", f"{conv}-im2col", "loop"),
+        )
+    ]
+    what = f"{conv}-im2col, {mc} one after another, jitted step"
+    cases.append(_case("reform_im2col_sequential", Spec("sequential", f"{conv}-im2col", mc), what))
+    return cases + [
+        _case(
+            name,
+            Spec("chunk", model_id, k=k, strategy=ctx.auto, **conv_all),
+            f"{model_id} chunk, K={k}",
+        )
+        for name, model_id, k in (
+            ("scan_base_k1", f"{conv}-xla", 1),
+            ("scan_base_k8", f"{conv}-xla", ctx.k8),
+            ("scan_canonical_k1", f"{conv}-canonical", 1),
+            ("scan_canonical_k8", f"{conv}-canonical", ctx.k8),
+        )
+    ]
 
 
 def _precision_cases(ctx: _Context) -> list[Case]:
     """float32 against mixed bfloat16, on one device."""
-    on_one = dict(members=ctx.m, devices=1, ensemble=1, data=1)
-    cases = []
-    for precision in ("fp32", "bf16"):
-        spec = Spec("ensemble", ctx.model, precision=precision, **on_one, strategy=ctx.auto)
-        what = f"{ctx.m} members on 1 device, {precision}"
-        cases.append(Case(f"precision_{precision}", "precision", spec, what))
-    return cases
+    on_one = dict(members=ctx.m, devices=1, ensemble=1, data=1, strategy=ctx.auto)
+    return [
+        _case(
+            f"precision_{p}",
+            Spec("ensemble", ctx.model, precision=p, **on_one),
+            f"{ctx.m} members on 1 device, {p}",
+        )
+        for p in ("fp32", "bf16")
+    ]
 
 
 def select_cases(cases: list[Case], names: Sequence[str]) -> list[Case]:
