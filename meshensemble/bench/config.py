@@ -170,6 +170,13 @@ _POSITIVE = (
     "matmul_size",
     "accuracy_epochs",
 )
+_CHECKS = (
+    *((name, lambda v: v < 1, "must be a positive integer") for name in _POSITIVE),
+    ("warmup", lambda v: v < 0, "must be 0 or more"),
+    ("target_accuracy", lambda v: not 0 < v <= 1, "must be in (0, 1]"),
+    ("case_budget", lambda v: not v > 0, "must be a positive number"),
+)
+"""The checked fields: name, whether a given value is bad, what it must be."""
 
 
 def known_cases() -> tuple[str, ...]:
@@ -220,18 +227,10 @@ def resolve(tiny: bool = False, **given: Any) -> BenchConfig:
         values.update(suite_defaults(given["suite"], members, tiny))
         values["out"] = "bench-" + given["suite"]
     values.update({k: v for k, v in given.items() if v is not None})
-    for name in _POSITIVE:
+    for name, bad, must in _CHECKS:
         value = values.get(name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{_dashed(name)} {value} must be a positive integer")
-    if values.get("warmup", 0) < 0:
-        raise ValueError(f"--warmup {values['warmup']} must be 0 or more")
-    target = values.get("target_accuracy", 0.5)
-    if not 0 < target <= 1:
-        raise ValueError(f"--target-accuracy {target} must be in (0, 1]")
-    budget = values.get("case_budget")
-    if budget is not None and not budget > 0:
-        raise ValueError(f"--case-budget {budget} must be a positive number")
+        if value is not None and bad(value):
+            raise ValueError(f"--{name.replace('_', '-')} {value} {must}")
     if values.get("model", "cnn") not in (*MODELS, "mlp32"):
         raise ValueError(f"--model {values['model']}: choose from {', '.join(MODELS)}")
     if values.get("suite") and storage.isfile(values["out"]):
@@ -243,10 +242,6 @@ def resolve(tiny: bool = False, **given: Any) -> BenchConfig:
     if values.get("layouts"):
         values["layouts"] = _layout_models(values["layouts"])
     return BenchConfig(tiny=tiny, **values)
-
-
-def _dashed(name: str) -> str:
-    return name.replace("_", "-")
 
 
 def _names(flag: str, given: str | Sequence[str], known: Any, what: str, choose: str):
