@@ -220,7 +220,7 @@ def run_meta(
       'cpu'
     """
     devices = jax.devices()
-    meta = {
+    return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "jax_version": jax.__version__,
         "jaxlib_version": _version("jaxlib"),
@@ -256,7 +256,6 @@ def run_meta(
         "peak_memory_note": PEAK_MEMORY_NOTE,
         "memory_per_member_note": MEMORY_PER_MEMBER_NOTE,
     }
-    return meta
 
 
 def _matmul_flops(runners: Mapping[Spec, Runner], precision: str) -> float | None:
@@ -277,14 +276,8 @@ def _memory_limit(device: jax.Device) -> int | None:
 
 def _plugins() -> dict[str, str]:
     """Versions of the installed JAX accelerator plugins (CUDA, ROCm, TPU)."""
-    names = (
-        "jax-cuda12-plugin",
-        "jax-cuda12-pjrt",
-        "jax-cuda13-plugin",
-        "jax-cuda13-pjrt",
-        "jax-rocm-plugin",
-        "libtpu",
-    )
+    cuda = [f"jax-cuda{v}-{kind}" for v in (12, 13) for kind in ("plugin", "pjrt")]
+    names = (*cuda, "jax-rocm-plugin", "libtpu")
     return {n: v for n in names if (v := _version(n))}
 
 
@@ -547,23 +540,24 @@ def _case_lines(cases: dict[str, Any]) -> list[str]:
     lines = [head, "-" * len(head)]
     for name, e in cases.items():
         st = e["time_per_step_s"]
-        mex = e.get("member_examples_per_s")
-        fl = e.get("flops_per_s")
-        frac = e.get("fraction_of_matmul_flops")
-        frac16 = e.get("fraction_of_bf16_matmul_flops")
-        peak = e.get("peak_memory_bytes")
+        cells = (f"{'' if e.get(k) is None else show(e[k]):>{w}}" for k, show, w in _CELLS)
         note = f"= {e['same_as']}" if e["same_as"] else e["description"]
-        is_mm = e["kind"] == "matmul"
         lines.append(
-            f"{name:<20} {'' if is_mm else e['members']:>3} {e['devices']:>3} "
+            f"{name:<20} {'' if e['kind'] == 'matmul' else e['members']:>3} {e['devices']:>3} "
             f"{e['members_per_device'] or '':>5} {e['k']:>4} {1e3 * st['median']:>9.1f} "
-            f"{1e3 * st['iqr']:>7.1f} {'' if mex is None else f'{mex:.0f}':>8} "
-            f"{'' if fl is None else f'{fl / 1e9:.1f}':>8} "
-            f"{'' if frac is None else f'{100 * frac:.0f}':>5} "
-            f"{'' if frac16 is None else f'{100 * frac16:.0f}':>5} "
-            f"{'' if peak is None else f'{peak / 2**20:.0f}':>8}  {note}"
+            f"{1e3 * st['iqr']:>7.1f} {' '.join(cells)}  {note}"
         )
     return lines
+
+
+_CELLS = (
+    ("member_examples_per_s", lambda v: f"{v:.0f}", 8),
+    ("flops_per_s", lambda v: f"{v / 1e9:.1f}", 8),
+    ("fraction_of_matmul_flops", lambda v: f"{100 * v:.0f}", 5),
+    ("fraction_of_bf16_matmul_flops", lambda v: f"{100 * v:.0f}", 5),
+    ("peak_memory_bytes", lambda v: f"{v / 2**20:.0f}", 8),
+)
+"""The table's cells that a case may lack (blank then): the key, its text, its width."""
 
 
 def _accuracy_lines(tta: dict[str, Any] | None) -> list[str]:
@@ -688,12 +682,5 @@ def write_json(results: Mapping[str, Any], path: str) -> None:
       >>> write_json(results, "bench.json")
     """
     storage.makedirs(os.path.dirname(storage.absolute(path)))
-    storage.atomic_write_json(path, strict_json(results), indent=1, default=_json_default)
-
-
-def _json_default(v: Any) -> Any:
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, tuple):
-        return list(v)
-    return str(v)
+    # strict_json makes numpy scalars numbers and tuples lists; anything else: its str
+    storage.atomic_write_json(path, strict_json(results), indent=1, default=str)

@@ -38,7 +38,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -282,16 +281,8 @@ def write_suite(results: dict[str, Any], out_dir: str) -> tuple[str, str]:
     json_path = storage.join(out_dir, "accelerator.json")
     md_path = storage.join(out_dir, "accelerator.md")
     summary = {"suite": "accelerator", "targets": rows, "results": results}
-    for path, text in (
-        (json_path, json.dumps(strict_json(summary), indent=1, default=_plain, allow_nan=False)),
-        (md_path, format_markdown(results, rows)),
-    ):
-        storage.atomic_write(path, text)
+    # strict_json makes numpy scalars numbers and tuples lists; what is left: item() or str
+    plain = lambda v: v.item() if hasattr(v, "item") else str(v)
+    storage.atomic_write_json(json_path, strict_json(summary), indent=1, default=plain)
+    storage.atomic_write(md_path, format_markdown(results, rows))
     return json_path, md_path
-
-
-def _plain(v: Any) -> Any:
-    """JSON for the numpy scalars and tuples in the results."""
-    if hasattr(v, "item"):
-        return v.item()
-    return list(v) if isinstance(v, tuple) else str(v)
