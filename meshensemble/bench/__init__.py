@@ -260,13 +260,10 @@ def _check_layouts(cfg: BenchConfig) -> None:
 
 def _runners(ctx: Context, cases: list[Case]) -> tuple[dict[Spec, Runner], dict[Spec, str]]:
     """One runner per distinct spec, and each spec's first case (its owner)."""
-    runners: dict[Spec, Runner] = {}
     owner: dict[Spec, str] = {}
     for case in cases:
-        if case.spec not in runners:
-            runners[case.spec] = RUNNERS[case.spec.kind](ctx, case.spec)
-            owner[case.spec] = case.name
-    return runners, owner
+        owner.setdefault(case.spec, case.name)
+    return {spec: RUNNERS[spec.kind](ctx, spec) for spec in owner}, owner
 
 
 def _prepare(

@@ -59,6 +59,25 @@ def program_memory(compiled: Any) -> int | None:
     return int(total)
 
 
+def memory_stats(device: jax.Device) -> dict[str, Any]:
+    """A device's ``memory_stats()``, empty where the backend reports none.
+
+    Args:
+      device: a device.
+
+    Returns:
+      The stats (``peak_bytes_in_use``, ``bytes_limit`` ...), or ``{}`` (e.g. CPU).
+
+    Example:
+      >>> memory_stats(jax.devices()[0]).get("peak_bytes_in_use") is None   # CPU: no stats
+      True
+    """
+    try:
+        return device.memory_stats() or {}
+    except Exception:  # noqa: BLE001 - not every backend reports memory
+        return {}
+
+
 def device_memory(devices: Sequence[jax.Device]) -> int | None:
     """Largest ``peak_bytes_in_use`` over ``devices``.
 
@@ -72,15 +91,8 @@ def device_memory(devices: Sequence[jax.Device]) -> int | None:
       >>> device_memory(jax.devices()[:1]) is None   # CPU devices report no peak
       True
     """
-    peaks = []
-    for d in devices:
-        try:
-            stats = d.memory_stats()
-        except Exception:  # noqa: BLE001
-            stats = None
-        if stats and "peak_bytes_in_use" in stats:
-            peaks.append(int(stats["peak_bytes_in_use"]))
-    return max(peaks) if peaks else None
+    peaks = [s["peak_bytes_in_use"] for s in map(memory_stats, devices) if "peak_bytes_in_use" in s]
+    return max((int(p) for p in peaks), default=None)
 
 
 class Runner:

@@ -21,7 +21,7 @@ import numpy as np
 
 from meshensemble import plots
 from meshensemble.bench.accuracy import describe
-from meshensemble.bench.cases import Runner
+from meshensemble.bench.cases import Runner, memory_stats
 from meshensemble.bench.config import BenchConfig, Case, Spec
 from meshensemble.bench.layouts import format_layouts
 from meshensemble.bench.timing import stats
@@ -267,11 +267,8 @@ def _matmul_flops(runners: Mapping[Spec, Runner], precision: str) -> float | Non
 
 
 def _memory_limit(device: jax.Device) -> int | None:
-    try:
-        stats = device.memory_stats()
-    except Exception:  # noqa: BLE001 - not every backend reports memory
-        return None
-    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+    stats = memory_stats(device)
+    return int(stats["bytes_limit"]) if "bytes_limit" in stats else None
 
 
 def _plugins() -> dict[str, str]:
