@@ -50,13 +50,8 @@ def program_memory(compiled: Any) -> int | None:
         return None
     if m is None:
         return None
-    total = (
-        m.argument_size_in_bytes
-        + m.output_size_in_bytes
-        + m.temp_size_in_bytes
-        - m.alias_size_in_bytes
-    )
-    return int(total)
+    parts = (m.argument_size_in_bytes, m.output_size_in_bytes, m.temp_size_in_bytes)
+    return int(sum(parts) - m.alias_size_in_bytes)
 
 
 def memory_stats(device: jax.Device) -> dict[str, Any]:

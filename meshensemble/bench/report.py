@@ -236,10 +236,7 @@ def run_meta(
         "argv": sys.argv,
         "config": dataclasses.asdict(cfg),
         "data": {
-            "name": ctx.dataset.name,
-            "source": ctx.dataset.source,
-            "note": ctx.dataset.note,
-            "num_train": ctx.dataset.num_train,
+            **{key: getattr(ctx.dataset, key) for key in ("name", "source", "note", "num_train")},
             "steps_per_epoch": ctx.steps_per_epoch,
         },
         "flops_per_example": ctx.flops,
@@ -259,8 +256,8 @@ def run_meta(
 
 
 def _matmul_flops(runners: Mapping[Spec, Runner], precision: str) -> float | None:
-    mm = [r for s, r in runners.items() if s.kind == "matmul" and s.precision == precision]
-    r = mm[0] if mm else None
+    mm = (r for s, r in runners.items() if s.kind == "matmul" and s.precision == precision)
+    r = next(mm, None)
     if r is None or not r.samples:
         return None
     return r.flops_per_call / float(np.median(r.samples))

@@ -223,13 +223,9 @@ def accelerator_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _show(v: float, unit: str) -> str:
-    if unit == "%":
-        return f"{100 * v:.0f}%"
     if unit == "s":
         return f"{v:.3f} s" if v < 10 else f"{v:.1f} s"
-    if unit == "x":
-        return f"{v:.2f}x"
-    return f"{v:g}"
+    return {"%": f"{100 * v:.0f}%", "x": f"{v:.2f}x"}.get(unit, f"{v:g}")
 
 
 def format_markdown(results: Mapping[str, Any], rows: list[dict[str, Any]]) -> str:
