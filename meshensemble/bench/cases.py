@@ -328,11 +328,8 @@ class Sequential(Runner):
     def build(self) -> None:
         self.device = jax.devices()[0]
         x, y = self.ctx.host_batch(0)
-        self.states = []
-        for i in range(self.spec.members):
-            params = self.ctx.member_params(self.spec.model, i)
-            state = (params, self.ctx.opt_state(params))
-            self.states.append(jax.device_put(state, self.device))
+        members = [self.ctx.member_params(self.spec.model, i) for i in range(self.spec.members)]
+        self.states = [jax.device_put((p, self.ctx.opt_state(p)), self.device) for p in members]
         step = single_step(make_model(self.spec.model), self.ctx.tx)
         self.step = jax.jit(step, donate_argnums=(0, 1))
         xd, yd = jax.device_put((x, y), self.device)

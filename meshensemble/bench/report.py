@@ -345,13 +345,9 @@ def compute_ratios(c: Mapping[str, Any], cfg: BenchConfig) -> dict[str, Any]:
     """
 
     tm = _Times(c, cfg.batch_size)
-    auto = next(
-        (n for n in ("strategy_loop", "strategy_vmap") if n in c and c[n]["same_as"] is None),
-        None,
-    )
     one_device = next(
         (n for n in (f"mpd_{cfg.members}", "mesh_1", "strategy_loop", "strategy_vmap") if n in c),
-        auto,
+        None,
     )
     r = _time_ratios(tm, one_device)
     r.update(_best_one_device(tm, cfg))
@@ -620,11 +616,11 @@ def plot_members(results: dict[str, Any], path: str) -> bool:
         return False
     plt = plots.pyplot()
     m = np.array([p[0] for p in pts], float)
-    med = np.array([p[1]["median"] for p in pts]) * 1e3
-    lo = med - np.array([p[1]["q1"] for p in pts]) * 1e3
-    hi = np.array([p[1]["q3"] for p in pts]) * 1e3 - med
+    q1, med, q3 = (np.array([p[1][q] for p in pts]) * 1e3 for q in ("q1", "median", "q3"))
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    ax.errorbar(m, med, yerr=[lo, hi], marker="o", capsize=3, label="ensemble, 1 device")
+    ax.errorbar(
+        m, med, yerr=[med - q1, q3 - med], marker="o", capsize=3, label="ensemble, 1 device"
+    )
     if m[0] == 1:
         ax.plot(m, med[0] * m, ls="--", color="gray", label="linear from 1 member")
     if "sequential" in cases:
