@@ -224,8 +224,7 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dic
             results["layouts"][name] = measure_layouts(
                 get_model(name), members=LAYOUT_MEMBERS, batch_size=cfg.batch_size
             )
-    results["meta"]["wall_s"] = since()
-    results["meta"]["loadavg_start"], results["meta"]["loadavg_end"] = load_start, loadavg()
+    results["meta"].update(wall_s=since(), loadavg_start=load_start, loadavg_end=loadavg())
     return results
 
 

@@ -552,18 +552,14 @@ _CELLS = (
 
 def _accuracy_lines(tta: dict[str, Any] | None) -> list[str]:
     """The time-to-accuracy runs, after a blank line (none when not run)."""
-    lines: list[str] = []
-    if tta:
-        lines.append("")
-        lines.append(
-            f"time_to_accuracy (test ensemble accuracy >= {tta['target_accuracy']}, "
-            f"{tta['train_config']['model']}, {tta['train_config']['members']} members, "
-            f"batch {tta['train_config']['batch_size']}, at most "
-            f"{tta['train_config']['epochs']} epochs):"
-        )
-        for run in ("cold", "warm"):
-            lines.append(f"  {run}: {describe(tta[run])}")
-    return lines
+    if not tta:
+        return []
+    run = tta["train_config"]
+    head = (
+        f"time_to_accuracy (test ensemble accuracy >= {tta['target_accuracy']}, {run['model']}, "
+        f"{run['members']} members, batch {run['batch_size']}, at most {run['epochs']} epochs):"
+    )
+    return ["", head, *(f"  {name}: {describe(tta[name])}" for name in ("cold", "warm"))]
 
 
 def _ratio_lines(ratios: dict[str, Any]) -> list[str]:
