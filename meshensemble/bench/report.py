@@ -430,9 +430,7 @@ def _best_one_device(tm: _Times, cfg: BenchConfig) -> dict[str, Any]:
 def _memory_ratios(c: Mapping[str, Any], one_device: str | None) -> dict[str, Any]:
     """Memory per member of the members' step on one device, against state + activations."""
     return {
-        "memory_over_state_activations": (
-            c[one_device].get("memory_over_state_activations") if one_device else None
-        ),
+        "memory_over_state_activations": c.get(one_device, {}).get("memory_over_state_activations"),
         "memory_over_state_activations_by_case": {
             n: e["memory_over_state_activations"]
             for n, e in c.items()
@@ -461,9 +459,7 @@ def _members_per_device_ratios(tm: _Times, cfg: BenchConfig) -> dict[str, Any]:
         for n in mpd
         if c[f"mpd_{n}"]["fraction_of_bf16_matmul_flops"] is not None
     }
-    r["bf16_matmul_over_fp32_matmul"] = (
-        c["matmul_bf16"]["fraction_of_matmul_flops"] if "matmul_bf16" in c else None
-    )
+    r["bf16_matmul_over_fp32_matmul"] = c.get("matmul_bf16", {}).get("fraction_of_matmul_flops")
     return r
 
 
