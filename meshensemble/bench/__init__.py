@@ -224,8 +224,7 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] | None = None) -> dic
             results["layouts"][name] = measure_layouts(
                 get_model(name), members=LAYOUT_MEMBERS, batch_size=cfg.batch_size
             )
-    results["meta"]["wall_s"] = since()
-    results["meta"]["loadavg_start"], results["meta"]["loadavg_end"] = load_start, loadavg()
+    results["meta"].update(wall_s=since(), loadavg_start=load_start, loadavg_end=loadavg())
     return results
 
 
@@ -260,13 +259,10 @@ def _check_layouts(cfg: BenchConfig) -> None:
 
 def _runners(ctx: Context, cases: list[Case]) -> tuple[dict[Spec, Runner], dict[Spec, str]]:
     """One runner per distinct spec, and each spec's first case (its owner)."""
-    runners: dict[Spec, Runner] = {}
     owner: dict[Spec, str] = {}
     for case in cases:
-        if case.spec not in runners:
-            runners[case.spec] = RUNNERS[case.spec.kind](ctx, case.spec)
-            owner[case.spec] = case.name
-    return runners, owner
+        owner.setdefault(case.spec, case.name)
+    return {spec: RUNNERS[spec.kind](ctx, spec) for spec in owner}, owner
 
 
 def _prepare(

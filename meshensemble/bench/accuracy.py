@@ -33,7 +33,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import numpy as np
 
 from meshensemble import data
 from meshensemble.bench.config import BenchConfig
@@ -105,27 +104,6 @@ def train_config(cfg: BenchConfig, data_file: str, dataset: str, workdir: str) -
     }
 
 
-def write_npz(dataset: data.Dataset, path: str) -> None:
-    """Writes a dataset as a Keras-layout ``.npz`` (``x_train``, ``y_train``, ``x_test``, ...).
-
-    Args:
-      dataset: the data.
-      path: the file.
-
-    Example:
-      >>> write_npz(data.synthetic(64, 16), "sample.npz")
-      >>> sorted(np.load("sample.npz"))
-      ['x_test', 'x_train', 'y_test', 'y_train']
-    """
-    np.savez(
-        path,
-        x_train=dataset.train_images,
-        y_train=dataset.train_labels,
-        x_test=dataset.test_images,
-        y_test=dataset.test_labels,
-    )
-
-
 def time_to_accuracy(
     cfg: BenchConfig, dataset: data.Dataset, say: Callable[[str], None]
 ) -> dict[str, Any]:
@@ -152,7 +130,7 @@ def time_to_accuracy(
             data_file = storage.absolute(cfg.data_file)
         else:
             data_file = os.path.join(root, "data.npz")
-            write_npz(dataset, data_file)
+            data.save_npz(dataset, data_file)
         name = dataset.name if dataset.name in data.DATASETS else "mnist"
         cache = os.path.join(root, "compilation_cache")
         runs = {}
@@ -257,9 +235,7 @@ def summarise(report: Mapping[str, Any], launched: float, ended: float) -> dict[
     compile_log = report["compile"]
     return {
         "reached": report["reached"],
-        "epoch": last.get("epoch"),
-        "step": last.get("step"),
-        "accuracy": last.get("accuracy"),
+        **{key: last.get(key) for key in ("epoch", "step", "accuracy")},
         "epochs": report["epochs"],
         "time_to_accuracy_s": done - launched if done else None,
         "train_to_accuracy_s": done - t_train if done else None,
@@ -272,16 +248,11 @@ def summarise(report: Mapping[str, Any], launched: float, ended: float) -> dict[
         },
         "setup_s": t_train - t_me,
         "compile_s": compile_log["seconds"],
-        "programs": compile_log["programs"],
-        "cache_hits": compile_log["cache_hits"],
-        "cache_misses": compile_log["cache_misses"],
-        "by_program": compile_log["by_program"],
+        **{k: compile_log[k] for k in ("programs", "cache_hits", "cache_misses", "by_program")},
         "tuning_programs": compile_log["tuning"]["programs"],
         "tuning_compile_s": compile_log["tuning"]["seconds"],
         "process_wall_s": ended - launched,
-        "platform": report["platform"],
-        "device_kind": report["device_kind"],
-        "device_count": report["device_count"],
+        **{key: report[key] for key in ("platform", "device_kind", "device_count")},
         "cache_enabled": report["cache_dir"] is not None,
     }
 

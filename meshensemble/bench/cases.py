@@ -21,6 +21,7 @@ from jax import lax
 
 from meshensemble.bench.config import Spec
 from meshensemble.bench.flops import count_flops
+from meshensemble.bench.timing import timed
 from meshensemble.bench.workloads import Context, make_model, single_step
 from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.mesh import make_mesh, replicated_sharding
@@ -49,13 +50,27 @@ def program_memory(compiled: Any) -> int | None:
         return None
     if m is None:
         return None
-    total = (
-        m.argument_size_in_bytes
-        + m.output_size_in_bytes
-        + m.temp_size_in_bytes
-        - m.alias_size_in_bytes
-    )
-    return int(total)
+    parts = (m.argument_size_in_bytes, m.output_size_in_bytes, m.temp_size_in_bytes)
+    return int(sum(parts) - m.alias_size_in_bytes)
+
+
+def memory_stats(device: jax.Device) -> dict[str, Any]:
+    """A device's ``memory_stats()``, empty where the backend reports none.
+
+    Args:
+      device: a device.
+
+    Returns:
+      The stats (``peak_bytes_in_use``, ``bytes_limit`` ...), or ``{}`` (e.g. CPU).
+
+    Example:
+      >>> memory_stats(jax.devices()[0]).get("peak_bytes_in_use") is None   # CPU: no stats
+      True
+    """
+    try:
+        return device.memory_stats() or {}
+    except Exception:  # noqa: BLE001 - not every backend reports memory
+        return {}
 
 
 def device_memory(devices: Sequence[jax.Device]) -> int | None:
@@ -71,15 +86,8 @@ def device_memory(devices: Sequence[jax.Device]) -> int | None:
       >>> device_memory(jax.devices()[:1]) is None   # CPU devices report no peak
       True
     """
-    peaks = []
-    for d in devices:
-        try:
-            stats = d.memory_stats()
-        except Exception:  # noqa: BLE001
-            stats = None
-        if stats and "peak_bytes_in_use" in stats:
-            peaks.append(int(stats["peak_bytes_in_use"]))
-    return max(peaks) if peaks else None
+    peaks = [s["peak_bytes_in_use"] for s in map(memory_stats, devices) if "peak_bytes_in_use" in s]
+    return max((int(p) for p in peaks), default=None)
 
 
 class Runner:
@@ -116,24 +124,35 @@ class Runner:
 
     def prepare(self) -> None:
         """Builds and compiles the computation, then makes the first call if it needs one."""
-        t = time.perf_counter()
-        self.build()
+        build_s = timed(self.build)
         if self.compile_s is None:
-            self.compile_s = time.perf_counter() - t
+            self.compile_s = build_s
         if self.needs_first_call:
-            t = time.perf_counter()
-            self.run()
-            self.first_call_s = time.perf_counter() - t
+            self.first_call_s = timed(self.run)
         stats = device_memory(self.devices())
         if stats is not None:
             self.peak_bytes, self.memory_source = stats, "memory_stats"
 
-    def set_compiled(self, compiled: Any, seconds: float) -> None:
-        """Records an ahead-of-time compiled program: its compile time and memory."""
-        self.compile_s = seconds
+    def compile_timed(self, fn: Any, *args: Any) -> Any:
+        """Compiles ``fn`` for ``args`` ahead of time; records its compile time and memory."""
+        t = time.perf_counter()
+        compiled = fn.lower(*args).compile()
+        self.compile_s = time.perf_counter() - t
         self.program_bytes = program_memory(compiled)
         if self.program_bytes is not None:
             self.peak_bytes, self.memory_source = self.program_bytes, "memory_analysis"
+        return compiled
+
+    def make_feeder(self, k: int, **train: Any) -> tuple[Ensemble, Feeder]:
+        """The spec's ensemble and the training loop's feeder of ``k`` steps per chunk, as
+        the loop builds them (``train``: more :class:`~meshensemble.training.TrainConfig`
+        fields); the members' state goes to ``self.state``."""
+        ens = make_ensemble(self.ctx, self.spec)
+        members, batch_size = self.spec.members, self.ctx.cfg.batch_size
+        cfg = TrainConfig(members=members, batch_size=batch_size, shuffle="shared", **train)
+        self.state = self.ctx.ensemble_state(self.spec.model, members, ens.mesh)
+        key = jax.random.key(self.ctx.cfg.seed + 1)
+        return ens, Feeder(ens, self.ctx.dataset, cfg, key, k, self.ctx.steps_per_epoch)
 
     def devices(self) -> list[jax.Device]:
         """The devices the case uses."""
@@ -168,9 +187,7 @@ class Matmul(Runner):
         k1, k2 = jax.random.split(jax.random.key(1))
         self.a = jax.device_put(jax.random.normal(k1, (n, n), dtype), dev)
         self.b = jax.device_put(jax.random.normal(k2, (n, n), dtype), dev)
-        t = time.perf_counter()
-        self.fn = jax.jit(jnp.matmul).lower(self.a, self.b).compile()
-        self.set_compiled(self.fn, time.perf_counter() - t)
+        self.fn = self.compile_timed(jax.jit(jnp.matmul), self.a, self.b)
         self.flops_per_call = count_flops(jnp.matmul, self.a, self.b)["total"]
 
     def run(self) -> None:
@@ -219,9 +236,7 @@ class Howto(Runner):
         self.step_index = 0
         self.losses: list[Any] = []
         x, y = self._replicated(0)
-        t = time.perf_counter()
-        compiled = self.apply_model.lower(self.states[0], x, y).compile()
-        self.set_compiled(compiled, time.perf_counter() - t)
+        self.compile_timed(self.apply_model, self.states[0], x, y)
 
     def _replicated(self, i: int) -> tuple[Any, Any]:
         x, y = self.ctx.howto_batch(i)
@@ -275,9 +290,7 @@ class EnsembleStep(Runner):
         self.state = self.ctx.ensemble_state(self.spec.model, self.spec.members, self.ens.mesh)
         self.step_index = 0
         if self.spec.backend == "shard_map":  # compile ahead of time for the memory analysis
-            t = time.perf_counter()
-            compiled = self.ens.train_step_fn(False).lower(self.state, x, y).compile()
-            self.set_compiled(compiled, time.perf_counter() - t)
+            compiled = self.compile_timed(self.ens.train_step_fn(False), self.state, x, y)
             if self.spec.devices == 1:
                 examples = self.spec.members * self.ctx.cfg.batch_size
                 self.ctx.record_flops(self.spec.model, compiled, examples)
@@ -295,28 +308,14 @@ class Chunk(Runner):
     needs_first_call = False
 
     def build(self) -> None:
-        ens = make_ensemble(self.ctx, self.spec)
-        cfg = TrainConfig(
-            members=self.spec.members, batch_size=self.ctx.cfg.batch_size, shuffle="shared"
-        )
-        self.state = self.ctx.ensemble_state(self.spec.model, self.spec.members, ens.mesh)
-        feeder = Feeder(
-            ens,
-            self.ctx.dataset,
-            cfg,
-            jax.random.key(self.ctx.cfg.seed + 1),
-            self.spec.k,
-            self.ctx.steps_per_epoch,
-        )
+        ens, feeder = self.make_feeder(self.spec.k)
         first = jax.device_put(jnp.int32(0), replicated_sharding(ens.mesh))
         self.args = (feeder.images, feeder.labels, feeder.order(1), first)
         # the program the loop runs: K > 1 is the paced chunk (its step count an argument)
         program = feeder.paced() if feeder.dynamic else feeder.chunk(self.spec.k)
         if feeder.dynamic:
             self.args += (jax.device_put(jnp.int32(self.spec.k), replicated_sharding(ens.mesh)),)
-        t = time.perf_counter()
-        self.fn = program.lower(self.state, *self.args).compile()
-        self.set_compiled(self.fn, time.perf_counter() - t)
+        self.fn = self.compile_timed(program, self.state, *self.args)
 
     def run(self) -> None:
         self.state, metrics = self.fn(self.state, *self.args)
@@ -329,17 +328,12 @@ class Sequential(Runner):
     def build(self) -> None:
         self.device = jax.devices()[0]
         x, y = self.ctx.host_batch(0)
-        self.states = []
-        for i in range(self.spec.members):
-            params = self.ctx.member_params(self.spec.model, i)
-            state = (params, self.ctx.opt_state(params))
-            self.states.append(jax.device_put(state, self.device))
+        members = [self.ctx.member_params(self.spec.model, i) for i in range(self.spec.members)]
+        self.states = [jax.device_put((p, self.ctx.opt_state(p)), self.device) for p in members]
         step = single_step(make_model(self.spec.model), self.ctx.tx)
         self.step = jax.jit(step, donate_argnums=(0, 1))
         xd, yd = jax.device_put((x, y), self.device)
-        t = time.perf_counter()
-        compiled = self.step.lower(*self.states[0], xd, yd).compile()
-        self.set_compiled(compiled, time.perf_counter() - t)
+        compiled = self.compile_timed(self.step, *self.states[0], xd, yd)
         self.ctx.record_flops(self.spec.model, compiled)
         self.step_index = 0
 

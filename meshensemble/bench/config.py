@@ -60,8 +60,9 @@ MODELS = ("cnn", "mlp")
 """The main models a user picks (the tiny configuration runs ``"mlp32"``)."""
 
 
-def _flag(help: str, **extra: Any) -> dict[str, Any]:
-    return {"help": help, **extra}
+def _flag(default: Any, help: str, **extra: Any) -> Any:
+    """A flag's field: its default, and its ``help`` (and argparse extras) as metadata."""
+    return dataclasses.field(default=default, metadata={"help": help, **extra})
 
 
 @dataclasses.dataclass
@@ -100,80 +101,49 @@ class BenchConfig:
       (4, 128, False)
     """
 
-    members: int = dataclasses.field(default=8, metadata=_flag("ensemble size (default 8)"))
-    suite: str | None = dataclasses.field(
-        default=None,
-        metadata=_flag(
-            "run a suite: accelerator = every accelerator target (matmuls, HOWTO, epoch, "
-            "members per device, time to accuracy) into --out DIR/accelerator.json and "
-            "accelerator.md (see meshensemble.bench.suite)",
-            choices=tuple(SUITES),
-        ),
+    members: int = _flag(8, "ensemble size (default 8)")
+    suite: str | None = _flag(
+        None,
+        "run a suite: accelerator = every accelerator target (matmuls, HOWTO, epoch, members "
+        "per device, time to accuracy) into --out DIR/accelerator.json and accelerator.md "
+        "(see meshensemble.bench.suite)",
+        choices=tuple(SUITES),
     )
     conv_members: int | None = None
-    batch_size: int = dataclasses.field(
-        default=128, metadata=_flag("examples per member per step (default 128; tiny 32)")
+    batch_size: int = _flag(128, "examples per member per step (default 128; tiny 32)")
+    repeats: int = _flag(5, "timed rounds (default 5; tiny 2)")
+    warmup: int = _flag(1, "untimed rounds after compiling (default 1)")
+    cases: tuple[str, ...] = _flag(
+        (), f"comma list of cases or groups ({', '.join(GROUPS)}); default all"
     )
-    repeats: int = dataclasses.field(default=5, metadata=_flag("timed rounds (default 5; tiny 2)"))
-    warmup: int = dataclasses.field(
-        default=1, metadata=_flag("untimed rounds after compiling (default 1)")
+    tiny: bool = _flag(False, "tiny configuration for CI (< 60 s)")
+    data_file: str | None = _flag(None, "a Keras-layout MNIST .npz (default: embedded sample)")
+    model: str = _flag("cnn", "model (default cnn; tiny: MLP((32,)))", choices=MODELS)
+    out: str = _flag("bench.json", "JSON results file (default bench.json); with --suite: a folder")
+    plot: str | None = _flag(
+        None, "PNG of time per step against members per device", metavar="FILE"
     )
-    cases: tuple[str, ...] = dataclasses.field(
-        default=(),
-        metadata=_flag(f"comma list of cases or groups ({', '.join(GROUPS)}); default all"),
+    epoch_cap: int | None = _flag(None, "most steps per call of chunk_epoch (default: an epoch)")
+    case_budget: float | None = _flag(None, "stop timing a case after S seconds", metavar="S")
+    matmul_size: int | None = _flag(
+        None,
+        "side of the fp32 and bf16 yardstick matmuls (default 8192 on GPU/TPU, 2048 on CPU; "
+        "tiny 256)",
     )
-    tiny: bool = dataclasses.field(
-        default=False, metadata=_flag("tiny configuration for CI (< 60 s)")
-    )
-    data_file: str | None = dataclasses.field(
-        default=None, metadata=_flag("a Keras-layout MNIST .npz (default: embedded sample)")
-    )
-    model: str = dataclasses.field(
-        default="cnn", metadata=_flag("model (default cnn; tiny: MLP((32,)))", choices=MODELS)
-    )
-    out: str = dataclasses.field(
-        default="bench.json",
-        metadata=_flag("JSON results file (default bench.json); with --suite: a folder"),
-    )
-    plot: str | None = dataclasses.field(
-        default=None,
-        metadata=_flag("PNG of time per step against members per device", metavar="FILE"),
-    )
-    epoch_cap: int | None = dataclasses.field(
-        default=None, metadata=_flag("most steps per call of chunk_epoch (default: an epoch)")
-    )
-    case_budget: float | None = dataclasses.field(
-        default=None, metadata=_flag("stop timing a case after S seconds", metavar="S")
-    )
-    matmul_size: int | None = dataclasses.field(
-        default=None,
-        metadata=_flag(
-            "side of the fp32 and bf16 yardstick matmuls (default 8192 on GPU/TPU, 2048 on "
-            "CPU; tiny 256)"
-        ),
-    )
-    layouts: tuple[str, ...] = dataclasses.field(
-        default=(),
-        metadata=_flag(
-            "comma list of zoo models (e.g. cnn,vit) whose 8-member ensemble is also measured "
-            "on E x D x P layouts: state bytes per device, compile and step time (8 devices; "
-            "default none)",
-            metavar="MODELS",
-        ),
+    layouts: tuple[str, ...] = _flag(
+        (),
+        "comma list of zoo models (e.g. cnn,vit) whose 8-member ensemble is also measured on "
+        "E x D x P layouts: state bytes per device, compile and step time (8 devices; default "
+        "none)",
+        metavar="MODELS",
     )
     members_per_device: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    seed: int = dataclasses.field(
-        default=0, metadata=_flag("seed of initialisation and batch order (default 0)")
+    seed: int = _flag(0, "seed of initialisation and batch order (default 0)")
+    target_accuracy: float = _flag(
+        0.993, "test ensemble accuracy time_to_accuracy trains to (default 0.993; tiny 0.5)"
     )
-    target_accuracy: float = dataclasses.field(
-        default=0.993,
-        metadata=_flag(
-            "test ensemble accuracy time_to_accuracy trains to (default 0.993; tiny 0.5)"
-        ),
-    )
-    accuracy_epochs: int = dataclasses.field(
-        default=10,
-        metadata=_flag("most epochs time_to_accuracy trains (default 10; tiny 2)", metavar="N"),
+    accuracy_epochs: int = _flag(
+        10, "most epochs time_to_accuracy trains (default 10; tiny 2)", metavar="N"
     )
 
 
@@ -200,6 +170,13 @@ _POSITIVE = (
     "matmul_size",
     "accuracy_epochs",
 )
+_CHECKS = (
+    *((name, lambda v: v < 1, "must be a positive integer") for name in _POSITIVE),
+    ("warmup", lambda v: v < 0, "must be 0 or more"),
+    ("target_accuracy", lambda v: not 0 < v <= 1, "must be in (0, 1]"),
+    ("case_budget", lambda v: not v > 0, "must be a positive number"),
+)
+"""The checked fields: name, whether a given value is bad, what it must be."""
 
 
 def known_cases() -> tuple[str, ...]:
@@ -250,18 +227,10 @@ def resolve(tiny: bool = False, **given: Any) -> BenchConfig:
         values.update(suite_defaults(given["suite"], members, tiny))
         values["out"] = "bench-" + given["suite"]
     values.update({k: v for k, v in given.items() if v is not None})
-    for name in _POSITIVE:
+    for name, bad, must in _CHECKS:
         value = values.get(name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{_dashed(name)} {value} must be a positive integer")
-    if values.get("warmup", 0) < 0:
-        raise ValueError(f"--warmup {values['warmup']} must be 0 or more")
-    target = values.get("target_accuracy", 0.5)
-    if not 0 < target <= 1:
-        raise ValueError(f"--target-accuracy {target} must be in (0, 1]")
-    budget = values.get("case_budget")
-    if budget is not None and not budget > 0:
-        raise ValueError(f"--case-budget {budget} must be a positive number")
+        if value is not None and bad(value):
+            raise ValueError(f"--{name.replace('_', '-')} {value} {must}")
     if values.get("model", "cnn") not in (*MODELS, "mlp32"):
         raise ValueError(f"--model {values['model']}: choose from {', '.join(MODELS)}")
     if values.get("suite") and storage.isfile(values["out"]):
@@ -273,10 +242,6 @@ def resolve(tiny: bool = False, **given: Any) -> BenchConfig:
     if values.get("layouts"):
         values["layouts"] = _layout_models(values["layouts"])
     return BenchConfig(tiny=tiny, **values)
-
-
-def _dashed(name: str) -> str:
-    return name.replace("_", "-")
 
 
 def _names(flag: str, given: str | Sequence[str], known: Any, what: str, choose: str):
@@ -484,45 +449,36 @@ def _plan_context(
     )
 
 
+def _case(name: str, spec: Spec, description: str, group: str | None = None) -> Case:
+    """A case of :data:`GROUPS` (its group looked up) or, given, of ``group``."""
+    found = [g for g, names in GROUPS.items() if name in names]
+    return Case(name, group or found[0], spec, description)
+
+
 def _yardstick_cases(ctx: _Context) -> list[Case]:
     """The matmuls, the HOWTO and the backends' and user's single steps."""
     m, e, model, n_mm = ctx.m, ctx.e, ctx.model, ctx.n_mm
     # The HOWTO's layout, which the pmap backend also needs: one member per device.
     on_line = dict(members=m, devices=e, ensemble=e, data=1, strategy=ctx.auto)
     cases = [
-        Case(
-            f"matmul_{p}",
-            "matmul",
-            Spec("matmul", str(n_mm), precision=p),
-            f"{dtype} matmul {n_mm} x {n_mm}",
-        )
-        for p, dtype in (("fp32", "float32"), ("bf16", "bfloat16"))
+        _case(f"matmul_{p}", Spec("matmul", str(n_mm), precision=p), f"{t} matmul {n_mm} x {n_mm}")
+        for p, t in (("fp32", "float32"), ("bf16", "bfloat16"))
     ]
+    howto = f"Flax HOWTO pmap, {e} member(s)/run x {m // e} run(s)"
+    user = "Ensemble.train_step on the user's Flax model (XLA convolution), as howto"
     return cases + [
-        Case(
-            "howto",
-            "howto",
-            Spec("howto", plain_model(model), m, e),
-            f"Flax HOWTO pmap, {e} member(s)/run x {m // e} run(s)",
-        ),
-        Case(
+        _case("howto", Spec("howto", plain_model(model), m, e), howto),
+        _case(
             "ens_pmap",
-            "backends",
             Spec("ensemble", model, backend="pmap", **on_line),
             "Ensemble(backend=pmap).train_step",
         ),
-        Case(
+        _case(
             "ens_shard_map",
-            "backends",
             Spec("ensemble", model, **on_line),
             "Ensemble(backend=shard_map).train_step",
         ),
-        Case(
-            "ens_user",
-            "user",
-            Spec("ensemble", plain_model(model), **on_line),
-            "Ensemble.train_step on the user's Flax model (XLA convolution), as howto",
-        ),
+        _case("ens_user", Spec("ensemble", plain_model(model), **on_line), user),
     ]
 
 
@@ -545,57 +501,48 @@ def _has_grain() -> bool:
 def _chunk_cases(ctx: _Context) -> list[Case]:
     """The training loop's chunks, the streamed input and the sequential members."""
     model, k8, k_default, k_epoch = ctx.model, ctx.k8, ctx.k_default, ctx.k_epoch
-    cases = []
-    for name, k, what in (
-        ("chunk_default", k_default, f"train.py chunk, default K={k_default}"),
-        ("chunk_k1", 1, "train.py chunk, K=1"),
-        ("chunk_k8", k8, f"train.py chunk, K={k8} (paced loop)"),
-        ("chunk_epoch", k_epoch, f"train.py chunk, K={k_epoch} (epoch {ctx.steps_per_epoch})"),
-    ):
-        cases.append(Case(name, "chunk", Spec("chunk", model, k=k, **_on_all(ctx)), what))
+    cases = [
+        _case(name, Spec("chunk", model, k=k, **_on_all(ctx)), what)
+        for name, k, what in (
+            ("chunk_default", k_default, f"train.py chunk, default K={k_default}"),
+            ("chunk_k1", 1, "train.py chunk, K=1"),
+            ("chunk_k8", k8, f"train.py chunk, K={k8} (paced loop)"),
+            ("chunk_epoch", k_epoch, f"train.py chunk, K={k_epoch} (epoch {ctx.steps_per_epoch})"),
+        )
+    ]
     if _has_grain():  # else the stream ratio reads "not measured"
         what = f"train.py --input stream, {k8} steps/call (Grain prefetch)"
-        cases.append(Case("stream", "stream", Spec("stream", model, k=k8, **_on_all(ctx)), what))
-    cases.append(
-        Case(
-            "sequential",
-            "sequential",
-            Spec("sequential", plain_model(model), ctx.m),
-            f"{ctx.m} members one after another, jitted step",
-        )
-    )
-    return cases
+        cases.append(_case("stream", Spec("stream", model, k=k8, **_on_all(ctx)), what))
+    what = f"{ctx.m} members one after another, jitted step"
+    return cases + [_case("sequential", Spec("sequential", plain_model(model), ctx.m), what)]
 
 
 def _member_cases(ctx: _Context, members_per_device: Sequence[int]) -> list[Case]:
     """Members per device, mesh sizes and member strategies."""
     m, model, auto = ctx.m, ctx.model, ctx.auto
-    cases = []
-    for n in members_per_device:
-        cases.append(
-            Case(
-                f"mpd_{n}",
-                "members",
-                Spec("ensemble", model, n, strategy=auto),
-                f"{n} member(s) on 1 device ({auto})",
-            )
+    cases = [  # any size, not only the "members" group's names
+        _case(
+            f"mpd_{n}",
+            Spec("ensemble", model, n, strategy=auto),
+            f"{n} member(s) on 1 device ({auto})",
+            "members",
         )
+        for n in members_per_device
+    ]
     for n in (1, 2, 4, 8):
         if n <= ctx.num_devices:
             en = math.gcd(m, n)
             spec = Spec("ensemble", model, m, n, en, n // en, strategy=auto)
-            cases.append(Case(f"mesh_{n}", "mesh", spec, f"{m} members on {n} device(s)"))
+            cases.append(_case(f"mesh_{n}", spec, f"{m} members on {n} device(s)"))
     on_one = dict(members=m, devices=1, ensemble=1, data=1)
-    for strategy in ("vmap", "loop"):
-        cases.append(
-            Case(
-                f"strategy_{strategy}",
-                "strategy",
-                Spec("ensemble", model, strategy=strategy, **on_one),
-                f"{m} members on 1 device, {strategy}",
-            )
+    return cases + [
+        _case(
+            f"strategy_{s}",
+            Spec("ensemble", model, strategy=s, **on_one),
+            f"{m} members on 1 device, {s}",
         )
-    return cases
+        for s in ("vmap", "loop")
+    ]
 
 
 def _reform_cases(ctx: _Context) -> list[Case]:
@@ -604,42 +551,46 @@ def _reform_cases(ctx: _Context) -> list[Case]:
     ec = math.gcd(mc, ctx.num_devices)
     conv_one = dict(members=mc, devices=1, ensemble=1, data=1)
     conv_all = dict(members=mc, devices=ctx.num_devices, ensemble=ec, data=ctx.num_devices // ec)
-    cases = []
-    for name, model_id, strategy in (
-        ("reform_base_loop", f"{conv}-xla", "loop"),
-        ("reform_im2col_vmap", f"{conv}-im2col", "vmap"),
-        ("reform_im2col_loop", f"{conv}-im2col", "loop"),
-    ):
-        spec = Spec("ensemble", model_id, strategy=strategy, **conv_one)
-        cases.append(Case(name, "reform", spec, f"{model_id}, {mc} on 1 device, {strategy}"))
-    cases.append(
-        Case(
-            "reform_im2col_sequential",
-            "reform",
-            Spec("sequential", f"{conv}-im2col", mc),
-            f"{conv}-im2col, {mc} one after another, jitted step",
+    cases = [
+        _case(
+            name,
+            Spec("ensemble", model_id, strategy=strategy, **conv_one),
+            f"{model_id}, {mc} on 1 device, {strategy}",
         )
-    )
-    for name, model_id, k in (
-        ("scan_base_k1", f"{conv}-xla", 1),
-        ("scan_base_k8", f"{conv}-xla", ctx.k8),
-        ("scan_canonical_k1", f"{conv}-canonical", 1),
-        ("scan_canonical_k8", f"{conv}-canonical", ctx.k8),
-    ):
-        spec = Spec("chunk", model_id, k=k, strategy=ctx.auto, **conv_all)
-        cases.append(Case(name, "scan", spec, f"{model_id} chunk, K={k}"))
-    return cases
+        for name, model_id, strategy in (
+            ("reform_base_loop", f"{conv}-xla", "loop"),
+            ("reform_im2col_vmap", f"{conv}-im2col", "vmap"),
+            ("reform_im2col_loop", f"{conv}-im2col", "loop"),
+        )
+    ]
+    what = f"{conv}-im2col, {mc} one after another, jitted step"
+    cases.append(_case("reform_im2col_sequential", Spec("sequential", f"{conv}-im2col", mc), what))
+    return cases + [
+        _case(
+            name,
+            Spec("chunk", model_id, k=k, strategy=ctx.auto, **conv_all),
+            f"{model_id} chunk, K={k}",
+        )
+        for name, model_id, k in (
+            ("scan_base_k1", f"{conv}-xla", 1),
+            ("scan_base_k8", f"{conv}-xla", ctx.k8),
+            ("scan_canonical_k1", f"{conv}-canonical", 1),
+            ("scan_canonical_k8", f"{conv}-canonical", ctx.k8),
+        )
+    ]
 
 
 def _precision_cases(ctx: _Context) -> list[Case]:
     """float32 against mixed bfloat16, on one device."""
-    on_one = dict(members=ctx.m, devices=1, ensemble=1, data=1)
-    cases = []
-    for precision in ("fp32", "bf16"):
-        spec = Spec("ensemble", ctx.model, precision=precision, **on_one, strategy=ctx.auto)
-        what = f"{ctx.m} members on 1 device, {precision}"
-        cases.append(Case(f"precision_{precision}", "precision", spec, what))
-    return cases
+    on_one = dict(members=ctx.m, devices=1, ensemble=1, data=1, strategy=ctx.auto)
+    return [
+        _case(
+            f"precision_{p}",
+            Spec("ensemble", ctx.model, precision=p, **on_one),
+            f"{ctx.m} members on 1 device, {p}",
+        )
+        for p in ("fp32", "bf16")
+    ]
 
 
 def select_cases(cases: list[Case], names: Sequence[str]) -> list[Case]:

@@ -31,6 +31,7 @@ import jax
 import numpy as np
 import optax
 
+from meshensemble.bench.timing import stats
 from meshensemble.core.ensemble import Ensemble
 from meshensemble.core.mesh import make_mesh
 from meshensemble.core.sharding import state_bytes_per_device
@@ -127,13 +128,12 @@ def measure_layout(
         state, metrics = step(state, x, y)
         jax.block_until_ready((state, metrics))
         samples.append(time.perf_counter() - t)
-    q = np.percentile(samples, [25, 75])
     return {
         "layout": layout_name(layout),
         "state_bytes": nbytes,
         "compile_s": compile_s,
         "step_s": statistics.median(samples),
-        "step_iqr_s": float(q[1] - q[0]),
+        "step_iqr_s": stats(samples)["iqr"],
         "loss": float(np.mean(jax.device_get(metrics["loss"]))),
     }
 

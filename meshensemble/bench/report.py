@@ -21,7 +21,7 @@ import numpy as np
 
 from meshensemble import plots
 from meshensemble.bench.accuracy import describe
-from meshensemble.bench.cases import Runner
+from meshensemble.bench.cases import Runner, memory_stats
 from meshensemble.bench.config import BenchConfig, Case, Spec
 from meshensemble.bench.layouts import format_layouts
 from meshensemble.bench.timing import stats
@@ -220,7 +220,7 @@ def run_meta(
       'cpu'
     """
     devices = jax.devices()
-    meta = {
+    return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "jax_version": jax.__version__,
         "jaxlib_version": _version("jaxlib"),
@@ -236,10 +236,7 @@ def run_meta(
         "argv": sys.argv,
         "config": dataclasses.asdict(cfg),
         "data": {
-            "name": ctx.dataset.name,
-            "source": ctx.dataset.source,
-            "note": ctx.dataset.note,
-            "num_train": ctx.dataset.num_train,
+            **{key: getattr(ctx.dataset, key) for key in ("name", "source", "note", "num_train")},
             "steps_per_epoch": ctx.steps_per_epoch,
         },
         "flops_per_example": ctx.flops,
@@ -256,35 +253,25 @@ def run_meta(
         "peak_memory_note": PEAK_MEMORY_NOTE,
         "memory_per_member_note": MEMORY_PER_MEMBER_NOTE,
     }
-    return meta
 
 
 def _matmul_flops(runners: Mapping[Spec, Runner], precision: str) -> float | None:
-    mm = [r for s, r in runners.items() if s.kind == "matmul" and s.precision == precision]
-    r = mm[0] if mm else None
+    mm = (r for s, r in runners.items() if s.kind == "matmul" and s.precision == precision)
+    r = next(mm, None)
     if r is None or not r.samples:
         return None
     return r.flops_per_call / float(np.median(r.samples))
 
 
 def _memory_limit(device: jax.Device) -> int | None:
-    try:
-        stats = device.memory_stats()
-    except Exception:  # noqa: BLE001 - not every backend reports memory
-        return None
-    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+    stats = memory_stats(device)
+    return int(stats["bytes_limit"]) if "bytes_limit" in stats else None
 
 
 def _plugins() -> dict[str, str]:
     """Versions of the installed JAX accelerator plugins (CUDA, ROCm, TPU)."""
-    names = (
-        "jax-cuda12-plugin",
-        "jax-cuda12-pjrt",
-        "jax-cuda13-plugin",
-        "jax-cuda13-pjrt",
-        "jax-rocm-plugin",
-        "libtpu",
-    )
+    cuda = [f"jax-cuda{v}-{kind}" for v in (12, 13) for kind in ("plugin", "pjrt")]
+    names = (*cuda, "jax-rocm-plugin", "libtpu")
     return {n: v for n in names if (v := _version(n))}
 
 
@@ -358,13 +345,9 @@ def compute_ratios(c: Mapping[str, Any], cfg: BenchConfig) -> dict[str, Any]:
     """
 
     tm = _Times(c, cfg.batch_size)
-    auto = next(
-        (n for n in ("strategy_loop", "strategy_vmap") if n in c and c[n]["same_as"] is None),
-        None,
-    )
     one_device = next(
         (n for n in (f"mpd_{cfg.members}", "mesh_1", "strategy_loop", "strategy_vmap") if n in c),
-        auto,
+        None,
     )
     r = _time_ratios(tm, one_device)
     r.update(_best_one_device(tm, cfg))
@@ -447,9 +430,7 @@ def _best_one_device(tm: _Times, cfg: BenchConfig) -> dict[str, Any]:
 def _memory_ratios(c: Mapping[str, Any], one_device: str | None) -> dict[str, Any]:
     """Memory per member of the members' step on one device, against state + activations."""
     return {
-        "memory_over_state_activations": (
-            c[one_device].get("memory_over_state_activations") if one_device else None
-        ),
+        "memory_over_state_activations": c.get(one_device, {}).get("memory_over_state_activations"),
         "memory_over_state_activations_by_case": {
             n: e["memory_over_state_activations"]
             for n, e in c.items()
@@ -478,9 +459,7 @@ def _members_per_device_ratios(tm: _Times, cfg: BenchConfig) -> dict[str, Any]:
         for n in mpd
         if c[f"mpd_{n}"]["fraction_of_bf16_matmul_flops"] is not None
     }
-    r["bf16_matmul_over_fp32_matmul"] = (
-        c["matmul_bf16"]["fraction_of_matmul_flops"] if "matmul_bf16" in c else None
-    )
+    r["bf16_matmul_over_fp32_matmul"] = c.get("matmul_bf16", {}).get("fraction_of_matmul_flops")
     return r
 
 
@@ -547,39 +526,36 @@ def _case_lines(cases: dict[str, Any]) -> list[str]:
     lines = [head, "-" * len(head)]
     for name, e in cases.items():
         st = e["time_per_step_s"]
-        mex = e.get("member_examples_per_s")
-        fl = e.get("flops_per_s")
-        frac = e.get("fraction_of_matmul_flops")
-        frac16 = e.get("fraction_of_bf16_matmul_flops")
-        peak = e.get("peak_memory_bytes")
+        cells = (f"{'' if e.get(k) is None else show(e[k]):>{w}}" for k, show, w in _CELLS)
         note = f"= {e['same_as']}" if e["same_as"] else e["description"]
-        is_mm = e["kind"] == "matmul"
         lines.append(
-            f"{name:<20} {'' if is_mm else e['members']:>3} {e['devices']:>3} "
+            f"{name:<20} {'' if e['kind'] == 'matmul' else e['members']:>3} {e['devices']:>3} "
             f"{e['members_per_device'] or '':>5} {e['k']:>4} {1e3 * st['median']:>9.1f} "
-            f"{1e3 * st['iqr']:>7.1f} {'' if mex is None else f'{mex:.0f}':>8} "
-            f"{'' if fl is None else f'{fl / 1e9:.1f}':>8} "
-            f"{'' if frac is None else f'{100 * frac:.0f}':>5} "
-            f"{'' if frac16 is None else f'{100 * frac16:.0f}':>5} "
-            f"{'' if peak is None else f'{peak / 2**20:.0f}':>8}  {note}"
+            f"{1e3 * st['iqr']:>7.1f} {' '.join(cells)}  {note}"
         )
     return lines
+
+
+_CELLS = (
+    ("member_examples_per_s", lambda v: f"{v:.0f}", 8),
+    ("flops_per_s", lambda v: f"{v / 1e9:.1f}", 8),
+    ("fraction_of_matmul_flops", lambda v: f"{100 * v:.0f}", 5),
+    ("fraction_of_bf16_matmul_flops", lambda v: f"{100 * v:.0f}", 5),
+    ("peak_memory_bytes", lambda v: f"{v / 2**20:.0f}", 8),
+)
+"""The table's cells that a case may lack (blank then): the key, its text, its width."""
 
 
 def _accuracy_lines(tta: dict[str, Any] | None) -> list[str]:
     """The time-to-accuracy runs, after a blank line (none when not run)."""
-    lines: list[str] = []
-    if tta:
-        lines.append("")
-        lines.append(
-            f"time_to_accuracy (test ensemble accuracy >= {tta['target_accuracy']}, "
-            f"{tta['train_config']['model']}, {tta['train_config']['members']} members, "
-            f"batch {tta['train_config']['batch_size']}, at most "
-            f"{tta['train_config']['epochs']} epochs):"
-        )
-        for run in ("cold", "warm"):
-            lines.append(f"  {run}: {describe(tta[run])}")
-    return lines
+    if not tta:
+        return []
+    run = tta["train_config"]
+    head = (
+        f"time_to_accuracy (test ensemble accuracy >= {tta['target_accuracy']}, {run['model']}, "
+        f"{run['members']} members, batch {run['batch_size']}, at most {run['epochs']} epochs):"
+    )
+    return ["", head, *(f"  {name}: {describe(tta[name])}" for name in ("cold", "warm"))]
 
 
 def _ratio_lines(ratios: dict[str, Any]) -> list[str]:
@@ -632,11 +608,11 @@ def plot_members(results: dict[str, Any], path: str) -> bool:
         return False
     plt = plots.pyplot()
     m = np.array([p[0] for p in pts], float)
-    med = np.array([p[1]["median"] for p in pts]) * 1e3
-    lo = med - np.array([p[1]["q1"] for p in pts]) * 1e3
-    hi = np.array([p[1]["q3"] for p in pts]) * 1e3 - med
+    q1, med, q3 = (np.array([p[1][q] for p in pts]) * 1e3 for q in ("q1", "median", "q3"))
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    ax.errorbar(m, med, yerr=[lo, hi], marker="o", capsize=3, label="ensemble, 1 device")
+    ax.errorbar(
+        m, med, yerr=[med - q1, q3 - med], marker="o", capsize=3, label="ensemble, 1 device"
+    )
     if m[0] == 1:
         ax.plot(m, med[0] * m, ls="--", color="gray", label="linear from 1 member")
     if "sequential" in cases:
@@ -688,12 +664,5 @@ def write_json(results: Mapping[str, Any], path: str) -> None:
       >>> write_json(results, "bench.json")
     """
     storage.makedirs(os.path.dirname(storage.absolute(path)))
-    storage.atomic_write_json(path, strict_json(results), indent=1, default=_json_default)
-
-
-def _json_default(v: Any) -> Any:
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, tuple):
-        return list(v)
-    return str(v)
+    # strict_json makes numpy scalars numbers and tuples lists; anything else: its str
+    storage.atomic_write_json(path, strict_json(results), indent=1, default=str)

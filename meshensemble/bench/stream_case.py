@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import jax
 
-from meshensemble.bench.cases import Runner, make_ensemble
-from meshensemble.training import Feeder, TrainConfig
+from meshensemble.bench.cases import Runner
 
 
 class StreamSteps(Runner):
@@ -35,22 +34,7 @@ class StreamSteps(Runner):
     """
 
     def build(self) -> None:
-        ens = make_ensemble(self.ctx, self.spec)
-        cfg = TrainConfig(
-            members=self.spec.members,
-            batch_size=self.ctx.cfg.batch_size,
-            shuffle="shared",
-            input="stream",
-        )
-        self.state = self.ctx.ensemble_state(self.spec.model, self.spec.members, ens.mesh)
-        self.feeder = Feeder(
-            ens,
-            self.ctx.dataset,
-            cfg,
-            jax.random.key(self.ctx.cfg.seed + 1),
-            1,
-            self.ctx.steps_per_epoch,
-        )
+        _, self.feeder = self.make_feeder(1, input="stream")
         self.epoch, self.step = 1, 0
 
     def run(self) -> None:

@@ -38,7 +38,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -224,13 +223,9 @@ def accelerator_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _show(v: float, unit: str) -> str:
-    if unit == "%":
-        return f"{100 * v:.0f}%"
     if unit == "s":
         return f"{v:.3f} s" if v < 10 else f"{v:.1f} s"
-    if unit == "x":
-        return f"{v:.2f}x"
-    return f"{v:g}"
+    return {"%": f"{100 * v:.0f}%", "x": f"{v:.2f}x"}.get(unit, f"{v:g}")
 
 
 def format_markdown(results: Mapping[str, Any], rows: list[dict[str, Any]]) -> str:
@@ -282,16 +277,8 @@ def write_suite(results: dict[str, Any], out_dir: str) -> tuple[str, str]:
     json_path = storage.join(out_dir, "accelerator.json")
     md_path = storage.join(out_dir, "accelerator.md")
     summary = {"suite": "accelerator", "targets": rows, "results": results}
-    for path, text in (
-        (json_path, json.dumps(strict_json(summary), indent=1, default=_plain, allow_nan=False)),
-        (md_path, format_markdown(results, rows)),
-    ):
-        storage.atomic_write(path, text)
+    # strict_json makes numpy scalars numbers and tuples lists; what is left: item() or str
+    plain = lambda v: v.item() if hasattr(v, "item") else str(v)
+    storage.atomic_write_json(json_path, strict_json(summary), indent=1, default=plain)
+    storage.atomic_write(md_path, format_markdown(results, rows))
     return json_path, md_path
-
-
-def _plain(v: Any) -> Any:
-    """JSON for the numpy scalars and tuples in the results."""
-    if hasattr(v, "item"):
-        return v.item()
-    return list(v) if isinstance(v, tuple) else str(v)

@@ -126,15 +126,13 @@ def load_data(cfg: BenchConfig, say: Callable[[str], None]) -> data.Dataset:
             say(f"embedded sample unavailable ({err.reason}); using synthetic data")
             ds = data.synthetic(num_train=2048, num_test=64, seed=cfg.seed)
     if cfg.tiny and ds.num_train > 1024:
-        ds = data.Dataset(
-            ds.name,
+        head = (
             ds.train_images[:1024],
             ds.train_labels[:1024],
             ds.test_images[:64],
             ds.test_labels[:64],
-            ds.source,
-            f"{ds.note}; first 1,024 training examples",
         )
+        ds = data.Dataset(ds.name, *head, ds.source, f"{ds.note}; first 1,024 training examples")
     return ds
 
 
