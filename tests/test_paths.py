@@ -14,6 +14,11 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import numpy as np
+
+import meshensemble as me
+from meshensemble.runtime import storage
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PATH_MODULE = "meshensemble/runtime/storage.py"
 STRING_ONLY = {"join", "basename", "dirname", "splitext", "expanduser", "split", "sep"}
@@ -134,3 +139,26 @@ def test_an_array_record_folder_on_a_bucket_is_refused_in_one_line():
 
     with pytest.raises(DataError, match=r"gs://b/ar: .*local or mounted folder; .*gcsfuse"):
         lazy.load_array_record_dataset("gs://b/ar")
+
+
+def test_an_npz_on_a_bucket_is_read_in_its_own_layout():
+    """--source npz with a file on a store (fsspec's in-memory one here; gs:// takes the
+    same path): 8x8 images are their own dataset (not refused as MNIST's layout) and float
+    targets make regression data, as for a local file."""
+    x, y = np.arange(10 * 8 * 8, dtype=np.uint8).reshape(10, 8, 8), np.arange(10) % 3
+    images = "memory://c41/digits.npz"
+    storage.atomic_write(
+        images, lambda f: np.savez(f, x_train=x[:6], y_train=y[:6], x_test=x[6:], y_test=y[6:])
+    )
+    got = me.data.load_dataset(source="npz", data_file=images)
+    assert (got.name, got.num_classes, got.x_train.shape) == ("digits", 3, (6, 8, 8, 1))
+    feats = np.arange(20, dtype=np.float32).reshape(10, 2)
+    floats = "memory://c41/house.npz"
+    storage.atomic_write(
+        floats,
+        lambda f: np.savez(
+            f, x_train=feats[:6], y_train=feats[:6, :1], x_test=feats[6:], y_test=feats[6:, :1]
+        ),
+    )
+    got = me.data.load_dataset(source="npz", data_file=floats)
+    assert got.num_classes is None and got.note.startswith("regression data from"), got.note

@@ -37,6 +37,7 @@ from meshensemble.data.regression import diabetes, friedman1, load_regression_np
 from meshensemble.data.sample import load_sample
 from meshensemble.data.tabular import TARGET_KINDS, load_csv
 from meshensemble.data.tfds_stream import load_tfds_stream
+from meshensemble.runtime import storage
 from meshensemble.runtime.compilation import LINE_WIDTH
 
 SOURCES = (
@@ -175,10 +176,15 @@ def _own(name: str) -> str | None:
     return None if name == DEFAULT_NAME else name
 
 
+def _openable(path: Any) -> Any:
+    """What ``np.load`` takes for an npz that may be on a bucket (``~`` expanded)."""
+    return storage.openable(os.path.expanduser(os.fspath(path)))
+
+
 def _float_targets(path: Any) -> bool:
     """Whether an npz's ``y_train`` holds floats (not class ids); False when unreadable."""
     try:
-        with np.load(os.path.expanduser(os.fspath(path)), allow_pickle=False) as f:
+        with np.load(_openable(path), allow_pickle=False) as f:
             return "y_train" in f.files and np.issubdtype(f["y_train"].dtype, np.floating)
     except (OSError, ValueError, zipfile.BadZipFile):
         return False
@@ -188,7 +194,7 @@ def _mnist_layout(path: Any) -> bool:
     """Whether an npz's ``x_train`` has MNIST's image shape (True when unreadable: MNIST's
     loader then names the problem, as it always did)."""
     try:
-        with np.load(os.path.expanduser(os.fspath(path)), allow_pickle=False) as f:
+        with np.load(_openable(path), allow_pickle=False) as f:
             shape = tuple(f["x_train"].shape[1:])
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):
         return True
