@@ -53,6 +53,30 @@ def test_load_digits_through_npz_is_8x8x1_images_of_10_classes(tmp_path):
     assert reg.num_classes is None and reg.y_train.shape == (6, 1) and reg.input_shape == (3, 2)
 
 
+@pytest.mark.parametrize("kind", ["wine", "rgb", "toy1d", "digits"])
+def test_save_npz_writes_any_dataset_that_load_npz_dataset_reads_back(tmp_path, kind):
+    rng = np.random.default_rng(0)
+    if kind == "wine":  # tabular float features, named classes
+        x, y = sklearn_datasets.load_wine(return_X_y=True)
+        x = x.astype(np.float32)
+        ds = me.data.Dataset(
+            "wine", x[:150], y[:150], x[150:], y[150:], class_names=("a", "b", "c")
+        )
+    elif kind == "rgb":
+        x = rng.integers(0, 256, (12, 8, 8, 3), dtype=np.uint8)
+        ds = me.data.Dataset("rgb", x[:8], np.arange(8) % 4, x[8:], np.arange(4) % 4)
+    elif kind == "toy1d":  # float targets [N, 1]
+        ds = me.data.toy1d(seed=0)
+    else:
+        ds = npz.load_npz_dataset(_digits_npz(tmp_path / "digits.npz"))
+    back = npz.load_npz_dataset(me.data.save_npz(ds, tmp_path / f"{kind}.npz"), kind)
+    for key in ("x_train", "y_train", "x_test", "y_test"):
+        want, got = getattr(ds, key), getattr(back, key)
+        assert got.shape == want.shape and np.array_equal(got, want), key
+        assert np.issubdtype(got.dtype, np.floating) == np.issubdtype(want.dtype, np.floating)
+    assert (back.num_classes, back.class_names) == (ds.num_classes, ds.class_names)
+
+
 def test_a_mismatched_npz_is_one_line_naming_the_array(tmp_path):
     x = np.zeros((6, 8, 8, 1), np.uint8)
     np.savez(tmp_path / "bad.npz", x_train=x, y_train=np.arange(6) % 2,

@@ -26,11 +26,16 @@ NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
 def save_npz(dataset: Dataset, path: str | os.PathLike[str]) -> str:
-    """Writes ``dataset`` as a Keras-layout ``.npz`` that :func:`load_npz` reads back.
+    """Writes ``dataset`` as a Keras-layout ``.npz`` that :func:`load_npz_dataset` reads back.
+
+    The features are written as they are, except that integer images with one channel
+    ``[N, H, W, 1]`` are written ``[N, H, W]`` as in Keras's ``mnist.npz`` (the loaders add
+    the channel back); class ids are written as ``uint8`` when they fit, float targets as
+    they are, and the class names (when the dataset has them) as ``class_names``.
 
     Args:
       dataset: the data to write.
-      path: the file to write.
+      path: the file to write (local or a ``gs://`` object).
 
     Returns:
       The path written, as a string.
@@ -38,13 +43,28 @@ def save_npz(dataset: Dataset, path: str | os.PathLike[str]) -> str:
     Example:
       >>> me.data.save_npz(me.data.synthetic(), "tiny.npz")
       'tiny.npz'
+      >>> wine = me.data.Dataset("wine", np.ones((6, 13), np.float32), np.arange(6) % 3,
+      ...                        np.ones((3, 13), np.float32), np.arange(3))
+      >>> load_npz_dataset(save_npz(wine, "wine.npz")).x_train.shape
+      (6, 13)
     """
+
+    def features(x: np.ndarray) -> np.ndarray:
+        one_channel = x.ndim == 4 and x.shape[-1] == 1 and np.issubdtype(x.dtype, np.integer)
+        return x[..., 0] if one_channel else x
+
+    def targets(y: np.ndarray) -> np.ndarray:
+        ids = np.issubdtype(y.dtype, np.integer) and (y.size == 0 or 0 <= y.min() <= y.max() < 256)
+        return y.astype(np.uint8) if ids else y
+
     arrays = dict(
-        x_train=dataset.train_images[..., 0],
-        y_train=dataset.train_labels.astype(np.uint8),
-        x_test=dataset.test_images[..., 0],
-        y_test=dataset.test_labels.astype(np.uint8),
+        x_train=features(dataset.x_train),
+        y_train=targets(dataset.y_train),
+        x_test=features(dataset.x_test),
+        y_test=targets(dataset.y_test),
     )
+    if dataset.class_names is not None:
+        arrays["class_names"] = np.asarray(dataset.class_names, dtype=str)
     storage.atomic_write(path, lambda f: np.savez(f, **arrays))
     return os.fspath(path)
 
