@@ -547,39 +547,35 @@ def _restore_one(
     A checkpoint deleted while it is read (a training job's ``--keep`` clean-up) is told
     apart from a damaged one: its folder is gone afterwards.
     """
-    path = storage.join(directory, str(s))
+    path, gone = storage.join(directory, str(s)), f"checkpoint {s} {_VANISHED}"
     vanished = lambda: not storage.isdir(path)
     if vanished():
-        problems.append(f"checkpoint {s} {_VANISHED}")
+        problems.append(gone)
         return None
     try:
         got = checkpoint_digest(path) if want is not None else None
     except FileNotFoundError:
-        problems.append(f"checkpoint {s} {_VANISHED}")
+        problems.append(gone)
         return None
     except OSError as err:  # permission, I/O: the files may well be fine
         raise _restore_error(s, directory, err, verified=False) from None
     if got != want:
-        damaged = f"checkpoint {s} is damaged (checksum mismatch)"
-        problems.append(f"checkpoint {s} {_VANISHED}" if vanished() else damaged)
+        problems.append(gone if vanished() else f"checkpoint {s} is damaged (checksum mismatch)")
         return None
     try:
         check_structure(storage.join(path, "state"), target, f"checkpoint {s} in {directory}")
         return mngr.restore(s, args=args)
     except CheckpointError:
-        if vanished():
-            problems.append(f"checkpoint {s} {_VANISHED}")
-            return None
-        raise
+        if not vanished():
+            raise
+        problems.append(gone)
+        return None
     except Exception as err:
-        if vanished():
-            problems.append(f"checkpoint {s} {_VANISHED}")
-            gc.collect()
-            return None
+        lost = vanished()
         # a verified checkpoint holds the bytes that were written: not damaged
-        if want is not None or _outside_cause(err):
+        if not lost and (want is not None or _outside_cause(err)):
             raise _restore_error(s, directory, err, verified=want is not None) from None
-        problems.append(f"checkpoint {s} is unreadable ({_first_line(err)})")
+        problems.append(gone if lost else f"checkpoint {s} is unreadable ({_first_line(err)})")
         gc.collect()  # orbax's abandoned reads
         return None
 
