@@ -43,12 +43,7 @@ from meshensemble import data as data_lib
 from meshensemble.core import steps
 from meshensemble.core.backends import put
 from meshensemble.core.ensemble import Ensemble
-from meshensemble.core.mesh import (
-    BATCH,
-    MEMBER_BATCH,
-    MEMBERS,
-    REPLICATED,
-)
+from meshensemble.core.mesh import BATCH, MEMBER_BATCH, MEMBERS, REPLICATED
 from meshensemble.core.sharding import state_shardings
 from meshensemble.core.state import EnsembleState
 from meshensemble.core.tasks import metric_specs
@@ -237,15 +232,7 @@ class Feeder:
         Raises:
           ValueError: the feeder streams host batches (no on-device data).
         """
-        if self.streaming:
-            raise ValueError("a streaming Feeder has no on-device chunk; use run()")
-        return self.ens.build(
-            ("chunk", n, self.batch, self._order_spec),
-            lambda step_cfg: functools.partial(steps.train_chunk, step_cfg, n, self.batch),
-            (self.ens.state_spec, REPLICATED, REPLICATED, self._order_spec, REPLICATED),
-            (self.ens.state_spec, metric_specs(self.ens.task, steps=True)),
-            donate_argnums=(0,),
-        )
+        return self._program("chunk", n)
 
     def paced(self) -> Callable[..., Any]:
         """The global program of up to ``k`` steps whose step count is an argument.
@@ -270,12 +257,18 @@ class Feeder:
           >>> metrics["loss"].shape   # [k, members]: the last `count` rows are the steps run
           (2, 2)
         """
+        return self._program("paced", self.k, count=True)
+
+    def _program(self, kind: str, n: int, count: bool = False) -> Callable[..., Any]:
+        """:meth:`chunk` (``n`` steps) or, with ``count``, :meth:`paced` (a step count
+        argument of at most ``n``): the same chunk program, built once per key."""
         if self.streaming:
             raise ValueError("a streaming Feeder has no on-device chunk; use run()")
+        specs = (self.ens.state_spec, REPLICATED, REPLICATED, self._order_spec, REPLICATED)
         return self.ens.build(
-            ("paced", self.k, self.batch, self._order_spec),
-            lambda step_cfg: functools.partial(steps.train_chunk, step_cfg, self.k, self.batch),
-            (self.ens.state_spec, REPLICATED, REPLICATED, self._order_spec, REPLICATED, REPLICATED),
+            (kind, n, self.batch, self._order_spec),
+            lambda step_cfg: functools.partial(steps.train_chunk, step_cfg, n, self.batch),
+            specs + (REPLICATED,) * count,
             (self.ens.state_spec, metric_specs(self.ens.task, steps=True)),
             donate_argnums=(0,),
         )

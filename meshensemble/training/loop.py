@@ -40,9 +40,7 @@ from meshensemble.runtime.distributed import fetch
 from meshensemble.training.backbone import load_backbone
 from meshensemble.training.calibrate import calibrate_finished_run
 from meshensemble.training.checkpoint import Checkpointer
-from meshensemble.training.config import (
-    TrainConfig,
-)
+from meshensemble.training.config import TrainConfig
 from meshensemble.training.feeder import Feeder
 from meshensemble.training.guards import NonFiniteGuard, StopSignal
 from meshensemble.training.monitor import Monitors
@@ -333,9 +331,7 @@ class _Context:
 
 
 def _train(cfg: TrainConfig, c: _Context) -> TrainResult:
-    dataset, echo, stop, log, cache_dir, source, task = (
-        c.dataset, c.echo, c.stop, c.log, c.cache_dir, c.source, c.task
-    )
+    echo, stop, log, cache_dir = c.echo, c.stop, c.log, c.cache_dir
     t0 = time.perf_counter()
     main = jax.process_index() == 0  # only process 0 prints and writes the run's files
     quiet = lambda s: None
@@ -343,14 +339,9 @@ def _train(cfg: TrainConfig, c: _Context) -> TrainResult:
     tell = echo or (print if main else quiet)  # final table, resumes, stops: even when quiet
     check_writable(cfg.workdir)  # before any work
     saved = saved_run(cfg)
-    setup = prepare(cfg, dataset, saved, task, source, cache_dir, say, tell)
-    ens, plan, choice, sample, restored = (
-        setup.ens,
-        setup.plan,
-        setup.choice,
-        setup.sample,
-        setup.restored,
-    )
+    setup = prepare(cfg, c.dataset, saved, c.task, c.source, cache_dir, say, tell)
+    ens, plan, choice = setup.ens, setup.plan, setup.choice
+    sample, restored = setup.sample, setup.restored
     if jax.process_count() > 1:  # every process decided before process 0 writes anything
         from jax.experimental import multihost_utils
 
@@ -444,7 +435,7 @@ def _finish(
         say(run.log.line())
     writer.write_compile(compiled)
     history = writer.history
-    dataset = run.data.train  # the examples trained on (and the test split)
+    train = run.data.train  # the examples trained on (and the test split)
     if run.monitors.stopping(pos.monitors):
         tell(run.monitors.stop_line(pos.monitors, pos.step))
     elif run.stopped or run.stop.signal is not None:
@@ -453,8 +444,7 @@ def _finish(
             where = f"saved checkpoint {saved_at} in {cfg.workdir}"
         signal = run.stop.signal or "a stop request"
         tell(f"stopped by {signal} at step {pos.step}: {where}; run the same command to resume")
-        return TrainResult(run.ens, state, history, dataset, seconds, True, compiled, signal)
-    train = run.data.train
+        return TrainResult(run.ens, state, history, train, seconds, True, compiled, signal)
     predict = lambda x: fetch((run.ens.predict(state, x), run.ens.predict_members(state, x)))
     writer.figures(task.run_figures(history, predict, (train.x_train, train.y_train)))
     writer.close()
@@ -468,7 +458,7 @@ def _finish(
     (tell if best else say)(f"done in {seconds:.1f}s; outputs in {cfg.workdir}{best}")
     if calibrated:  # the task's own calibration (or why there is none): the run's last line
         tell(calibrated)
-    return TrainResult(run.ens, state, history, dataset, seconds, False, compiled)
+    return TrainResult(run.ens, state, history, train, seconds, False, compiled)
 
 
 @dataclasses.dataclass
@@ -531,21 +521,18 @@ class _Run:
                 pos.add(n, metrics["loss"])  # summed on the host, never waited for
                 if len(pos.pending) > SETTLE_EVERY:
                     pos.settle(keep=2)
-                pos.loss_count, pos.step, pos.epoch_step = (
-                    pos.loss_count + n,
-                    pos.step + n,
-                    (pos.epoch_step + n),
-                )
+                pos.loss_count += n
+                pos.step += n
+                pos.epoch_step += n
                 progress.update(n, metrics)
-                epoch_done, last = pos.epoch_step == steps, pos.step == plan.total_steps
-                evaluated = last or (epoch_done and pos.epoch % plan.eval_every == 0)
+                epoch_done = pos.epoch_step == steps
+                periodic = epoch_done and pos.epoch % plan.eval_every == 0
+                evaluated = pos.step == plan.total_steps or periodic
                 if evaluated:
                     progress.close()
                     state = guard.flush(state, self.tell, self.last_checkpoint)
-                    scheduled = pos.step == cfg.epochs * steps or (
-                        epoch_done and pos.epoch % plan.eval_every == 0
-                    )  # not the extra evaluation of a --max-steps stop
-                    self.evaluate(state, pos, scheduled)
+                    # not scheduled: the extra evaluation of a --max-steps stop
+                    self.evaluate(state, pos, pos.step == cfg.epochs * steps or periodic)
                 if epoch_done:  # a split epoch keeps its sum: its record covers it all
                     pos.loss_sum, pos.loss_count, pos.pending = np.zeros_like(pos.loss_sum), 0, []
                     progress.close()
