@@ -138,10 +138,8 @@ class LoopPosition:
             return
         self.pending = self.pending[len(done) :]
         width = np.shape(done[0][2])[1:]
-        total = np.zeros(width, np.float32) if self.loss_sum is None else np.asarray(
-            self.loss_sum, np.float32)  # fmt: skip
-        part = np.zeros(width, np.float32) if self.curve_sum is None else np.asarray(
-            self.curve_sum, np.float32)  # fmt: skip
+        held = lambda v: np.zeros(width, np.float32) if v is None else np.asarray(v, np.float32)
+        total, part = held(self.loss_sum), held(self.curve_sum)
         for (n, first, _), losses in zip(done, fetch([d[2] for d in done])):
             for i, row in enumerate(np.asarray(losses, np.float32)[-n:]):  # the steps run
                 total = total + row  # step by step: the same sums however the steps were split
@@ -275,8 +273,7 @@ def train(
     try:
         cache_dir = use_compilation_cache(cfg)
         with CompileLog() as log:
-            run = _Context(dataset, echo, stop, log, cache_dir, source, task, monitors)
-            return _train(cfg, run)
+            return _train(cfg, dataset, echo, stop, log, cache_dir, source, task, monitors)
     finally:
         stop.uninstall()
 
@@ -316,22 +313,8 @@ def use_compilation_cache(cfg: TrainConfig) -> str | None:
     return path
 
 
-@dataclasses.dataclass(frozen=True)
-class _Context:
-    """What :func:`train` hands the run: its arguments, signal, compile log, watches."""
-
-    dataset: Any
-    echo: Any
-    stop: StopSignal
-    log: CompileLog
-    cache_dir: Any
-    source: Any
-    task: Task
-    monitors: Monitors
-
-
-def _train(cfg: TrainConfig, c: _Context) -> TrainResult:
-    echo, stop, log, cache_dir = c.echo, c.stop, c.log, c.cache_dir
+def _train(cfg, dataset, echo, stop, log, cache_dir, source, task, monitors) -> TrainResult:
+    """:func:`train`'s run, given its arguments, stop signal, compile log and watches."""
     t0 = time.perf_counter()
     main = jax.process_index() == 0  # only process 0 prints and writes the run's files
     quiet = lambda s: None
@@ -339,7 +322,7 @@ def _train(cfg: TrainConfig, c: _Context) -> TrainResult:
     tell = echo or (print if main else quiet)  # final table, resumes, stops: even when quiet
     check_writable(cfg.workdir)  # before any work
     saved = saved_run(cfg)
-    setup = prepare(cfg, c.dataset, saved, c.task, c.source, cache_dir, say, tell)
+    setup = prepare(cfg, dataset, saved, task, source, cache_dir, say, tell)
     ens, plan, choice = setup.ens, setup.plan, setup.choice
     sample, restored = setup.sample, setup.restored
     if jax.process_count() > 1:  # every process decided before process 0 writes anything
@@ -353,8 +336,8 @@ def _train(cfg: TrainConfig, c: _Context) -> TrainResult:
     )
     keep_until = None if restored is None else restored[2]
     held = (restored[1].get("monitors") or {}) if restored is not None else {}
-    if c.monitors.best_record(held) is not None:  # a resumed run names its best so far
-        resolved["keep_best"] = c.monitors.best_record(held)
+    if monitors.best_record(held) is not None:  # a resumed run names its best so far
+        resolved["keep_best"] = monitors.best_record(held)
     with unfinished_run(cfg.workdir, fresh=restored is None, enabled=main):
         writer = RunWriter(
             cfg.workdir, enabled=main, tensorboard=cfg.tensorboard, keep_until=keep_until
@@ -370,12 +353,12 @@ def _train(cfg: TrainConfig, c: _Context) -> TrainResult:
         note = model_axis_note(ens, state, sample)  # a model axis that splits nothing
         if note is not None:
             tell(note)
-        pinning = c.monitors.best is not None  # keep-best: the best is never deleted
+        pinning = monitors.best is not None  # keep-best: the best is never deleted
         ckpt = Checkpointer(cfg.workdir, cfg.keep, tell, pinning) if cfg.checkpoint else None
         guard = NonFiniteGuard(ens, cfg.on_nonfinite, init_key, sample)
         data = setup.data
         run = _Run(cfg, ens, data, feeder, guard, ckpt, writer, stop, say, tell, t0, log, plan)
-        run.monitors, run.resolved = c.monitors, resolved
+        run.monitors, run.resolved = monitors, resolved
         run.pacer = Pacer(1 if feeder.streaming else plan.chunk, cfg.stop_within)
         try:
             state, pos, saved_at = run.loop(state, pos, main)
