@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import os
 import re
+import sys
 import typing
 import weakref
 from typing import Any
@@ -420,7 +421,6 @@ def leftovers_dropped() -> typing.Iterator[None]:
       >>> sys.unraisablehook is before
       True
     """
-    import sys
     import traceback
 
     previous = sys.unraisablehook
@@ -457,8 +457,6 @@ def hard_exit(code: int, message: str) -> None:
     Example:
       >>> hard_exit(1, "error: lost contact with process 1")  # doctest: +SKIP
     """
-    import sys
-
     print(message, file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(code)
