@@ -328,13 +328,8 @@ class Feeder:
           >>> feeder.wait_compiled()   # nothing was started
           False
         """
-        if self._ahead is None:
-            return False
-        try:
-            self._ahead.result()
-        except Exception:  # e.g. a layout it cannot take: run() compiles at the call
-            return False
-        return True
+        # a failure (e.g. a layout it cannot take): run() compiles at the call instead
+        return self._ahead is not None and self._ahead.exception() is None
 
     def compile_eval_ahead(
         self, init: Callable[[], EnsembleState], images: Any, labels: Any, batch_size: int

@@ -398,10 +398,9 @@ def _start(
         tell(f"resumed from checkpoint {pos.step} in {cfg.workdir} (epoch {pos.epoch})")
         return state, pos
     if AHEAD_OF_TIME:  # the chunk compiles in a thread while the initialisation does
-        feeder.compile_ahead(lambda: ens.init(init_key, sample))
-        feeder.compile_eval_ahead(
-            lambda: ens.init(init_key, sample), dataset.x_test, dataset.y_test, cfg.eval_batch_size
-        )
+        init = lambda: ens.init(init_key, sample)
+        feeder.compile_ahead(init)
+        feeder.compile_eval_ahead(init, dataset.x_test, dataset.y_test, cfg.eval_batch_size)
     given = {"params": load_backbone(cfg.backbone)} if cfg.backbone else {}
     return ens.init(init_key, sample, **given), LoopPosition()
 
@@ -422,9 +421,8 @@ def _finish(
     if run.monitors.stopping(pos.monitors):
         tell(run.monitors.stop_line(pos.monitors, pos.step))
     elif run.stopped or run.stop.signal is not None:
-        where = "no checkpoint"
-        if saved_at is not None and ckpt is not None:
-            where = f"saved checkpoint {saved_at} in {cfg.workdir}"
+        saved = saved_at is not None and ckpt is not None
+        where = f"saved checkpoint {saved_at} in {cfg.workdir}" if saved else "no checkpoint"
         signal = run.stop.signal or "a stop request"
         tell(f"stopped by {signal} at step {pos.step}: {where}; run the same command to resume")
         return TrainResult(run.ens, state, history, train, seconds, True, compiled, signal)
