@@ -142,7 +142,7 @@ def add_field_flag(
     text = (help if help is not None else field_help(f)).replace("%", "%%")
     if not required:
         text += f" (default: {format_default(shown)})".replace("%", "%%")
-    kwargs: dict[str, Any] = {"help": text, "dest": name}
+    kwargs: dict[str, Any] = {"help": text, "dest": name, "required": required}
     kwargs["default"] = None if default is dataclasses.MISSING else default
     if typ is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
@@ -153,8 +153,6 @@ def add_field_flag(
             kwargs["choices"] = choices
         elif f.metadata.get("metavar"):
             kwargs["metavar"] = f.metadata["metavar"]
-        if required:
-            kwargs["required"] = True
     argument_group(p, title).add_argument(flag or "--" + name.replace("_", "-"), **kwargs)
 
 
