@@ -299,16 +299,12 @@ def use_compilation_cache(cfg: TrainConfig) -> str | None:
       >>> use_compilation_cache(me.TrainConfig()) == default_cache_dir()  # the default
       True
     """
-    before = (jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir)
-    path = None
-    if cfg.compile_cache:
-        path = enable_compilation_cache(cfg.compile_cache_dir)
-    if path is not None:
-        jax.config.update("jax_enable_compilation_cache", True)
-    elif not cfg.compile_cache:
-        jax.config.update("jax_enable_compilation_cache", False)
-    after = (jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir)
-    if after != before:
+    now = lambda: (jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir)
+    before = now()
+    path = enable_compilation_cache(cfg.compile_cache_dir) if cfg.compile_cache else None
+    if path is not None or not cfg.compile_cache:  # a folder it cannot write: left as it was
+        jax.config.update("jax_enable_compilation_cache", path is not None)
+    if now() != before:
         compilation_cache.reset_cache()  # JAX reads its options once: make it read them again
     return path
 
