@@ -525,10 +525,8 @@ class _Run:
                     self.name_best(pos)
                 if epoch_done:
                     pos.epoch, pos.epoch_step = pos.epoch + 1, 0
-                if stopping:
-                    self.stopped = True
-                    break
-                if watch.stopping(pos.monitors):
+                if stopping or watch.stopping(pos.monitors):
+                    self.stopped = stopping  # a stop request, not early stopping
                     break
         finally:
             progress.close()
