@@ -415,10 +415,9 @@ class Feeder:
             sharding, a, lead + a.shape[len(lead) :]
         )
         x, y = place(x), place(y)
-        if self.cfg.backend == "shard_map":  # labels were checked when the data was loaded
-            state, metrics = self.ens.train_step_fn(self.per_member)(state, x, y)
-        else:
-            state, metrics = self.ens.train_step(state, x, y)
+        shard_map = self.cfg.backend == "shard_map"  # labels were checked when the data was loaded
+        step = self.ens.train_step_fn(self.per_member) if shard_map else self.ens.train_step
+        state, metrics = step(state, x, y)
         return state, jax.tree.map(lambda v: v[None], metrics)
 
 

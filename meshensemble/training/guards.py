@@ -356,8 +356,7 @@ class NonFiniteGuard:
                 )
             say(f"non-finite {what} in member(s) {members} at step {at}: re-initialising them")
             self.reinits[members] += 1
-            redone = np.zeros(self.ens.num_members, bool)
-            redone[members] = True
+            redone = np.isin(np.arange(self.ens.num_members), members)
             fresh = self.ens.init(jax.random.fold_in(self.init_key, at), self.sample)
             return select_members(jnp.asarray(redone), fresh, state), redone
         raise NonFiniteError(
