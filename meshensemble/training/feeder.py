@@ -139,11 +139,7 @@ class Feeder:
             )
         else:
             self.images = put(dataset.train_images, ens.mesh, REPLICATED)
-            self.labels = put(
-                ens.task.as_targets(np.asarray(dataset.train_labels).astype(ens.task.target_dtype)),
-                ens.mesh,
-                REPLICATED,
-            )
+            self.labels = put(train_targets(ens.task, dataset.train_labels), ens.mesh, REPLICATED)
 
     def for_ensemble(self, ens: Ensemble) -> Feeder:
         """A feeder of the same data, order and chunk for another ensemble on the same mesh.
@@ -419,6 +415,24 @@ class Feeder:
         step = self.ens.train_step_fn(self.per_member) if shard_map else self.ens.train_step
         state, metrics = step(state, x, y)
         return state, jax.tree.map(lambda v: v[None], metrics)
+
+
+def train_targets(task: Any, labels: Any) -> np.ndarray:
+    """The training targets as the steps take them: ``labels`` in the task's target dtype,
+    through its ``as_targets``.
+
+    Args:
+      task: the run's :class:`meshensemble.tasks.Task`.
+      labels: the targets, ``[N]`` class ids or ``[N, T]`` floats.
+
+    Returns:
+      The host array the task trains on (``[N]`` or ``[N, T]``, the task's dtype).
+
+    Example:
+      >>> train_targets(me.tasks.Classification(), [1, 2]).dtype
+      dtype('int32')
+    """
+    return task.as_targets(np.asarray(labels).astype(task.target_dtype))
 
 
 def check_lazy_input(cfg: TrainConfig, dataset: data_lib.Dataset) -> None:
