@@ -177,8 +177,7 @@ class Feeder:
         return twin
 
     def _draw(self, epoch: jax.Array, members: int) -> jax.Array:
-        bootstrap = self.cfg.bootstrap
-        return order_lib.epoch_order(self.order_key, epoch, self.n, members, bootstrap)
+        return order_lib.epoch_order(self.order_key, epoch, self.n, members, self.cfg.bootstrap)
 
     def order(self, epoch: int) -> jax.Array:
         """The epoch's order of the training examples; the same on any mesh.
