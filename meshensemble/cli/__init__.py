@@ -62,12 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     """
     parser = Parser(prog="meshensemble", description="Deep ensembles on a JAX device mesh.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    train.add_parser(sub)
-    evaluate.add_parser(sub)
-    bench.add_parser(sub)
-    convert.add_parser(sub)
-    predict.add_parser(sub)
-    export.add_parser(sub)
+    for command in (train, evaluate, bench, convert, predict, export):  # --help's order
+        command.add_parser(sub)
     for p in sub.choices.values():
         add_debug_flag(p)
     return parser

@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import os
 import re
+import sys
 import typing
 import weakref
 from typing import Any
@@ -141,7 +142,7 @@ def add_field_flag(
     text = (help if help is not None else field_help(f)).replace("%", "%%")
     if not required:
         text += f" (default: {format_default(shown)})".replace("%", "%%")
-    kwargs: dict[str, Any] = {"help": text, "dest": name}
+    kwargs: dict[str, Any] = {"help": text, "dest": name, "required": required}
     kwargs["default"] = None if default is dataclasses.MISSING else default
     if typ is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
@@ -152,8 +153,6 @@ def add_field_flag(
             kwargs["choices"] = choices
         elif f.metadata.get("metavar"):
             kwargs["metavar"] = f.metadata["metavar"]
-        if required:
-            kwargs["required"] = True
     argument_group(p, title).add_argument(flag or "--" + name.replace("_", "-"), **kwargs)
 
 
@@ -420,7 +419,6 @@ def leftovers_dropped() -> typing.Iterator[None]:
       >>> sys.unraisablehook is before
       True
     """
-    import sys
     import traceback
 
     previous = sys.unraisablehook
@@ -457,8 +455,6 @@ def hard_exit(code: int, message: str) -> None:
     Example:
       >>> hard_exit(1, "error: lost contact with process 1")  # doctest: +SKIP
     """
-    import sys
-
     print(message, file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(code)
@@ -543,14 +539,9 @@ def add_distributed_flags(p: argparse.ArgumentParser, group: str | None = None) 
     )
 
 
-DISTRIBUTED_FLAGS = (
-    "--coordinator",
-    "--num-processes",
-    "--process-id",
-    "--heartbeat-timeout",
-    "--init-timeout",
-    "--distributed-auto",
-)
+_DISTRIBUTED = argparse.ArgumentParser(add_help=False)
+add_distributed_flags(_DISTRIBUTED)
+DISTRIBUTED_FLAGS = tuple(a.option_strings[0] for a in _DISTRIBUTED._actions)
 """The flags :func:`add_distributed_flags` adds."""
 
 

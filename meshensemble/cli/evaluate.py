@@ -38,6 +38,9 @@ OOD_HELP = (
     "noise and inverted)"
 )
 """The help of ``--ood``."""
+_SAME_NAMES = ("mesh", "num_bins", "source", "data_file", "data_dir", "ood_file", "calibrate",
+               "alpha", "conformal")  # fmt: skip
+"""The flags :func:`run` passes to ``evaluate_run`` under their own names."""
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -143,15 +146,7 @@ def run(args: argparse.Namespace) -> int:
         args.workdir,
         checkpoint=resolve_checkpoint(args.workdir, args.checkpoint),
         ood=tuple(args.ood) if args.ood else None,
-        mesh=args.mesh,
         batch_size=args.eval_batch_size,
-        num_bins=args.num_bins,
-        source=args.source,
-        data_file=args.data_file,
-        data_dir=args.data_dir,
-        ood_file=args.ood_file,
-        calibrate=args.calibrate,
-        alpha=args.alpha,
-        conformal=args.conformal,
+        **{name: getattr(args, name) for name in _SAME_NAMES},
     )
     return 0

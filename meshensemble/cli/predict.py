@@ -133,9 +133,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.workdir)
     args.checkpoint = resolve_checkpoint(args.workdir, args.checkpoint)
     task = run_task(cfg, (read_saved_config(args.workdir) or {}).get("resolved") or {})
-    for flag, given in (("no_temperature", args.no_temperature),
-                        ("no_variance_scale", args.no_variance_scale)):  # fmt: skip
-        if given and flag != task.uncalibrated_flag:
+    for flag in ("no_temperature", "no_variance_scale"):
+        if getattr(args, flag) and flag != task.uncalibrated_flag:
             raise ValueError(
                 f"--{flag.replace('_', '-')} does not apply to {args.workdir}, a {task.name} "
                 "run; drop it"
@@ -184,11 +183,8 @@ def summary(predictor: Any, out: dict[str, Any], args: argparse.Namespace) -> st
       >>> summary(predictor, out, args)
       'wrote 12 predictions (probs, label, ...) to p.npz: checkpoint 4 of runs/tiny, ...'
     """
-    cal, task = predictor.calibration, predictor.task
-    how = "uncalibrated"
-    if cal is not None:
-        off = args.no_temperature or args.no_variance_scale
-        how = task.calibration_summary(cal, not off, out)
+    cal, off = predictor.calibration, args.no_temperature or args.no_variance_scale
+    how = "uncalibrated" if cal is None else predictor.task.calibration_summary(cal, not off, out)
     n = len(next(iter(out.values()), []))
     return (
         f"wrote {n} predictions ({', '.join(out)}) to {args.out}: checkpoint "

@@ -128,9 +128,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
       (1, 8)
     """
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    from_file: dict[str, Any] = {}
-    if args.config:
-        from_file = _read_config(args.config, fields, "--config")
+    from_file = _read_config(args.config, fields, "--config") if args.config else {}
     given = from_file | {k: v for k, v in vars(args).items() if k in fields and v is not None}
     values: dict[str, Any] = {}
     saved_path = storage.join(given.get("workdir", TrainConfig.workdir), CONFIG_FILE)

@@ -58,6 +58,7 @@ from meshensemble.training.bundle import save_inference as save_inference
 from meshensemble.training.checksums import CHECKSUMS as CHECKSUMS
 from meshensemble.training.checksums import CHECKSUMS_COPY as CHECKSUMS_COPY
 from meshensemble.training.checksums import checkpoint_digest as checkpoint_digest
+from meshensemble.training.checksums import error_summary
 from meshensemble.training.checksums import load_checksums as load_checksums
 from meshensemble.training.checksums import read_checksums as read_checksums
 from meshensemble.training.checksums import write_checksums as write_checksums
@@ -188,7 +189,7 @@ class Checkpointer:
         try:
             self.mngr = checkpoint_manager(workdir, None if pinning else keep)
         except OSError as err:  # e.g. read-only, or a file in the way
-            cause = _save_cause(err) or _first_line(err)
+            cause = _save_cause(err) or error_summary(err)
             raise CheckpointError(f"cannot create {self.dir}: {cause}; {_WRITABLE}") from None
         _quiet_orbax(True)
         self._lock = threading.Lock()
@@ -315,7 +316,7 @@ class Checkpointer:
         again = "resume" if good else "start again"  # a new run without one removes its files
         fix = f"{todo} and run the same command to {again}, or use another --workdir"
         return CheckpointError(
-            f"could not save checkpoint {step} in {self.dir}: {cause or _first_line(err)}; "
+            f"could not save checkpoint {step} in {self.dir}: {cause or error_summary(err)}; "
             f"{prev}; {fix}"
         )
 
@@ -497,8 +498,7 @@ def restore_checkpoint(
     tried: set[int] = set()
     relisted = False
     try:
-        while [c for c in candidates if c not in tried]:
-            s = next(c for c in candidates if c not in tried)
+        while (s := next((c for c in candidates if c not in tried), None)) is not None:
             tried.add(s)
             found = _restore_one(mngr, args, target, directory, s, sums.get(str(s)), problems)
             if found is not None:
@@ -547,47 +547,37 @@ def _restore_one(
     A checkpoint deleted while it is read (a training job's ``--keep`` clean-up) is told
     apart from a damaged one: its folder is gone afterwards.
     """
-    path = storage.join(directory, str(s))
+    path, gone = storage.join(directory, str(s)), f"checkpoint {s} {_VANISHED}"
     vanished = lambda: not storage.isdir(path)
     if vanished():
-        problems.append(f"checkpoint {s} {_VANISHED}")
+        problems.append(gone)
         return None
     try:
         got = checkpoint_digest(path) if want is not None else None
     except FileNotFoundError:
-        problems.append(f"checkpoint {s} {_VANISHED}")
+        problems.append(gone)
         return None
     except OSError as err:  # permission, I/O: the files may well be fine
         raise _restore_error(s, directory, err, verified=False) from None
     if got != want:
-        damaged = f"checkpoint {s} is damaged (checksum mismatch)"
-        problems.append(f"checkpoint {s} {_VANISHED}" if vanished() else damaged)
+        problems.append(gone if vanished() else f"checkpoint {s} is damaged (checksum mismatch)")
         return None
     try:
         check_structure(storage.join(path, "state"), target, f"checkpoint {s} in {directory}")
         return mngr.restore(s, args=args)
     except CheckpointError:
-        if vanished():
-            problems.append(f"checkpoint {s} {_VANISHED}")
-            return None
-        raise
+        if not vanished():
+            raise
+        problems.append(gone)
+        return None
     except Exception as err:
-        if vanished():
-            problems.append(f"checkpoint {s} {_VANISHED}")
-            gc.collect()
-            return None
+        lost = vanished()
         # a verified checkpoint holds the bytes that were written: not damaged
-        if want is not None or _outside_cause(err):
+        if not lost and (want is not None or _outside_cause(err)):
             raise _restore_error(s, directory, err, verified=want is not None) from None
-        problems.append(f"checkpoint {s} is unreadable ({_first_line(err)})")
+        problems.append(gone if lost else f"checkpoint {s} is unreadable ({error_summary(err)})")
         gc.collect()  # orbax's abandoned reads
         return None
-
-
-def _first_line(err: BaseException, limit: int = 200) -> str:
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    text = f"{type(err).__name__}: {text}" if text else type(err).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _outside_cause(err: BaseException) -> tuple[str, str] | None:
@@ -611,7 +601,7 @@ def _restore_error(step: int, directory: str, err: BaseException, verified: bool
     fine = "fine (its checksum matches)" if verified else "not known to be damaged (no checksum)"
     return CheckpointError(
         f"could not restore checkpoint {step} from {directory}: {cause} "
-        f"({_first_line(err)}); the checkpoint itself is {fine}; {fix}"
+        f"({error_summary(err)}); the checkpoint itself is {fine}; {fix}"
     )
 
 

@@ -62,7 +62,7 @@ def _read_sums(path: str) -> dict[str, str] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as err:
-        raise ValueError(_first_line(err)) from None
+        raise ValueError(error_summary(err)) from None
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         raise ValueError("not a JSON object of checksums")
     return {str(k): v for k, v in data.items()}
@@ -147,7 +147,21 @@ def write_checksums(directory: str, sums: dict[str, str]) -> None:
         storage.atomic_write_json(storage.join(directory, name), sums, indent=1)
 
 
-def _first_line(err: BaseException, limit: int = 200) -> str:
+def error_summary(err: BaseException, limit: int = 200) -> str:
+    """An exception in one line: its type and the first line of its message, shortened.
+
+    Args:
+      err: the exception.
+      limit: the most characters returned.
+
+    Returns:
+      ``"Type: first line"`` (the type alone when the message is empty), cut to ``limit``
+      characters with ``...``.
+
+    Example:
+      >>> error_summary(OSError("disk full\\ntraceback..."))
+      'OSError: disk full'
+    """
     text = str(err).strip().splitlines()[0] if str(err).strip() else ""
     text = f"{type(err).__name__}: {text}" if text else type(err).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -43,12 +43,7 @@ from meshensemble import data as data_lib
 from meshensemble.core import steps
 from meshensemble.core.backends import put
 from meshensemble.core.ensemble import Ensemble
-from meshensemble.core.mesh import (
-    BATCH,
-    MEMBER_BATCH,
-    MEMBERS,
-    REPLICATED,
-)
+from meshensemble.core.mesh import BATCH, MEMBER_BATCH, MEMBERS, REPLICATED
 from meshensemble.core.sharding import state_shardings
 from meshensemble.core.state import EnsembleState
 from meshensemble.core.tasks import metric_specs
@@ -144,11 +139,7 @@ class Feeder:
             )
         else:
             self.images = put(dataset.train_images, ens.mesh, REPLICATED)
-            self.labels = put(
-                ens.task.as_targets(np.asarray(dataset.train_labels).astype(ens.task.target_dtype)),
-                ens.mesh,
-                REPLICATED,
-            )
+            self.labels = put(train_targets(ens.task, dataset.train_labels), ens.mesh, REPLICATED)
 
     def for_ensemble(self, ens: Ensemble) -> Feeder:
         """A feeder of the same data, order and chunk for another ensemble on the same mesh.
@@ -186,8 +177,7 @@ class Feeder:
         return twin
 
     def _draw(self, epoch: jax.Array, members: int) -> jax.Array:
-        bootstrap = self.cfg.bootstrap
-        return order_lib.epoch_order(self.order_key, epoch, self.n, members, bootstrap)
+        return order_lib.epoch_order(self.order_key, epoch, self.n, members, self.cfg.bootstrap)
 
     def order(self, epoch: int) -> jax.Array:
         """The epoch's order of the training examples; the same on any mesh.
@@ -237,15 +227,7 @@ class Feeder:
         Raises:
           ValueError: the feeder streams host batches (no on-device data).
         """
-        if self.streaming:
-            raise ValueError("a streaming Feeder has no on-device chunk; use run()")
-        return self.ens.build(
-            ("chunk", n, self.batch, self._order_spec),
-            lambda step_cfg: functools.partial(steps.train_chunk, step_cfg, n, self.batch),
-            (self.ens.state_spec, REPLICATED, REPLICATED, self._order_spec, REPLICATED),
-            (self.ens.state_spec, metric_specs(self.ens.task, steps=True)),
-            donate_argnums=(0,),
-        )
+        return self._program("chunk", n)
 
     def paced(self) -> Callable[..., Any]:
         """The global program of up to ``k`` steps whose step count is an argument.
@@ -270,12 +252,18 @@ class Feeder:
           >>> metrics["loss"].shape   # [k, members]: the last `count` rows are the steps run
           (2, 2)
         """
+        return self._program("paced", self.k, count=True)
+
+    def _program(self, kind: str, n: int, count: bool = False) -> Callable[..., Any]:
+        """:meth:`chunk` (``n`` steps) or, with ``count``, :meth:`paced` (a step count
+        argument of at most ``n``): the same chunk program, built once per key."""
         if self.streaming:
             raise ValueError("a streaming Feeder has no on-device chunk; use run()")
+        specs = (self.ens.state_spec, REPLICATED, REPLICATED, self._order_spec, REPLICATED)
         return self.ens.build(
-            ("paced", self.k, self.batch, self._order_spec),
-            lambda step_cfg: functools.partial(steps.train_chunk, step_cfg, self.k, self.batch),
-            (self.ens.state_spec, REPLICATED, REPLICATED, self._order_spec, REPLICATED, REPLICATED),
+            (kind, n, self.batch, self._order_spec),
+            lambda step_cfg: functools.partial(steps.train_chunk, step_cfg, n, self.batch),
+            specs + (REPLICATED,) * count,
             (self.ens.state_spec, metric_specs(self.ens.task, steps=True)),
             donate_argnums=(0,),
         )
@@ -335,13 +323,8 @@ class Feeder:
           >>> feeder.wait_compiled()   # nothing was started
           False
         """
-        if self._ahead is None:
-            return False
-        try:
-            self._ahead.result()
-        except Exception:  # e.g. a layout it cannot take: run() compiles at the call
-            return False
-        return True
+        # a failure (e.g. a layout it cannot take): run() compiles at the call instead
+        return self._ahead is not None and self._ahead.exception() is None
 
     def compile_eval_ahead(
         self, init: Callable[[], EnsembleState], images: Any, labels: Any, batch_size: int
@@ -427,11 +410,28 @@ class Feeder:
             sharding, a, lead + a.shape[len(lead) :]
         )
         x, y = place(x), place(y)
-        if self.cfg.backend == "shard_map":  # labels were checked when the data was loaded
-            state, metrics = self.ens.train_step_fn(self.per_member)(state, x, y)
-        else:
-            state, metrics = self.ens.train_step(state, x, y)
+        shard_map = self.cfg.backend == "shard_map"  # labels were checked when the data was loaded
+        step = self.ens.train_step_fn(self.per_member) if shard_map else self.ens.train_step
+        state, metrics = step(state, x, y)
         return state, jax.tree.map(lambda v: v[None], metrics)
+
+
+def train_targets(task: Any, labels: Any) -> np.ndarray:
+    """The training targets as the steps take them: ``labels`` in the task's target dtype,
+    through its ``as_targets``.
+
+    Args:
+      task: the run's :class:`meshensemble.tasks.Task`.
+      labels: the targets, ``[N]`` class ids or ``[N, T]`` floats.
+
+    Returns:
+      The host array the task trains on (``[N]`` or ``[N, T]``, the task's dtype).
+
+    Example:
+      >>> train_targets(me.tasks.Classification(), [1, 2]).dtype
+      dtype('int32')
+    """
+    return task.as_targets(np.asarray(labels).astype(task.target_dtype))
 
 
 def check_lazy_input(cfg: TrainConfig, dataset: data_lib.Dataset) -> None:

@@ -82,8 +82,7 @@ def field_help(f: dataclasses.Field) -> str:
       >>> field_help(next(f for f in dataclasses.fields(me.TrainConfig) if f.name == "members"))
       'ensemble size'
     """
-    text = f.metadata.get("help", "")
-    return str(text() if callable(text) else text)
+    return str(_resolved(f.metadata.get("help", "")))
 
 
 def field_group(f: dataclasses.Field) -> str | None:
@@ -104,10 +103,13 @@ def field_choices(f: dataclasses.Field) -> tuple[str, ...] | None:
       ...                    if f.name == "shuffle"))
       ('shared', 'per-member')
     """
-    choices = f.metadata.get("choices")
-    if choices is None:
-        return None
-    return tuple(choices() if callable(choices) else choices)
+    choices = _resolved(f.metadata.get("choices"))
+    return None if choices is None else tuple(choices)
+
+
+def _resolved(value: Any) -> Any:
+    """A metadata value, or what it returns when it is a callable (built when asked)."""
+    return value() if callable(value) else value
 
 
 def attribute_docs(cls: type) -> str:

@@ -162,19 +162,18 @@ def finite_members(state: EnsembleState) -> jax.Array:
       >>> bool(finite_members(state).all())
       True
     """
-    ok = jnp.ones(state.step.shape, bool)
-    for x in jax.tree.leaves((state.params, state.opt_state, state.model_state)):
-        if jnp.issubdtype(x.dtype, jnp.inexact) and x.ndim >= 1:
-            ok = ok & jnp.all(jnp.isfinite(x), axis=tuple(range(1, x.ndim)))
+    ok = _all_finite((state.params, state.opt_state, state.model_state), state.step.shape)
     return ok & _all_finite(shared_part(state))  # a layout's shared leaves: every member's
 
 
-def _all_finite(tree: Any) -> jax.Array:
-    """Whether every floating leaf of ``tree`` is finite (True for None or no leaves)."""
-    ok = jnp.ones((), bool)
+def _all_finite(tree: Any, members: tuple[int, ...] | None = None) -> jax.Array:
+    """Whether every floating leaf of ``tree`` is finite (True for None or no leaves); with
+    ``members`` (the ``[members]`` shape), per member: over each leaf's axes after the first."""
+    per = int(members is not None)
+    ok = jnp.ones(members if per else (), bool)
     for x in jax.tree.leaves(tree):
-        if jnp.issubdtype(x.dtype, jnp.inexact):
-            ok = ok & jnp.all(jnp.isfinite(x))
+        if jnp.issubdtype(x.dtype, jnp.inexact) and x.ndim >= per:
+            ok = ok & jnp.all(jnp.isfinite(x), axis=tuple(range(per, x.ndim)))
     return ok
 
 
@@ -357,8 +356,7 @@ class NonFiniteGuard:
                 )
             say(f"non-finite {what} in member(s) {members} at step {at}: re-initialising them")
             self.reinits[members] += 1
-            redone = np.zeros(self.ens.num_members, bool)
-            redone[members] = True
+            redone = np.isin(np.arange(self.ens.num_members), members)
             fresh = self.ens.init(jax.random.fold_in(self.init_key, at), self.sample)
             return select_members(jnp.asarray(redone), fresh, state), redone
         raise NonFiniteError(

@@ -191,10 +191,7 @@ def data_fingerprint(dataset: data_lib.Dataset) -> str:
       >>> len(data_fingerprint(me.data.synthetic(64, 16)))   # 16 hex digits
       16
     """
-    parts = (
-        split_fingerprint(dataset.train_images, dataset.train_labels),
-        split_fingerprint(dataset.test_images, dataset.test_labels),
-    )
+    parts = [split_fingerprint(images, labels) for images, labels in _splits(dataset)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
@@ -217,15 +214,17 @@ def sampled_fingerprint(dataset: data_lib.Dataset) -> str:
       (True, False)
     """
     digest = hashlib.sha256()
-    for images, labels in (
-        (dataset.train_images, dataset.train_labels),
-        (dataset.test_images, dataset.test_labels),
-    ):
+    for images, labels in _splits(dataset):
         stride = max(1, len(images) // FINGERPRINT_SAMPLES)
         digest.update(repr((images.shape, str(images.dtype), labels.shape)).encode())
         digest.update(np.ascontiguousarray(labels, np.int64).tobytes())
         digest.update(np.ascontiguousarray(images[::stride]).tobytes())
     return digest.hexdigest()[:16]
+
+
+def _splits(dataset: data_lib.Dataset) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """The dataset's train and test splits, each ``(images, labels)``."""
+    return (dataset.train_images, dataset.train_labels), (dataset.test_images, dataset.test_labels)
 
 
 def data_identity(

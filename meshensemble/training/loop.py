@@ -40,9 +40,7 @@ from meshensemble.runtime.distributed import fetch
 from meshensemble.training.backbone import backbone_model_state, load_backbone, with_model_state
 from meshensemble.training.calibrate import calibrate_finished_run
 from meshensemble.training.checkpoint import Checkpointer
-from meshensemble.training.config import (
-    TrainConfig,
-)
+from meshensemble.training.config import TrainConfig
 from meshensemble.training.feeder import Feeder
 from meshensemble.training.guards import NonFiniteGuard, StopSignal
 from meshensemble.training.monitor import Monitors
@@ -140,10 +138,8 @@ class LoopPosition:
             return
         self.pending = self.pending[len(done) :]
         width = np.shape(done[0][2])[1:]
-        total = np.zeros(width, np.float32) if self.loss_sum is None else np.asarray(
-            self.loss_sum, np.float32)  # fmt: skip
-        part = np.zeros(width, np.float32) if self.curve_sum is None else np.asarray(
-            self.curve_sum, np.float32)  # fmt: skip
+        held = lambda v: np.zeros(width, np.float32) if v is None else np.asarray(v, np.float32)
+        total, part = held(self.loss_sum), held(self.curve_sum)
         for (n, first, _), losses in zip(done, fetch([d[2] for d in done])):
             for i, row in enumerate(np.asarray(losses, np.float32)[-n:]):  # the steps run
                 total = total + row  # step by step: the same sums however the steps were split
@@ -277,8 +273,7 @@ def train(
     try:
         cache_dir = use_compilation_cache(cfg)
         with CompileLog() as log:
-            run = _Context(dataset, echo, stop, log, cache_dir, source, task, monitors)
-            return _train(cfg, run)
+            return _train(cfg, dataset, echo, stop, log, cache_dir, source, task, monitors)
     finally:
         stop.uninstall()
 
@@ -304,38 +299,18 @@ def use_compilation_cache(cfg: TrainConfig) -> str | None:
       >>> use_compilation_cache(me.TrainConfig()) == default_cache_dir()  # the default
       True
     """
-    before = (jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir)
-    path = None
-    if cfg.compile_cache:
-        path = enable_compilation_cache(cfg.compile_cache_dir)
-    if path is not None:
-        jax.config.update("jax_enable_compilation_cache", True)
-    elif not cfg.compile_cache:
-        jax.config.update("jax_enable_compilation_cache", False)
-    after = (jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir)
-    if after != before:
+    now = lambda: (jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir)
+    before = now()
+    path = enable_compilation_cache(cfg.compile_cache_dir) if cfg.compile_cache else None
+    if path is not None or not cfg.compile_cache:  # a folder it cannot write: left as it was
+        jax.config.update("jax_enable_compilation_cache", path is not None)
+    if now() != before:
         compilation_cache.reset_cache()  # JAX reads its options once: make it read them again
     return path
 
 
-@dataclasses.dataclass(frozen=True)
-class _Context:
-    """What :func:`train` hands the run: its arguments, signal, compile log, watches."""
-
-    dataset: Any
-    echo: Any
-    stop: StopSignal
-    log: CompileLog
-    cache_dir: Any
-    source: Any
-    task: Task
-    monitors: Monitors
-
-
-def _train(cfg: TrainConfig, c: _Context) -> TrainResult:
-    dataset, echo, stop, log, cache_dir, source, task = (
-        c.dataset, c.echo, c.stop, c.log, c.cache_dir, c.source, c.task
-    )
+def _train(cfg, dataset, echo, stop, log, cache_dir, source, task, monitors) -> TrainResult:
+    """:func:`train`'s run, given its arguments, stop signal, compile log and watches."""
     t0 = time.perf_counter()
     main = jax.process_index() == 0  # only process 0 prints and writes the run's files
     quiet = lambda s: None
@@ -344,13 +319,8 @@ def _train(cfg: TrainConfig, c: _Context) -> TrainResult:
     check_writable(cfg.workdir)  # before any work
     saved = saved_run(cfg)
     setup = prepare(cfg, dataset, saved, task, source, cache_dir, say, tell)
-    ens, plan, choice, sample, restored = (
-        setup.ens,
-        setup.plan,
-        setup.choice,
-        setup.sample,
-        setup.restored,
-    )
+    ens, plan, choice = setup.ens, setup.plan, setup.choice
+    sample, restored = setup.sample, setup.restored
     if jax.process_count() > 1:  # every process decided before process 0 writes anything
         from jax.experimental import multihost_utils
 
@@ -362,8 +332,8 @@ def _train(cfg: TrainConfig, c: _Context) -> TrainResult:
     )
     keep_until = None if restored is None else restored[2]
     held = (restored[1].get("monitors") or {}) if restored is not None else {}
-    if c.monitors.best_record(held) is not None:  # a resumed run names its best so far
-        resolved["keep_best"] = c.monitors.best_record(held)
+    if monitors.best_record(held) is not None:  # a resumed run names its best so far
+        resolved["keep_best"] = monitors.best_record(held)
     with unfinished_run(cfg.workdir, fresh=restored is None, enabled=main):
         writer = RunWriter(
             cfg.workdir, enabled=main, tensorboard=cfg.tensorboard, keep_until=keep_until
@@ -379,12 +349,12 @@ def _train(cfg: TrainConfig, c: _Context) -> TrainResult:
         note = model_axis_note(ens, state, sample)  # a model axis that splits nothing
         if note is not None:
             tell(note)
-        pinning = c.monitors.best is not None  # keep-best: the best is never deleted
+        pinning = monitors.best is not None  # keep-best: the best is never deleted
         ckpt = Checkpointer(cfg.workdir, cfg.keep, tell, pinning) if cfg.checkpoint else None
         guard = NonFiniteGuard(ens, cfg.on_nonfinite, init_key, sample)
         data = setup.data
         run = _Run(cfg, ens, data, feeder, guard, ckpt, writer, stop, say, tell, t0, log, plan)
-        run.monitors, run.resolved = c.monitors, resolved
+        run.monitors, run.resolved = monitors, resolved
         run.pacer = Pacer(1 if feeder.streaming else plan.chunk, cfg.stop_within)
         try:
             state, pos, saved_at = run.loop(state, pos, main)
@@ -424,10 +394,9 @@ def _start(
         tell(f"resumed from checkpoint {pos.step} in {cfg.workdir} (epoch {pos.epoch})")
         return state, pos
     if AHEAD_OF_TIME:  # the chunk compiles in a thread while the initialisation does
-        feeder.compile_ahead(lambda: ens.init(init_key, sample))
-        feeder.compile_eval_ahead(
-            lambda: ens.init(init_key, sample), dataset.x_test, dataset.y_test, cfg.eval_batch_size
-        )
+        init = lambda: ens.init(init_key, sample)
+        feeder.compile_ahead(init)
+        feeder.compile_eval_ahead(init, dataset.x_test, dataset.y_test, cfg.eval_batch_size)
     if not cfg.backbone:
         return ens.init(init_key, sample), LoopPosition()
     state = ens.init(init_key, sample, params=load_backbone(cfg.backbone))
@@ -447,17 +416,15 @@ def _finish(
         say(run.log.line())
     writer.write_compile(compiled)
     history = writer.history
-    dataset = run.data.train  # the examples trained on (and the test split)
+    train = run.data.train  # the examples trained on (and the test split)
     if run.monitors.stopping(pos.monitors):
         tell(run.monitors.stop_line(pos.monitors, pos.step))
     elif run.stopped or run.stop.signal is not None:
-        where = "no checkpoint"
-        if saved_at is not None and ckpt is not None:
-            where = f"saved checkpoint {saved_at} in {cfg.workdir}"
+        saved = saved_at is not None and ckpt is not None
+        where = f"saved checkpoint {saved_at} in {cfg.workdir}" if saved else "no checkpoint"
         signal = run.stop.signal or "a stop request"
         tell(f"stopped by {signal} at step {pos.step}: {where}; run the same command to resume")
-        return TrainResult(run.ens, state, history, dataset, seconds, True, compiled, signal)
-    train = run.data.train
+        return TrainResult(run.ens, state, history, train, seconds, True, compiled, signal)
     predict = lambda x: fetch((run.ens.predict(state, x), run.ens.predict_members(state, x)))
     writer.figures(task.run_figures(history, predict, (train.x_train, train.y_train)))
     writer.close()
@@ -471,7 +438,7 @@ def _finish(
     (tell if best else say)(f"done in {seconds:.1f}s; outputs in {cfg.workdir}{best}")
     if calibrated:  # the task's own calibration (or why there is none): the run's last line
         tell(calibrated)
-    return TrainResult(run.ens, state, history, dataset, seconds, False, compiled)
+    return TrainResult(run.ens, state, history, train, seconds, False, compiled)
 
 
 @dataclasses.dataclass
@@ -534,21 +501,18 @@ class _Run:
                 pos.add(n, metrics["loss"])  # summed on the host, never waited for
                 if len(pos.pending) > SETTLE_EVERY:
                     pos.settle(keep=2)
-                pos.loss_count, pos.step, pos.epoch_step = (
-                    pos.loss_count + n,
-                    pos.step + n,
-                    (pos.epoch_step + n),
-                )
+                pos.loss_count += n
+                pos.step += n
+                pos.epoch_step += n
                 progress.update(n, metrics)
-                epoch_done, last = pos.epoch_step == steps, pos.step == plan.total_steps
-                evaluated = last or (epoch_done and pos.epoch % plan.eval_every == 0)
+                epoch_done = pos.epoch_step == steps
+                periodic = epoch_done and pos.epoch % plan.eval_every == 0
+                evaluated = pos.step == plan.total_steps or periodic
                 if evaluated:
                     progress.close()
                     state = guard.flush(state, self.tell, self.last_checkpoint)
-                    scheduled = pos.step == cfg.epochs * steps or (
-                        epoch_done and pos.epoch % plan.eval_every == 0
-                    )  # not the extra evaluation of a --max-steps stop
-                    self.evaluate(state, pos, scheduled)
+                    # not scheduled: the extra evaluation of a --max-steps stop
+                    self.evaluate(state, pos, pos.step == cfg.epochs * steps or periodic)
                 if epoch_done:  # a split epoch keeps its sum: its record covers it all
                     pos.loss_sum, pos.loss_count, pos.pending = np.zeros_like(pos.loss_sum), 0, []
                     progress.close()
@@ -564,10 +528,8 @@ class _Run:
                     self.name_best(pos)
                 if epoch_done:
                     pos.epoch, pos.epoch_step = pos.epoch + 1, 0
-                if stopping:
-                    self.stopped = True
-                    break
-                if watch.stopping(pos.monitors):
+                if stopping or watch.stopping(pos.monitors):
+                    self.stopped = stopping  # a stop request, not early stopping
                     break
         finally:
             progress.close()

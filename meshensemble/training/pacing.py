@@ -135,9 +135,8 @@ class Pacer:
         self._calls += 1
         jax.block_until_ready(result)
         seconds = agree_max(self.clock() - started)
-        if self._calls == 1:
-            return
-        self.update(n, seconds)
+        if self._calls > 1:  # the first call compiles: not a step time
+            self.update(n, seconds)
 
     def update(self, n: int, seconds: float) -> None:
         """Updates :attr:`cap` from an agreed call time (the rule :meth:`observe` applies).

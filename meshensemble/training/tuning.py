@@ -59,7 +59,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh
 
 from meshensemble import data as data_lib
@@ -70,7 +69,7 @@ from meshensemble.models.conv import default_conv
 from meshensemble.runtime import autotune
 from meshensemble.runtime.compilation import LINE_WIDTH, CompileLog
 from meshensemble.training.config import CONV_MODELS, TrainConfig, build_ensemble
-from meshensemble.training.feeder import Feeder, resolve_input
+from meshensemble.training.feeder import Feeder, resolve_input, train_targets
 
 STRATEGY_CANDIDATES = ("vmap", "loop")
 """Member strategies measured when ``member_strategy="auto"``."""
@@ -222,7 +221,7 @@ def step_candidate(
     """
     own = [copy_state(state) if copy else state]
     x = ens.place(images)
-    y = ens.task.as_targets(np.asarray(labels).astype(ens.task.target_dtype))  # as the feeder
+    y = train_targets(ens.task, labels)  # as the feeder
 
     def step() -> Any:
         own[0], metrics = ens.train_step(own[0], x, y)
