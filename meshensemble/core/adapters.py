@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.traverse_util import flatten_dict, unflatten_dict
 
 PyTree = Any
 
@@ -129,28 +130,6 @@ class LinenModel:
             variables, x, rngs=rngs, mutable=list(model_state), **kwargs
         )
         return logits, dict(new_state)
-
-
-def _nest(items: Iterable[tuple[tuple[Any, ...], Any]]) -> dict[Any, Any]:
-    """Nested dicts from ``(path, value)`` pairs."""
-    out: dict[Any, Any] = {}
-    for path, value in items:
-        node = out
-        for k in path[:-1]:
-            node = node.setdefault(k, {})
-        node[path[-1]] = value
-    return out
-
-
-def _flatten(tree: Mapping[Any, Any], prefix: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], Any]:
-    """``{path: leaf}`` of nested mappings (the inverse of :func:`_nest`)."""
-    out: dict[tuple[Any, ...], Any] = {}
-    for k, v in tree.items():
-        if isinstance(v, Mapping):
-            out.update(_flatten(v, (*prefix, k)))
-        else:
-            out[(*prefix, k)] = v
-    return out
 
 
 def _collection(var_type: type) -> str:
@@ -272,11 +251,11 @@ class NNXModel:
 
     def _pure_state(self, state: Any) -> PyTree:
         values = dict(nnx.to_flat_state(state))
-        return _nest((path, values[path[1:]].get_value()) for path, _ in self._state)
+        return unflatten_dict({path: values[path[1:]].get_value() for path, _ in self._state})
 
     @staticmethod
     def _fill(template: tuple[tuple[Any, Any], ...], tree: PyTree, what: str) -> Any:
-        values = _flatten(tree)
+        values = flatten_dict(tree)
         missing = [path for path, _ in template if path not in values]
         if missing:
             raise ValueError(
@@ -466,9 +445,7 @@ def as_model(model: Any) -> Model:
         )
     if isinstance(model, tuple) and len(model) == 2 and all(map(callable, model)):
         return FunctionModel(*model)
-    if isinstance(model, LinenModel | NNXModel | FunctionModel):
-        return model
-    if isinstance(model, Model):
+    if isinstance(model, Model):  # LinenModel, NNXModel, FunctionModel or any alike
         return model
     raise TypeError(
         f"model {type(model).__name__} is not supported; pass a flax.linen.Module, "
