@@ -398,10 +398,7 @@ def _num_classes(out: dict[str, Any], num_classes: Any, where: str) -> int | Non
         return None
     if num_classes is None:  # from the data: the largest id + 1 (negative ids refused below)
         num_classes = max(1, *(int(y.max()) + 1 for y in ys))
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int | np.integer):
-        raise DataError(f"{where}: num_classes={num_classes!r}; pass a positive int")
-    if num_classes < 1:
-        raise DataError(f"{where}: num_classes={num_classes!r}; pass a positive int")
+    _check_num_classes(num_classes, where)
     for key, y in zip(("y_train", "y_test"), ys, strict=True):
         bad = np.flatnonzero((y < 0) | (y >= num_classes))
         if bad.size:
@@ -412,6 +409,14 @@ def _num_classes(out: dict[str, Any], num_classes: Any, where: str) -> int | Non
                 f"expected ids in [0, {num_classes}): map them to 0..{top} or pass num_classes"
             )
     return int(num_classes)
+
+
+def _check_num_classes(num_classes: Any, where: str) -> None:
+    """A one-line DataError unless ``num_classes`` is a positive int."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int | np.integer):
+        raise DataError(f"{where}: num_classes={num_classes!r}; pass a positive int")
+    if num_classes < 1:
+        raise DataError(f"{where}: num_classes={num_classes!r}; pass a positive int")
 
 
 def _class_names(names: Any, classes: int | None, where: str) -> tuple[str, ...] | None:
@@ -473,12 +478,7 @@ def validate(
       >>> x.shape, x.dtype, y.dtype
       ((3, 28, 28, 1), dtype('uint8'), dtype('int32'))
     """
-    if (
-        isinstance(num_classes, bool)
-        or not isinstance(num_classes, int | np.integer)
-        or num_classes < 1
-    ):
-        raise DataError(f"{where}: num_classes={num_classes!r}; pass a positive int")
+    _check_num_classes(num_classes, where)
     images = np.asarray(images)
     labels = np.asarray(labels)
     h, w, c = image_shape = tuple(image_shape)
