@@ -260,12 +260,6 @@ class FileVerifier:
         self._done: set[str] = set()
         self._lock = threading.Lock()
 
-    def _cached(self, path: str, stamp: str, want: str) -> bool:
-        return _cache_entry(self.cache, path) == {"stamp": stamp, "sha256": want}
-
-    def _remember(self, path: str, stamp: str, want: str) -> None:
-        _cache_store(self.cache, path, stamp, want)
-
     def verify(self, path: str) -> None:
         """Hashes ``path`` unless already verified; raises when it differs from the manifest.
 
@@ -283,13 +277,13 @@ class FileVerifier:
             if path in self._done:
                 return
             stamp = _stamp(path)
-            if not self._cached(path, stamp, want):
+            if _cache_entry(self.cache, path) != {"stamp": stamp, "sha256": want}:
                 if file_digest(path) != want:
                     raise DataError(
                         f"{path}: its content differs from the SHA-256 in {MANIFEST_FILE} "
                         f"(the file was changed or damaged after conversion); {REWRITE_FIX}"
                     )
-                self._remember(path, stamp, want)
+                _cache_store(self.cache, path, stamp, want)
             self._done.add(path)
 
 
