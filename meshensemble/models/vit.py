@@ -281,10 +281,13 @@ class ViT(_Annotated):
           ...
           meshensemble.errors.UsageError: model 'vit': patch_size=5 does not divide the 32x32 ...
         """
-        from meshensemble.models.zoo import check_image_input  # zoo imports this module
-
-        check_image_input("vit", input_shape, min_side=0)
-        h, w, _ = (int(d) for d in input_shape)
+        shape = tuple(int(d) for d in input_shape)
+        if len(shape) != 3:
+            raise UsageError(
+                f"model 'vit' takes images [H, W, C]; this data's examples have shape "
+                f"{shape}: use --model mlp for other inputs"
+            )
+        h, w, _ = shape
         p = self.patch_size
         if h % p or w % p:
             fits = [d for d in range(1, min(h, w) + 1) if h % d == 0 and w % d == 0]
