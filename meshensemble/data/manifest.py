@@ -230,11 +230,6 @@ def verify_cache_path() -> str | None:
     return os.path.join(os.path.expanduser("~"), ".cache", "meshensemble", "verified-files.json")
 
 
-def _stamp(path: str) -> str:
-    """What changes when a file is replaced or rewritten: size, mtime (ns), inode."""
-    return storage.version(path)
-
-
 class FileVerifier:
     """Checks each file against its manifest SHA-256 the first time it is read.
 
@@ -276,7 +271,7 @@ class FileVerifier:
         with self._lock:
             if path in self._done:
                 return
-            stamp = _stamp(path)
+            stamp = storage.version(path)
             if _cache_entry(self.cache, path) != {"stamp": stamp, "sha256": want}:
                 if file_digest(path) != want:
                     raise DataError(
@@ -336,11 +331,11 @@ def cached_digest(path: str | os.PathLike, cache: str | None | bool = True) -> s
     """
     path = storage.absolute(path)
     cache = verify_cache_path() if cache is True else cache or None
-    stamp = _stamp(path)
+    stamp = storage.version(path)
     entry = _cache_entry(cache, path)
     if isinstance(entry, dict) and entry.get("stamp") == stamp and "sha256" in entry:
         return str(entry["sha256"])
     digest = file_digest(path)
-    if _stamp(path) == stamp:  # not rewritten while it was hashed
+    if storage.version(path) == stamp:  # not rewritten while it was hashed
         _cache_store(cache, path, stamp, digest)
     return digest
