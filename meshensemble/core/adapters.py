@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import flax.linen as nn
@@ -50,18 +50,21 @@ class Model(Protocol):
         ...
 
 
+def _parameters(fn: Callable[..., Any]) -> Mapping[str, inspect.Parameter]:
+    """``fn``'s parameters by name; none when it has no signature (builtins, some callables)."""
+    try:
+        return inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
 def _mode_kwargs(fn: Callable[..., Any], train: bool) -> dict[str, bool]:
     """The train/eval keyword ``fn`` takes, if any, set from ``train``."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # builtins and some callables have no signature
-        return {}
-    if "train" in params:
-        return {"train": train}
-    if "deterministic" in params:
-        return {"deterministic": not train}
-    if "use_running_average" in params:
-        return {"use_running_average": not train}
+    params = _parameters(fn)
+    modes = {"train": train, "deterministic": not train, "use_running_average": not train}
+    for name, value in modes.items():  # the first the function takes
+        if name in params:
+            return {name: value}
     return {}
 
 
@@ -223,11 +226,7 @@ class NNXModel:
             tuple(((_collection(type(v)), *path), v) for path, v in nnx.to_flat_state(state)),
         )
         object.__setattr__(self, "_call", type(abstract).__call__)
-        try:
-            takes_rngs = "rngs" in inspect.signature(type(abstract).__call__).parameters
-        except (TypeError, ValueError):
-            takes_rngs = False
-        object.__setattr__(self, "_takes_rngs", takes_rngs)
+        object.__setattr__(self, "_takes_rngs", "rngs" in _parameters(type(abstract).__call__))
 
     def _build(self, rng: jax.Array) -> nnx.Module:
         streams = {name: jax.random.fold_in(rng, i + 1) for i, name in enumerate(self.rng_streams)}
@@ -375,10 +374,7 @@ class FunctionModel:
 
 def _check_rngs_only(cls: type) -> None:
     """Raises a one-line TypeError when NNX class ``cls`` needs arguments besides ``rngs``."""
-    try:
-        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
-    except (TypeError, ValueError):
-        return
+    params = list(_parameters(cls.__init__).values())[1:]  # none: nothing is needed
     needed = [
         p.name
         for p in params
