@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.traverse_util import flatten_dict, unflatten_dict
 
 PyTree = Any
 
@@ -49,18 +50,21 @@ class Model(Protocol):
         ...
 
 
+def _parameters(fn: Callable[..., Any]) -> Mapping[str, inspect.Parameter]:
+    """``fn``'s parameters by name; none when it has no signature (builtins, some callables)."""
+    try:
+        return inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
 def _mode_kwargs(fn: Callable[..., Any], train: bool) -> dict[str, bool]:
     """The train/eval keyword ``fn`` takes, if any, set from ``train``."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # builtins and some callables have no signature
-        return {}
-    if "train" in params:
-        return {"train": train}
-    if "deterministic" in params:
-        return {"deterministic": not train}
-    if "use_running_average" in params:
-        return {"use_running_average": not train}
+    params = _parameters(fn)
+    modes = {"train": train, "deterministic": not train, "use_running_average": not train}
+    for name, value in modes.items():  # the first the function takes
+        if name in params:
+            return {name: value}
     return {}
 
 
@@ -129,28 +133,6 @@ class LinenModel:
             variables, x, rngs=rngs, mutable=list(model_state), **kwargs
         )
         return logits, dict(new_state)
-
-
-def _nest(items: Iterable[tuple[tuple[Any, ...], Any]]) -> dict[Any, Any]:
-    """Nested dicts from ``(path, value)`` pairs."""
-    out: dict[Any, Any] = {}
-    for path, value in items:
-        node = out
-        for k in path[:-1]:
-            node = node.setdefault(k, {})
-        node[path[-1]] = value
-    return out
-
-
-def _flatten(tree: Mapping[Any, Any], prefix: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], Any]:
-    """``{path: leaf}`` of nested mappings (the inverse of :func:`_nest`)."""
-    out: dict[tuple[Any, ...], Any] = {}
-    for k, v in tree.items():
-        if isinstance(v, Mapping):
-            out.update(_flatten(v, (*prefix, k)))
-        else:
-            out[(*prefix, k)] = v
-    return out
 
 
 def _collection(var_type: type) -> str:
@@ -244,11 +226,7 @@ class NNXModel:
             tuple(((_collection(type(v)), *path), v) for path, v in nnx.to_flat_state(state)),
         )
         object.__setattr__(self, "_call", type(abstract).__call__)
-        try:
-            takes_rngs = "rngs" in inspect.signature(type(abstract).__call__).parameters
-        except (TypeError, ValueError):
-            takes_rngs = False
-        object.__setattr__(self, "_takes_rngs", takes_rngs)
+        object.__setattr__(self, "_takes_rngs", "rngs" in _parameters(type(abstract).__call__))
 
     def _build(self, rng: jax.Array) -> nnx.Module:
         streams = {name: jax.random.fold_in(rng, i + 1) for i, name in enumerate(self.rng_streams)}
@@ -272,11 +250,11 @@ class NNXModel:
 
     def _pure_state(self, state: Any) -> PyTree:
         values = dict(nnx.to_flat_state(state))
-        return _nest((path, values[path[1:]].get_value()) for path, _ in self._state)
+        return unflatten_dict({path: values[path[1:]].get_value() for path, _ in self._state})
 
     @staticmethod
     def _fill(template: tuple[tuple[Any, Any], ...], tree: PyTree, what: str) -> Any:
-        values = _flatten(tree)
+        values = flatten_dict(tree)
         missing = [path for path, _ in template if path not in values]
         if missing:
             raise ValueError(
@@ -396,10 +374,7 @@ class FunctionModel:
 
 def _check_rngs_only(cls: type) -> None:
     """Raises a one-line TypeError when NNX class ``cls`` needs arguments besides ``rngs``."""
-    try:
-        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
-    except (TypeError, ValueError):
-        return
+    params = list(_parameters(cls.__init__).values())[1:]  # none: nothing is needed
     needed = [
         p.name
         for p in params
@@ -466,9 +441,7 @@ def as_model(model: Any) -> Model:
         )
     if isinstance(model, tuple) and len(model) == 2 and all(map(callable, model)):
         return FunctionModel(*model)
-    if isinstance(model, LinenModel | NNXModel | FunctionModel):
-        return model
-    if isinstance(model, Model):
+    if isinstance(model, Model):  # LinenModel, NNXModel, FunctionModel or any alike
         return model
     raise TypeError(
         f"model {type(model).__name__} is not supported; pass a flax.linen.Module, "

@@ -346,14 +346,10 @@ class Ensemble:
         """
         spec = MEMBER_BATCH if per_member else BATCH
         metric_specs, specs = tasks.metric_specs(self.task), self._specs(sample)
-        return self._fn(
-            ("train", per_member, self._layout_key(sample)),
-            lambda: self.backend.build(
-                functools.partial(steps.train_step, self.step_config(sample)),
-                (specs, spec, spec),
-                (specs, metric_specs),
-                donate_argnums=(0,),
-            ),
+        make = lambda cfg: functools.partial(steps.train_step, cfg)
+        in_specs, out_specs = (specs, spec, spec), (specs, metric_specs)
+        return self.build(
+            ("train", per_member), make, in_specs, out_specs, donate_argnums=(0,), sample=sample
         )
 
     # ------------------------------------------------------------------ API
@@ -535,14 +531,9 @@ class Ensemble:
         per_device = steps.member_predictions if members else steps.ensemble_prediction
         per_device = steps.member_logits if logits else per_device
         row = derive.row(images) if self._sharded else None
-        fn = self._fn(
-            ("predict", members, logits, self._layout_key(row)),
-            lambda: self.backend.build(
-                functools.partial(per_device, self.step_config(row)),
-                (self._specs(row), BATCH),
-                MEMBER_BATCH if members else BATCH,
-            ),
-        )
+        make = lambda cfg: functools.partial(per_device, cfg)
+        in_specs, out_spec = (self._specs(row), BATCH), MEMBER_BATCH if members else BATCH
+        fn = self.build(("predict", members, logits), make, in_specs, out_spec, sample=row)
         return streaming.unpad_on_mesh(self._dispatched(fn(state, padded)), n, self.mesh, members)
 
     @inputs.explains_errors
@@ -609,18 +600,12 @@ class Ensemble:
         Example:
           >>> started = ens.eval_fn().compile_ahead(state, images, labels, np.ones(32, bool))
         """
-        return self._fn(
-            ("evaluate", num_bins, self._layout_key(sample)),
-            lambda: precompile.AheadOfTime(
-                self.backend.build(
-                    functools.partial(
-                        steps.eval_stats, self.step_config(sample), (("num_bins", num_bins),)
-                    ),
-                    (self._specs(sample), BATCH, BATCH, BATCH),
-                    evaluating.EVAL_SPECS,
-                )
-            ),
-        )
+        make = lambda cfg: functools.partial(steps.eval_stats, cfg, (("num_bins", num_bins),))
+        in_specs = (self._specs(sample), BATCH, BATCH, BATCH)
+        name = ("evaluate", num_bins)
+        program = lambda: self.build(name, make, in_specs, evaluating.EVAL_SPECS, sample=sample)
+        ahead = lambda: precompile.AheadOfTime(program())
+        return self._fn(("evaluate", num_bins, self._layout_key(sample)), ahead)
 
     def eval_batch_size(self, batch_size: int, n: int) -> int:
         """The examples per call :meth:`evaluate` uses for ``n`` examples.

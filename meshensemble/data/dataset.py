@@ -77,6 +77,11 @@ _ALIASES = {
 }
 
 
+def _alias(name: str, doc: str) -> property:
+    """A read-only property that gives the attribute ``name`` (an old name of it)."""
+    return property(lambda self: getattr(self, name), doc=doc)
+
+
 @dataclasses.dataclass(frozen=True, eq=False, init=False)
 class Dataset:
     """Train and test splits of any dataset: features and targets as numpy arrays.
@@ -168,45 +173,24 @@ class Dataset:
         object.__setattr__(self, "source", source)
         object.__setattr__(self, "note", _one_line(note))
 
-    @property
-    def train_images(self) -> Any:
-        """The old name of :attr:`x_train` (read-only)."""
-        return self.x_train
-
-    @property
-    def train_labels(self) -> np.ndarray:
-        """The old name of :attr:`y_train` (read-only)."""
-        return self.y_train
-
-    @property
-    def test_images(self) -> Any:
-        """The old name of :attr:`x_test` (read-only)."""
-        return self.x_test
-
-    @property
-    def test_labels(self) -> np.ndarray:
-        """The old name of :attr:`y_test` (read-only)."""
-        return self.y_test
+    train_images = _alias("x_train", "The old name of :attr:`x_train` (read-only).")
+    train_labels = _alias("y_train", "The old name of :attr:`y_train` (read-only).")
+    test_images = _alias("x_test", "The old name of :attr:`x_test` (read-only).")
+    test_labels = _alias("y_test", "The old name of :attr:`y_test` (read-only).")
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         """Shape of one example's features, e.g. ``(28, 28, 1)`` or ``(13,)``."""
         return tuple(self.x_train.shape[1:])
 
-    @property
-    def image_shape(self) -> tuple[int, ...]:
-        """The old name of :attr:`input_shape`."""
-        return self.input_shape
+    image_shape = _alias("input_shape", "The old name of :attr:`input_shape`.")
 
     @property
     def num_targets(self) -> int | None:
         """``T`` of float targets ``[N, T]``; None for class ids."""
         return None if self.num_classes is not None else int(self.y_train.shape[1])
 
-    @property
-    def targets(self) -> int | None:
-        """The old (``RegressionData``) name of :attr:`num_targets`."""
-        return self.num_targets
+    targets = _alias("num_targets", "The old (``RegressionData``) name of :attr:`num_targets`.")
 
     @property
     def num_train(self) -> int:
@@ -255,7 +239,7 @@ def _checked(
         num_classes = spec.num_classes
         train = _validate_train(arrays["x_train"], arrays["y_train"], f"{where} train split", spec)
         test = validate(
-            arrays["x_test"], arrays["y_test"], f"{where} test split", *_spec_args(spec)
+            arrays["x_test"], arrays["y_test"], f"{where} test split", num_classes, spec.image_shape
         )
         arrays = {"x_train": train[0], "y_train": train[1], "x_test": test[0], "y_test": test[1]}
     elif getattr(arrays["x_train"], "lazy", False):
@@ -270,11 +254,6 @@ def _checked(
     out["num_classes"] = classes
     out["class_names"] = _class_names(class_names, classes, where)
     return out
-
-
-def _spec_args(spec: NamedSpec) -> tuple[int, tuple[int, int, int]]:
-    """``(num_classes, image_shape)`` of a spec, as :func:`validate` takes them."""
-    return spec.num_classes, spec.image_shape
 
 
 def _shape(a: Any) -> str:
@@ -398,10 +377,7 @@ def _num_classes(out: dict[str, Any], num_classes: Any, where: str) -> int | Non
         return None
     if num_classes is None:  # from the data: the largest id + 1 (negative ids refused below)
         num_classes = max(1, *(int(y.max()) + 1 for y in ys))
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int | np.integer):
-        raise DataError(f"{where}: num_classes={num_classes!r}; pass a positive int")
-    if num_classes < 1:
-        raise DataError(f"{where}: num_classes={num_classes!r}; pass a positive int")
+    _check_num_classes(num_classes, where)
     for key, y in zip(("y_train", "y_test"), ys, strict=True):
         bad = np.flatnonzero((y < 0) | (y >= num_classes))
         if bad.size:
@@ -412,6 +388,14 @@ def _num_classes(out: dict[str, Any], num_classes: Any, where: str) -> int | Non
                 f"expected ids in [0, {num_classes}): map them to 0..{top} or pass num_classes"
             )
     return int(num_classes)
+
+
+def _check_num_classes(num_classes: Any, where: str) -> None:
+    """A one-line DataError unless ``num_classes`` is a positive int."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int | np.integer):
+        raise DataError(f"{where}: num_classes={num_classes!r}; pass a positive int")
+    if num_classes < 1:
+        raise DataError(f"{where}: num_classes={num_classes!r}; pass a positive int")
 
 
 def _class_names(names: Any, classes: int | None, where: str) -> tuple[str, ...] | None:
@@ -473,12 +457,7 @@ def validate(
       >>> x.shape, x.dtype, y.dtype
       ((3, 28, 28, 1), dtype('uint8'), dtype('int32'))
     """
-    if (
-        isinstance(num_classes, bool)
-        or not isinstance(num_classes, int | np.integer)
-        or num_classes < 1
-    ):
-        raise DataError(f"{where}: num_classes={num_classes!r}; pass a positive int")
+    _check_num_classes(num_classes, where)
     images = np.asarray(images)
     labels = np.asarray(labels)
     h, w, c = image_shape = tuple(image_shape)
@@ -537,7 +516,7 @@ def _validate_train(
     images: Any, labels: Any, where: str, spec: NamedSpec
 ) -> tuple[Any, np.ndarray]:
     """:func:`validate`, or for a lazy split: all labels and a sample of the images."""
-    classes, shape = _spec_args(spec)
+    classes, shape = spec.num_classes, spec.image_shape
     if not getattr(images, "lazy", False):
         return validate(images, labels, where, classes, shape)
     n, labels = len(images), np.asarray(labels)

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -80,11 +81,7 @@ def list_images(root: str | os.PathLike) -> dict[str, list[tuple[str, str]]]:
                 f"{where}: missing; an image folder holds {' and '.join(SPLITS)} folders, "
                 "each with one subfolder of images per class"
             )
-        classes = sorted(
-            c
-            for c in storage.listdir(where)
-            if not c.startswith(".") and storage.isdir(storage.join(where, c))
-        )
+        classes = _listed(where, storage.isdir)
         if not classes:
             raise DataError(
                 f"{where}: no class folders; put each class's images in {where}/<class>/"
@@ -92,11 +89,7 @@ def list_images(root: str | os.PathLike) -> dict[str, list[tuple[str, str]]]:
         out[split] = []
         for cls in classes:
             folder = storage.join(where, cls)
-            files = sorted(
-                f
-                for f in storage.listdir(folder)
-                if not f.startswith(".") and f.lower().endswith(IMAGE_EXTENSIONS)
-            )
+            files = _listed(folder, lambda path: path.lower().endswith(IMAGE_EXTENSIONS))
             if not files and split == "train":
                 raise DataError(
                     f"{folder}: no images ({', '.join(IMAGE_EXTENSIONS)}); a class needs "
@@ -114,6 +107,12 @@ def list_images(root: str | os.PathLike) -> dict[str, list[tuple[str, str]]]:
     if not out["test"]:
         raise DataError(f"{os.path.join(root, 'test')}: no images; the test split needs some")
     return out
+
+
+def _listed(folder: str, keep: Callable[[str], bool]) -> list[str]:
+    """The names in ``folder``, sorted, that are not hidden and whose path ``keep`` accepts."""
+    names = (n for n in storage.listdir(folder) if not n.startswith("."))
+    return sorted(n for n in names if keep(storage.join(folder, n)))
 
 
 def read_image(path: str) -> np.ndarray:

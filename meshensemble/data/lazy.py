@@ -42,7 +42,6 @@ from meshensemble.data.dataset import (
     PRETTY_NAMES,
     DataError,
     Dataset,
-    check_name,
     first_line,
     split_counts,
 )
@@ -489,15 +488,9 @@ def load_array_record_dataset(directory: str | os.PathLike, name: str | None = N
         raise DataError(f"{where}: no such directory; {CONVERT_FIX}")
     train_files = _train_files(directory)
     test_file, labels_file = (storage.join(directory, f) for f in (TEST_FILE, LABELS_FILE))
-    missing = [
-        f
-        for f, ok in (
-            (TRAIN_FILE, train_files),
-            (TEST_FILE, storage.isfile(test_file)),
-            (LABELS_FILE, storage.isfile(labels_file)),
-        )
-        if not ok
-    ]
+    found = {TRAIN_FILE: train_files, TEST_FILE: storage.isfile(test_file)}
+    found[LABELS_FILE] = storage.isfile(labels_file)
+    missing = [f for f, ok in found.items() if not ok]
     if missing:
         raise DataError(f"{where}: missing {', '.join(missing)}; {CONVERT_FIX}")
     train_source, test_source = _open_sources(directory, train_files, test_file)
@@ -509,7 +502,6 @@ def load_array_record_dataset(directory: str | os.PathLike, name: str | None = N
         name = "mnist" if train_source.codec == MNIST_CODEC else meta.pop("name", "data")
     meta.pop("name", None)
     if name in DATASETS:
-        check_name(name)
         full = "full " if (len(train_labels), len(test_labels)) == FULL_SIZES else ""
         what = f"{full}{PRETTY_NAMES[name]}"
     else:

@@ -230,11 +230,6 @@ def verify_cache_path() -> str | None:
     return os.path.join(os.path.expanduser("~"), ".cache", "meshensemble", "verified-files.json")
 
 
-def _stamp(path: str) -> str:
-    """What changes when a file is replaced or rewritten: size, mtime (ns), inode."""
-    return storage.version(path)
-
-
 class FileVerifier:
     """Checks each file against its manifest SHA-256 the first time it is read.
 
@@ -260,12 +255,6 @@ class FileVerifier:
         self._done: set[str] = set()
         self._lock = threading.Lock()
 
-    def _cached(self, path: str, stamp: str, want: str) -> bool:
-        return _cache_entry(self.cache, path) == {"stamp": stamp, "sha256": want}
-
-    def _remember(self, path: str, stamp: str, want: str) -> None:
-        _cache_store(self.cache, path, stamp, want)
-
     def verify(self, path: str) -> None:
         """Hashes ``path`` unless already verified; raises when it differs from the manifest.
 
@@ -282,14 +271,14 @@ class FileVerifier:
         with self._lock:
             if path in self._done:
                 return
-            stamp = _stamp(path)
-            if not self._cached(path, stamp, want):
+            stamp = storage.version(path)
+            if _cache_entry(self.cache, path) != {"stamp": stamp, "sha256": want}:
                 if file_digest(path) != want:
                     raise DataError(
                         f"{path}: its content differs from the SHA-256 in {MANIFEST_FILE} "
                         f"(the file was changed or damaged after conversion); {REWRITE_FIX}"
                     )
-                self._remember(path, stamp, want)
+                _cache_store(self.cache, path, stamp, want)
             self._done.add(path)
 
 
@@ -342,11 +331,11 @@ def cached_digest(path: str | os.PathLike, cache: str | None | bool = True) -> s
     """
     path = storage.absolute(path)
     cache = verify_cache_path() if cache is True else cache or None
-    stamp = _stamp(path)
+    stamp = storage.version(path)
     entry = _cache_entry(cache, path)
     if isinstance(entry, dict) and entry.get("stamp") == stamp and "sha256" in entry:
         return str(entry["sha256"])
     digest = file_digest(path)
-    if _stamp(path) == stamp:  # not rewritten while it was hashed
+    if storage.version(path) == stamp:  # not rewritten while it was hashed
         _cache_store(cache, path, stamp, digest)
     return digest

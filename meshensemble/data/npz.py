@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import zipfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -117,31 +118,20 @@ def load_npz(path: str | os.PathLike[str], name: str = "mnist") -> Dataset:
             f"{file}: not an .npz archive (it does not start like a zip file; expected a "
             "Keras-style mnist.npz written by np.savez)"
         )
-    arrays: dict[str, np.ndarray] = {}
-    try:
-        with np.load(storage.openable(file), allow_pickle=False) as loaded:
-            missing = [k for k in NPZ_KEYS if k not in loaded.files]
-            if missing:
-                found = ", ".join(loaded.files) or "none"
-                noun = "key" if len(missing) == 1 else "keys"
-                raise DataError(
-                    f"{file}: {noun} {', '.join(repr(k) for k in missing)} missing "
-                    f"(found {found}; expected keys {', '.join(NPZ_KEYS)} as in Keras's "
-                    "mnist.npz)"
-                )
-            for key in NPZ_KEYS:
-                arrays[key] = loaded[key]
-    except DataError:
-        raise
-    except ValueError as e:
-        if "pickle" not in str(e):
-            raise _npz_corrupt(file, e) from e
-        raise DataError(
-            f"{file}: holds object (pickled) arrays, which are not loaded for safety "
-            f"(allow_pickle=False); store numeric arrays {', '.join(NPZ_KEYS)} with np.savez"
-        ) from e
-    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, KeyError) as e:
-        raise _npz_corrupt(file, e) from e
+
+    def pick(loaded: Any) -> dict[str, np.ndarray]:
+        missing = [k for k in NPZ_KEYS if k not in loaded.files]
+        if missing:
+            found = ", ".join(loaded.files) or "none"
+            noun = "key" if len(missing) == 1 else "keys"
+            raise DataError(
+                f"{file}: {noun} {', '.join(repr(k) for k in missing)} missing "
+                f"(found {found}; expected keys {', '.join(NPZ_KEYS)} as in Keras's "
+                "mnist.npz)"
+            )
+        return {key: loaded[key] for key in NPZ_KEYS}
+
+    arrays = _load(file, pick)
     train = validate(arrays["x_train"], arrays["y_train"], f"{file} (x_train, y_train)")
     test = validate(arrays["x_test"], arrays["y_test"], f"{file} (x_test, y_test)")
     full = "full " if (len(train[1]), len(test[1])) == FULL_SIZES else ""
@@ -218,22 +208,30 @@ def _read_npz(file: str, optional: Sequence[str] = ()) -> dict[str, np.ndarray]:
         )
     if storage.isdir(file):
         raise DataError(f"{file}: is a directory (pass the path of the .npz file itself)")
-    arrays: dict[str, np.ndarray] = {}
+
+    def pick(loaded: Any) -> dict[str, np.ndarray]:
+        if not hasattr(loaded, "files"):
+            raise DataError(
+                f"{file}: is a single .npy array, not an .npz archive (save the splits "
+                f"with np.savez(path, {'=..., '.join(NPZ_KEYS)}=...))"
+            )
+        missing = [k for k in NPZ_KEYS if k not in loaded.files]
+        if missing:
+            raise DataError(
+                f"{file}: key(s) {', '.join(repr(k) for k in missing)} missing (found "
+                f"{', '.join(loaded.files) or 'none'}; expected {', '.join(NPZ_KEYS)})"
+            )
+        keys = (*NPZ_KEYS, *(k for k in optional if k in loaded.files))
+        return {key: np.asarray(loaded[key]) for key in keys}
+
+    return _load(file, pick)
+
+
+def _load(file: str, pick: Callable[[Any], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """``pick(the opened npz)``; a file numpy cannot load is a one-line DataError."""
     try:
         with np.load(storage.openable(file), allow_pickle=False) as loaded:
-            if not hasattr(loaded, "files"):
-                raise DataError(
-                    f"{file}: is a single .npy array, not an .npz archive (save the splits "
-                    f"with np.savez(path, {'=..., '.join(NPZ_KEYS)}=...))"
-                )
-            missing = [k for k in NPZ_KEYS if k not in loaded.files]
-            if missing:
-                raise DataError(
-                    f"{file}: key(s) {', '.join(repr(k) for k in missing)} missing (found "
-                    f"{', '.join(loaded.files) or 'none'}; expected {', '.join(NPZ_KEYS)})"
-                )
-            for key in (*NPZ_KEYS, *(k for k in optional if k in loaded.files)):
-                arrays[key] = np.asarray(loaded[key])
+            return pick(loaded)
     except DataError:
         raise
     except ValueError as e:
@@ -245,7 +243,6 @@ def _read_npz(file: str, optional: Sequence[str] = ()) -> dict[str, np.ndarray]:
         ) from e
     except (zipfile.BadZipFile, zlib.error, OSError, EOFError, KeyError) as e:
         raise _npz_corrupt(file, e) from e
-    return arrays
 
 
 def _npz_corrupt(file: str, error: BaseException) -> DataError:

@@ -21,6 +21,7 @@ prediction is in the data's own units.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -117,19 +118,9 @@ def diabetes(seed: int = 0, test_fraction: float = 0.2) -> RegressionData:
     """
     if not 0 < test_fraction < 1:
         raise DataError(f"diabetes: test_fraction={test_fraction!r} must be in (0, 1)")
-    try:
-        from sklearn.datasets import load_diabetes
-    except ImportError:
-        raise DataError(
-            "diabetes: scikit-learn is not installed; pip install scikit-learn"
-        ) from None
-    x, y = load_diabetes(return_X_y=True)
-    order = np.random.default_rng(seed).permutation(len(x))
-    n_test = int(round(test_fraction * len(x)))
-    test, train = order[:n_test], order[n_test:]
-    arrays = dict(x_train=x[train], y_train=y[train], x_test=x[test], y_test=y[test])
     note = f"scikit-learn's diabetes data, split by seed {seed}"
-    return _validated(arrays, "diabetes", "diabetes", note)
+    load = lambda datasets: datasets.load_diabetes(return_X_y=True)
+    return _from_sklearn("diabetes", load, seed, test_fraction, note)
 
 
 def friedman1(seed: int = 0, n: int = 1000, noise: float = 1.0,
@@ -160,19 +151,27 @@ def friedman1(seed: int = 0, n: int = 1000, noise: float = 1.0,
         raise DataError(f"friedman1: test_fraction={test_fraction!r} must be in (0, 1)")
     if not isinstance(n, int) or n < 3 or not noise >= 0:
         raise DataError(f"friedman1: n={n!r} must be an integer >= 3 and noise={noise!r} >= 0")
+    note = f"scikit-learn's make_friedman1 ({n} rows, noise {noise:g}), seed {seed}"
+    make = lambda datasets: datasets.make_friedman1(n_samples=n, noise=noise, random_state=seed)
+    return _from_sklearn("friedman1", make, seed, test_fraction, note)
+
+
+def _from_sklearn(
+    name: str, load: Callable[[Any], Any], seed: int, test_fraction: float, note: str
+) -> Dataset:
+    """``load(sklearn.datasets) -> (x, y)``, split by a permutation drawn from ``seed``."""
     try:
-        from sklearn.datasets import make_friedman1
+        from sklearn import datasets
     except ImportError:
         raise DataError(
-            "friedman1: scikit-learn is not installed; pip install scikit-learn"
+            f"{name}: scikit-learn is not installed; pip install scikit-learn"
         ) from None
-    x, y = make_friedman1(n_samples=n, noise=noise, random_state=seed)
-    order = np.random.default_rng(seed).permutation(n)
-    n_test = int(round(test_fraction * n))
+    x, y = load(datasets)
+    order = np.random.default_rng(seed).permutation(len(x))
+    n_test = int(round(test_fraction * len(x)))
     test, train = order[:n_test], order[n_test:]
     arrays = dict(x_train=x[train], y_train=y[train], x_test=x[test], y_test=y[test])
-    note = f"scikit-learn's make_friedman1 ({n} rows, noise {noise:g}), seed {seed}"
-    return _validated(arrays, "friedman1", "friedman1", note)
+    return _validated(arrays, name, name, note)
 
 
 def load_regression_npz(path: str | os.PathLike) -> RegressionData:

@@ -44,6 +44,7 @@ from jax.sharding import Mesh, NamedSharding
 from meshensemble.core.mesh import BATCH, MEMBER_BATCH
 from meshensemble.data.codec import MNIST_CODEC, RecordCodec, codec_for
 from meshensemble.data.dataset import IMAGE_SHAPE, DataError
+from meshensemble.data.tfds import read_records
 from meshensemble.runtime import storage
 
 
@@ -164,12 +165,7 @@ class _RecordSource:
         Returns:
           ``(images, labels)``: uint8 ``S + [28, 28, 1]`` and int32 ``S``.
         """
-        flat = [int(i) for i in np.asarray(indices).reshape(-1)]
-        try:
-            records = self.records.__getitems__(flat)  # one batched read where supported
-        except (AttributeError, TypeError):  # e.g. tfds.testing.mock_data's sources
-            records = [self.records[i] for i in flat]
-        x, y = self.decode(records)
+        x, y = self.decode(read_records(self.records, np.asarray(indices).reshape(-1)))
         shape = np.shape(indices)
         return x.reshape(shape + x.shape[1:]), y.reshape(shape + y.shape[1:])
 

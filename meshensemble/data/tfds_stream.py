@@ -28,7 +28,6 @@ from meshensemble.data.dataset import (
     PRETTY_NAMES,
     DataError,
     Dataset,
-    check_name,
     first_line,
     split_counts,
 )
@@ -64,8 +63,6 @@ def load_tfds_stream(name: str, data_dir: str | os.PathLike | None = None) -> Da
       >>> ds = load_tfds_stream("mnist")  # doctest: +SKIP
     """
     mnist = name in DATASETS
-    if mnist:
-        check_name(name)
     tfds, (train, test) = tfds_lib.open_data_sources(name, data_dir)  # DataError: not prepared
     where = f"TFDS {name} in {data_dir or 'the default data_dir'}"
     spec = _spec(tfds, train, where, mnist)

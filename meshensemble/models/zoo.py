@@ -103,12 +103,10 @@ class CNN(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         conv = conv_general_dilated(self.conv)
-        x = nn.Conv(features=32, kernel_size=(3, 3), conv_general_dilated=conv)(x)
-        x = nn.relu(x)
-        x = nn.avg_pool(x, window_shape=(2, 2), strides=(2, 2))
-        x = nn.Conv(features=64, kernel_size=(3, 3), conv_general_dilated=conv)(x)
-        x = nn.relu(x)
-        x = nn.avg_pool(x, window_shape=(2, 2), strides=(2, 2))
+        for width in (32, 64):
+            x = nn.Conv(features=width, kernel_size=(3, 3), conv_general_dilated=conv)(x)
+            x = nn.relu(x)
+            x = nn.avg_pool(x, window_shape=(2, 2), strides=(2, 2))
         x = x.reshape((x.shape[0], -1))
         x = nn.Dense(features=256)(x)
         x = nn.relu(x)
@@ -202,6 +200,13 @@ def batch_axis(axis_name: str | None = DATA) -> str | None:
     except NameError:
         return None
     return axis_name if size > 1 else None
+
+
+def _batch_norm(train: bool, dtype: Any, axis_name: str | None) -> nn.BatchNorm:
+    """The BatchNorm of the ResNets' stems and of :class:`WideBlock` (momentum 0.9)."""
+    return nn.BatchNorm(
+        use_running_average=not train, momentum=0.9, dtype=dtype, axis_name=batch_axis(axis_name)
+    )
 
 
 class ResidualBlock(nn.Module):
@@ -309,12 +314,7 @@ class ResNet(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
         x = nn.Conv(self.num_filters, (3, 3), use_bias=False, dtype=self.dtype)(x)
-        x = nn.BatchNorm(
-            use_running_average=not train,
-            momentum=0.9,
-            dtype=self.dtype,
-            axis_name=batch_axis(self.axis_name),
-        )(x)
+        x = _batch_norm(train, self.dtype, self.axis_name)(x)
         x = nn.relu(x)
         for i, size in enumerate(self.stage_sizes):
             for j in range(size):
@@ -367,10 +367,7 @@ class WideBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-        axis = batch_axis(self.axis_name)
-        norm = lambda: nn.BatchNorm(
-            use_running_average=not train, momentum=0.9, dtype=self.dtype, axis_name=axis
-        )
+        norm = lambda: _batch_norm(train, self.dtype, self.axis_name)
         conv = lambda f, k, s: nn.Conv(f, k, s, use_bias=False, dtype=self.dtype)
         y = nn.relu(norm()(x))
         shortcut = x
@@ -453,12 +450,7 @@ class WideResNet(nn.Module):
                 features = 16 * self.width * 2**stage
                 block = WideBlock(features, strides, self.dropout, self.dtype, self.axis_name)
                 x = block(x, train)
-        x = nn.BatchNorm(
-            use_running_average=not train,
-            momentum=0.9,
-            dtype=self.dtype,
-            axis_name=batch_axis(self.axis_name),
-        )(x)
+        x = _batch_norm(train, self.dtype, self.axis_name)(x)
         x = jnp.mean(nn.relu(x), axis=(1, 2))
         return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
 
