@@ -337,3 +337,9 @@ def test_a_ctrl_c_while_the_command_imports_is_held_then_ends_it(
     monkeypatch.setattr("sys.argv", ["python", "mine.py"])  # a library import: left alone
     startup.hold()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_distributed_flags_name_what_add_distributed_flags_adds():
+    parser = argparse.ArgumentParser(add_help=False)
+    common.add_distributed_flags(parser)
+    assert tuple(a.option_strings[0] for a in parser._actions) == common.DISTRIBUTED_FLAGS

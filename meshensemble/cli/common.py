@@ -539,9 +539,14 @@ def add_distributed_flags(p: argparse.ArgumentParser, group: str | None = None) 
     )
 
 
-_DISTRIBUTED = argparse.ArgumentParser(add_help=False)
-add_distributed_flags(_DISTRIBUTED)
-DISTRIBUTED_FLAGS = tuple(a.option_strings[0] for a in _DISTRIBUTED._actions)
+DISTRIBUTED_FLAGS = (
+    "--coordinator",
+    "--num-processes",
+    "--process-id",
+    "--heartbeat-timeout",
+    "--init-timeout",
+    "--distributed-auto",
+)
 """The flags :func:`add_distributed_flags` adds."""
 
 

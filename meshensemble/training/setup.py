@@ -70,9 +70,11 @@ def with_task(cfg: TrainConfig, task: Task | type[Task] | None) -> tuple[TrainCo
     return dataclasses.replace(cfg, task=spec), task
 
 
-@jax.jit
-def _split_seed(seed: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _split(seed: Any) -> tuple[jax.Array, jax.Array]:
     return tuple(jax.random.split(jax.random.key(seed)))
+
+
+_split_seed = jax.jit(_split)
 
 
 def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
@@ -92,7 +94,7 @@ def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
     """
     if -(2**31) <= seed < 2**31:
         return _split_seed(np.int32(seed))
-    return _split_seed.__wrapped__(seed)  # outside int32: the same split, not compiled
+    return _split(seed)  # outside int32: the same split, not compiled
 
 
 def held_outputs(workdir: str) -> list[str]:
