@@ -101,6 +101,19 @@ def test_ood_data_of_another_shape_is_refused_naming_both(tmp_path):
     assert "\n" not in text
 
 
+def test_an_ood_npz_may_hold_its_inputs_alone(tmp_path):
+    mnist = me.data.synthetic(20, 8)
+    inputs = _images(6, (28, 28, 1))
+    for key, saved in (("x_test", inputs), ("images", inputs[..., 0]), ("x", inputs)):
+        np.savez(tmp_path / f"{key}.npz", **{key: saved})
+        x, note = ood.load_ood(tmp_path / f"{key}.npz", mnist)
+        assert np.array_equal(x, inputs) and note.endswith(f"{key}.npz: {key} [6, 28, 28, 1] uint8")
+    np.savez(tmp_path / "none.npz", y=np.arange(3))
+    want = r"none\.npz: no inputs \(found keys y; expected one of x_test, images, x, e\.g\. "
+    with pytest.raises(DataError, match=want + r"np\.savez\(path, x_test=inputs\)\)$"):
+        ood.load_ood(tmp_path / "none.npz", mnist)
+
+
 # ------------------------------------------------------------------ crop_flip on any image
 @pytest.mark.slow  # among the heaviest default tests, measured
 @pytest.mark.parametrize("shape", [(10, 12, 3), (7, 5, 1), (8, 8, 4)])

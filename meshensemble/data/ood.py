@@ -98,8 +98,10 @@ def load_ood(
     """The test inputs of another dataset, checked to have ``like``'s input shape and dtype.
 
     Args:
-      spec: an image folder (``ROOT/train/...``, ``ROOT/test/...``), an ``.npz`` file in
-        the Keras layout, or a TFDS name (read from ``data_dir``, never downloaded).
+      spec: an image folder (``ROOT/train/...``, ``ROOT/test/...``), an ``.npz`` file (its
+        ``x_test``, as in the Keras layout, or its ``images`` or ``x``:
+        :func:`~meshensemble.data.load_npz_inputs`), or a TFDS name (read from
+        ``data_dir``, never downloaded).
       like: the in-distribution dataset.
       data_dir: TFDS's data directory for a TFDS name.
 
@@ -123,17 +125,23 @@ def load_ood(
     if storage.isdir(path):
         other = folder.load_image_folder(path)
     elif storage.isfile(path) or text.endswith(".npz"):
-        other = npz.load_npz_dataset(path)
+        x, note = npz.load_npz_inputs(path)
+        _check_like(text, like, x)
+        return x, note
     else:
         other = tfds.load_tfds_dataset(text, data_dir, download=False)
+    _check_like(text, like, other.x_test)
+    return np.asarray(other.x_test), other.note
+
+
+def _check_like(text: str, like: Dataset, x: np.ndarray) -> None:
     want = (tuple(like.input_shape), np.dtype(like.x_test.dtype))
-    have = (tuple(other.input_shape), np.dtype(other.x_test.dtype))
+    have = (tuple(x.shape[1:]), np.dtype(x.dtype))
     if have != want:
         raise DataError(
             f"OOD set {text}: inputs of shape {have[0]} {have[1]}; expected {want[0]} "
             f"{want[1]} like {like.name}'s (pick a dataset of the same input shape)"
         )
-    return np.asarray(other.x_test), other.note
 
 
 def ood_inputs(
