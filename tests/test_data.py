@@ -268,6 +268,7 @@ PUBLIC = [
     "load_csv",
     "load_image_folder",
     "load_npz_dataset",
+    "load_npz_inputs",
     "load_ood",
     "load_tfds_dataset",
     "ood_inputs",
