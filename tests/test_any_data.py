@@ -10,6 +10,7 @@ height, width and channels: per member and the same on every mesh.
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -112,6 +113,9 @@ def test_an_ood_npz_may_hold_its_inputs_alone(tmp_path):
     want = r"none\.npz: no inputs \(found keys y; expected one of x_test, images, x, e\.g\. "
     with pytest.raises(DataError, match=want + r"np\.savez\(path, x_test=inputs\)\)$"):
         ood.load_ood(tmp_path / "none.npz", mnist)
+    for path, what in ((tmp_path / "gone.npz", "no such file"), (tmp_path, "is a directory")):
+        with pytest.raises(DataError, match=f"^{re.escape(str(path))}: {what} \\(pass an .npz"):
+            me.data.load_npz_inputs(path)
 
 
 # ------------------------------------------------------------------ crop_flip on any image

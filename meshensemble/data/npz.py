@@ -228,8 +228,9 @@ def load_npz_inputs(path: str | os.PathLike[str]) -> tuple[np.ndarray, str]:
     """
     file = os.path.expanduser(os.fspath(path))
     if not storage.exists(file) or storage.isdir(file):
+        what = "is a directory" if storage.exists(file) else "no such file"
         raise DataError(
-            f"{file}: no such file (pass an .npz with inputs under one of the keys "
+            f"{file}: {what} (pass an .npz with inputs under one of the keys "
             f"{', '.join(_INPUT_KEYS)})"
         )
 
