@@ -189,8 +189,8 @@ def load_npz_dataset(
     out = {}
     for key in NPZ_KEYS:
         a = arrays[key]
-        if key.startswith("x") and a.ndim == 3 and np.issubdtype(a.dtype, np.integer):
-            a = a[..., None]  # [N, H, W] images: one channel
+        if key.startswith("x"):
+            a = _with_channel(a)
         if key.startswith("y") and a.ndim == 1 and np.issubdtype(a.dtype, np.floating):
             a = a[:, None]  # [N] float targets: one target
         out[key] = a
@@ -198,6 +198,11 @@ def load_npz_dataset(
     return Dataset(
         name, **out, source="npz", note=note, num_classes=num_classes, class_names=class_names
     )
+
+
+def _with_channel(x: np.ndarray) -> np.ndarray:
+    """Integer ``[N, H, W]`` images get one channel; anything else is as it is."""
+    return x[..., None] if x.ndim == 3 and np.issubdtype(x.dtype, np.integer) else x
 
 
 _INPUT_KEYS = ("x_test", "images", "x")  # load_npz_inputs reads the first it finds
@@ -245,8 +250,7 @@ def load_npz_inputs(path: str | os.PathLike[str]) -> tuple[np.ndarray, str]:
         return {key: np.asarray(loaded[key])}
 
     (key, x), = _load(file, pick).items()
-    if x.ndim == 3 and np.issubdtype(x.dtype, np.integer):
-        x = x[..., None]  # [N, H, W] images: one channel
+    x = _with_channel(x)
     shape = ", ".join(str(d) for d in x.shape)
     return x, f"{file}: {key} [{shape}] {x.dtype}"
 
